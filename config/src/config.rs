@@ -1,0 +1,1062 @@
+//! The typed configuration and its layering: defaults → JSON file →
+//! `OCEANCODE_*` environment → CLI [`Overrides`], then [`Config::validate`].
+//!
+//! The file is JSON; every key is optional and unknown keys are refused.
+//! `ledger.shelve` / `ledger.window` are aliases of `ledger.tideline`; the
+//! removed keys `low`, `reserve`, `profile`, `hard_tokens` (in `ledger` or
+//! `ledger.tideline`) still load and produce one warning.
+
+use crate::error::ConfigError;
+use crate::tideline::{Amount, BlockSpec, LineSpec, MIN_FIXED_LINE};
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Name of the application directory under the XDG config and data homes.
+pub const APP_DIR: &str = "oceancode-proxy";
+/// File name of the config file inside the config directory.
+pub const CONFIG_FILE: &str = "config.json";
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// Provider id of Anthropic.
+pub const ANTHROPIC: &str = "anthropic";
+/// Provider id of OpenAI.
+pub const OPENAI: &str = "openai";
+/// Default Anthropic upstream.
+pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
+/// Default OpenAI upstream.
+pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com";
+/// Default log filter.
+pub const DEFAULT_LOG: &str = "info";
+
+/// Names of the environment variables read by this crate.
+pub mod vars {
+    /// Path of the config file.
+    pub const CONFIG: &str = "OCEANCODE_CONFIG";
+    /// Listen address (`127.0.0.1:8787`).
+    pub const LISTEN: &str = "OCEANCODE_LISTEN";
+    /// Data dir.
+    pub const DATA_DIR: &str = "OCEANCODE_DATA_DIR";
+    /// Anthropic upstream URL.
+    pub const ANTHROPIC_UPSTREAM: &str = "OCEANCODE_ANTHROPIC_UPSTREAM";
+    /// OpenAI upstream URL.
+    pub const OPENAI_UPSTREAM: &str = "OCEANCODE_OPENAI_UPSTREAM";
+    /// Tideline (`40%`, `500k`, `0`).
+    pub const TIDELINE: &str = "OCEANCODE_TIDELINE";
+    /// Block size (`35%` of the line, or tokens).
+    pub const TIDELINE_BLOCK: &str = "OCEANCODE_TIDELINE_BLOCK";
+    /// Retention in days (`0` = keep forever).
+    pub const RETENTION_DAYS: &str = "OCEANCODE_RETENTION_DAYS";
+    /// Log filter (`info`, `oceancode_proxy=debug`, ...).
+    pub const LOG: &str = "OCEANCODE_LOG";
+    /// Context window override for every model (tokens; read by `models::context_window`).
+    pub const CONTEXT_TOKENS: &str = "OCEANCODE_CONTEXT_TOKENS";
+    /// XDG config home.
+    pub const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";
+    /// XDG data home.
+    pub const XDG_DATA_HOME: &str = "XDG_DATA_HOME";
+    /// Home directory.
+    pub const HOME: &str = "HOME";
+}
+
+/// Reads the process environment; pass `&process_env` where an `env` lookup is asked for.
+pub fn process_env(key: &str) -> Option<String> {
+    std::env::var(key).ok()
+}
+
+/// `env(key)` trimmed, with empty values treated as unset.
+fn env_value(env: &dyn Fn(&str) -> Option<String>, key: &str) -> Option<String> {
+    env(key)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// An absolute directory from an XDG variable (relative values are ignored, as the spec says).
+fn xdg_dir(env: &dyn Fn(&str) -> Option<String>, key: &str) -> Option<PathBuf> {
+    env_value(env, key)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
+
+/// Expands a leading `~` / `~/` with `$HOME`.
+fn expand_home(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    let Some(s) = path.to_str() else {
+        return path.to_path_buf();
+    };
+    let rest = if s == "~" {
+        ""
+    } else if let Some(r) = s.strip_prefix("~/") {
+        r
+    } else {
+        return path.to_path_buf();
+    };
+    match env_value(env, vars::HOME) {
+        Some(home) => PathBuf::from(home).join(rest),
+        None => path.to_path_buf(),
+    }
+}
+
+/// The default data dir: `$XDG_DATA_HOME/oceancode-proxy`, else
+/// `$HOME/.local/share/oceancode-proxy`, else `./oceancode-proxy`.
+pub fn default_data_dir(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(d) = xdg_dir(env, vars::XDG_DATA_HOME) {
+        return d.join(APP_DIR);
+    }
+    match env_value(env, vars::HOME) {
+        Some(home) => PathBuf::from(home).join(".local/share").join(APP_DIR),
+        None => PathBuf::from(APP_DIR),
+    }
+}
+
+/// The data dir, first match wins: `flag` (`--data-dir`), `OCEANCODE_DATA_DIR`,
+/// `$XDG_DATA_HOME/oceancode-proxy`, `$HOME/.local/share/oceancode-proxy`.
+/// A leading `~/` is expanded with `$HOME`.
+pub fn resolve_data_dir(flag: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(f) = flag {
+        return expand_home(f, env);
+    }
+    if let Some(d) = env_value(env, vars::DATA_DIR) {
+        return expand_home(Path::new(&d), env);
+    }
+    default_data_dir(env)
+}
+
+/// The default config file: `$XDG_CONFIG_HOME/oceancode-proxy/config.json`, else
+/// `$HOME/.config/oceancode-proxy/config.json` (whether or not it exists).
+pub fn default_config_path(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let base = match xdg_dir(env, vars::XDG_CONFIG_HOME) {
+        Some(d) => d,
+        None => PathBuf::from(env_value(env, vars::HOME)?).join(".config"),
+    };
+    Some(base.join(APP_DIR).join(CONFIG_FILE))
+}
+
+/// The config file to read, if any: `OCEANCODE_CONFIG` (must exist), else the
+/// default path when that file exists.
+pub fn find_config_file(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    if let Some(p) = env_value(env, vars::CONFIG) {
+        return Some(expand_home(Path::new(&p), env));
+    }
+    default_config_path(env).filter(|p| p.is_file())
+}
+
+/// Checks an upstream base URL: `http`/`https` with a host, optional port and
+/// path prefix; no credentials, query or fragment. Plain `http` is allowed only
+/// for loopback hosts (127.0.0.0/8, ::1, localhost).
+pub fn check_upstream_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Err("empty URL".into());
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{url:?} contains whitespace"));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "{url:?} must start with https:// (or http:// for loopback)"
+        ));
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "https" && scheme != "http" {
+        return Err(format!(
+            "unsupported scheme {scheme:?}; use https (or http for loopback)"
+        ));
+    }
+    if rest.contains('?') || rest.contains('#') {
+        return Err(format!("{url:?}: a base URL takes no query or fragment"));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(format!("{url:?}: credentials in the URL are not supported"));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((h, after)) = v6.split_once(']') else {
+            return Err(format!("{url:?}: unterminated IPv6 address"));
+        };
+        if h.parse::<Ipv6Addr>().is_err() {
+            return Err(format!("{url:?}: invalid IPv6 address {h:?}"));
+        }
+        let port = match after {
+            "" => None,
+            p => match p.strip_prefix(':') {
+                Some(p) => Some(p),
+                None => return Err(format!("{url:?}: junk after the IPv6 address")),
+            },
+        };
+        (h, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if !authority.starts_with('[')
+        && !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+    {
+        return Err(format!("{url:?}: invalid host {host:?}"));
+    }
+    if let Some(p) = port {
+        if p.parse::<u16>().map(|n| n == 0).unwrap_or(true) {
+            return Err(format!("{url:?}: invalid port {p:?}"));
+        }
+    }
+    if scheme == "http" && !is_loopback_host(host) {
+        return Err(format!(
+            "{url:?}: plain http is only allowed for loopback hosts (127.0.0.0/8, ::1, localhost); use https"
+        ));
+    }
+    Ok(())
+}
+
+/// `localhost`, 127.0.0.0/8 or ::1.
+fn is_loopback_host(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => a.is_loopback(),
+        Ok(IpAddr::V6(a)) => a.is_loopback(),
+        Err(_) => false,
+    }
+}
+
+/// Marks a removed key that is still accepted (and reported as a warning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemovedKey(bool);
+
+impl RemovedKey {
+    /// Whether the key was present in the file.
+    pub fn is_present(&self) -> bool {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for RemovedKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        de::IgnoredAny::deserialize(d)?;
+        Ok(RemovedKey(true))
+    }
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the proxy listens on (default `127.0.0.1:8787`).
+    pub listen: SocketAddr,
+    /// Data dir; `None` = `OCEANCODE_DATA_DIR` / XDG default (see [`resolve_data_dir`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Upstream providers by id; `anthropic` and `openai` are always present.
+    pub providers: BTreeMap<String, ProviderConfig>,
+    /// The ledger and its tideline.
+    pub ledger: LedgerConfig,
+    /// How long idle sessions are kept.
+    pub retention: RetentionConfig,
+    /// Request size and timeout limits.
+    pub limits: LimitsConfig,
+    /// The ledger writer thread.
+    pub writer: WriterConfig,
+    /// Log filter (`tracing` env-filter syntax); `None` = `info`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut providers = BTreeMap::new();
+        providers.insert(
+            ANTHROPIC.to_string(),
+            ProviderConfig::with_upstream(DEFAULT_ANTHROPIC_UPSTREAM),
+        );
+        providers.insert(
+            OPENAI.to_string(),
+            ProviderConfig::with_upstream(DEFAULT_OPENAI_UPSTREAM),
+        );
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            data_dir: None,
+            providers,
+            ledger: LedgerConfig::default(),
+            retention: RetentionConfig::default(),
+            limits: LimitsConfig::default(),
+            writer: WriterConfig::default(),
+            log: None,
+        }
+    }
+}
+
+/// One upstream provider.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Base URL (`https://host[:port][/prefix]`); empty = the built-in default
+    /// for `anthropic` / `openai`, required for any other id.
+    pub upstream: String,
+    /// Per-model facts that override the built-in model table.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelConfig>,
+}
+
+impl ProviderConfig {
+    /// A provider with `upstream` and no model overrides.
+    pub fn with_upstream(upstream: &str) -> Self {
+        ProviderConfig {
+            upstream: upstream.to_string(),
+            models: Vec::new(),
+        }
+    }
+}
+
+/// Facts about one model, overriding the built-in table.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model id as sent in requests (also matched case-insensitively and
+    /// without a date suffix).
+    pub id: String,
+    /// Context window in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// Output allowance (max output tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<u64>,
+    /// Prices in USD per million tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<PriceConfig>,
+}
+
+/// Prices of a model as written in the config, USD per million tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    /// Uncached input tokens.
+    pub input: f64,
+    /// Output tokens.
+    pub output: f64,
+    /// Cache reads; defaults to the input price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    /// Cache writes; defaults to the input price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
+
+impl PriceConfig {
+    /// The full price, missing cache prices taken as the input price.
+    pub fn to_price(&self) -> crate::models::Price {
+        crate::models::Price {
+            input: self.input,
+            output: self.output,
+            cache_read: self.cache_read.unwrap_or(self.input),
+            cache_write: self.cache_write.unwrap_or(self.input),
+        }
+    }
+}
+
+/// The ledger.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// Record sessions and apply the tideline (default `true`); `false` = plain pass-through.
+    pub enabled: bool,
+    /// Where the tideline sits and how blocks close (aliases: `shelve`, `window`).
+    #[serde(alias = "shelve", alias = "window")]
+    pub tideline: TidelineConfig,
+    /// Model-merged `SESSION.md` sections (off by default).
+    pub merge: MergeConfig,
+    /// Removed key `ledger.low` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub low: RemovedKey,
+    /// Removed key `ledger.reserve` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub reserve: RemovedKey,
+    /// Removed key `ledger.profile` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub profile: RemovedKey,
+    /// Removed key `ledger.hard_tokens` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub hard_tokens: RemovedKey,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        LedgerConfig {
+            enabled: true,
+            tideline: TidelineConfig::default(),
+            merge: MergeConfig::default(),
+            low: RemovedKey::default(),
+            reserve: RemovedKey::default(),
+            profile: RemovedKey::default(),
+            hard_tokens: RemovedKey::default(),
+        }
+    }
+}
+
+impl LedgerConfig {
+    /// Shorthand for `self.tideline.line_spec()`.
+    pub fn line_spec(&self) -> LineSpec {
+        self.tideline.line_spec()
+    }
+
+    /// Shorthand for `self.tideline.block_spec()`.
+    pub fn block_spec(&self) -> BlockSpec {
+        self.tideline.block_spec()
+    }
+}
+
+/// `ledger.tideline`: the line (percent of the context, or fixed tokens) and the block size.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TidelineConfig {
+    /// Line as a share of the model's context window, in percent (default 40).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+    /// Fixed line in tokens (`300000` or `"500k"`); wins over `percent`.
+    /// `0` = the model's ceiling (context − output allowance); else ≥ 20k.
+    #[serde(
+        deserialize_with = "de_tokens",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tokens: Option<u64>,
+    /// Block size: tokens (`20000`, `"20k"`) or a share of the line (`"35%"`);
+    /// default 70% of the line.
+    #[serde(
+        deserialize_with = "de_block",
+        serialize_with = "ser_block",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub block: Option<BlockSpec>,
+    /// Removed key `ledger.tideline.low` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub low: RemovedKey,
+    /// Removed key `ledger.tideline.reserve` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub reserve: RemovedKey,
+    /// Removed key `ledger.tideline.profile` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub profile: RemovedKey,
+    /// Removed key `ledger.tideline.hard_tokens` (ignored, reported as a warning).
+    #[doc(hidden)]
+    #[serde(skip_serializing)]
+    pub hard_tokens: RemovedKey,
+}
+
+impl TidelineConfig {
+    /// The line: `tokens` if set, else `percent`, else 40%.
+    pub fn line_spec(&self) -> LineSpec {
+        match (self.tokens, self.percent) {
+            (Some(t), _) => LineSpec::Tokens(t),
+            (None, Some(p)) => LineSpec::Percent(p),
+            (None, None) => LineSpec::default(),
+        }
+    }
+
+    /// The block size: `block` if set, else 70% of the line.
+    pub fn block_spec(&self) -> BlockSpec {
+        self.block.unwrap_or_default()
+    }
+
+    /// Sets the line (clears the other form so `line_spec()` returns `spec`).
+    pub fn set_line(&mut self, spec: LineSpec) {
+        match spec {
+            LineSpec::Tokens(t) => {
+                self.tokens = Some(t);
+                self.percent = None;
+            }
+            LineSpec::Percent(p) => {
+                self.tokens = None;
+                self.percent = Some(p);
+            }
+        }
+    }
+}
+
+/// `ledger.merge`: the optional model merge of `SESSION.md`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MergeConfig {
+    /// Model used for the merge; `None` = merge off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// `retention`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Days a session may stay idle before its rows and directory are removed
+    /// (default 7; `0` = keep forever).
+    pub days: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig { days: 7 }
+    }
+}
+
+/// `limits`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request body accepted, in bytes (default 64 MiB).
+    pub max_body_bytes: u64,
+    /// Timeout to connect to an upstream, ms (default 10000).
+    pub connect_timeout_ms: u64,
+    /// Timeout until the upstream's response headers arrive, ms (default 600000).
+    pub response_header_timeout_ms: u64,
+    /// Longest silence inside a streamed response, ms (default 600000).
+    pub idle_stream_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 64 * 1024 * 1024,
+            connect_timeout_ms: 10_000,
+            response_header_timeout_ms: 600_000,
+            idle_stream_timeout_ms: 600_000,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// `connect_timeout_ms` as a duration.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// `response_header_timeout_ms` as a duration.
+    pub fn response_header_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_header_timeout_ms)
+    }
+
+    /// `idle_stream_timeout_ms` as a duration.
+    pub fn idle_stream_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_stream_timeout_ms)
+    }
+}
+
+/// `writer`: the ledger's writer thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WriterConfig {
+    /// Capacity of the bounded write queue (default 65536).
+    pub queue_capacity: usize,
+    /// Most writes committed in one transaction (default 512).
+    pub batch_max: usize,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            queue_capacity: 65_536,
+            batch_max: 512,
+        }
+    }
+}
+
+/// Settings given on the command line; they win over file and environment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--anthropic-upstream`.
+    pub anthropic_upstream: Option<String>,
+    /// `--openai-upstream`.
+    pub openai_upstream: Option<String>,
+    /// `--tideline` (e.g. `run --tideline 50%`).
+    pub tideline: Option<LineSpec>,
+}
+
+/// A loaded configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loaded {
+    /// The layered configuration (not yet validated by [`Config::load`]).
+    pub config: Config,
+    /// Warnings to log (removed keys).
+    pub warnings: Vec<String>,
+    /// The file that was read, if any.
+    pub source: Option<PathBuf>,
+}
+
+impl Config {
+    /// Defaults → JSON file → `OCEANCODE_*` environment. The file is `file`,
+    /// else `OCEANCODE_CONFIG`, else the default path if it exists. Each layer
+    /// is type-checked (errors name the file position or the variable); call
+    /// [`Config::apply`] and [`Config::validate`] next, or use [`Config::resolve`].
+    pub fn load(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Loaded, ConfigError> {
+        let source = match file {
+            Some(p) => Some(p.to_path_buf()),
+            None => find_config_file(env),
+        };
+        let mut loaded = match &source {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+                    path: path.clone(),
+                    source: e,
+                })?;
+                Config::from_json(&text, path)?
+            }
+            None => Loaded {
+                config: Config::default(),
+                warnings: Vec::new(),
+                source: None,
+            },
+        };
+        loaded.config.apply_env(env)?;
+        Ok(loaded)
+    }
+
+    /// [`Config::load`], then [`Config::apply`] of `overrides`, then [`Config::validate`].
+    pub fn resolve(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        overrides: &Overrides,
+    ) -> Result<Loaded, ConfigError> {
+        let mut loaded = Config::load(file, env)?;
+        loaded.config.apply(overrides);
+        loaded.config.validate()?;
+        Ok(loaded)
+    }
+
+    /// Parses the JSON text of a config file over the defaults; `origin` names
+    /// the file in errors and becomes [`Loaded::source`]. A blank file is `{}`.
+    pub fn from_json(text: &str, origin: &Path) -> Result<Loaded, ConfigError> {
+        let text = if text.trim().is_empty() { "{}" } else { text };
+        let mut config: Config =
+            serde_json::from_str(text).map_err(|e| ConfigError::parse(origin.to_path_buf(), &e))?;
+        config.fill_provider_defaults();
+        let warnings = config.take_removed_keys().into_iter().collect();
+        Ok(Loaded {
+            config,
+            warnings,
+            source: Some(origin.to_path_buf()),
+        })
+    }
+
+    /// Ensures `anthropic` and `openai` exist and fills their empty upstreams.
+    fn fill_provider_defaults(&mut self) {
+        for (id, url) in [
+            (ANTHROPIC, DEFAULT_ANTHROPIC_UPSTREAM),
+            (OPENAI, DEFAULT_OPENAI_UPSTREAM),
+        ] {
+            let p = self.providers.entry(id.to_string()).or_default();
+            if p.upstream.trim().is_empty() {
+                p.upstream = url.to_string();
+            }
+        }
+    }
+
+    /// Clears the removed-key markers; returns the one warning naming them.
+    fn take_removed_keys(&mut self) -> Option<String> {
+        let mut found = Vec::new();
+        let l = &mut self.ledger;
+        for (name, k) in [
+            ("low", &mut l.low),
+            ("reserve", &mut l.reserve),
+            ("profile", &mut l.profile),
+            ("hard_tokens", &mut l.hard_tokens),
+        ] {
+            if std::mem::take(k).is_present() {
+                found.push(format!("ledger.{name}"));
+            }
+        }
+        let t = &mut l.tideline;
+        for (name, k) in [
+            ("low", &mut t.low),
+            ("reserve", &mut t.reserve),
+            ("profile", &mut t.profile),
+            ("hard_tokens", &mut t.hard_tokens),
+        ] {
+            if std::mem::take(k).is_present() {
+                found.push(format!("ledger.tideline.{name}"));
+            }
+        }
+        if found.is_empty() {
+            return None;
+        }
+        let noun = if found.len() == 1 { "key" } else { "keys" };
+        Some(format!(
+            "config: ignoring removed {noun} {} (the band geometry was removed; see ledger.tideline)",
+            found.join(", ")
+        ))
+    }
+
+    /// Applies the `OCEANCODE_*` variables (empty values are ignored).
+    pub fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = env_value(env, vars::LISTEN) {
+            self.listen = v.parse().map_err(|_| {
+                ConfigError::env(
+                    vars::LISTEN,
+                    &v,
+                    "expected a socket address like 127.0.0.1:8787",
+                )
+            })?;
+        }
+        if let Some(v) = env_value(env, vars::DATA_DIR) {
+            self.data_dir = Some(PathBuf::from(v));
+        }
+        for (var, id) in [
+            (vars::ANTHROPIC_UPSTREAM, ANTHROPIC),
+            (vars::OPENAI_UPSTREAM, OPENAI),
+        ] {
+            if let Some(v) = env_value(env, var) {
+                check_upstream_url(&v).map_err(|m| ConfigError::env(var, &v, m))?;
+                self.providers.entry(id.to_string()).or_default().upstream = v;
+            }
+        }
+        if let Some(v) = env_value(env, vars::TIDELINE) {
+            let spec: LineSpec = v
+                .parse()
+                .map_err(|e: crate::AmountError| ConfigError::env(vars::TIDELINE, &v, e.reason))?;
+            self.ledger.tideline.set_line(spec);
+        }
+        if let Some(v) = env_value(env, vars::TIDELINE_BLOCK) {
+            let spec: BlockSpec = v.parse().map_err(|e: crate::AmountError| {
+                ConfigError::env(vars::TIDELINE_BLOCK, &v, e.reason)
+            })?;
+            self.ledger.tideline.block = Some(spec);
+        }
+        if let Some(v) = env_value(env, vars::RETENTION_DAYS) {
+            self.retention.days = v.parse().map_err(|_| {
+                ConfigError::env(
+                    vars::RETENTION_DAYS,
+                    &v,
+                    "expected a whole number of days (0 = forever)",
+                )
+            })?;
+        }
+        if let Some(v) = env_value(env, vars::LOG) {
+            self.log = Some(v);
+        }
+        Ok(())
+    }
+
+    /// Applies command-line settings (the last layer).
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(l) = o.listen {
+            self.listen = l;
+        }
+        if let Some(d) = &o.data_dir {
+            self.data_dir = Some(d.clone());
+        }
+        if let Some(u) = &o.anthropic_upstream {
+            self.providers
+                .entry(ANTHROPIC.to_string())
+                .or_default()
+                .upstream = u.clone();
+        }
+        if let Some(u) = &o.openai_upstream {
+            self.providers
+                .entry(OPENAI.to_string())
+                .or_default()
+                .upstream = u.clone();
+        }
+        if let Some(t) = o.tideline {
+            self.ledger.tideline.set_line(t);
+        }
+    }
+
+    /// Checks ranges and consistency; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (id, p) in &self.providers {
+            if id.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    "providers",
+                    "a provider id must not be empty",
+                ));
+            }
+            let key = format!("providers.{id}.upstream");
+            if p.upstream.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("required (no default for provider {id:?})"),
+                ));
+            }
+            check_upstream_url(&p.upstream).map_err(|m| ConfigError::invalid(key, m))?;
+            for (i, m) in p.models.iter().enumerate() {
+                validate_model(&format!("providers.{id}.models[{i}]"), m)?;
+            }
+        }
+        let t = &self.ledger.tideline;
+        if let Some(p) = t.percent {
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(ConfigError::invalid(
+                    "ledger.tideline.percent",
+                    format!("{p} is out of range (above 0, at most 100)"),
+                ));
+            }
+        }
+        if let Some(n) = t.tokens {
+            if n != 0 && n < MIN_FIXED_LINE {
+                return Err(ConfigError::invalid(
+                    "ledger.tideline.tokens",
+                    format!("{n} is below the {MIN_FIXED_LINE} minimum (0 = the model ceiling)"),
+                ));
+            }
+        }
+        match t.block {
+            Some(BlockSpec::Tokens(0)) => {
+                return Err(ConfigError::invalid(
+                    "ledger.tideline.block",
+                    "must be above 0",
+                ));
+            }
+            Some(BlockSpec::PercentOfLine(p)) if !(p > 0.0 && p <= 100.0) => {
+                return Err(ConfigError::invalid(
+                    "ledger.tideline.block",
+                    format!("{p}% is out of range (above 0, at most 100)"),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(m) = &self.ledger.merge.model {
+            if m.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    "ledger.merge.model",
+                    "must not be empty (omit it to turn merge off)",
+                ));
+            }
+        }
+        let l = &self.limits;
+        for (key, v) in [
+            ("limits.max_body_bytes", l.max_body_bytes),
+            ("limits.connect_timeout_ms", l.connect_timeout_ms),
+            (
+                "limits.response_header_timeout_ms",
+                l.response_header_timeout_ms,
+            ),
+            ("limits.idle_stream_timeout_ms", l.idle_stream_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(key, "must be above 0"));
+            }
+        }
+        let w = &self.writer;
+        if w.queue_capacity == 0 {
+            return Err(ConfigError::invalid(
+                "writer.queue_capacity",
+                "must be above 0",
+            ));
+        }
+        if w.batch_max == 0 || w.batch_max > w.queue_capacity {
+            return Err(ConfigError::invalid(
+                "writer.batch_max",
+                format!(
+                    "must be between 1 and writer.queue_capacity ({})",
+                    w.queue_capacity
+                ),
+            ));
+        }
+        if let Some(f) = &self.log {
+            if f.trim().is_empty() {
+                return Err(ConfigError::invalid("log", "must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The upstream base URL of provider `id` (`anthropic`, `openai`, ...).
+    pub fn upstream(&self, id: &str) -> Option<&str> {
+        self.providers
+            .get(id)
+            .map(|p| p.upstream.as_str())
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The Anthropic upstream base URL.
+    pub fn anthropic_upstream(&self) -> &str {
+        self.upstream(ANTHROPIC)
+            .unwrap_or(DEFAULT_ANTHROPIC_UPSTREAM)
+    }
+
+    /// The OpenAI upstream base URL.
+    pub fn openai_upstream(&self) -> &str {
+        self.upstream(OPENAI).unwrap_or(DEFAULT_OPENAI_UPSTREAM)
+    }
+
+    /// The data dir: `data_dir` (set by file, `OCEANCODE_DATA_DIR` or `--data-dir`),
+    /// else the XDG default. A leading `~/` is expanded.
+    pub fn resolved_data_dir(&self, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+        match &self.data_dir {
+            Some(d) => expand_home(d, env),
+            None => default_data_dir(env),
+        }
+    }
+
+    /// The log filter (`info` unless set).
+    pub fn log_filter(&self) -> &str {
+        self.log.as_deref().unwrap_or(DEFAULT_LOG)
+    }
+
+    /// The configured facts for `model` from any provider: an exact id match
+    /// first, then a match after normalization (case, date suffix, `[1m]`).
+    pub fn model_config(&self, model: &str) -> Option<&ModelConfig> {
+        let all = || self.providers.values().flat_map(|p| p.models.iter());
+        if let Some(m) = all().find(|m| m.id == model) {
+            return Some(m);
+        }
+        let want = crate::models::normalize(model).base;
+        all().find(|m| crate::models::normalize(&m.id).base == want)
+    }
+}
+
+/// Validates one `providers.<id>.models[i]` entry.
+fn validate_model(key: &str, m: &ModelConfig) -> Result<(), ConfigError> {
+    if m.id.trim().is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{key}.id"),
+            "must not be empty",
+        ));
+    }
+    if m.context_window == Some(0) {
+        return Err(ConfigError::invalid(
+            format!("{key}.context_window"),
+            "must be above 0",
+        ));
+    }
+    if m.max_output == Some(0) {
+        return Err(ConfigError::invalid(
+            format!("{key}.max_output"),
+            "must be above 0",
+        ));
+    }
+    if let (Some(c), Some(o)) = (m.context_window, m.max_output) {
+        if o >= c {
+            return Err(ConfigError::invalid(
+                format!("{key}.max_output"),
+                format!("{o} must be below context_window ({c})"),
+            ));
+        }
+    }
+    if let Some(p) = &m.price {
+        for (name, v) in [
+            ("input", Some(p.input)),
+            ("output", Some(p.output)),
+            ("cache_read", p.cache_read),
+            ("cache_write", p.cache_write),
+        ] {
+            if let Some(v) = v {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(ConfigError::invalid(
+                        format!("{key}.price.{name}"),
+                        format!("{v} must be a non-negative number"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes `tokens`: a whole number or a string like `"500k"`.
+fn de_tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a token count such as 300000 or \"500k\"")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v)
+                .map(Some)
+                .map_err(|_| E::custom(format!("token count {v} is negative")))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            whole_tokens(v).map(Some).ok_or_else(|| {
+                E::custom(format!(
+                    "token count {v} is not a whole non-negative number"
+                ))
+            })
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            match s.parse::<Amount>() {
+                Ok(Amount::Tokens(t)) => Ok(Some(t)),
+                Ok(Amount::Percent(_)) => Err(E::custom(format!(
+                    "{s:?} is a percentage; use ledger.tideline.percent for it"
+                ))),
+                Err(e) => Err(E::custom(e)),
+            }
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// Deserializes `block`: a token count (number, or `"20k"`) or `"35%"` of the line.
+fn de_block<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BlockSpec>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<BlockSpec>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(
+                "a token count such as 20000 or \"20k\", or a share of the line such as \"35%\"",
+            )
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(BlockSpec::Tokens(v)))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v)
+                .map(|t| Some(BlockSpec::Tokens(t)))
+                .map_err(|_| E::custom(format!("block {v} is negative")))
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            whole_tokens(v)
+                .map(|t| Some(BlockSpec::Tokens(t)))
+                .ok_or_else(|| {
+                    E::custom(format!(
+                        "block {v} is not a whole non-negative number of tokens"
+                    ))
+                })
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            s.parse::<BlockSpec>().map(Some).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// `v` as a token count if it is finite, non-negative and whole.
+fn whole_tokens(v: f64) -> Option<u64> {
+    (v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 9.0e15).then_some(v as u64)
+}
+
+/// Serializes `block` the way it is written: a number or `"35%"`.
+fn ser_block<S: Serializer>(b: &Option<BlockSpec>, s: S) -> Result<S::Ok, S::Error> {
+    match b {
+        Some(BlockSpec::Tokens(t)) => s.serialize_u64(*t),
+        Some(BlockSpec::PercentOfLine(p)) => s.serialize_str(&format!("{p}%")),
+        None => s.serialize_none(),
+    }
+}

@@ -1,0 +1,26 @@
+//! Typed configuration of oceancode-proxy (layered: defaults → JSON file →
+//! `OCEANCODE_*` env → CLI flags), the built-in model table, and the parser
+//! of the `tideline` command. See `docs/configuration.md` for every key.
+
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod models;
+pub mod tideline;
+
+pub use command::{
+    tideline_args, tideline_command, TidelineArgs, TidelineCommand, UsageError, TIDELINE_USAGE,
+};
+pub use config::{
+    check_upstream_url, default_config_path, default_data_dir, find_config_file, process_env,
+    resolve_data_dir, vars, Config, LedgerConfig, LimitsConfig, Loaded, MergeConfig, ModelConfig,
+    Overrides, PriceConfig, ProviderConfig, RetentionConfig, TidelineConfig, WriterConfig,
+};
+pub use error::ConfigError;
+pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};
+pub use tideline::{Amount, AmountError, BlockSpec, LineSpec, MIN_FIXED_LINE};
+
+#[cfg(test)]
+mod tests;

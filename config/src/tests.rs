@@ -1,0 +1,1141 @@
+//! Unit tests of the whole crate.
+
+use crate::models::{builtin_models, normalize};
+use crate::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// An `env` lookup over fixed pairs.
+fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k: &str| map.get(k).cloned()
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    if let Some(parent) = p.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn parse(text: &str) -> Result<Loaded, ConfigError> {
+    Config::from_json(text, Path::new("/etc/test.json"))
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+// ---------------------------------------------------------------- defaults
+
+#[test]
+fn defaults_match_the_spec() {
+    let c = Config::default();
+    assert_eq!(c.listen, addr("127.0.0.1:8787"));
+    assert_eq!(c.data_dir, None);
+    assert_eq!(c.anthropic_upstream(), "https://api.anthropic.com");
+    assert_eq!(c.openai_upstream(), "https://api.openai.com");
+    assert_eq!(c.providers.len(), 2);
+    assert!(c.ledger.enabled);
+    assert_eq!(c.ledger.line_spec(), LineSpec::Percent(40.0));
+    assert_eq!(c.ledger.block_spec(), BlockSpec::PercentOfLine(70.0));
+    assert_eq!(c.ledger.merge.model, None);
+    assert_eq!(c.retention.days, 7);
+    assert_eq!(c.limits.max_body_bytes, 64 * 1024 * 1024);
+    assert_eq!(c.limits.connect_timeout_ms, 10_000);
+    assert_eq!(c.limits.response_header_timeout_ms, 600_000);
+    assert_eq!(c.limits.idle_stream_timeout_ms, 600_000);
+    assert_eq!(
+        c.limits.connect_timeout(),
+        std::time::Duration::from_secs(10)
+    );
+    assert_eq!(c.writer.queue_capacity, 65_536);
+    assert_eq!(c.writer.batch_max, 512);
+    assert_eq!(c.log_filter(), "info");
+    c.validate().unwrap();
+}
+
+#[test]
+fn empty_and_blank_files_are_the_defaults() {
+    assert_eq!(parse("{}").unwrap().config, Config::default());
+    let l = parse("  \n").unwrap();
+    assert_eq!(l.config, Config::default());
+    assert!(l.warnings.is_empty());
+    assert_eq!(l.source.as_deref(), Some(Path::new("/etc/test.json")));
+}
+
+#[test]
+fn load_without_file_or_env_gives_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().to_str().unwrap();
+    let l = Config::load(None, &env_of(&[("HOME", home)])).unwrap();
+    assert_eq!(l.config, Config::default());
+    assert_eq!(l.source, None);
+    assert!(l.warnings.is_empty());
+}
+
+#[test]
+fn every_key_parses() {
+    let l = parse(
+        r#"{
+          "listen": "0.0.0.0:9000",
+          "data_dir": "/var/lib/oc",
+          "providers": {
+            "anthropic": {"upstream": "http://127.0.0.1:7000",
+                          "models": [{"id": "claude-x", "context_window": 300000, "max_output": 20000,
+                                      "price": {"input": 1, "output": 2, "cache_read": 0.1, "cache_write": 1.25}}]},
+            "local": {"upstream": "http://localhost:1234"}
+          },
+          "ledger": {"enabled": false,
+                     "tideline": {"percent": 55, "block": "35%"},
+                     "merge": {"model": "claude-haiku-5-5"}},
+          "retention": {"days": 0},
+          "limits": {"max_body_bytes": 1000, "connect_timeout_ms": 1, "response_header_timeout_ms": 2,
+                     "idle_stream_timeout_ms": 3},
+          "writer": {"queue_capacity": 10, "batch_max": 5},
+          "log": "debug"
+        }"#,
+    )
+    .unwrap();
+    let c = &l.config;
+    c.validate().unwrap();
+    assert_eq!(c.listen, addr("0.0.0.0:9000"));
+    assert_eq!(c.data_dir.as_deref(), Some(Path::new("/var/lib/oc")));
+    assert_eq!(c.anthropic_upstream(), "http://127.0.0.1:7000");
+    assert_eq!(
+        c.openai_upstream(),
+        "https://api.openai.com",
+        "openai kept by default"
+    );
+    assert_eq!(c.upstream("local"), Some("http://localhost:1234"));
+    let m = c.model_config("claude-x").unwrap();
+    assert_eq!(m.context_window, Some(300_000));
+    assert_eq!(m.max_output, Some(20_000));
+    assert!(!c.ledger.enabled);
+    assert_eq!(c.ledger.line_spec(), LineSpec::Percent(55.0));
+    assert_eq!(c.ledger.block_spec(), BlockSpec::PercentOfLine(35.0));
+    assert_eq!(c.ledger.merge.model.as_deref(), Some("claude-haiku-5-5"));
+    assert_eq!(c.retention.days, 0);
+    assert_eq!(c.limits.max_body_bytes, 1000);
+    assert_eq!(c.limits.idle_stream_timeout_ms, 3);
+    assert_eq!(c.writer.batch_max, 5);
+    assert_eq!(c.log_filter(), "debug");
+}
+
+#[test]
+fn serialization_round_trips() {
+    let mut c = parse(r#"{"ledger":{"tideline":{"tokens":"500k","block":"35%"}},"log":"warn"}"#)
+        .unwrap()
+        .config;
+    c.data_dir = Some("/tmp/x".into());
+    let text = serde_json::to_string_pretty(&c).unwrap();
+    assert!(
+        text.contains("\"35%\""),
+        "block written as it is read: {text}"
+    );
+    assert_eq!(parse(&text).unwrap().config, c);
+    let text = serde_json::to_string(&Config::default()).unwrap();
+    assert_eq!(parse(&text).unwrap().config, Config::default());
+}
+
+// ---------------------------------------------------------------- layering
+
+#[test]
+fn env_overrides_file_and_flags_override_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.json",
+        r#"{"listen":"127.0.0.1:1111","ledger":{"tideline":{"percent":50}},"retention":{"days":3},"log":"warn"}"#,
+    );
+    // File only.
+    let l = Config::load(Some(&file), &no_env).unwrap();
+    assert_eq!(l.source.as_deref(), Some(file.as_path()));
+    assert_eq!(l.config.listen, addr("127.0.0.1:1111"));
+    assert_eq!(l.config.ledger.line_spec(), LineSpec::Percent(50.0));
+    assert_eq!(l.config.retention.days, 3);
+
+    // Env over file.
+    let env = env_of(&[
+        ("OCEANCODE_LISTEN", "127.0.0.1:2222"),
+        ("OCEANCODE_TIDELINE", "500k"),
+        ("OCEANCODE_TIDELINE_BLOCK", "20k"),
+        ("OCEANCODE_RETENTION_DAYS", "0"),
+        ("OCEANCODE_LOG", "oceancode=trace"),
+        ("OCEANCODE_DATA_DIR", "/data/env"),
+        ("OCEANCODE_ANTHROPIC_UPSTREAM", "http://127.0.0.1:3333"),
+        ("OCEANCODE_OPENAI_UPSTREAM", "https://openai.example.com/v"),
+    ]);
+    let mut l = Config::load(Some(&file), &env).unwrap();
+    let c = &l.config;
+    assert_eq!(c.listen, addr("127.0.0.1:2222"));
+    assert_eq!(c.ledger.line_spec(), LineSpec::Tokens(500_000));
+    assert_eq!(c.ledger.block_spec(), BlockSpec::Tokens(20_000));
+    assert_eq!(c.retention.days, 0);
+    assert_eq!(c.log_filter(), "oceancode=trace");
+    assert_eq!(c.data_dir.as_deref(), Some(Path::new("/data/env")));
+    assert_eq!(c.anthropic_upstream(), "http://127.0.0.1:3333");
+    assert_eq!(c.openai_upstream(), "https://openai.example.com/v");
+
+    // Flags over env.
+    l.config.apply(&Overrides {
+        listen: Some(addr("127.0.0.1:4444")),
+        data_dir: Some("/data/flag".into()),
+        anthropic_upstream: Some("http://[::1]:5555".into()),
+        openai_upstream: Some("http://localhost:6666".into()),
+        tideline: Some(LineSpec::Percent(30.0)),
+    });
+    let c = &l.config;
+    c.validate().unwrap();
+    assert_eq!(c.listen, addr("127.0.0.1:4444"));
+    assert_eq!(c.data_dir.as_deref(), Some(Path::new("/data/flag")));
+    assert_eq!(c.anthropic_upstream(), "http://[::1]:5555");
+    assert_eq!(c.openai_upstream(), "http://localhost:6666");
+    assert_eq!(c.ledger.line_spec(), LineSpec::Percent(30.0));
+    assert_eq!(
+        c.ledger.tideline.tokens, None,
+        "a percent flag clears the env tokens"
+    );
+    // Untouched keys keep the lower layers.
+    assert_eq!(c.retention.days, 0);
+}
+
+#[test]
+fn empty_overrides_and_empty_env_values_change_nothing() {
+    let mut c = Config::default();
+    c.apply(&Overrides::default());
+    assert_eq!(c, Config::default());
+    let env = env_of(&[("OCEANCODE_TIDELINE", ""), ("OCEANCODE_LISTEN", "  ")]);
+    c.apply_env(&env).unwrap();
+    assert_eq!(c, Config::default());
+}
+
+#[test]
+fn config_file_discovery_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let home = root.join("home");
+    let xdg = root.join("xdg");
+    let home_s = home.to_str().unwrap();
+    let xdg_s = xdg.to_str().unwrap();
+    let home_file = write(
+        &home,
+        ".config/oceancode-proxy/config.json",
+        r#"{"retention":{"days":1}}"#,
+    );
+    let xdg_file = write(
+        &xdg,
+        "oceancode-proxy/config.json",
+        r#"{"retention":{"days":2}}"#,
+    );
+    let env_file = write(root, "env.json", r#"{"retention":{"days":3}}"#);
+    let arg_file = write(root, "arg.json", r#"{"retention":{"days":4}}"#);
+    let env_s = env_file.to_str().unwrap();
+
+    let days = |file: Option<&Path>, env: &dyn Fn(&str) -> Option<String>| {
+        let l = Config::load(file, env).unwrap();
+        (l.config.retention.days, l.source)
+    };
+    // $HOME/.config when XDG_CONFIG_HOME is unset.
+    assert_eq!(
+        days(None, &env_of(&[("HOME", home_s)])),
+        (1, Some(home_file))
+    );
+    // $XDG_CONFIG_HOME wins over $HOME.
+    let env = env_of(&[("HOME", home_s), ("XDG_CONFIG_HOME", xdg_s)]);
+    assert_eq!(days(None, &env), (2, Some(xdg_file.clone())));
+    // A relative XDG_CONFIG_HOME is ignored (XDG spec).
+    let env = env_of(&[("HOME", home_s), ("XDG_CONFIG_HOME", "rel/xdg")]);
+    assert_eq!(days(None, &env).0, 1);
+    // OCEANCODE_CONFIG wins over the default path.
+    let env = env_of(&[
+        ("HOME", home_s),
+        ("XDG_CONFIG_HOME", xdg_s),
+        ("OCEANCODE_CONFIG", env_s),
+    ]);
+    assert_eq!(days(None, &env), (3, Some(env_file.clone())));
+    // The argument wins over OCEANCODE_CONFIG.
+    assert_eq!(days(Some(&arg_file), &env), (4, Some(arg_file.clone())));
+    // A missing default file is simply no file.
+    let env = env_of(&[("HOME", root.join("nohome").to_str().unwrap())]);
+    assert_eq!(days(None, &env), (7, None));
+    assert_eq!(find_config_file(&env), None);
+    assert_eq!(
+        default_config_path(&env),
+        Some(root.join("nohome/.config/oceancode-proxy/config.json"))
+    );
+}
+
+#[test]
+fn a_named_file_that_is_missing_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.json");
+    let env = env_of(&[("OCEANCODE_CONFIG", missing.to_str().unwrap())]);
+    let err = Config::load(None, &env).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Read { path, .. } if path == &missing),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("nope.json"), "{err}");
+    let err = Config::load(Some(&missing), &no_env).unwrap_err();
+    assert!(matches!(err, ConfigError::Read { .. }));
+}
+
+#[test]
+fn resolve_layers_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.json",
+        r#"{"ledger":{"tideline":{"tokens":5000}}}"#,
+    );
+    let err = Config::resolve(Some(&file), &no_env, &Overrides::default()).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Invalid { key, .. } if key == "ledger.tideline.tokens"),
+        "{err:?}"
+    );
+    // A flag can repair what a lower layer got wrong.
+    let o = Overrides {
+        tideline: Some(LineSpec::Tokens(300_000)),
+        ..Overrides::default()
+    };
+    let l = Config::resolve(Some(&file), &no_env, &o).unwrap();
+    assert_eq!(l.config.ledger.line_spec(), LineSpec::Tokens(300_000));
+}
+
+// ---------------------------------------------------------------- env errors
+
+#[test]
+fn bad_env_values_name_the_variable() {
+    for (var, value) in [
+        ("OCEANCODE_LISTEN", "localhost"),
+        ("OCEANCODE_TIDELINE", "5k"),
+        ("OCEANCODE_TIDELINE", "abc"),
+        ("OCEANCODE_TIDELINE", "150%"),
+        ("OCEANCODE_TIDELINE_BLOCK", "0"),
+        ("OCEANCODE_RETENTION_DAYS", "-1"),
+        ("OCEANCODE_ANTHROPIC_UPSTREAM", "http://example.com"),
+        ("OCEANCODE_OPENAI_UPSTREAM", "api.openai.com"),
+    ] {
+        let err = Config::load(None, &env_of(&[(var, value)])).unwrap_err();
+        match &err {
+            ConfigError::Env {
+                var: v, value: got, ..
+            } => {
+                assert_eq!(v, var);
+                assert_eq!(got, value);
+            }
+            other => panic!("{var}={value}: expected an Env error, got {other:?}"),
+        }
+        assert!(err.to_string().contains(var), "{err}");
+    }
+}
+
+#[test]
+fn env_tideline_zero_means_model_ceiling() {
+    let l = Config::load(None, &env_of(&[("OCEANCODE_TIDELINE", "0")])).unwrap();
+    assert_eq!(l.config.ledger.line_spec(), LineSpec::Tokens(0));
+    l.config.validate().unwrap();
+    let l = Config::load(None, &env_of(&[("OCEANCODE_TIDELINE", "40%")])).unwrap();
+    assert_eq!(l.config.ledger.line_spec(), LineSpec::Percent(40.0));
+}
+
+// ---------------------------------------------------------------- aliases and removed keys
+
+#[test]
+fn shelve_and_window_are_aliases_of_tideline() {
+    for alias in ["tideline", "shelve", "window"] {
+        let text = format!(r#"{{"ledger":{{"{alias}":{{"percent":55,"block":20000}}}}}}"#);
+        let c = parse(&text).unwrap().config;
+        assert_eq!(c.ledger.line_spec(), LineSpec::Percent(55.0), "{alias}");
+        assert_eq!(c.ledger.block_spec(), BlockSpec::Tokens(20_000), "{alias}");
+    }
+    // Two spellings of the same key are a conflict.
+    let err =
+        parse(r#"{"ledger":{"tideline":{"percent":50},"window":{"percent":60}}}"#).unwrap_err();
+    assert!(err.to_string().contains("duplicate field"), "{err}");
+}
+
+#[test]
+fn removed_keys_load_with_one_warning() {
+    let l = parse(
+        r#"{"ledger":{"low":0.3,"profile":"wide",
+                      "tideline":{"percent":45,"hard_tokens":900000,"reserve":{"x":1}}}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        l.warnings,
+        vec![
+            "config: ignoring removed keys ledger.low, ledger.profile, ledger.tideline.reserve, \
+              ledger.tideline.hard_tokens (the band geometry was removed; see ledger.tideline)"
+                .to_string()
+        ]
+    );
+    // The removed keys have no effect.
+    let mut expected = Config::default();
+    expected.ledger.tideline.percent = Some(45.0);
+    assert_eq!(l.config, expected);
+
+    let l = parse(r#"{"ledger":{"window":{"low":1}}}"#).unwrap();
+    assert_eq!(
+        l.warnings,
+        vec!["config: ignoring removed key ledger.tideline.low (the band geometry was removed; see ledger.tideline)"
+            .to_string()]
+    );
+    let l = parse(r#"{"ledger":{"reserve":null}}"#).unwrap();
+    assert_eq!(l.warnings.len(), 1, "even a null value is reported");
+    assert!(l.warnings[0].contains("ledger.reserve"));
+}
+
+#[test]
+fn removed_keys_are_only_accepted_inside_ledger() {
+    let err = parse(r#"{"low": 1}"#).unwrap_err();
+    assert!(err.to_string().contains("unknown field `low`"), "{err}");
+    let err = parse(r#"{"retention":{"profile":"x"}}"#).unwrap_err();
+    assert!(err.to_string().contains("unknown field `profile`"), "{err}");
+}
+
+// ---------------------------------------------------------------- unknown keys and parse errors
+
+#[test]
+fn unknown_keys_are_errors_naming_the_key_and_position() {
+    let err = parse("{\n  \"ledger\": {\n    \"tidelin\": {}\n  }\n}").unwrap_err();
+    match &err {
+        ConfigError::Parse {
+            path,
+            line,
+            column,
+            message,
+        } => {
+            assert_eq!(path, Path::new("/etc/test.json"));
+            assert_eq!(*line, 3);
+            assert!(*column > 0);
+            assert!(message.contains("unknown field `tidelin`"), "{message}");
+            assert!(
+                !message.contains(" at line "),
+                "position is not repeated: {message}"
+            );
+        }
+        other => panic!("expected Parse, got {other:?}"),
+    }
+    let shown = err.to_string();
+    assert!(shown.starts_with("config: /etc/test.json:3:"), "{shown}");
+
+    for (text, key) in [
+        (r#"{"listn":"127.0.0.1:1"}"#, "listn"),
+        (r#"{"providers":{"openai":{"url":"https://x"}}}"#, "url"),
+        (
+            r#"{"providers":{"openai":{"models":[{"id":"m","window":5}]}}}"#,
+            "window",
+        ),
+        (r#"{"ledger":{"tideline":{"percentage":50}}}"#, "percentage"),
+        (r#"{"ledger":{"merge":{"enabled":true}}}"#, "enabled"),
+        (r#"{"limits":{"timeout":1}}"#, "timeout"),
+        (r#"{"writer":{"threads":1}}"#, "threads"),
+    ] {
+        let err = parse(text).unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("unknown field `{key}`")),
+            "{text}: {err}"
+        );
+    }
+}
+
+#[test]
+fn bad_values_are_parse_errors() {
+    for text in [
+        r#"{"listen":"localhost:80"}"#,
+        r#"{"retention":{"days":"x"}}"#,
+        r#"{"retention":{"days":-1}}"#,
+        r#"{"ledger":{"tideline":{"tokens":"40%"}}}"#,
+        r#"{"ledger":{"tideline":{"tokens":-5}}}"#,
+        r#"{"ledger":{"tideline":{"tokens":1.5}}}"#,
+        r#"{"ledger":{"tideline":{"tokens":"lots"}}}"#,
+        r#"{"ledger":{"tideline":{"block":"0"}}}"#,
+        r#"{"ledger":{"tideline":{"block":true}}}"#,
+        r#"{"providers":{"openai":{"models":[{"context_window":5}]}}}"#,
+        r#"{"ledger": "#,
+        r#"[1,2]"#,
+    ] {
+        let err = parse(text).unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }), "{text}: {err:?}");
+    }
+}
+
+// ---------------------------------------------------------------- tideline keys
+
+#[test]
+fn tideline_tokens_and_block_forms() {
+    let t = |text: &str| parse(text).unwrap().config.ledger.tideline;
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"tokens":"500k"}}}"#).tokens,
+        Some(500_000)
+    );
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"tokens":"1.5m"}}}"#).tokens,
+        Some(1_500_000)
+    );
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"tokens":300000}}}"#).tokens,
+        Some(300_000)
+    );
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"tokens":3e5}}}"#).tokens,
+        Some(300_000)
+    );
+    assert_eq!(t(r#"{"ledger":{"tideline":{"tokens":null}}}"#).tokens, None);
+    // tokens wins over percent.
+    let both = t(r#"{"ledger":{"tideline":{"percent":50,"tokens":"500k"}}}"#);
+    assert_eq!(both.line_spec(), LineSpec::Tokens(500_000));
+    // The documented example.
+    let ex = t(r#"{"ledger":{"tideline":{"tokens":"500k","block":20000}}}"#);
+    assert_eq!(ex.line_spec(), LineSpec::Tokens(500_000));
+    assert_eq!(ex.block_spec(), BlockSpec::Tokens(20_000));
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"block":"20k"}}}"#).block,
+        Some(BlockSpec::Tokens(20_000))
+    );
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"block":"35%"}}}"#).block,
+        Some(BlockSpec::PercentOfLine(35.0))
+    );
+    assert_eq!(
+        t(r#"{"ledger":{"tideline":{"percent":50}}}"#).line_spec(),
+        LineSpec::Percent(50.0)
+    );
+}
+
+#[test]
+fn validate_refuses_out_of_range_tideline() {
+    let check = |text: &str| parse(text).unwrap().config.validate();
+    let key_of = |r: Result<(), ConfigError>| match r {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    // Fixed tokens below 20k are refused, except 0 (the model ceiling).
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"tideline":{"tokens":19999}}}"#)),
+        "ledger.tideline.tokens"
+    );
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"tideline":{"tokens":"5k"}}}"#)),
+        "ledger.tideline.tokens"
+    );
+    check(r#"{"ledger":{"tideline":{"tokens":0}}}"#).unwrap();
+    check(r#"{"ledger":{"tideline":{"tokens":20000}}}"#).unwrap();
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"tideline":{"percent":0}}}"#)),
+        "ledger.tideline.percent"
+    );
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"tideline":{"percent":101}}}"#)),
+        "ledger.tideline.percent"
+    );
+    check(r#"{"ledger":{"tideline":{"percent":100}}}"#).unwrap();
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"tideline":{"block":0}}}"#)),
+        "ledger.tideline.block"
+    );
+    assert_eq!(
+        key_of(check(r#"{"ledger":{"merge":{"model":""}}}"#)),
+        "ledger.merge.model"
+    );
+    assert_eq!(
+        key_of(check(r#"{"limits":{"connect_timeout_ms":0}}"#)),
+        "limits.connect_timeout_ms"
+    );
+    assert_eq!(
+        key_of(check(r#"{"limits":{"max_body_bytes":0}}"#)),
+        "limits.max_body_bytes"
+    );
+    assert_eq!(
+        key_of(check(r#"{"writer":{"queue_capacity":0}}"#)),
+        "writer.queue_capacity"
+    );
+    assert_eq!(
+        key_of(check(r#"{"writer":{"queue_capacity":10,"batch_max":11}}"#)),
+        "writer.batch_max"
+    );
+    assert_eq!(key_of(check(r#"{"log":" "}"#)), "log");
+    assert_eq!(
+        key_of(check(
+            r#"{"providers":{"openai":{"models":[{"id":"m","context_window":100,"max_output":100}]}}}"#
+        )),
+        "providers.openai.models[0].max_output"
+    );
+    assert_eq!(
+        key_of(check(
+            r#"{"providers":{"openai":{"models":[{"id":"m","price":{"input":-1,"output":1}}]}}}"#
+        )),
+        "providers.openai.models[0].price.input"
+    );
+    assert_eq!(
+        key_of(check(r#"{"providers":{"openai":{"models":[{"id":" "}]}}}"#)),
+        "providers.openai.models[0].id"
+    );
+}
+
+// ---------------------------------------------------------------- upstream URLs
+
+#[test]
+fn upstream_url_rules() {
+    for ok in [
+        "https://api.anthropic.com",
+        "https://api.openai.com/",
+        "https://gateway.example.com:8443/anthropic",
+        "HTTPS://API.EXAMPLE.COM",
+        "http://127.0.0.1:9000",
+        "http://127.8.9.10",
+        "http://localhost:1234/prefix",
+        "http://LOCALHOST",
+        "http://[::1]:8080",
+        "https://[2001:db8::1]:443",
+    ] {
+        assert_eq!(check_upstream_url(ok), Ok(()), "{ok}");
+    }
+    for (bad, why) in [
+        ("http://example.com", "loopback"),
+        ("http://10.0.0.1:80", "loopback"),
+        ("http://[::2]:80", "loopback"),
+        ("http://128.0.0.1", "loopback"),
+        ("http://localhost.evil.com", "loopback"),
+        ("ftp://example.com", "scheme"),
+        ("api.anthropic.com", "https://"),
+        ("https://", "no host"),
+        ("https://:443", "no host"),
+        ("https://user:pw@example.com", "credentials"),
+        ("https://example.com?x=1", "query"),
+        ("https://example.com/#f", "query"),
+        ("https://exa mple.com", "whitespace"),
+        ("https://example.com:0", "port"),
+        ("https://example.com:http", "port"),
+        ("https://example.com:99999", "port"),
+        ("https://[::1", "IPv6"),
+        ("https://[zz::1]", "IPv6"),
+        ("https://ex!ample.com", "invalid host"),
+        ("", "empty"),
+    ] {
+        let err = check_upstream_url(bad).expect_err(bad);
+        assert!(err.contains(why), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn validate_checks_upstreams_by_key() {
+    let err = parse(r#"{"providers":{"openai":{"upstream":"http://api.example.com"}}}"#)
+        .unwrap()
+        .config
+        .validate()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Invalid { key, message }
+            if key == "providers.openai.upstream" && message.contains("loopback")),
+        "{err:?}"
+    );
+    // A provider that is not built in needs an upstream.
+    let err = parse(r#"{"providers":{"mine":{"models":[{"id":"m"}]}}}"#)
+        .unwrap()
+        .config
+        .validate()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Invalid { key, .. } if key == "providers.mine.upstream"),
+        "{err:?}"
+    );
+    // Built-in providers keep their default upstream when only models are given.
+    let c = parse(
+        r#"{"providers":{"anthropic":{"models":[{"id":"claude-x","context_window":150000}]}}}"#,
+    )
+    .unwrap()
+    .config;
+    c.validate().unwrap();
+    assert_eq!(c.anthropic_upstream(), "https://api.anthropic.com");
+    assert_eq!(c.openai_upstream(), "https://api.openai.com");
+    // A flag with a bad upstream is caught by validate.
+    let mut c = Config::default();
+    c.apply(&Overrides {
+        anthropic_upstream: Some("http://example.com".into()),
+        ..Overrides::default()
+    });
+    assert!(c.validate().is_err());
+}
+
+// ---------------------------------------------------------------- data dir
+
+#[test]
+fn data_dir_resolution_order() {
+    let full = env_of(&[
+        ("OCEANCODE_DATA_DIR", "/env/data"),
+        ("XDG_DATA_HOME", "/xdg"),
+        ("HOME", "/home/u"),
+    ]);
+    assert_eq!(
+        resolve_data_dir(Some(Path::new("/flag")), &full),
+        PathBuf::from("/flag")
+    );
+    assert_eq!(resolve_data_dir(None, &full), PathBuf::from("/env/data"));
+    let xdg = env_of(&[("XDG_DATA_HOME", "/xdg"), ("HOME", "/home/u")]);
+    assert_eq!(
+        resolve_data_dir(None, &xdg),
+        PathBuf::from("/xdg/oceancode-proxy")
+    );
+    let home = env_of(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "relative")]);
+    assert_eq!(
+        resolve_data_dir(None, &home),
+        PathBuf::from("/home/u/.local/share/oceancode-proxy")
+    );
+    assert_eq!(
+        resolve_data_dir(None, &no_env),
+        PathBuf::from("oceancode-proxy")
+    );
+    assert_eq!(
+        resolve_data_dir(Some(Path::new("~/oc")), &home),
+        PathBuf::from("/home/u/oc")
+    );
+}
+
+#[test]
+fn config_data_dir_sits_between_env_and_xdg() {
+    let env = env_of(&[("XDG_DATA_HOME", "/xdg"), ("HOME", "/home/u")]);
+    let l = Config::load(None, &env).unwrap();
+    assert_eq!(
+        l.config.resolved_data_dir(&env),
+        PathBuf::from("/xdg/oceancode-proxy")
+    );
+    let c = parse(r#"{"data_dir":"~/ledger"}"#).unwrap().config;
+    assert_eq!(c.resolved_data_dir(&env), PathBuf::from("/home/u/ledger"));
+    let mut c = c;
+    c.apply_env(&env_of(&[("OCEANCODE_DATA_DIR", "/env")]))
+        .unwrap();
+    assert_eq!(c.resolved_data_dir(&env), PathBuf::from("/env"));
+}
+
+// ---------------------------------------------------------------- amounts and specs
+
+#[test]
+fn amounts_parse() {
+    let a = |s: &str| s.parse::<Amount>();
+    assert_eq!(a("40%"), Ok(Amount::Percent(40.0)));
+    assert_eq!(a(" 12.5 % "), Ok(Amount::Percent(12.5)));
+    assert_eq!(a("500k"), Ok(Amount::Tokens(500_000)));
+    assert_eq!(a("500K"), Ok(Amount::Tokens(500_000)));
+    assert_eq!(a("1.5m"), Ok(Amount::Tokens(1_500_000)));
+    assert_eq!(a("20000"), Ok(Amount::Tokens(20_000)));
+    assert_eq!(a("0"), Ok(Amount::Tokens(0)));
+    assert_eq!(Amount::parse("2M"), Ok(Amount::Tokens(2_000_000)));
+    for bad in [
+        "", "abc", "0%", "101%", "-5", "-5k", "5x", "%", "k", "inf", "NaN",
+    ] {
+        assert!(a(bad).is_err(), "{bad:?} should be refused");
+    }
+    let e = a("abc").unwrap_err();
+    assert_eq!(e.input, "abc");
+    assert!(e.to_string().contains("abc"));
+}
+
+#[test]
+fn line_and_block_specs_parse_and_display() {
+    assert_eq!("50%".parse::<LineSpec>(), Ok(LineSpec::Percent(50.0)));
+    assert_eq!("500k".parse::<LineSpec>(), Ok(LineSpec::Tokens(500_000)));
+    assert_eq!("0".parse::<LineSpec>(), Ok(LineSpec::Tokens(0)));
+    assert!("19999".parse::<LineSpec>().is_err());
+    assert_eq!(LineSpec::Percent(40.0).to_string(), "40%");
+    assert_eq!(LineSpec::Tokens(500_000).to_string(), "500000");
+    assert_eq!(
+        "35%".parse::<BlockSpec>(),
+        Ok(BlockSpec::PercentOfLine(35.0))
+    );
+    assert_eq!("1k".parse::<BlockSpec>(), Ok(BlockSpec::Tokens(1_000)));
+    assert!("0".parse::<BlockSpec>().is_err());
+    assert_eq!(BlockSpec::PercentOfLine(70.0).to_string(), "70%");
+    assert_eq!(BlockSpec::Tokens(20_000).to_string(), "20000");
+}
+
+// ---------------------------------------------------------------- models
+
+#[test]
+fn normalize_strips_suffixes() {
+    let n = |s: &str| normalize(s);
+    assert_eq!(n("claude-sonnet-4-5-20250929").base, "claude-sonnet-4-5");
+    assert_eq!(n("gpt-4.1-2025-04-14").base, "gpt-4.1");
+    assert_eq!(n("claude-sonnet-4-5@20250929").base, "claude-sonnet-4-5");
+    assert_eq!(n("Claude-Opus-5-5").base, "claude-opus-5-5");
+    assert_eq!(n("anthropic/claude-opus-5-5").base, "claude-opus-5-5");
+    assert_eq!(n("claude-3-7-sonnet-latest").base, "claude-3-7-sonnet");
+    let f = n("claude-fable-5-1[1m]");
+    assert_eq!(f.base, "claude-fable-5-1");
+    assert!(f.one_m);
+    assert!(!n("claude-fable-5-1").one_m);
+    assert_eq!(n("gpt-6.2-sol").base, "gpt-6.2-sol");
+    assert_eq!(n("o3").base, "o3");
+}
+
+#[test]
+fn lookup_exact_rows() {
+    let opus = lookup("claude-opus-5-5").unwrap();
+    assert_eq!(opus.context_window, 1_000_000);
+    assert_eq!(opus.max_output, 128_000);
+    assert_eq!(
+        opus.price,
+        Some(Price {
+            input: 4.0,
+            output: 20.0,
+            cache_read: 0.20,
+            cache_write: 5.0
+        })
+    );
+    let sol = lookup("gpt-6.2-sol").unwrap();
+    assert_eq!(sol.context_window, 1_050_000);
+    assert_eq!(sol.max_output, 128_000);
+    assert_eq!(sol.price.unwrap().input, 2.0);
+    let codex = lookup("gpt-5-codex").unwrap();
+    assert_eq!(codex.context_window, 400_000);
+    assert!(codex.price.is_some());
+    assert_eq!(lookup("gpt-4.1").unwrap().context_window, 1_047_576);
+    assert_eq!(lookup("gpt-4o-mini").unwrap().context_window, 128_000);
+    assert_eq!(lookup("claude-haiku-4-5").unwrap().context_window, 200_000);
+    assert_eq!(lookup("o3").unwrap().context_window, 200_000);
+    // Every row is sane.
+    for (id, info) in builtin_models() {
+        assert!(info.max_output < info.context_window, "{id}");
+        let p = info.price.unwrap();
+        assert!(p.output >= p.input && p.input >= p.cache_read, "{id}");
+        assert_eq!(normalize(id).base, id, "{id} is its own key");
+        assert_eq!(lookup(id), Some(info), "{id}");
+    }
+}
+
+#[test]
+fn lookup_strips_dates_and_honours_1m() {
+    let dated = lookup("claude-sonnet-4-5-20250929").unwrap();
+    assert_eq!(dated, lookup("claude-sonnet-4-5").unwrap());
+    assert_eq!(dated.context_window, 200_000);
+    assert_eq!(dated.price.unwrap().input, 3.0);
+    assert_eq!(lookup("gpt-4.1-2025-04-14"), lookup("gpt-4.1"));
+    assert_eq!(lookup("gpt-4o-mini-2024-07-18"), lookup("gpt-4o-mini"));
+    // [1m]: a 1M window for Claude, same price.
+    let s1m = lookup("claude-sonnet-4-5[1m]").unwrap();
+    assert_eq!(s1m.context_window, 1_000_000);
+    assert_eq!(s1m.price, dated.price);
+    assert_eq!(
+        lookup("claude-fable-5-1[1m]").unwrap().context_window,
+        1_000_000
+    );
+    assert_eq!(
+        lookup("claude-fable-5-1").unwrap().price.unwrap().input,
+        10.0
+    );
+    assert_eq!(
+        lookup("claude-unknown-9[1m]").unwrap().context_window,
+        1_000_000
+    );
+    // The beta header is turned into the suffix.
+    let beta = Some("claude-code-20250219,context-1m-2025-08-07");
+    assert_eq!(
+        with_context_1m("claude-sonnet-4-5", beta),
+        "claude-sonnet-4-5[1m]"
+    );
+    assert_eq!(
+        with_context_1m("claude-sonnet-4-5[1m]", beta),
+        "claude-sonnet-4-5[1m]"
+    );
+    assert_eq!(
+        with_context_1m("claude-sonnet-4-5", Some("interleaved-thinking-2025-05-14")),
+        "claude-sonnet-4-5"
+    );
+    assert_eq!(
+        with_context_1m("claude-sonnet-4-5", None),
+        "claude-sonnet-4-5"
+    );
+    assert_eq!(
+        lookup(&with_context_1m("claude-haiku-4-5", beta))
+            .unwrap()
+            .context_window,
+        1_000_000
+    );
+}
+
+#[test]
+fn lookup_family_fallbacks() {
+    let fam = |m: &str| lookup(m).map(|i| (i.context_window, i.price.is_some()));
+    assert_eq!(fam("claude-opus-9-9"), Some((200_000, false)));
+    assert_eq!(fam("claude-sonnet-4-5-thinking"), Some((200_000, false)));
+    assert_eq!(fam("gpt-6.9-nova"), Some((400_000, false)));
+    assert_eq!(fam("gpt-5.7-terra"), Some((400_000, false)));
+    assert_eq!(fam("gpt-5-codex-max"), Some((400_000, false)));
+    assert_eq!(fam("gpt-4.1-preview"), Some((1_047_576, false)));
+    assert_eq!(fam("o3-pro"), Some((200_000, false)));
+    assert_eq!(fam("o4-mini-high"), Some((200_000, false)));
+    assert_eq!(fam("gpt-4o-audio-preview"), Some((128_000, false)));
+    assert_eq!(fam("my-custom-model"), None);
+    assert_eq!(fam("o1"), None);
+    assert_eq!(fam("gpt-4"), None);
+    assert_eq!(fam(""), None);
+    // A [1m] suffix does not invent a window for a non-Claude model.
+    assert_eq!(fam("my-custom-model[1m]"), None);
+    assert_eq!(fam("gpt-5[1m]"), Some((400_000, true)));
+}
+
+#[test]
+fn price_cost() {
+    let p = lookup("claude-opus-5-5").unwrap().price.unwrap();
+    assert!((p.cost_usd(1_000_000, 1_000_000, 0, 0) - 24.0).abs() < 1e-9);
+    assert!((p.cost_usd(0, 0, 1_000_000, 0) - 0.20).abs() < 1e-9);
+    assert!((p.cost_usd(0, 0, 0, 1_000_000) - 5.0).abs() < 1e-9);
+    // 2k input, 500 output, 100k cache read, 10k cache write.
+    let expected = (2_000.0 * 4.0 + 500.0 * 20.0 + 100_000.0 * 0.2 + 10_000.0 * 5.0) / 1e6;
+    assert!((p.cost_usd(2_000, 500, 100_000, 10_000) - expected).abs() < 1e-12);
+    assert_eq!(p.cost_usd(0, 0, 0, 0), 0.0);
+}
+
+#[test]
+fn context_window_precedence() {
+    let cfg = parse(
+        r#"{"providers":{"openai":{"models":[
+             {"id":"gpt-6.2-sol","context_window":500000,"max_output":64000},
+             {"id":"my-custom-model","context_window":32000,
+              "price":{"input":1,"output":2}}]}}}"#,
+    )
+    .unwrap()
+    .config;
+    let plain = Config::default();
+    let env = env_of(&[("OCEANCODE_CONTEXT_TOKENS", "1.5m")]);
+
+    // 1. env wins over everything.
+    assert_eq!(
+        context_window("gpt-6.2-sol", &cfg, &env, Some(9)),
+        Some(1_500_000)
+    );
+    assert_eq!(
+        context_window("unknown-model", &plain, &env, None),
+        Some(1_500_000)
+    );
+    // 2. config over learned and table (any provider, id matched after normalization).
+    assert_eq!(
+        context_window("gpt-6.2-sol", &cfg, &no_env, Some(300_000)),
+        Some(500_000)
+    );
+    assert_eq!(
+        context_window("my-custom-model", &cfg, &no_env, None),
+        Some(32_000)
+    );
+    assert_eq!(
+        context_window("MY-CUSTOM-MODEL-20260101", &cfg, &no_env, None),
+        Some(32_000)
+    );
+    // 3. learned over table.
+    assert_eq!(
+        context_window("claude-opus-5-5", &cfg, &no_env, Some(950_000)),
+        Some(950_000)
+    );
+    // 4. table.
+    assert_eq!(
+        context_window("claude-opus-5-5", &cfg, &no_env, None),
+        Some(1_000_000)
+    );
+    assert_eq!(
+        context_window("gpt-6.2-sol", &plain, &no_env, None),
+        Some(1_050_000)
+    );
+    // Unknown.
+    assert_eq!(context_window("other-model", &cfg, &no_env, None), None);
+    // A bad or zero env value is ignored.
+    for bad in ["lots", "40%", "0", ""] {
+        let env = env_of(&[("OCEANCODE_CONTEXT_TOKENS", bad)]);
+        assert_eq!(
+            context_window("claude-opus-5-5", &plain, &env, None),
+            Some(1_000_000),
+            "{bad:?}"
+        );
+    }
+
+    // max_output: config, then table.
+    assert_eq!(max_output("gpt-6.2-sol", &cfg), Some(64_000));
+    assert_eq!(max_output("gpt-6.2-sol", &plain), Some(128_000));
+    assert_eq!(
+        max_output("my-custom-model", &cfg),
+        None,
+        "config entry without max_output, not in the table"
+    );
+    assert_eq!(max_output("claude-sonnet-4-5", &plain), Some(64_000));
+    assert_eq!(max_output("nothing", &plain), None);
+
+    // price: config (cache prices default to input), then table.
+    let p = price("my-custom-model", &cfg).unwrap();
+    assert_eq!(
+        (p.input, p.output, p.cache_read, p.cache_write),
+        (1.0, 2.0, 1.0, 1.0)
+    );
+    assert_eq!(
+        price("gpt-6.2-sol", &cfg),
+        lookup("gpt-6.2-sol").unwrap().price
+    );
+    assert_eq!(price("claude-opus-9", &plain), None);
+}
+
+// ---------------------------------------------------------------- tideline command
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
+}
+
+#[test]
+fn tideline_command_values() {
+    let c = |s: &str| tideline_command(&words(s));
+    assert_eq!(c(""), Ok(TidelineCommand::Show));
+    assert_eq!(c("50%"), Ok(TidelineCommand::Set(LineSpec::Percent(50.0))));
+    assert_eq!(
+        c("500k"),
+        Ok(TidelineCommand::Set(LineSpec::Tokens(500_000)))
+    );
+    assert_eq!(
+        c("1.5m"),
+        Ok(TidelineCommand::Set(LineSpec::Tokens(1_500_000)))
+    );
+    assert_eq!(
+        c("20000"),
+        Ok(TidelineCommand::Set(LineSpec::Tokens(20_000)))
+    );
+    assert_eq!(c("now"), Ok(TidelineCommand::Now));
+    assert_eq!(c("NOW"), Ok(TidelineCommand::Now));
+    assert_eq!(c("default"), Ok(TidelineCommand::Default));
+    assert_eq!(
+        c("tideline 40%"),
+        Ok(TidelineCommand::Set(LineSpec::Percent(40.0)))
+    );
+    assert_eq!(c("tideline"), Ok(TidelineCommand::Show));
+}
+
+#[test]
+fn tideline_command_usage_errors() {
+    for (args, why) in [
+        ("50% 500k", "one value"),
+        ("now default", "one value"),
+        ("wide", "removed"),
+        ("narrow", "removed"),
+        ("strict", "removed"),
+        ("auto", "removed"),
+        ("5k", "at least 20k"),
+        ("19999", "at least 20k"),
+        ("0", "config file"),
+        ("junk", "not a tideline value"),
+        ("150%", "not a tideline value"),
+        ("--session s1 50%", "unknown option --session"),
+        ("--force", "unknown option"),
+    ] {
+        let err = tideline_command(&words(args)).unwrap_err();
+        assert!(err.reason.contains(why), "{args}: {}", err.reason);
+        assert!(!err.reason.contains('\n'), "the reason is one line");
+        let shown = err.to_string();
+        assert_eq!(
+            shown,
+            format!(
+                "{}\nusage: oceancode-proxy tideline [--session S] [50% | 500k | now | default]",
+                err.reason
+            )
+        );
+        assert_eq!(shown.lines().count(), 2);
+    }
+    assert_eq!(
+        TIDELINE_USAGE,
+        "usage: oceancode-proxy tideline [--session S] [50% | 500k | now | default]"
+    );
+}
+
+#[test]
+fn tideline_args_with_session() {
+    let a = |s: &str| tideline_args(&words(s));
+    assert_eq!(
+        a("--session abc 50%"),
+        Ok(TidelineArgs {
+            session: Some("abc".into()),
+            command: TidelineCommand::Set(LineSpec::Percent(50.0))
+        })
+    );
+    assert_eq!(
+        a("now --session=abc"),
+        Ok(TidelineArgs {
+            session: Some("abc".into()),
+            command: TidelineCommand::Now
+        })
+    );
+    assert_eq!(
+        a(""),
+        Ok(TidelineArgs {
+            session: None,
+            command: TidelineCommand::Show
+        })
+    );
+    for (bad, why) in [
+        ("--session", "needs a session id"),
+        ("--session=", "needs a session id"),
+        ("--session --x", "needs a session id"),
+        ("--session a --session b", "twice"),
+        ("--sess a", "unknown option"),
+        ("--session a wide", "removed"),
+    ] {
+        let err = a(bad).unwrap_err();
+        assert!(err.reason.contains(why), "{bad}: {}", err.reason);
+        assert!(err.to_string().ends_with(TIDELINE_USAGE));
+    }
+}
+
+// ---------------------------------------------------------------- properties
+
+proptest::proptest! {
+    #[test]
+    fn amount_tokens_round_trip(t in 0u64..=(1u64 << 52)) {
+        let a = Amount::Tokens(t);
+        proptest::prop_assert_eq!(a.to_string().parse::<Amount>(), Ok(a));
+    }
+
+    #[test]
+    fn amount_k_and_m_suffixes(n in 0u64..=1_000_000_000u64) {
+        proptest::prop_assert_eq!(format!("{n}k").parse::<Amount>(), Ok(Amount::Tokens(n * 1_000)));
+        proptest::prop_assert_eq!(format!("{n}M").parse::<Amount>(), Ok(Amount::Tokens(n * 1_000_000)));
+    }
+
+    #[test]
+    fn line_spec_tokens_round_trip(t in MIN_FIXED_LINE..=(1u64 << 52)) {
+        let spec = LineSpec::Tokens(t);
+        proptest::prop_assert_eq!(spec.to_string().parse::<LineSpec>(), Ok(spec));
+        proptest::prop_assert_eq!(
+            tideline_command(&[spec.to_string()]),
+            Ok(TidelineCommand::Set(spec))
+        );
+    }
+
+    #[test]
+    fn config_tokens_string_and_number_agree(t in MIN_FIXED_LINE..=10_000_000u64) {
+        let a = parse(&format!(r#"{{"ledger":{{"tideline":{{"tokens":{t}}}}}}}"#)).unwrap().config;
+        let b = parse(&format!(r#"{{"ledger":{{"tideline":{{"tokens":"{t}"}}}}}}"#)).unwrap().config;
+        proptest::prop_assert_eq!(a.ledger.line_spec(), LineSpec::Tokens(t));
+        proptest::prop_assert_eq!(a, b);
+    }
+}
+
+#[test]
+fn documented_examples_load_and_validate() {
+    let doc = include_str!("../../docs/configuration.md");
+    let mut n = 0;
+    for block in doc.split("```json\n").skip(1) {
+        let json = block.split("```").next().unwrap_or_default();
+        let l = parse(json).unwrap_or_else(|e| panic!("{e}\n{json}"));
+        l.config
+            .validate()
+            .unwrap_or_else(|e| panic!("{e}\n{json}"));
+        assert!(l.warnings.is_empty());
+        n += 1;
+    }
+    assert_eq!(n, 4, "every JSON example was checked");
+}

@@ -1,0 +1,510 @@
+//! Reading a request: dialect, segments for the prompt-cache simulation, token counts,
+//! tool-result counts and structured-output detection.
+//!
+//! Segments are `[tools, system, message...]` (Anthropic), `[tools, message...]` (Chat),
+//! `[instructions, tools, item...]` (Responses). A segment's identity is its canonical
+//! JSON: keys sorted, `cache_control` removed, and for Anthropic/Chat messages (and the
+//! Anthropic system) a string content ≡ one text block, as the real cache sees them.
+
+use serde_json::{Map, Value};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::tokens::TokenMemo;
+use crate::validate;
+
+/// API family of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// Anthropic Messages API.
+    Anthropic,
+    /// OpenAI Chat Completions.
+    Chat,
+    /// OpenAI Responses.
+    Responses,
+}
+
+impl Dialect {
+    /// Name used in `ToolLoop.by_dialect`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Dialect::Anthropic => "anthropic",
+            Dialect::Chat => "chat",
+            Dialect::Responses => "responses",
+        }
+    }
+}
+
+/// Which endpoint a request hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// `POST /v1/messages`
+    Messages,
+    /// `POST /v1/messages/count_tokens`
+    CountTokens,
+    /// `POST /v1/chat/completions`
+    ChatCompletions,
+    /// `POST /v1/responses`
+    Responses,
+    /// Anything else (404).
+    Other,
+}
+
+impl Endpoint {
+    pub(crate) fn route(method: &http::Method, path: &str) -> Endpoint {
+        if method != http::Method::POST {
+            return Endpoint::Other;
+        }
+        match path.trim_end_matches('/') {
+            "/v1/messages" => Endpoint::Messages,
+            "/v1/messages/count_tokens" => Endpoint::CountTokens,
+            "/v1/chat/completions" => Endpoint::ChatCompletions,
+            "/v1/responses" => Endpoint::Responses,
+            _ => Endpoint::Other,
+        }
+    }
+
+    /// The dialect of a model endpoint.
+    pub fn dialect(self) -> Option<Dialect> {
+        match self {
+            Endpoint::Messages | Endpoint::CountTokens => Some(Dialect::Anthropic),
+            Endpoint::ChatCompletions => Some(Dialect::Chat),
+            Endpoint::Responses => Some(Dialect::Responses),
+            Endpoint::Other => None,
+        }
+    }
+}
+
+/// Why a request is refused with a 400.
+#[derive(Debug)]
+pub(crate) enum Reject {
+    BadJson(String),
+    Invalid {
+        message: String,
+        param: Option<String>,
+    },
+}
+
+/// What the fake needs to know about a request.
+#[derive(Debug, Default)]
+pub(crate) struct Analysis {
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub seg_hashes: Vec<u64>,
+    pub seg_tokens: Vec<u64>,
+    pub total: u64,
+    pub tool_results: usize,
+    pub tool_results_this_turn: usize,
+    /// The request declares `tools: []` (e.g. Claude Code's title request).
+    pub tools_empty: bool,
+    /// JSON schema of a structured-output request.
+    pub schema: Option<Value>,
+}
+
+#[derive(Clone, Copy)]
+enum Seg {
+    /// JSON-ish content counted as its canonical JSON text (tool definitions).
+    Json,
+    /// Content counted by its string leaves.
+    Plain,
+    /// A message / system whose string content ≡ one text block.
+    Message,
+    System,
+}
+
+/// Per-segment token overhead (role markers etc.).
+const SEG_OVERHEAD: u64 = 3;
+
+pub(crate) fn analyze(
+    dialect: Dialect,
+    body: &[u8],
+    validate_on: bool,
+    memo: &TokenMemo,
+) -> Result<Analysis, Reject> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| Reject::BadJson(e.to_string()))?;
+    let Value::Object(obj) = &v else {
+        return Err(Reject::BadJson("request body must be a JSON object".into()));
+    };
+    if validate_on {
+        match dialect {
+            Dialect::Anthropic => validate::anthropic(obj),
+            Dialect::Chat => validate::chat(obj),
+            Dialect::Responses => validate::responses(obj),
+        }
+        .map_err(|(message, param)| Reject::Invalid { message, param })?;
+    }
+    let mut a = Analysis {
+        model: obj
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        ..Analysis::default()
+    };
+    let mut push = |kind: Seg, v: &Value| {
+        let (h, t) = segment(kind, v, memo);
+        a.seg_hashes.push(h);
+        a.seg_tokens.push(t);
+    };
+    let tools = obj.get("tools");
+    let tools_empty = matches!(tools, Some(Value::Array(t)) if t.is_empty());
+    let tools_seg = tools.filter(|t| !t.is_null() && !tools_empty);
+    match dialect {
+        Dialect::Anthropic => {
+            if let Some(t) = tools_seg {
+                push(Seg::Json, t);
+            }
+            if let Some(s) = obj.get("system").filter(|s| !s.is_null()) {
+                push(Seg::System, s);
+            }
+            for m in array(obj.get("messages")) {
+                push(Seg::Message, m);
+            }
+        }
+        Dialect::Chat => {
+            if let Some(t) = tools_seg {
+                push(Seg::Json, t);
+            }
+            for m in array(obj.get("messages")) {
+                push(Seg::Message, m);
+            }
+        }
+        Dialect::Responses => {
+            if let Some(i) = obj.get("instructions").filter(|s| !s.is_null()) {
+                push(Seg::Plain, i);
+            }
+            if let Some(t) = tools_seg {
+                push(Seg::Json, t);
+            }
+            match obj.get("input") {
+                Some(Value::Array(items)) => items.iter().for_each(|i| push(Seg::Plain, i)),
+                Some(other @ Value::String(_)) => push(Seg::Plain, other),
+                _ => {}
+            }
+        }
+    }
+    a.total = a.seg_tokens.iter().sum();
+    a.tools_empty = tools_empty;
+    let (all, turn) = tool_results(dialect, obj);
+    a.tool_results = all;
+    a.tool_results_this_turn = turn;
+    a.schema = schema(dialect, obj);
+    Ok(a)
+}
+
+pub(crate) fn array(v: Option<&Value>) -> &[Value] {
+    match v {
+        Some(Value::Array(a)) => a,
+        _ => &[],
+    }
+}
+
+fn segment(kind: Seg, v: &Value, memo: &TokenMemo) -> (u64, u64) {
+    let mut buf = Vec::with_capacity(256);
+    buf.push(kind as u8);
+    match kind {
+        Seg::Json | Seg::Plain => write_canon(v, &mut buf, true),
+        Seg::Message => write_message(v, &mut buf),
+        Seg::System => match v {
+            Value::String(s) => write_canon(&text_blocks(s), &mut buf, true),
+            other => write_canon(other, &mut buf, true),
+        },
+    }
+    let h = xxh3_64(&buf);
+    let tokens = memo.get_or_count(h, || match kind {
+        Seg::Json => String::from_utf8_lossy(&buf[1..]).into_owned(),
+        _ => {
+            let mut s = String::new();
+            collect_text(v, &mut s);
+            s
+        }
+    });
+    (h, tokens + SEG_OVERHEAD)
+}
+
+fn text_blocks(s: &str) -> Value {
+    let mut block = Map::new();
+    block.insert("type".into(), Value::String("text".into()));
+    block.insert("text".into(), Value::String(s.to_string()));
+    Value::Array(vec![Value::Object(block)])
+}
+
+fn write_message(v: &Value, out: &mut Vec<u8>) {
+    if let Value::Object(m) = v {
+        if let Some(Value::String(s)) = m.get("content") {
+            let mut m2 = m.clone();
+            m2.insert("content".into(), text_blocks(s));
+            write_canon(&Value::Object(m2), out, true);
+            return;
+        }
+    }
+    write_canon(v, out, true);
+}
+
+/// Keys whose subtree is user data: `cache_control` inside it is kept.
+fn is_data_key(k: &str) -> bool {
+    matches!(k, "input" | "input_schema" | "parameters" | "arguments")
+}
+
+/// Canonical compact JSON: sorted keys, `cache_control` stripped (outside data).
+pub(crate) fn write_canon(v: &Value, out: &mut Vec<u8>, strip: bool) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m
+                .keys()
+                .filter(|k| !(strip && k.as_str() == "cache_control"))
+                .collect();
+            keys.sort();
+            out.push(b'{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let _ = serde_json::to_writer(&mut *out, k);
+                out.push(b':');
+                if let Some(child) = m.get(k) {
+                    write_canon(child, out, strip && !is_data_key(k));
+                }
+            }
+            out.push(b'}');
+        }
+        Value::Array(a) => {
+            out.push(b'[');
+            for (i, item) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canon(item, out, strip);
+            }
+            out.push(b']');
+        }
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
+        }
+    }
+}
+
+/// Keys whose string values are ids/markers, not model-visible text.
+fn skip_text_key(k: &str) -> bool {
+    matches!(
+        k,
+        "cache_control"
+            | "type"
+            | "id"
+            | "tool_use_id"
+            | "call_id"
+            | "tool_call_id"
+            | "signature"
+            | "encrypted_content"
+            | "status"
+    )
+}
+
+/// The model-visible text of a segment: string leaves in key order, tool inputs as JSON.
+fn collect_text(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().filter(|k| !skip_text_key(k)).collect();
+            keys.sort();
+            for k in keys {
+                let Some(child) = m.get(k) else { continue };
+                if k == "input" && (child.is_object() || child.is_array()) {
+                    let mut buf = Vec::new();
+                    write_canon(child, &mut buf, false);
+                    out.push_str(&String::from_utf8_lossy(&buf));
+                    out.push('\n');
+                } else {
+                    collect_text(child, out);
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|i| collect_text(i, out)),
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Number(n) => {
+            out.push_str(&n.to_string());
+            out.push('\n');
+        }
+        Value::Bool(b) => {
+            out.push_str(if *b { "true\n" } else { "false\n" });
+        }
+        Value::Null => {}
+    }
+}
+
+fn blocks(m: &Value) -> &[Value] {
+    array(m.get("content"))
+}
+
+fn is_type(v: &Value, t: &str) -> bool {
+    v.get("type").and_then(Value::as_str) == Some(t)
+}
+
+/// (tool results in the whole conversation, tool results after the last user prompt).
+fn tool_results(dialect: Dialect, obj: &Map<String, Value>) -> (usize, usize) {
+    let mut all = 0;
+    let mut turn = 0;
+    match dialect {
+        Dialect::Anthropic => {
+            for m in array(obj.get("messages")) {
+                if m.get("role").and_then(Value::as_str) != Some("user") {
+                    continue;
+                }
+                let n = blocks(m)
+                    .iter()
+                    .filter(|b| is_type(b, "tool_result"))
+                    .count();
+                if n == 0 {
+                    turn = 0;
+                } else {
+                    turn += n;
+                }
+                all += n;
+            }
+        }
+        Dialect::Chat => {
+            for m in array(obj.get("messages")) {
+                match m.get("role").and_then(Value::as_str) {
+                    Some("tool") => {
+                        all += 1;
+                        turn += 1;
+                    }
+                    Some("user") => turn = 0,
+                    _ => {}
+                }
+            }
+        }
+        Dialect::Responses => {
+            for item in array(obj.get("input")) {
+                let t = item.get("type").and_then(Value::as_str);
+                if matches!(t, Some("function_call_output" | "custom_tool_call_output")) {
+                    all += 1;
+                    turn += 1;
+                } else if item.get("role").and_then(Value::as_str) == Some("user")
+                    && matches!(t, None | Some("message"))
+                {
+                    turn = 0;
+                }
+            }
+        }
+    }
+    (all, turn)
+}
+
+/// The JSON schema of a structured-output request, if any.
+fn schema(dialect: Dialect, obj: &Map<String, Value>) -> Option<Value> {
+    let json_schema = |f: Option<&Value>| -> Option<Value> {
+        let f = f?;
+        (f.get("type").and_then(Value::as_str) == Some("json_schema")).then_some(())?;
+        Some(
+            f.get("schema")
+                .or_else(|| f.get("json_schema").and_then(|j| j.get("schema")))
+                .cloned()
+                .unwrap_or(Value::Null),
+        )
+    };
+    match dialect {
+        Dialect::Anthropic => json_schema(obj.get("output_config").and_then(|o| o.get("format")))
+            .or_else(|| json_schema(obj.get("output_format"))),
+        Dialect::Chat => json_schema(obj.get("response_format")),
+        Dialect::Responses => json_schema(obj.get("text").and_then(|t| t.get("format"))),
+    }
+}
+
+/// A minimal value satisfying `schema` (required properties, first enum value, ...).
+pub(crate) fn schema_stub(schema: &Value, name: &str) -> Value {
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+        return first.clone();
+    }
+    if let Some(c) = schema.get("const") {
+        return c.clone();
+    }
+    let ty = match schema.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")
+            .unwrap_or("null"),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "string",
+    };
+    match ty {
+        "object" => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let required: Vec<&str> = array(schema.get("required"))
+                .iter()
+                .filter_map(Value::as_str)
+                .collect();
+            let mut out = Map::new();
+            if let Some(props) = props {
+                for (k, p) in props {
+                    if required.is_empty() || required.contains(&k.as_str()) {
+                        out.insert(k.clone(), schema_stub(p, k));
+                    }
+                }
+            }
+            Value::Object(out)
+        }
+        "array" => Value::Array(Vec::new()),
+        "boolean" => Value::Bool(false),
+        "integer" | "number" => Value::from(0),
+        "null" => Value::Null,
+        _ => Value::String(if name.is_empty() {
+            "fake".to_string()
+        } else {
+            format!("Fake {name}")
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(d: Dialect, v: Value) -> Analysis {
+        let memo = TokenMemo::new(100);
+        analyze(d, &serde_json::to_vec(&v).unwrap(), true, &memo).unwrap()
+    }
+
+    #[test]
+    fn string_content_and_cache_control_do_not_change_identity() {
+        let a = run(
+            Dialect::Anthropic,
+            json!({"model":"m","system":"sys","messages":[{"role":"user","content":"hi"}]}),
+        );
+        let b = run(
+            Dialect::Anthropic,
+            json!({"model":"m","system":[{"type":"text","text":"sys","cache_control":{"type":"ephemeral"}}],
+                   "messages":[{"content":[{"text":"hi","type":"text","cache_control":{"type":"ephemeral"}}],"role":"user"}]}),
+        );
+        assert_eq!(a.seg_hashes, b.seg_hashes);
+        assert_eq!(a.seg_tokens, b.seg_tokens);
+        assert_eq!(a.total, a.seg_tokens.iter().sum::<u64>());
+    }
+
+    #[test]
+    fn counts_tool_results_and_schema() {
+        let a = run(
+            Dialect::Anthropic,
+            json!({"model":"m","messages":[
+                {"role":"user","content":"go"},
+                {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{}}]},
+                {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}],
+                "output_config":{"format":{"type":"json_schema","schema":{"type":"object",
+                  "properties":{"title":{"type":"string"}},"required":["title"]}}}}),
+        );
+        assert_eq!((a.tool_results, a.tool_results_this_turn), (1, 1));
+        let stub = schema_stub(a.schema.as_ref().unwrap(), "");
+        assert_eq!(stub, json!({"title": "Fake title"}));
+    }
+}

@@ -1,0 +1,38 @@
+//! `oceancode-fakeup`: a fake Anthropic / OpenAI model upstream for tests and benchmarks.
+//!
+//! It serves `POST /v1/messages` (+ `/count_tokens`), `/v1/chat/completions` and
+//! `/v1/responses` on loopback only (HTTP/1.1 and h2c), streaming SSE events shaped like
+//! the captured real traffic, one event per body frame. Usage is computed with tiktoken
+//! `o200k_base` from what it received, with a prompt-cache simulation; replies are
+//! scripted ([`Script`]); conversations are validated; context limits produce the
+//! providers' real errors; every request is recorded ([`Recorded`]).
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use oceancode_fakeup::{FakeConfig, FakeUpstream, Reply, Script};
+//! let fake = FakeUpstream::start(
+//!     FakeConfig::default().with_script(Script::replies([Reply::text("hi")])),
+//! )
+//! .await?;
+//! println!("{}", fake.url()); // http://127.0.0.1:PORT
+//! # Ok(()) }
+//! ```
+
+mod analyze;
+mod json;
+mod plan;
+mod render;
+mod script;
+mod server;
+mod tokens;
+mod usage;
+mod validate;
+
+pub use analyze::{Dialect, Endpoint};
+pub use script::{
+    ErrorReply, Reply, Script, ScriptError, ToolCall, ToolLoop, TooLong, UsageOverride,
+    DEFAULT_TEXT,
+};
+pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};
+pub use tokens::count_tokens;
+pub use usage::Usage;

@@ -1,0 +1,164 @@
+//! Anthropic Messages: `message_start`, `ping`, content blocks (thinking with
+//! `signature_delta`, text, tool_use with several `input_json_delta`s), `message_delta`
+//! with the cumulative usage, `message_stop`.
+
+use bytes::Bytes;
+
+use super::{sse, Ctx};
+use crate::json::{obj, J};
+use crate::plan::{split_args, split_text, Plan};
+use crate::usage::Usage;
+
+fn usage(u: &Usage, output: u64) -> J {
+    obj! {
+        "input_tokens": u.input_tokens,
+        "cache_creation_input_tokens": u.cache_creation_input_tokens,
+        "cache_read_input_tokens": u.cache_read_input_tokens,
+        "output_tokens": output,
+    }
+}
+
+fn ev(name: &'static str, data: J) -> Bytes {
+    sse(Some(name), &data)
+}
+
+pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
+    let id = format!("msg_fake_{}", ctx.ids.hex(20));
+    let mut out = vec![
+        ev(
+            "message_start",
+            obj! {
+                "type": "message_start",
+                "message": obj! {
+                    "id": id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": ctx.model,
+                    "content": Vec::<J>::new(),
+                    "stop_reason": (),
+                    "stop_sequence": (),
+                    "usage": usage(&p.usage, 1),
+                },
+            },
+        ),
+        ev("ping", obj! { "type": "ping" }),
+    ];
+    let mut index = 0usize;
+    let start = |i: usize, block: J| {
+        ev(
+            "content_block_start",
+            obj! { "type": "content_block_start", "index": i, "content_block": block },
+        )
+    };
+    let delta = |i: usize, d: J| {
+        ev(
+            "content_block_delta",
+            obj! { "type": "content_block_delta", "index": i, "delta": d },
+        )
+    };
+    let stop = |i: usize| {
+        ev(
+            "content_block_stop",
+            obj! { "type": "content_block_stop", "index": i },
+        )
+    };
+    if let Some(t) = &p.thinking {
+        out.push(start(
+            index,
+            obj! { "type": "thinking", "thinking": "", "signature": "" },
+        ));
+        for piece in split_text(t, p.delta_bytes) {
+            out.push(delta(
+                index,
+                obj! { "type": "thinking_delta", "thinking": piece },
+            ));
+        }
+        out.push(delta(
+            index,
+            obj! { "type": "signature_delta", "signature": &p.signature },
+        ));
+        out.push(stop(index));
+        index += 1;
+    }
+    if let Some(t) = &p.text {
+        out.push(start(index, obj! { "type": "text", "text": "" }));
+        for piece in split_text(t, p.delta_bytes) {
+            out.push(delta(index, obj! { "type": "text_delta", "text": piece }));
+        }
+        out.push(stop(index));
+        index += 1;
+    }
+    for c in &p.calls {
+        out.push(start(
+            index,
+            obj! {
+                "type": "tool_use",
+                "id": format!("toolu_{}", c.n),
+                "name": &c.name,
+                "input": obj! {},
+            },
+        ));
+        let args = serde_json::to_string(&c.object_input()).unwrap_or_default();
+        out.push(delta(
+            index,
+            obj! { "type": "input_json_delta", "partial_json": "" },
+        ));
+        for piece in split_args(&args) {
+            out.push(delta(
+                index,
+                obj! { "type": "input_json_delta", "partial_json": piece },
+            ));
+        }
+        out.push(stop(index));
+        index += 1;
+    }
+    out.push(ev(
+        "message_delta",
+        obj! {
+            "type": "message_delta",
+            "delta": obj! { "stop_reason": p.stop.anthropic(), "stop_sequence": () },
+            "usage": usage(&p.usage, p.usage.output_tokens),
+        },
+    ));
+    out.push(ev("message_stop", obj! { "type": "message_stop" }));
+    out
+}
+
+pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
+    let mut content = Vec::new();
+    if let Some(t) = &p.thinking {
+        content.push(obj! { "type": "thinking", "thinking": t, "signature": &p.signature });
+    }
+    if let Some(t) = &p.text {
+        content.push(obj! { "type": "text", "text": t });
+    }
+    for c in &p.calls {
+        content.push(obj! {
+            "type": "tool_use",
+            "id": format!("toolu_{}", c.n),
+            "name": &c.name,
+            "input": c.object_input(),
+        });
+    }
+    obj! {
+        "id": format!("msg_fake_{}", ctx.ids.hex(20)),
+        "type": "message",
+        "role": "assistant",
+        "model": ctx.model,
+        "content": content,
+        "stop_reason": p.stop.anthropic(),
+        "stop_sequence": (),
+        "usage": usage(&p.usage, p.usage.output_tokens),
+    }
+    .to_vec()
+}
+
+/// `{"type":"error","error":{"type":T,"message":M},"request_id":R}`
+pub(crate) fn error(kind: &str, message: &str, request_id: &str) -> Vec<u8> {
+    obj! {
+        "type": "error",
+        "error": obj! { "type": kind, "message": message },
+        "request_id": request_id,
+    }
+    .to_vec()
+}

@@ -1,0 +1,377 @@
+//! Scripted replies: what the fake answers, in request order, then a default.
+//!
+//! JSON form (for `--script FILE`): either a bare array of replies or
+//! `{"replies": [Reply...], "default": Reply}`. Every field of a [`Reply`] is optional.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Text of the built-in reply when nothing is scripted.
+pub const DEFAULT_TEXT: &str = "Done. FINAL_ANSWER_MARKER";
+
+/// A sequence of replies consumed one per model request (count_tokens and
+/// structured-output requests such as title generation do not consume), then `default`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    /// Consumed in request order.
+    #[serde(default)]
+    pub replies: Vec<Reply>,
+    /// Used once `replies` is exhausted; absent = a short deterministic text reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Reply>,
+}
+
+impl Script {
+    /// Replies in order, then the built-in default.
+    pub fn replies(replies: impl IntoIterator<Item = Reply>) -> Self {
+        Script {
+            replies: replies.into_iter().collect(),
+            default: None,
+        }
+    }
+
+    /// Answers every request with `reply`.
+    pub fn always(reply: Reply) -> Self {
+        Script {
+            replies: Vec::new(),
+            default: Some(reply),
+        }
+    }
+
+    /// Sets the reply used after the scripted ones.
+    pub fn then(mut self, default: Reply) -> Self {
+        self.default = Some(default);
+        self
+    }
+
+    /// Parses the JSON form (a bare array of replies or an object).
+    pub fn from_json(text: &str) -> Result<Self, ScriptError> {
+        let v: Value = serde_json::from_str(text).map_err(ScriptError::Json)?;
+        match v {
+            Value::Array(_) => Ok(Script {
+                replies: serde_json::from_value(v).map_err(ScriptError::Json)?,
+                default: None,
+            }),
+            other => serde_json::from_value(other).map_err(ScriptError::Json),
+        }
+    }
+
+    /// Reads and parses a script file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ScriptError> {
+        let text = std::fs::read_to_string(path.as_ref()).map_err(ScriptError::Io)?;
+        Self::from_json(&text)
+    }
+}
+
+/// Errors loading a script.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("cannot read script: {0}")]
+    Io(std::io::Error),
+    #[error("invalid script JSON: {0}")]
+    Json(serde_json::Error),
+}
+
+/// One answer. Precedence: `error`, then `too_long`, then `tool_loop`, then content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Reply {
+    /// Text answer (absent with no tool calls and no thinking = the default text).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Thinking (Anthropic thinking block with a fake signature; Responses reasoning item;
+    /// Chat counts it as reasoning tokens only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    /// Tool calls, emitted after the text.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// `end_turn`/`stop`, `tool_use`/`tool_calls`, `max_tokens`/`length`, or any other
+    /// string passed through. Default: tool_use when there are tool calls, else end_turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Wait this long before the response head (first byte).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub delay_first_ms: u64,
+    /// Wait this long between two SSE events.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub chunk_delay_ms: u64,
+    /// Make the text exactly this many bytes (the text, if any, then filler words).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pad_text_bytes: Option<usize>,
+    /// Bytes per text delta (default: max(20, text length / 200)).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta_bytes: Option<usize>,
+    /// Override reported usage numbers (fields left out keep the simulated values).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageOverride>,
+    /// Answer with this HTTP error, relayed as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorReply>,
+    /// Answer with the provider's context-length error (`true`, or the maximum to report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub too_long: Option<TooLong>,
+    /// Rule mode: tool calls until the conversation holds `steps` tool results, then text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_loop: Option<ToolLoop>,
+    /// Streaming only: break the connection after this many events (no clean end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abort_after_events: Option<usize>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Reply {
+    /// A text answer.
+    pub fn text(text: impl Into<String>) -> Self {
+        Reply {
+            text: Some(text.into()),
+            ..Reply::default()
+        }
+    }
+
+    /// One tool call (no text).
+    pub fn tool_call(name: impl Into<String>, input: Value) -> Self {
+        Reply {
+            tool_calls: vec![ToolCall::new(name, input)],
+            ..Reply::default()
+        }
+    }
+
+    /// An HTTP error with this status and JSON body.
+    pub fn error(status: u16, body: Value) -> Self {
+        Reply {
+            error: Some(ErrorReply {
+                status,
+                body,
+                headers: BTreeMap::new(),
+            }),
+            ..Reply::default()
+        }
+    }
+
+    /// The provider's "prompt is too long" / `context_length_exceeded` error.
+    pub fn too_long() -> Self {
+        Reply {
+            too_long: Some(TooLong::Flag(true)),
+            ..Reply::default()
+        }
+    }
+
+    /// The tool-loop rule.
+    pub fn tool_loop(tool_loop: ToolLoop) -> Self {
+        Reply {
+            tool_loop: Some(tool_loop),
+            ..Reply::default()
+        }
+    }
+
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = Some(text.into());
+        self
+    }
+
+    pub fn with_thinking(mut self, thinking: impl Into<String>) -> Self {
+        self.thinking = Some(thinking.into());
+        self
+    }
+
+    pub fn with_tool_call(mut self, name: impl Into<String>, input: Value) -> Self {
+        self.tool_calls.push(ToolCall::new(name, input));
+        self
+    }
+
+    pub fn with_stop_reason(mut self, stop: impl Into<String>) -> Self {
+        self.stop_reason = Some(stop.into());
+        self
+    }
+
+    pub fn delay_first(mut self, ms: u64) -> Self {
+        self.delay_first_ms = ms;
+        self
+    }
+
+    pub fn chunk_delay(mut self, ms: u64) -> Self {
+        self.chunk_delay_ms = ms;
+        self
+    }
+
+    pub fn pad_text(mut self, bytes: usize) -> Self {
+        self.pad_text_bytes = Some(bytes);
+        self
+    }
+
+    pub fn with_usage(mut self, usage: UsageOverride) -> Self {
+        self.usage = Some(usage);
+        self
+    }
+
+    pub fn abort_after(mut self, events: usize) -> Self {
+        self.abort_after_events = Some(events);
+        self
+    }
+}
+
+/// A tool call to emit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    pub name: String,
+    /// Tool input (an object; a string for `custom`).
+    #[serde(default = "empty_object")]
+    pub input: Value,
+    /// Responses API: emit a `custom_tool_call` (freeform string input) instead of a
+    /// `function_call`. Other dialects wrap a string input as `{"input": ...}`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub custom: bool,
+}
+
+impl ToolCall {
+    pub fn new(name: impl Into<String>, input: Value) -> Self {
+        ToolCall {
+            name: name.into(),
+            input,
+            custom: false,
+        }
+    }
+}
+
+pub(crate) fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+/// An HTTP error reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorReply {
+    pub status: u16,
+    #[serde(default)]
+    pub body: Value,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// `too_long: true` (maximum = `max_context_tokens` or the provider default) or
+/// `too_long: M` (report M as the maximum).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TooLong {
+    Flag(bool),
+    Max(u64),
+}
+
+/// Reported-usage overrides (Anthropic names; for OpenAI `input_tokens` is the prompt
+/// total and `cache_read_input_tokens` the cached tokens).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageOverride {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_creation_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_tokens: Option<u64>,
+}
+
+/// Rule mode for long sessions: while the conversation holds fewer than `steps` tool
+/// results, answer `step_text` plus one call of `tool` (ids `toolu_<n>` / `call_<n>`);
+/// then answer `final_text`. `{step}` and `{steps}` in strings of `input`, `step_text`
+/// and `final_text` are replaced. Requests declaring `tools: []` get the final text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLoop {
+    pub steps: u32,
+    #[serde(default = "default_loop_tool")]
+    pub tool: String,
+    #[serde(default = "default_loop_input")]
+    pub input: Value,
+    /// Responses: emit `custom_tool_call` items (input must be a string).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub custom: bool,
+    /// Per-dialect tool (`"anthropic"`, `"chat"`, `"responses"`), e.g. Codex's
+    /// `exec_command` with `{"cmd": ...}` while Claude Code gets `Bash`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_dialect: BTreeMap<String, ToolCall>,
+    /// Count only tool results after the last user prompt (steps per turn).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_turn: bool,
+    /// Text before each call (default "Running step {step}."; "" = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_text: Option<String>,
+    /// Final answer (default "All {steps} steps done. FINAL_ANSWER_MARKER").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_text: Option<String>,
+}
+
+impl ToolLoop {
+    /// `steps` calls of `tool` with `input`.
+    pub fn new(steps: u32, tool: impl Into<String>, input: Value) -> Self {
+        ToolLoop {
+            steps,
+            tool: tool.into(),
+            input,
+            custom: false,
+            by_dialect: BTreeMap::new(),
+            per_turn: false,
+            step_text: None,
+            final_text: None,
+        }
+    }
+
+    /// Uses another tool for one dialect (`"anthropic"`, `"chat"`, `"responses"`).
+    pub fn for_dialect(mut self, dialect: &str, tool: impl Into<String>, input: Value) -> Self {
+        self.by_dialect
+            .insert(dialect.to_string(), ToolCall::new(tool, input));
+        self
+    }
+}
+
+fn default_loop_tool() -> String {
+    "Bash".to_string()
+}
+
+fn default_loop_input() -> Value {
+    serde_json::json!({"command": "echo step {step}", "description": "Run step {step}"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_full_and_bare_forms() {
+        let s = Script::from_json(
+            r#"{"replies":[{"text":"hi","chunk_delay_ms":5},{"too_long":true},{"too_long":1000},
+                {"error":{"status":529,"body":{"type":"error"},"headers":{"retry-after":"1"}}},
+                {"tool_calls":[{"name":"Bash","input":{"command":"ls"}}]}],
+                "default":{"tool_loop":{"steps":3}}}"#,
+        )
+        .expect("parse");
+        assert_eq!(s.replies.len(), 5);
+        assert_eq!(s.replies[1].too_long, Some(TooLong::Flag(true)));
+        assert_eq!(s.replies[2].too_long, Some(TooLong::Max(1000)));
+        let tl = s.default.and_then(|d| d.tool_loop).expect("loop");
+        assert_eq!(tl.tool, "Bash");
+        assert_eq!(tl.input["command"], json!("echo step {step}"));
+        let bare = Script::from_json(r#"[{"text":"a"},{}]"#).expect("bare");
+        assert_eq!(bare.replies.len(), 2);
+        assert!(Script::from_json(r#"{"replies":[{"txt":"typo"}]}"#).is_err());
+    }
+
+    #[test]
+    fn round_trips() {
+        let s = Script::replies([Reply::text("a").chunk_delay(3), Reply::too_long()])
+            .then(Reply::tool_loop(ToolLoop::new(2, "Bash", json!({"command": "ls"}))));
+        let text = serde_json::to_string(&s).expect("ser");
+        assert_eq!(Script::from_json(&text).expect("de"), s);
+    }
+}

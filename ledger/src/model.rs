@@ -1,0 +1,232 @@
+//! The session model shared by the proxy, the store and the tideline:
+//! rows (one message each, numbered by a gap-free `seq`), turns, steps and
+//! branches, plus the events the request path hands to the single writer.
+
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Which provider API a session speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dialect {
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    OpenaiChat,
+    /// OpenAI Responses (`/v1/responses`).
+    OpenaiResponses,
+}
+
+impl Dialect {
+    /// Stable lowercase name, as stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Anthropic => "anthropic",
+            Dialect::OpenaiChat => "openai_chat",
+            Dialect::OpenaiResponses => "openai_responses",
+        }
+    }
+
+    /// Inverse of [`Dialect::as_str`].
+    pub fn parse(s: &str) -> Option<Dialect> {
+        match s {
+            "anthropic" => Some(Dialect::Anthropic),
+            "openai_chat" => Some(Dialect::OpenaiChat),
+            "openai_responses" => Some(Dialect::OpenaiResponses),
+            _ => None,
+        }
+    }
+}
+
+/// What a row is, independent of dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowKind {
+    /// A user message that carries a prompt (not only tool results): starts a turn.
+    Prompt,
+    /// A user/tool message (or Responses item) carrying only tool results.
+    ToolResult,
+    /// A model message (text, thinking, tool calls) or a Responses output item.
+    Assistant,
+    /// A `system`/`developer` message inside the conversation.
+    System,
+    /// Anything else (kept verbatim, never interpreted).
+    Other,
+}
+
+impl RowKind {
+    /// Stable lowercase name, as stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowKind::Prompt => "prompt",
+            RowKind::ToolResult => "tool_result",
+            RowKind::Assistant => "assistant",
+            RowKind::System => "system",
+            RowKind::Other => "other",
+        }
+    }
+
+    /// Inverse of [`RowKind::as_str`].
+    pub fn parse(s: &str) -> Option<RowKind> {
+        Some(match s {
+            "prompt" => RowKind::Prompt,
+            "tool_result" => RowKind::ToolResult,
+            "assistant" => RowKind::Assistant,
+            "system" => RowKind::System,
+            "other" => RowKind::Other,
+            _ => return None,
+        })
+    }
+}
+
+/// One message of a session, stored verbatim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// 1-based, gap-free within the session (across branches).
+    pub seq: u64,
+    /// The role as sent (`user`, `assistant`, `system`, `tool`, `developer`),
+    /// or for an OpenAI Responses item without a role its `type`
+    /// (`function_call`, `function_call_output`, `reasoning`, ...).
+    pub role: String,
+    /// Dialect-independent classification.
+    pub kind: RowKind,
+    /// The exact JSON bytes of the message as the client sent it (or as
+    /// reassembled from the response, until the client echoes it).
+    pub raw: Arc<str>,
+    /// Token estimate (tiktoken `o200k_base`, calibrated).
+    pub tokens: u32,
+    /// 1-based turn number.
+    pub turn: u32,
+    /// 1-based step (request/response) number that introduced the row.
+    pub step: u32,
+    /// Branch the row belongs to (0 = the first line of the session).
+    pub branch: u32,
+    /// True while the row is the proxy's reassembly of a response that the
+    /// client has not yet echoed back.
+    pub from_response: bool,
+}
+
+/// Real usage of one step, as reported by the provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Uncached input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: u64,
+}
+
+impl Usage {
+    /// Everything the window held after the step: input + cache read + cache write + output.
+    pub fn window_total(&self) -> u64 {
+        self.input + self.cache_read + self.cache_write + self.output
+    }
+
+    /// All input tokens (uncached + cache read + cache write).
+    pub fn input_total(&self) -> u64 {
+        self.input + self.cache_read + self.cache_write
+    }
+}
+
+/// Descriptive facts about a session (upserted).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionMeta {
+    /// Ledger session id (also its directory name under `sessions/`).
+    pub id: String,
+    /// Client family: `claude-code`, `codex`, `openai-sdk`, `anthropic-sdk`, or `unknown`.
+    pub client: String,
+    /// The client's own session id, if it sent one.
+    pub client_session: Option<String>,
+    /// API dialect.
+    pub dialect: Dialect,
+    /// Model of the latest request.
+    pub model: String,
+    /// Parent ledger session for sub-agents.
+    pub parent: Option<String>,
+    /// Unix milliseconds of creation.
+    pub created_ms: i64,
+    /// Unix milliseconds of the latest activity.
+    pub last_ms: i64,
+}
+
+/// A write handed from the request path to the single writer, in order.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// Create or update a session's facts.
+    Session(SessionMeta),
+    /// Append rows (their `seq`s continue the session's sequence without a gap).
+    Rows {
+        /// Ledger session id.
+        session: String,
+        /// New rows, in `seq` order.
+        rows: Vec<Row>,
+    },
+    /// The client echoed a response row with other bytes: keep the client's bytes.
+    Confirm {
+        /// Ledger session id.
+        session: String,
+        /// Row being confirmed.
+        seq: u64,
+        /// The bytes the client sent.
+        raw: Arc<str>,
+    },
+    /// The client rewound or compacted: rows after `at_seq` on the old line are
+    /// hidden (never deleted) and `branch` starts after `at_seq`.
+    Branch {
+        /// Ledger session id.
+        session: String,
+        /// Last row shared by both lines (0 = none).
+        at_seq: u64,
+        /// The new branch id.
+        branch: u32,
+        /// The rows that are no longer on the active line.
+        hidden: Vec<u64>,
+    },
+    /// One request/response finished.
+    Step {
+        /// Ledger session id.
+        session: String,
+        /// Step number.
+        step: u32,
+        /// Model that answered.
+        model: String,
+        /// HTTP status returned to the client.
+        status: u16,
+        /// Real usage (zero when the provider reported none).
+        usage: Usage,
+        /// Rows sent upstream in this step's window (after the tideline).
+        window_rows: u32,
+        /// Unix milliseconds.
+        ts_ms: i64,
+    },
+    /// The tideline moved: every row up to `upto_seq` left the window.
+    Cut {
+        /// Ledger session id.
+        session: String,
+        /// Last seq that left the window.
+        upto_seq: u64,
+        /// Gauge before the cut.
+        gauge: u64,
+        /// The line in force.
+        line: u64,
+        /// Unix milliseconds.
+        ts_ms: i64,
+    },
+}
+
+impl Event {
+    /// The ledger session the event belongs to.
+    pub fn session(&self) -> &str {
+        match self {
+            Event::Session(m) => &m.id,
+            Event::Rows { session, .. }
+            | Event::Confirm { session, .. }
+            | Event::Branch { session, .. }
+            | Event::Step { session, .. }
+            | Event::Cut { session, .. } => session,
+        }
+    }
+}

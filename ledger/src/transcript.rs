@@ -1,0 +1,575 @@
+//! Per-turn Markdown transcripts: PURE rendering, so `ledger rebuild` can
+//! reproduce the files byte for byte from the database.
+//!
+//! A turn file (`transcript/NNNN.md`) is a `# Turn N` heading followed by
+//! every row of the turn's active line, in `seq` order, one `## seq S · role`
+//! section per row. Text is written as is; thinking/reasoning is a
+//! blockquote; tool inputs, arguments, results and outputs are fenced code
+//! blocks (the fence is longer than any backtick run inside); images and
+//! documents become placeholders; anything not understood is shown verbatim
+//! in a ```` ```json ```` fence. Rows hidden by a branch are not passed in
+//! (transcripts show the active line; the database keeps the rest).
+//!
+//! `transcript/index.md` lists the session's facts and one table line per
+//! turn: link, seq range, tokens and the prompt's first line.
+
+use crate::model::{Dialect, Row, RowKind, SessionMeta};
+use crate::paths::{sanitize_session_id, turn_file_name};
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+/// Longest first line kept for a turn (characters).
+pub const FIRST_LINE_MAX: usize = 80;
+
+/// One line of `index.md`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnSummary {
+    /// 1-based turn number.
+    pub turn: u32,
+    /// First seq of the turn (active line).
+    pub first_seq: u64,
+    /// Last seq of the turn (active line).
+    pub last_seq: u64,
+    /// First line of the prompt, at most [`FIRST_LINE_MAX`] characters.
+    pub first_line: String,
+    /// Sum of the rows' token estimates.
+    pub tokens: u64,
+}
+
+/// Render one turn file. `rows` are the turn's rows of the active line, in
+/// `seq` order.
+pub fn render_turn(dialect: Dialect, turn: u32, rows: &[Row]) -> String {
+    let mut out = format!("# Turn {turn}\n");
+    for row in rows {
+        let _ = write!(out, "\n## seq {} · {}\n", row.seq, one_line(&row.role));
+        for block in row_blocks(dialect, &row.raw) {
+            out.push('\n');
+            out.push_str(&block);
+            if !block.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Render `transcript/index.md`. `turns` in turn order.
+pub fn render_index(session: &SessionMeta, turns: &[TurnSummary]) -> String {
+    let mut out = format!("# Session {}\n\n", one_line(&session.id));
+    let _ = writeln!(out, "- client: {}", one_line(&session.client));
+    if let Some(cs) = &session.client_session {
+        let _ = writeln!(out, "- client session: {}", one_line(cs));
+    }
+    let _ = writeln!(out, "- dialect: {}", session.dialect.as_str());
+    let _ = writeln!(out, "- model: {}", one_line(&session.model));
+    if let Some(p) = &session.parent {
+        let _ = writeln!(
+            out,
+            "- parent: [{}](../../{}/transcript/index.md)",
+            cell(p),
+            sanitize_session_id(p)
+        );
+    }
+    let _ = writeln!(out, "- created: {}", utc_iso(session.created_ms));
+    out.push('\n');
+    if turns.is_empty() {
+        out.push_str("_No turns yet._\n");
+        return out;
+    }
+    out.push_str("| Turn | Seq | Tokens | First line |\n|---:|:---|---:|:---|\n");
+    let mut total = 0u64;
+    for t in turns {
+        total += t.tokens;
+        let seqs = if t.first_seq == t.last_seq {
+            t.first_seq.to_string()
+        } else {
+            format!("{}–{}", t.first_seq, t.last_seq)
+        };
+        let _ = writeln!(
+            out,
+            "| [{}]({}) | {} | {} | {} |",
+            t.turn,
+            turn_file_name(t.turn),
+            seqs,
+            t.tokens,
+            cell(&t.first_line)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{} turn{} · {} tokens",
+        turns.len(),
+        if turns.len() == 1 { "" } else { "s" },
+        total
+    );
+    out
+}
+
+/// Summarize a turn from its rows (active line, `seq` order); `None` when
+/// `rows` is empty.
+pub fn summarize_turn(dialect: Dialect, turn: u32, rows: &[Row]) -> Option<TurnSummary> {
+    let first = rows.first()?;
+    let last = rows.last()?;
+    let prompts = rows
+        .iter()
+        .filter(|r| r.kind == RowKind::Prompt)
+        .map(|r| &*r.raw);
+    Some(TurnSummary {
+        turn,
+        first_seq: first.seq,
+        last_seq: last.seq,
+        first_line: prompt_first_line(dialect, prompts),
+        tokens: rows.iter().map(|r| u64::from(r.tokens)).sum(),
+    })
+}
+
+/// The first line of a turn given the raw prompt rows of the turn, in order:
+/// the first text that is not a wrapper (`<system-reminder>`,
+/// `<environment_context>`, ...) wins; else the first text at all; else "".
+pub fn prompt_first_line<'a>(dialect: Dialect, prompts: impl Iterator<Item = &'a str>) -> String {
+    let mut fallback: Option<String> = None;
+    for raw in prompts {
+        for text in message_texts(dialect, raw) {
+            let Some(line) = first_nonempty_line(&text) else {
+                continue;
+            };
+            if !text.trim_start().starts_with('<') {
+                return clip(line);
+            }
+            if fallback.is_none() {
+                fallback = Some(clip(line));
+            }
+        }
+    }
+    fallback.unwrap_or_default()
+}
+
+/// First line of one message's text (≤ [`FIRST_LINE_MAX`] characters),
+/// wrapper texts skipped as in [`prompt_first_line`].
+pub fn first_line(dialect: Dialect, raw: &str) -> String {
+    prompt_first_line(dialect, std::iter::once(raw))
+}
+
+/// The plain text parts of a message (content string, or `text` /
+/// `input_text` / `output_text` parts), in order.
+pub fn message_texts(_dialect: Dialect, raw: &str) -> Vec<String> {
+    let Some(o) = obj(raw) else {
+        return Vec::new();
+    };
+    let Some(content) = o.get("content") else {
+        return Vec::new();
+    };
+    if let Some(s) = as_string(content) {
+        return vec![s];
+    }
+    let mut out = Vec::new();
+    for part in as_array(content).unwrap_or_default() {
+        let Some(p) = as_object(part) else { continue };
+        let ty = get_string(&p, "type").unwrap_or_default();
+        if matches!(ty.as_str(), "text" | "input_text" | "output_text") {
+            if let Some(t) = get_string(&p, "text") {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+fn first_nonempty_line(text: &str) -> Option<&str> {
+    text.lines().map(str::trim).find(|l| !l.is_empty())
+}
+
+fn clip(line: &str) -> String {
+    if line.chars().count() <= FIRST_LINE_MAX {
+        return line.to_string();
+    }
+    let mut s: String = line.chars().take(FIRST_LINE_MAX - 1).collect();
+    s.push('…');
+    s
+}
+
+// ---------------------------------------------------------------------------
+// Row rendering
+
+type Obj<'a> = HashMap<String, &'a RawValue>;
+
+fn obj(s: &str) -> Option<Obj<'_>> {
+    serde_json::from_str(s).ok()
+}
+
+fn as_object(v: &RawValue) -> Option<Obj<'_>> {
+    obj(v.get())
+}
+
+fn as_array(v: &RawValue) -> Option<Vec<&RawValue>> {
+    serde_json::from_str(v.get()).ok()
+}
+
+fn as_string(v: &RawValue) -> Option<String> {
+    serde_json::from_str(v.get()).ok()
+}
+
+fn get_string(o: &Obj<'_>, key: &str) -> Option<String> {
+    o.get(key).and_then(|v| as_string(v))
+}
+
+fn is_true(o: &Obj<'_>, key: &str) -> bool {
+    o.get(key)
+        .and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
+        .unwrap_or(false)
+}
+
+/// The blocks of one row (each one Markdown paragraph/fence).
+fn row_blocks(dialect: Dialect, raw: &str) -> Vec<String> {
+    let blocks = obj(raw).and_then(|o| match dialect {
+        Dialect::Anthropic => anthropic_blocks(&o),
+        Dialect::OpenaiChat => chat_blocks(&o),
+        Dialect::OpenaiResponses => responses_blocks(&o),
+    });
+    match blocks {
+        Some(b) if b.is_empty() => vec!["*(empty)*".to_string()],
+        Some(b) => b,
+        None => vec![verbatim(raw)],
+    }
+}
+
+/// Unknown content: the raw bytes in a `json` fence (plain if not JSON).
+fn verbatim(raw: &str) -> String {
+    if serde_json::from_str::<&RawValue>(raw).is_ok() {
+        fence("json", raw)
+    } else {
+        fence("", raw)
+    }
+}
+
+fn push_text(out: &mut Vec<String>, text: Option<String>) {
+    if let Some(t) = text {
+        if !t.is_empty() {
+            out.push(t);
+        }
+    }
+}
+
+fn anthropic_blocks(o: &Obj<'_>) -> Option<Vec<String>> {
+    let content = o.get("content")?;
+    let mut out = Vec::new();
+    if let Some(s) = as_string(content) {
+        push_text(&mut out, Some(s));
+        return Some(out);
+    }
+    if content.get() == "null" {
+        return Some(out);
+    }
+    for block in as_array(content)? {
+        anthropic_block(block, &mut out);
+    }
+    Some(out)
+}
+
+fn anthropic_block(block: &RawValue, out: &mut Vec<String>) {
+    let Some(b) = as_object(block) else {
+        out.push(verbatim(block.get()));
+        return;
+    };
+    let ty = get_string(&b, "type").unwrap_or_default();
+    match ty.as_str() {
+        "text" => push_text(out, get_string(&b, "text")),
+        "thinking" => out.push(quote(
+            "thinking",
+            &get_string(&b, "thinking").unwrap_or_default(),
+        )),
+        "redacted_thinking" => out.push(quote("redacted thinking", "")),
+        "tool_use" | "server_tool_use" | "mcp_tool_use" => {
+            let mut s = tool_header(&ty, get_string(&b, "name"), get_string(&b, "id"));
+            s.push('\n');
+            s.push_str(&fence("json", b.get("input").map_or("{}", |v| v.get())));
+            out.push(s);
+        }
+        t if t == "tool_result" || t.ends_with("_tool_result") => {
+            let mut s = tool_header(&ty, None, get_string(&b, "tool_use_id"));
+            if is_true(&b, "is_error") {
+                s.push_str(" · error");
+            }
+            if let Some(c) = b.get("content") {
+                result_body(c, &mut s);
+            }
+            out.push(s);
+        }
+        "image" => out.push(media_placeholder("image", &b)),
+        "document" => out.push(media_placeholder("document", &b)),
+        _ => out.push(fence("json", block.get())),
+    }
+}
+
+/// Append a tool result/output body (string, or list of parts) as fences.
+fn result_body(content: &RawValue, s: &mut String) {
+    if let Some(text) = as_string(content) {
+        s.push('\n');
+        s.push_str(&fence("", &text));
+        return;
+    }
+    let Some(parts) = as_array(content) else {
+        if content.get() != "null" {
+            s.push('\n');
+            s.push_str(&fence("json", content.get()));
+        }
+        return;
+    };
+    for part in parts {
+        s.push('\n');
+        let Some(p) = as_object(part) else {
+            s.push_str(&fence("json", part.get()));
+            continue;
+        };
+        let ty = get_string(&p, "type").unwrap_or_default();
+        match ty.as_str() {
+            "text" | "input_text" | "output_text" => {
+                s.push_str(&fence("", &get_string(&p, "text").unwrap_or_default()))
+            }
+            "image" | "input_image" | "image_url" => s.push_str(&media_placeholder("image", &p)),
+            "document" | "input_file" | "file" => s.push_str(&media_placeholder("file", &p)),
+            _ => s.push_str(&fence("json", part.get())),
+        }
+    }
+}
+
+fn chat_blocks(o: &Obj<'_>) -> Option<Vec<String>> {
+    let role = get_string(o, "role")?;
+    let mut out = Vec::new();
+    if let Some(r) = get_string(o, "reasoning_content") {
+        out.push(quote("reasoning", &r));
+    }
+    if role == "tool" {
+        let mut s = tool_header("tool_result", None, get_string(o, "tool_call_id"));
+        if let Some(c) = o.get("content") {
+            result_body(c, &mut s);
+        }
+        out.push(s);
+        return Some(out);
+    }
+    if let Some(c) = o.get("content") {
+        message_content(c, &mut out);
+    }
+    if let Some(r) = get_string(o, "refusal") {
+        out.push(format!("*refusal:* {r}"));
+    }
+    if let Some(calls) = o.get("tool_calls").and_then(|v| as_array(v)) {
+        for call in calls {
+            let Some(c) = as_object(call) else {
+                out.push(fence("json", call.get()));
+                continue;
+            };
+            let id = get_string(&c, "id");
+            if let Some(f) = c.get("function").and_then(|v| as_object(v)) {
+                out.push(call_block("tool_call", &f, id, "arguments", "json"));
+            } else if let Some(f) = c.get("custom").and_then(|v| as_object(v)) {
+                out.push(call_block("tool_call", &f, id, "input", ""));
+            } else {
+                out.push(fence("json", call.get()));
+            }
+        }
+    }
+    if let Some(f) = o.get("function_call").and_then(|v| as_object(v)) {
+        out.push(call_block("function_call", &f, None, "arguments", "json"));
+    }
+    Some(out)
+}
+
+fn responses_blocks(o: &Obj<'_>) -> Option<Vec<String>> {
+    let ty = get_string(o, "type");
+    let mut out = Vec::new();
+    match ty.as_deref() {
+        Some("message") => message_content(o.get("content")?, &mut out),
+        None if o.contains_key("role") => message_content(o.get("content")?, &mut out),
+        Some(t @ ("function_call" | "custom_tool_call")) => {
+            let (field, lang) = if t == "function_call" {
+                ("arguments", "json")
+            } else {
+                ("input", "")
+            };
+            out.push(call_block(t, o, get_string(o, "call_id"), field, lang));
+        }
+        Some(t) if t.ends_with("_call_output") => {
+            let mut s = tool_header(t, None, get_string(o, "call_id"));
+            if let Some(c) = o.get("output") {
+                result_body(c, &mut s);
+            }
+            out.push(s);
+        }
+        Some("reasoning") => {
+            let mut texts = Vec::new();
+            for key in ["summary", "content"] {
+                for part in o.get(key).and_then(|v| as_array(v)).unwrap_or_default() {
+                    if let Some(t) = as_object(part).and_then(|p| get_string(&p, "text")) {
+                        texts.push(t);
+                    }
+                }
+            }
+            if texts.is_empty() {
+                out.push(quote("reasoning (encrypted)", ""));
+            } else {
+                out.push(quote("reasoning", &texts.join("\n\n")));
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// A message's `content`: string as is, or parts (chat and Responses).
+fn message_content(content: &RawValue, out: &mut Vec<String>) {
+    if let Some(s) = as_string(content) {
+        push_text(out, Some(s));
+        return;
+    }
+    let Some(parts) = as_array(content) else {
+        if content.get() != "null" {
+            out.push(fence("json", content.get()));
+        }
+        return;
+    };
+    for part in parts {
+        let Some(p) = as_object(part) else {
+            out.push(fence("json", part.get()));
+            continue;
+        };
+        let ty = get_string(&p, "type").unwrap_or_default();
+        match ty.as_str() {
+            "text" | "input_text" | "output_text" => push_text(out, get_string(&p, "text")),
+            "refusal" => out.push(format!(
+                "*refusal:* {}",
+                get_string(&p, "refusal").unwrap_or_default()
+            )),
+            "image_url" | "input_image" | "image" => out.push(media_placeholder("image", &p)),
+            "input_file" | "file" => out.push(media_placeholder("file", &p)),
+            "input_audio" => out.push("*[audio]*".to_string()),
+            _ => out.push(fence("json", part.get())),
+        }
+    }
+}
+
+/// `**kind** `name` · `id`` then the call's input in a fence (a string
+/// field is shown decoded, anything else raw).
+fn call_block(kind: &str, o: &Obj<'_>, id: Option<String>, field: &str, lang: &str) -> String {
+    let mut s = tool_header(kind, get_string(o, "name"), id);
+    s.push('\n');
+    let body = match o.get(field) {
+        Some(v) => as_string(v).unwrap_or_else(|| v.get().to_string()),
+        None => String::new(),
+    };
+    s.push_str(&fence(lang, &body));
+    s
+}
+
+fn tool_header(kind: &str, name: Option<String>, id: Option<String>) -> String {
+    let mut s = format!("**{}**", one_line(kind));
+    if let Some(n) = name {
+        s.push(' ');
+        s.push_str(&code(&n));
+    }
+    if let Some(i) = id {
+        s.push_str(" · ");
+        s.push_str(&code(&i));
+    }
+    s
+}
+
+/// `*[image: image/png]*`-style placeholder (never the data itself).
+fn media_placeholder(what: &str, o: &Obj<'_>) -> String {
+    let src = o.get("source").and_then(|v| as_object(v));
+    let detail = get_string(o, "title")
+        .or_else(|| get_string(o, "filename"))
+        .or_else(|| src.as_ref().and_then(|s| get_string(s, "media_type")))
+        .or_else(|| src.as_ref().and_then(|s| get_string(s, "type")));
+    match detail {
+        Some(d) => format!("*[{what}: {}]*", one_line(&d)),
+        None => format!("*[{what}]*"),
+    }
+}
+
+/// A blockquote: `> *label*`, then the text line by line.
+fn quote(label: &str, text: &str) -> String {
+    let mut s = format!("> *{label}*");
+    let text = text.trim_end_matches('\n');
+    if !text.is_empty() {
+        s.push_str("\n>");
+        for line in text.split('\n') {
+            s.push('\n');
+            if line.is_empty() {
+                s.push('>');
+            } else {
+                s.push_str("> ");
+                s.push_str(line);
+            }
+        }
+    }
+    s
+}
+
+/// A fenced code block whose fence is longer than any backtick run inside.
+pub fn fence(lang: &str, body: &str) -> String {
+    let ticks = "`".repeat(longest_backtick_run(body).max(2) + 1);
+    let mut s = format!("{ticks}{lang}\n{body}");
+    if !body.ends_with('\n') {
+        s.push('\n');
+    }
+    s.push_str(&ticks);
+    s
+}
+
+fn longest_backtick_run(s: &str) -> usize {
+    let (mut best, mut cur) = (0, 0);
+    for c in s.chars() {
+        if c == '`' {
+            cur += 1;
+            best = best.max(cur);
+        } else {
+            cur = 0;
+        }
+    }
+    best
+}
+
+/// An inline code span safe for any content.
+fn code(s: &str) -> String {
+    let s = one_line(s);
+    let ticks = "`".repeat(longest_backtick_run(&s) + 1);
+    if s.starts_with('`') || s.ends_with('`') {
+        format!("{ticks} {s} {ticks}")
+    } else {
+        format!("{ticks}{s}{ticks}")
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
+}
+
+/// A table cell: one line, `|` escaped.
+fn cell(s: &str) -> String {
+    one_line(s).replace('|', "\\|")
+}
+
+/// `2026-12-01T00:58:07Z` for Unix milliseconds (UTC, proleptic Gregorian).
+pub fn utc_iso(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,352 @@
+//! Provider dialects: how a request body splits into messages (rows), how a
+//! message is classified and compared, how a cut window is rendered back into
+//! a valid body, and how a response (SSE or JSON) yields usage and the
+//! assistant's rows. One module per API; this module holds what they share.
+
+pub mod anthropic;
+pub mod openai_chat;
+pub mod openai_responses;
+
+use oceancode_ledger::{Dialect, RowKind, Usage};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::borrow::Cow;
+use std::fmt;
+
+/// A request body split at the top level, every value kept as raw JSON so
+/// that unchanged parts are forwarded byte for byte.
+#[derive(Debug)]
+pub struct ParsedBody<'a> {
+    /// Top-level members in their original order.
+    pub fields: Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// Index in `fields` of the conversation array (`messages` / `input`).
+    pub conv_field: Option<usize>,
+    /// The conversation's elements, raw.
+    pub messages: Vec<&'a RawValue>,
+}
+
+impl<'a> ParsedBody<'a> {
+    /// Parse a body; `conv_key` names the conversation array.
+    pub fn parse(bytes: &'a [u8], conv_key: &str) -> Result<Self, serde_json::Error> {
+        let fields: OrderedRaw<'a> = serde_json::from_slice(bytes)?;
+        let fields = fields.0;
+        let conv_field = fields.iter().position(|(k, _)| k == conv_key);
+        let messages = match conv_field {
+            Some(i) if fields[i].1.get().trim_start().starts_with('[') => {
+                serde_json::from_str::<Vec<&'a RawValue>>(fields[i].1.get())?
+            }
+            _ => Vec::new(),
+        };
+        Ok(ParsedBody {
+            fields,
+            conv_field,
+            messages,
+        })
+    }
+
+    /// A top-level member, raw.
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    /// A top-level member parsed as `T` (None when absent or of another shape).
+    pub fn get_as<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        self.get(key).and_then(|v| serde_json::from_str(v.get()).ok())
+    }
+
+    /// `model` as a string.
+    pub fn model(&self) -> Option<String> {
+        self.get_as::<String>("model")
+    }
+
+    /// `stream: true`?
+    pub fn stream(&self) -> bool {
+        self.get_as::<bool>("stream").unwrap_or(false)
+    }
+
+    /// Re-emit the body with the conversation replaced by `parts` (raw JSON
+    /// elements, in order). Every other member keeps its original bytes.
+    pub fn render_with(&self, parts: &[&str]) -> Vec<u8> {
+        let cap = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>()
+            + parts.iter().map(|p| p.len() + 1).sum::<usize>();
+        let mut out = Vec::with_capacity(cap + 16);
+        out.push(b'{');
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Keys are re-escaped (serde gave us the unescaped text).
+            match serde_json::to_string(k.as_ref()) {
+                Ok(s) => out.extend_from_slice(s.as_bytes()),
+                Err(_) => out.extend_from_slice(b"\"\""),
+            }
+            out.push(b':');
+            if Some(i) == self.conv_field {
+                out.push(b'[');
+                for (j, p) in parts.iter().enumerate() {
+                    if j > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(p.as_bytes());
+                }
+                out.push(b']');
+            } else {
+                out.extend_from_slice(v.get().as_bytes());
+            }
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// Deserializes a JSON object into its members in order, values raw.
+struct OrderedRaw<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for OrderedRaw<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = OrderedRaw<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+                    let v: &'de RawValue = map.next_value()?;
+                    out.push((k, v));
+                }
+                Ok(OrderedRaw(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// What a response yielded once it ended.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Collected {
+    /// Real usage, when the provider reported it.
+    pub usage: Option<Usage>,
+    /// Model named by the response.
+    pub model: Option<String>,
+    /// The assistant's messages/items, as JSON in the request dialect's
+    /// shape (what the client will echo back next time).
+    pub rows: Vec<String>,
+    /// Stop/finish reason.
+    pub stop_reason: Option<String>,
+    /// An error event inside a 200 stream, or an error body.
+    pub error: Option<String>,
+}
+
+/// Consumes a response on the side (never alters it).
+pub trait ResponseCollector: Send {
+    /// One SSE event of a streamed response.
+    fn on_event(&mut self, event: &str, data: &str);
+    /// A whole non-streamed JSON body.
+    fn on_json(&mut self, body: &[u8]);
+    /// Everything seen so far.
+    fn finish(self: Box<Self>) -> Collected;
+}
+
+/// A fresh collector for the dialect.
+pub fn collector(d: Dialect) -> Box<dyn ResponseCollector> {
+    match d {
+        Dialect::Anthropic => Box::<anthropic::Collector>::default(),
+        Dialect::OpenaiChat => Box::<openai_chat::Collector>::default(),
+        Dialect::OpenaiResponses => Box::<openai_responses::Collector>::default(),
+    }
+}
+
+/// What the proxy needs to know of one message, from a full parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageInfo {
+    /// Role, or the item type for role-less Responses items.
+    pub role: String,
+    /// Classification.
+    pub kind: RowKind,
+    /// Whether a cut window may start at this message.
+    pub starts_ok: bool,
+    /// First line of the prompt text (for stubs and indexes), ≤ 80 chars.
+    pub first_line: Option<String>,
+}
+
+/// Classify a message of the given dialect.
+pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
+    match d {
+        Dialect::Anthropic => anthropic::classify(v),
+        Dialect::OpenaiChat => openai_chat::classify(v),
+        Dialect::OpenaiResponses => openai_responses::classify(v),
+    }
+}
+
+/// The dialect's stub message carrying `text`, as raw JSON.
+pub fn stub_message(d: Dialect, text: &str) -> String {
+    let v = match d {
+        Dialect::Anthropic => serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]}),
+        Dialect::OpenaiChat => serde_json::json!({"role": "user", "content": text}),
+        Dialect::OpenaiResponses => serde_json::json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}),
+    };
+    v.to_string()
+}
+
+/// The conversation array's key in request bodies.
+pub fn conv_key(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Anthropic | Dialect::OpenaiChat => "messages",
+        Dialect::OpenaiResponses => "input",
+    }
+}
+
+/// Hash of a message after normalization: `cache_control` removed anywhere,
+/// a string `content` equal to a one-text-block list, object keys sorted.
+pub fn normalized_hash(v: &Value) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    hash_norm(v, &mut h, true);
+    h.digest()
+}
+
+fn hash_norm(v: &Value, h: &mut xxhash_rust::xxh3::Xxh3, top: bool) {
+    match v {
+        Value::Null => h.update(b"n"),
+        Value::Bool(b) => h.update(if *b { b"t" } else { b"f" }),
+        Value::Number(n) => {
+            h.update(b"#");
+            h.update(n.to_string().as_bytes());
+        }
+        Value::String(s) => {
+            h.update(b"s");
+            h.update(&(s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
+        }
+        Value::Array(a) => {
+            h.update(b"[");
+            h.update(&(a.len() as u64).to_le_bytes());
+            for x in a {
+                hash_norm(x, h, false);
+            }
+        }
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().filter(|k| *k != "cache_control").collect();
+            keys.sort_unstable();
+            h.update(b"{");
+            h.update(&(keys.len() as u64).to_le_bytes());
+            for k in keys {
+                h.update(&(k.len() as u64).to_le_bytes());
+                h.update(k.as_bytes());
+                let val = &m[k.as_str()];
+                match (top, k.as_str(), val) {
+                    (true, "content", Value::String(s)) => {
+                        // String content ≡ one text block (type per dialect folds to "text").
+                        h.update(b"[");
+                        h.update(&1u64.to_le_bytes());
+                        text_block_hash(s, h);
+                    }
+                    (true, "content", Value::Array(a)) => {
+                        h.update(b"[");
+                        h.update(&(a.len() as u64).to_le_bytes());
+                        for x in a {
+                            match text_of_plain_block(x) {
+                                Some(s) => text_block_hash(s, h),
+                                None => hash_norm(x, h, false),
+                            }
+                        }
+                    }
+                    _ => hash_norm(val, h, false),
+                }
+            }
+        }
+    }
+}
+
+fn text_block_hash(s: &str, h: &mut xxhash_rust::xxh3::Xxh3) {
+    h.update(b"T");
+    h.update(&(s.len() as u64).to_le_bytes());
+    h.update(s.as_bytes());
+}
+
+/// A content block that only carries text (`text`, `input_text`,
+/// `output_text`), ignoring `cache_control`.
+fn text_of_plain_block(v: &Value) -> Option<&str> {
+    let m = v.as_object()?;
+    let ty = m.get("type")?.as_str()?;
+    if !matches!(ty, "text" | "input_text" | "output_text") {
+        return None;
+    }
+    if m.keys().any(|k| !matches!(k.as_str(), "type" | "text" | "cache_control")) {
+        return None;
+    }
+    m.get("text")?.as_str()
+}
+
+/// Fast hash of raw bytes.
+pub fn raw_hash(raw: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(raw.as_bytes())
+}
+
+/// First line of a text, trimmed, at most `max` characters.
+pub fn first_line(text: &str, max: usize) -> Option<String> {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('<'))?;
+    Some(line.chars().take(max).collect())
+}
+
+/// Map OpenAI-style usage (`prompt`/`input` total incl. cached) to [`Usage`].
+pub fn openai_usage(input_total: u64, cached: u64, output: u64) -> Usage {
+    Usage {
+        input: input_total.saturating_sub(cached),
+        output,
+        cache_read: cached,
+        cache_write: 0,
+    }
+}
+
+/// Read a u64 field of a JSON object.
+pub(crate) fn u64_of(v: &Value, key: &str) -> Option<u64> {
+    v.get(key).and_then(Value::as_u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn string_content_equals_one_text_block_and_cache_control_is_ignored() {
+        let a = json!({"role":"user","content":"hello"});
+        let b = json!({"role":"user","content":[{"type":"text","text":"hello","cache_control":{"type":"ephemeral"}}]});
+        let c = json!({"content":[{"text":"hello","type":"text"}],"role":"user"});
+        let d = json!({"role":"user","content":"hello!"});
+        assert_eq!(normalized_hash(&a), normalized_hash(&b));
+        assert_eq!(normalized_hash(&a), normalized_hash(&c));
+        assert_ne!(normalized_hash(&a), normalized_hash(&d));
+        let e = json!({"role":"user","content":[{"type":"text","text":"hello"},{"type":"text","text":"x"}]});
+        assert_ne!(normalized_hash(&a), normalized_hash(&e));
+    }
+
+    #[test]
+    fn body_round_trips_byte_for_byte_and_renders_a_new_conversation() {
+        let src = br#"{"model":"m","messages":[{"role":"user","content":"a"} , {"role":"assistant","content":"b"}],"stream":true,"we\"ird":1}"#;
+        let p = ParsedBody::parse(src, "messages").unwrap();
+        assert_eq!(p.messages.len(), 2);
+        assert_eq!(p.model().as_deref(), Some("m"));
+        assert!(p.stream());
+        let parts: Vec<&str> = p.messages.iter().map(|m| m.get()).collect();
+        let out = p.render_with(&parts);
+        let expect = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"stream":true,"we\"ird":1}"#;
+        assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expect.to_vec()).unwrap());
+        let out = p.render_with(&[r#"{"x":1}"#]);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["messages"], json!([{"x":1}]));
+        assert_eq!(v["we\"ird"], 1);
+    }
+
+    #[test]
+    fn non_object_bodies_are_errors() {
+        assert!(ParsedBody::parse(b"[1,2]", "messages").is_err());
+        assert!(ParsedBody::parse(b"{\"a\":", "messages").is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! OpenAI Chat Completions: classification of `messages[]`, and the response
+//! collector (final usage chunk with `stream_options.include_usage`, the
+//! assistant message reassembled from deltas).
+
+use super::{first_line, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
+use oceancode_ledger::{RowKind, Usage};
+use serde_json::{json, Map, Value};
+
+/// Classify one Chat message.
+pub fn classify(v: &Value) -> MessageInfo {
+    let role = v.get("role").and_then(Value::as_str).unwrap_or("").to_string();
+    let kind = match role.as_str() {
+        "user" => RowKind::Prompt,
+        "assistant" => RowKind::Assistant,
+        "tool" | "function" => RowKind::ToolResult,
+        "system" | "developer" => RowKind::System,
+        _ => RowKind::Other,
+    };
+    let text = match v.get("content") {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .find_map(|p| p.get("text").and_then(Value::as_str)),
+        _ => None,
+    };
+    MessageInfo {
+        role,
+        kind,
+        starts_ok: kind != RowKind::ToolResult,
+        first_line: if kind == RowKind::Prompt {
+            text.and_then(|t| first_line(t, 80))
+        } else {
+            None
+        },
+    }
+}
+
+/// Reassembles a Chat Completions response (choice 0).
+#[derive(Default)]
+pub struct Collector {
+    usage: Option<Usage>,
+    model: Option<String>,
+    role_seen: bool,
+    content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: Vec<Map<String, Value>>,
+    finish: Option<String>,
+    error: Option<String>,
+    json_rows: Vec<String>,
+}
+
+fn usage_of(u: &Value) -> Option<Usage> {
+    let prompt = u64_of(u, "prompt_tokens")?;
+    let cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let out = u64_of(u, "completion_tokens").unwrap_or(0);
+    Some(openai_usage(prompt, cached, out))
+}
+
+impl ResponseCollector for Collector {
+    fn on_event(&mut self, _event: &str, data: &str) {
+        if data.trim() == "[DONE]" {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        if let Some(e) = v.get("error") {
+            self.error = Some(e.get("message").and_then(Value::as_str).unwrap_or(data).to_string());
+            return;
+        }
+        if let Some(m) = v.get("model").and_then(Value::as_str) {
+            self.model = Some(m.to_string());
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            self.usage = usage_of(u).or(self.usage);
+        }
+        let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0))
+        else {
+            return;
+        };
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(f.to_string());
+        }
+        let Some(d) = choice.get("delta") else { return };
+        if d.get("role").is_some() {
+            self.role_seen = true;
+        }
+        if let Some(t) = d.get("content").and_then(Value::as_str) {
+            self.content.get_or_insert_with(String::new).push_str(t);
+        }
+        if let Some(t) = d.get("refusal").and_then(Value::as_str) {
+            self.refusal.get_or_insert_with(String::new).push_str(t);
+        }
+        if let Some(calls) = d.get("tool_calls").and_then(Value::as_array) {
+            for c in calls {
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
+                if idx > 1000 {
+                    continue;
+                }
+                while self.tool_calls.len() <= idx {
+                    let mut m = Map::new();
+                    m.insert("type".into(), json!("function"));
+                    m.insert("function".into(), json!({"name": "", "arguments": ""}));
+                    self.tool_calls.push(m);
+                }
+                let slot = &mut self.tool_calls[idx];
+                if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    slot.insert("id".into(), json!(id));
+                }
+                if let Some(t) = c.get("type").and_then(Value::as_str) {
+                    slot.insert("type".into(), json!(t));
+                }
+                if let (Some(f), Some(Value::Object(sf))) = (c.get("function"), slot.get_mut("function")) {
+                    for key in ["name", "arguments"] {
+                        if let Some(piece) = f.get(key).and_then(Value::as_str) {
+                            if let Some(Value::String(s)) = sf.get_mut(key) {
+                                s.push_str(piece);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_json(&mut self, body: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+            return;
+        };
+        if let Some(e) = v.get("error") {
+            self.error = e.get("message").and_then(Value::as_str).map(str::to_string);
+            return;
+        }
+        self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+        self.usage = v.get("usage").and_then(usage_of);
+        if let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
+            self.finish = choice.get("finish_reason").and_then(Value::as_str).map(str::to_string);
+            if let Some(m) = choice.get("message") {
+                self.json_rows.push(m.to_string());
+            }
+        }
+    }
+
+    fn finish(self: Box<Self>) -> Collected {
+        let mut rows = self.json_rows;
+        if self.role_seen || self.content.is_some() || !self.tool_calls.is_empty() {
+            let mut m = Map::new();
+            m.insert("role".into(), json!("assistant"));
+            m.insert(
+                "content".into(),
+                self.content.map(Value::String).unwrap_or(Value::Null),
+            );
+            if let Some(r) = self.refusal {
+                m.insert("refusal".into(), Value::String(r));
+            }
+            if !self.tool_calls.is_empty() {
+                m.insert(
+                    "tool_calls".into(),
+                    Value::Array(self.tool_calls.into_iter().map(Value::Object).collect()),
+                );
+            }
+            rows.push(Value::Object(m).to_string());
+        }
+        Collected {
+            usage: self.usage,
+            model: self.model,
+            rows,
+            stop_reason: self.finish,
+            error: self.error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reassembles_deltas_and_reads_the_final_usage_chunk() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        for d in [
+            r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"content":"lo","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"sh","arguments":"{\"a\""}}]},"finish_reason":null}]}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"id":"c","object":"chat.completion.chunk","model":"gpt-x","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":64}}}"#,
+            "[DONE]",
+        ] {
+            c.on_event("", d);
+        }
+        let out = c.finish();
+        assert_eq!(out.usage, Some(Usage { input: 36, output: 9, cache_read: 64, cache_write: 0 }));
+        assert_eq!(out.stop_reason.as_deref(), Some("tool_calls"));
+        let row: Value = serde_json::from_str(&out.rows[0]).unwrap();
+        assert_eq!(row["content"], "Hello");
+        assert_eq!(row["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+        assert_eq!(row["tool_calls"][0]["id"], "call_1");
+    }
+
+    #[test]
+    fn tool_messages_cannot_start_a_window() {
+        let t = classify(&json!({"role":"tool","tool_call_id":"x","content":"ok"}));
+        assert_eq!(t.kind, RowKind::ToolResult);
+        assert!(!t.starts_ok);
+        let p = classify(&json!({"role":"user","content":"fix the bug\nplease"}));
+        assert_eq!(p.first_line.as_deref(), Some("fix the bug"));
+    }
+}

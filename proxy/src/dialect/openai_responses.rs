@@ -1,0 +1,171 @@
+//! OpenAI Responses: classification of `input[]` items, and the response
+//! collector (`response.completed` usage, output items from
+//! `response.output_item.done`).
+
+use super::{first_line, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
+use oceancode_ledger::{RowKind, Usage};
+use serde_json::Value;
+
+/// Classify one Responses input item.
+pub fn classify(v: &Value) -> MessageInfo {
+    let ty = v.get("type").and_then(Value::as_str);
+    let role_field = v.get("role").and_then(Value::as_str);
+    let (role, kind) = match (ty, role_field) {
+        (Some("message") | None, Some(r)) => (
+            r.to_string(),
+            match r {
+                "user" => RowKind::Prompt,
+                "assistant" => RowKind::Assistant,
+                "system" | "developer" => RowKind::System,
+                _ => RowKind::Other,
+            },
+        ),
+        (Some(t), _) => (
+            t.to_string(),
+            if t.ends_with("_output") {
+                RowKind::ToolResult
+            } else if t.ends_with("_call") || t == "reasoning" {
+                RowKind::Assistant
+            } else {
+                RowKind::Other
+            },
+        ),
+        (None, None) => (String::new(), RowKind::Other),
+    };
+    let text = match v.get("content") {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .find_map(|p| p.get("text").and_then(Value::as_str)),
+        _ => None,
+    };
+    MessageInfo {
+        role,
+        kind,
+        starts_ok: kind != RowKind::ToolResult,
+        first_line: if kind == RowKind::Prompt {
+            text.and_then(|t| first_line(t, 80))
+        } else {
+            None
+        },
+    }
+}
+
+/// Collects a Responses response.
+#[derive(Default)]
+pub struct Collector {
+    usage: Option<Usage>,
+    model: Option<String>,
+    items: Vec<String>,
+    status: Option<String>,
+    error: Option<String>,
+}
+
+fn usage_of(u: &Value) -> Option<Usage> {
+    let input = u64_of(u, "input_tokens")?;
+    let cached = u.pointer("/input_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    Some(openai_usage(input, cached, u64_of(u, "output_tokens").unwrap_or(0)))
+}
+
+impl Collector {
+    fn take_response(&mut self, r: &Value, with_items: bool) {
+        if let Some(u) = r.get("usage").filter(|u| !u.is_null()) {
+            self.usage = usage_of(u).or(self.usage);
+        }
+        if let Some(m) = r.get("model").and_then(Value::as_str) {
+            self.model = Some(m.to_string());
+        }
+        if let Some(s) = r.get("status").and_then(Value::as_str) {
+            self.status = Some(s.to_string());
+        }
+        if let Some(e) = r.get("error").filter(|e| !e.is_null()) {
+            self.error = Some(e.get("message").and_then(Value::as_str).unwrap_or("error").to_string());
+        }
+        if with_items && self.items.is_empty() {
+            if let Some(out) = r.get("output").and_then(Value::as_array) {
+                self.items = out.iter().map(Value::to_string).collect();
+            }
+        }
+    }
+}
+
+impl ResponseCollector for Collector {
+    fn on_event(&mut self, _event: &str, data: &str) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        match v.get("type").and_then(Value::as_str) {
+            Some("response.output_item.done") => {
+                if let Some(item) = v.get("item") {
+                    self.items.push(item.to_string());
+                }
+            }
+            Some("response.created" | "response.in_progress") => {
+                if let Some(r) = v.get("response") {
+                    self.take_response(r, false);
+                }
+            }
+            Some("response.completed" | "response.incomplete" | "response.failed") => {
+                if let Some(r) = v.get("response") {
+                    self.take_response(r, true);
+                }
+            }
+            Some("error") => {
+                self.error = Some(v.get("message").and_then(Value::as_str).unwrap_or(data).to_string());
+            }
+            _ => {}
+        }
+    }
+
+    fn on_json(&mut self, body: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+            return;
+        };
+        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+            self.error = e.get("message").and_then(Value::as_str).map(str::to_string);
+            if v.get("output").is_none() {
+                return;
+            }
+        }
+        self.take_response(&v, true);
+    }
+
+    fn finish(self: Box<Self>) -> Collected {
+        Collected {
+            usage: self.usage,
+            model: self.model,
+            rows: self.items,
+            stop_reason: self.status,
+            error: self.error,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn classifies_items() {
+        assert_eq!(classify(&json!({"type":"message","role":"developer","content":"x"})).kind, RowKind::System);
+        assert_eq!(classify(&json!({"type":"function_call","name":"sh","arguments":"{}","call_id":"c"})).kind, RowKind::Assistant);
+        let o = classify(&json!({"type":"function_call_output","call_id":"c","output":"ok"}));
+        assert_eq!(o.kind, RowKind::ToolResult);
+        assert!(!o.starts_ok);
+        assert_eq!(classify(&json!({"role":"user","content":"hi"})).kind, RowKind::Prompt);
+        assert_eq!(classify(&json!({"type":"reasoning","summary":[]})).kind, RowKind::Assistant);
+    }
+
+    #[test]
+    fn collects_items_and_usage() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("response.created", r#"{"type":"response.created","response":{"id":"r","model":"gpt-x","status":"in_progress","usage":null,"output":[]}}"#);
+        c.on_event("response.output_item.done", r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"function_call","call_id":"c1","name":"sh","arguments":"{}"}}"#);
+        c.on_event("response.completed", r#"{"type":"response.completed","response":{"id":"r","model":"gpt-x","status":"completed","output":[{"type":"function_call"}],"usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":40},"output_tokens":5,"total_tokens":55}}}"#);
+        let out = c.finish();
+        assert_eq!(out.usage, Some(Usage { input: 10, output: 5, cache_read: 40, cache_write: 0 }));
+        assert_eq!(out.rows.len(), 1);
+        assert!(out.rows[0].contains("c1"));
+    }
+}

@@ -1,0 +1,167 @@
+//! Proxy-made errors, answered in the provider's own error envelope so the
+//! client's SDK surfaces them as its usual typed exceptions.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use oceancode_ledger::Dialect;
+
+/// The body type the proxy answers with.
+pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// Which envelope to use for an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Envelope {
+    /// `{"type":"error","error":{"type":..,"message":..}}`
+    Anthropic,
+    /// `{"error":{"message":..,"type":..,"param":null,"code":..}}`
+    OpenAi,
+}
+
+impl From<Dialect> for Envelope {
+    fn from(d: Dialect) -> Self {
+        match d {
+            Dialect::Anthropic => Envelope::Anthropic,
+            Dialect::OpenaiChat | Dialect::OpenaiResponses => Envelope::OpenAi,
+        }
+    }
+}
+
+/// A failure the proxy itself must answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The upstream could not be reached (connect, TLS, reset before headers).
+    #[error("oceancode-proxy could not reach the upstream {upstream}: {reason}")]
+    Unreachable {
+        /// Upstream base URL.
+        upstream: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The upstream did not answer in time.
+    #[error("oceancode-proxy timed out after {secs}s waiting for the upstream {upstream}")]
+    Timeout {
+        /// Upstream base URL.
+        upstream: String,
+        /// Seconds waited.
+        secs: u64,
+    },
+    /// The request body is larger than `limits.max_body_bytes`.
+    #[error("request body exceeds oceancode-proxy's limit of {limit} bytes (limits.max_body_bytes)")]
+    BodyTooLarge {
+        /// Configured limit.
+        limit: u64,
+    },
+    /// The client's request could not be read.
+    #[error("oceancode-proxy could not read the request body: {0}")]
+    BadRequestBody(String),
+    /// The upstream URL or the request target is not usable.
+    #[error("oceancode-proxy: {0}")]
+    BadTarget(String),
+}
+
+impl ProxyError {
+    /// HTTP status for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadRequestBody(_) | ProxyError::BadTarget(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn kinds(&self) -> (&'static str, &'static str) {
+        // (anthropic error.type, openai error.code)
+        match self {
+            ProxyError::Unreachable { .. } => ("api_error", "upstream_unreachable"),
+            ProxyError::Timeout { .. } => ("timeout_error", "upstream_timeout"),
+            ProxyError::BodyTooLarge { .. } => ("request_too_large", "request_too_large"),
+            ProxyError::BadRequestBody(_) | ProxyError::BadTarget(_) => {
+                ("invalid_request_error", "invalid_request")
+            }
+        }
+    }
+
+    /// The error as a response in the given envelope.
+    pub fn into_response(self, env: Envelope) -> Response<ProxyBody> {
+        let (atype, ocode) = self.kinds();
+        error_response(self.status(), env, atype, ocode, &self.to_string())
+    }
+}
+
+/// Build an error response in a provider's envelope.
+pub fn error_response(
+    status: StatusCode,
+    env: Envelope,
+    anthropic_type: &str,
+    openai_code: &str,
+    message: &str,
+) -> Response<ProxyBody> {
+    let body = match env {
+        Envelope::Anthropic => serde_json::json!({
+            "type": "error",
+            "error": {"type": anthropic_type, "message": message},
+        }),
+        Envelope::OpenAi => serde_json::json!({
+            "error": {
+                "message": message,
+                "type": if status.is_server_error() { "server_error" } else { "invalid_request_error" },
+                "param": null,
+                "code": openai_code,
+            }
+        }),
+    };
+    json_response(status, body.to_string())
+}
+
+/// A JSON response with the given body.
+pub fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert("x-oceancode-proxy", HeaderValue::from_static("error"));
+    resp
+}
+
+/// A complete body from bytes.
+pub fn full(b: impl Into<Bytes>) -> ProxyBody {
+    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_json(r: Response<ProxyBody>) -> serde_json::Value {
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&b).unwrap()
+    }
+
+    #[tokio::test]
+    async fn envelopes_match_provider_formats() {
+        let e = ProxyError::Unreachable {
+            upstream: "http://127.0.0.1:1".into(),
+            reason: "connection refused".into(),
+        };
+        let r = e.into_response(Envelope::Anthropic);
+        assert_eq!(r.status(), 502);
+        let v = body_json(r).await;
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "api_error");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused"));
+
+        let r = ProxyError::BodyTooLarge { limit: 10 }.into_response(Envelope::OpenAi);
+        assert_eq!(r.status(), 413);
+        let v = body_json(r).await;
+        assert_eq!(v["error"]["code"], "request_too_large");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+}

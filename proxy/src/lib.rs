@@ -1,0 +1,20 @@
+//! oceancode-proxy: a transparent proxy between coding agents and their model
+//! APIs. It forwards Anthropic Messages and OpenAI Chat/Responses traffic,
+//! reads real usage from every response, keeps the conversation sent upstream
+//! under the tideline, and writes a verbatim ledger on the side.
+//!
+//! Request flow: [`server`] reads the body → [`identity`] names the session →
+//! [`sessions`] matches history, records rows, runs the tideline and renders
+//! the window → [`upstream`] forwards → [`tap`] streams the answer back frame
+//! by frame while [`dialect`] collectors read usage and the assistant's rows.
+
+pub mod admin;
+pub mod dialect;
+pub mod error;
+pub mod identity;
+pub mod runtime;
+pub mod server;
+pub mod sessions;
+pub mod sse;
+pub mod tap;
+pub mod upstream;

@@ -1,0 +1,137 @@
+//! Starting and stopping a proxy instance: binds the listener, opens the
+//! ledger store, wires the session manager's events to the single writer,
+//! and shuts everything down in order (stop accepting, drain requests, drain
+//! the writer).
+
+use crate::server::{self, App, FrontConfig, Metrics};
+use crate::sessions::{EventSink, SessionManager, Settings};
+use crate::upstream::{Upstream, UpstreamOptions};
+use oceancode_ledger::store::{Store, StoreOptions};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Everything needed to start a proxy.
+#[derive(Clone)]
+pub struct ProxyOptions {
+    /// Address to listen on (port 0 = any free port).
+    pub listen: SocketAddr,
+    /// Front settings (upstreams, limits, data dir).
+    pub front: FrontConfig,
+    /// Upstream client settings.
+    pub upstream: UpstreamOptions,
+    /// Tideline/session settings.
+    pub sessions: Settings,
+    /// Ledger store settings; None = no ledger on disk.
+    pub store: Option<StoreOptions>,
+}
+
+/// Why a proxy did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The ledger could not open.
+    #[error("cannot open the ledger in {dir}: {source}")]
+    Store {
+        /// Data dir.
+        dir: String,
+        /// Cause.
+        source: oceancode_ledger::store::StoreError,
+    },
+    /// The upstream client could not be built.
+    #[error(transparent)]
+    Upstream(#[from] crate::error::ProxyError),
+}
+
+/// A running proxy.
+pub struct Running {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// Shared state (for tests and the admin API).
+    pub app: Arc<App>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stop accepting, let open requests finish, drain the ledger writer.
+    pub async fn shutdown(mut self) {
+        self.stop_inner().await;
+    }
+
+    async fn stop_inner(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+        if let Some(store) = &self.app.store {
+            let store = store.clone();
+            let _ = tokio::task::spawn_blocking(move || store.shutdown()).await;
+        }
+    }
+}
+
+/// Start a proxy with `opts`.
+pub async fn start(opts: ProxyOptions) -> Result<Running, StartError> {
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: opts.listen, source })?;
+    start_on(listener, opts).await
+}
+
+/// Start a proxy on an already bound listener.
+pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Running, StartError> {
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: opts.listen, source })?;
+    let store = match &opts.store {
+        Some(so) => Some(Store::open(&opts.front.data_dir, so.clone()).map_err(|source| StartError::Store {
+            dir: opts.front.data_dir.display().to_string(),
+            source,
+        })?),
+        None => None,
+    };
+    let sink: EventSink = match &store {
+        Some(s) => {
+            let s = s.clone();
+            Arc::new(move |events| {
+                for ev in events {
+                    if let Err(e) = s.submit(ev) {
+                        tracing::error!(error = %e, "ledger write refused");
+                    }
+                }
+            })
+        }
+        None => Arc::new(|_events| {}),
+    };
+    std::thread::spawn(crate::sessions::warm_tokenizer);
+    let app = Arc::new(App {
+        cfg: opts.front.clone(),
+        upstream: Upstream::new(opts.upstream)?,
+        sessions: Arc::new(SessionManager::new(opts.sessions.clone(), sink)),
+        store,
+        metrics: Arc::new(Metrics::default()),
+        started: Instant::now(),
+    });
+    let (tx, rx) = oneshot::channel::<()>();
+    let a = app.clone();
+    let task = tokio::spawn(async move {
+        server::serve(listener, a, async { let _ = rx.await; }, Duration::from_secs(30)).await;
+    });
+    Ok(Running { addr, app, stop: Some(tx), task: Some(task) })
+}

@@ -1,0 +1,960 @@
+//! The session manager: maps each request onto a ledger session by
+//! longest-common-prefix over normalized messages, records new rows and
+//! branches, runs the tideline, and renders the window sent upstream.
+//!
+//! Everything here is in memory and cheap per request: old messages are only
+//! hashed (xxh3 over their raw bytes), and only messages that differ from the
+//! recorded ones are parsed. Writes go to the single ledger writer through a
+//! queue; the request path never waits on disk.
+
+use crate::dialect::{self, ParsedBody};
+use crate::identity::{Identity, ReqKind};
+use bytes::Bytes;
+use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_ledger::tideline::{self, Observation, Params, RowInfo, Tideline};
+use oceancode_ledger::store::LoadedSession;
+use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Context window and output allowance of a model, as configured/known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Context window in tokens (None = unknown).
+    pub context: Option<u64>,
+    /// Output allowance in tokens.
+    pub max_output: Option<u64>,
+}
+
+/// Resolves a model's limits given a learned ceiling.
+pub type ModelResolver = Arc<dyn Fn(&str, Option<u64>) -> ModelLimits + Send + Sync>;
+
+/// Where ledger events go (the store in production, a vector in tests).
+pub type EventSink = Arc<dyn Fn(Vec<Event>) + Send + Sync>;
+
+/// Reads back the recorded sessions of a client key (after a restart).
+pub type Restorer = Arc<dyn Fn(&str) -> Vec<LoadedSession> + Send + Sync>;
+
+/// Tideline and ledger settings the manager runs with.
+#[derive(Clone)]
+pub struct Settings {
+    /// The data directory (stubs point into `<data>/sessions/<id>`).
+    pub data_dir: PathBuf,
+    /// Configured line.
+    pub line: LineSpec,
+    /// Configured block size.
+    pub block: BlockSpec,
+    /// Model limits lookup.
+    pub models: ModelResolver,
+    /// When false, nothing is windowed (pure passthrough + ledger).
+    pub tideline_enabled: bool,
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Debug, Default)]
+pub struct SessionMetrics {
+    /// Cuts made.
+    pub cuts: AtomicU64,
+    /// Tokens (estimated) kept out of upstream windows, summed over requests.
+    pub tokens_kept_out: AtomicU64,
+    /// Rows recorded.
+    pub rows: AtomicU64,
+    /// Branches recorded.
+    pub branches: AtomicU64,
+    /// Requests whose body was rewritten.
+    pub rewritten: AtomicU64,
+    /// Retries after a too-long error.
+    pub too_long_retries: AtomicU64,
+}
+
+/// One row as the manager keeps it in memory (no bytes).
+#[derive(Debug, Clone)]
+struct RowMem {
+    raw_hash: u64,
+    norm_hash: u64,
+    kind: RowKind,
+    starts_ok: bool,
+    tokens: u32,
+    turn: u32,
+}
+
+/// The live state of one ledger session.
+pub struct State {
+    meta: SessionMeta,
+    dialect: Dialect,
+    /// All rows ever recorded, index = seq − 1.
+    rows: Vec<RowMem>,
+    /// Seqs on the active line, in order (what the client's history maps to).
+    active: Vec<u64>,
+    /// Response rows not yet echoed by the client.
+    pending: Vec<u64>,
+    branch: u32,
+    step: u32,
+    turn: u32,
+    /// First line of each turn's prompt, by turn.
+    turn_lines: HashMap<u32, (u64, String)>,
+    tideline: Tideline,
+    needs_seed: bool,
+    last_usage: Option<Usage>,
+    pending_est: u64,
+    override_line: Option<LineSpec>,
+    learned_ceiling: Option<u64>,
+    tools_fp: u64,
+    /// Totals over the session's steps.
+    pub totals: Usage,
+    /// Last computed numbers, for the meter.
+    pub meter: Meter,
+}
+
+/// What the meter shows for a session.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Meter {
+    /// Gauge (tokens) at the last request.
+    pub gauge: u64,
+    /// The line in force.
+    pub line: u64,
+    /// Block size.
+    pub block: u64,
+    /// The model's context window, if known.
+    pub context: Option<u64>,
+    /// Last seq past the tideline.
+    pub cut_upto: u64,
+    /// Rows on the active line.
+    pub active_rows: usize,
+    /// Rows sent in the last window.
+    pub window_rows: usize,
+    /// Steps so far.
+    pub steps: u32,
+    /// Cuts so far.
+    pub cuts: u32,
+}
+
+/// A ledger session shared between requests.
+pub struct Session {
+    /// Ledger id.
+    pub id: String,
+    /// Mutable state.
+    pub state: Mutex<State>,
+}
+
+/// What the request path needs to finish a step.
+pub struct Ticket {
+    /// The session.
+    pub session: Arc<Session>,
+    /// Step number.
+    pub step: u32,
+    /// Dialect.
+    pub dialect: Dialect,
+    /// The original request body (kept for a too-long retry).
+    pub original: Bytes,
+    /// Rows in the window sent.
+    pub window_rows: usize,
+    /// Last seq before this step's new rows (the newest step is never cut).
+    pub boundary: u64,
+}
+
+/// The body to forward and the step to finish.
+pub struct Prepared {
+    /// Bytes to send upstream.
+    pub body: Bytes,
+    /// Present for recorded (main) requests.
+    pub ticket: Option<Ticket>,
+}
+
+/// The manager.
+pub struct SessionManager {
+    settings: Settings,
+    sink: EventSink,
+    index: Mutex<Index>,
+    global_override: Mutex<Option<LineSpec>>,
+    /// Counters.
+    pub metrics: SessionMetrics,
+    counter: AtomicU64,
+    restorer: Option<Restorer>,
+}
+
+#[derive(Default)]
+struct Index {
+    by_key: HashMap<String, Vec<Arc<Session>>>,
+    by_id: HashMap<String, Arc<Session>>,
+    /// Most recently used session id.
+    latest: Option<String>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+static BPE: OnceLock<Option<tiktoken_rs::CoreBPE>> = OnceLock::new();
+
+/// Token estimate of a raw message (tiktoken `o200k_base`; bytes/4 for very
+/// large rows, where exact counting would cost more than it tells).
+pub fn estimate_tokens(raw: &str) -> u32 {
+    if raw.len() > 256 * 1024 {
+        return (raw.len() / 4) as u32;
+    }
+    match BPE.get_or_init(|| tiktoken_rs::o200k_base().ok()) {
+        Some(bpe) => bpe.encode_ordinary(raw).len() as u32,
+        None => (raw.len() / 4) as u32,
+    }
+}
+
+/// Warm the tokenizer (it takes ~100 ms to load) off the request path.
+pub fn warm_tokenizer() {
+    let _ = estimate_tokens("warm");
+}
+
+struct Parsed {
+    info: dialect::MessageInfo,
+    norm: u64,
+}
+
+fn parse_msg(d: Dialect, raw: &RawValue) -> Parsed {
+    match serde_json::from_str::<Value>(raw.get()) {
+        Ok(v) => Parsed {
+            info: dialect::classify(d, &v),
+            norm: dialect::normalized_hash(&v),
+        },
+        Err(_) => Parsed {
+            info: dialect::MessageInfo {
+                role: String::new(),
+                kind: RowKind::Other,
+                starts_ok: true,
+                first_line: None,
+            },
+            norm: dialect::raw_hash(raw.get()),
+        },
+    }
+}
+
+fn parse_str(d: Dialect, raw: &str) -> Parsed {
+    match serde_json::from_str::<&RawValue>(raw) {
+        Ok(rv) => parse_msg(d, rv),
+        Err(_) => Parsed {
+            info: dialect::MessageInfo {
+                role: String::new(),
+                kind: RowKind::Other,
+                starts_ok: true,
+                first_line: None,
+            },
+            norm: dialect::raw_hash(raw),
+        },
+    }
+}
+
+impl State {
+    fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64) -> Self {
+        State {
+            meta,
+            dialect,
+            rows: Vec::new(),
+            active: Vec::new(),
+            pending: Vec::new(),
+            branch: 0,
+            step: 0,
+            turn: 0,
+            turn_lines: HashMap::new(),
+            tideline: Tideline::default(),
+            needs_seed: true,
+            last_usage: None,
+            pending_est: 0,
+            override_line: None,
+            learned_ceiling: None,
+            tools_fp,
+            totals: Usage::default(),
+            meter: Meter::default(),
+        }
+    }
+
+    fn row(&self, seq: u64) -> &RowMem {
+        &self.rows[(seq - 1) as usize]
+    }
+
+    /// Length of the common prefix between the active line and `msgs`
+    /// (read-only: compares raw hashes, then normalized hashes).
+    fn lcp(&self, msgs: &[&RawValue], hashes: &[u64]) -> usize {
+        let mut p = 0;
+        while p < msgs.len() && p < self.active.len() {
+            let r = self.row(self.active[p]);
+            if r.raw_hash != hashes[p] && parse_msg(self.dialect, msgs[p]).norm != r.norm_hash {
+                break;
+            }
+            p += 1;
+        }
+        p
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.rows.len() as u64 + 1
+    }
+
+    fn push_row(&mut self, raw: &str, p: Parsed, from_response: bool, events: &mut Vec<Row>) -> u64 {
+        let seq = self.next_seq();
+        if p.info.kind == RowKind::Prompt {
+            self.turn += 1;
+            if let Some(l) = &p.info.first_line {
+                self.turn_lines.insert(self.turn, (seq, l.clone()));
+            }
+        }
+        let turn = self.turn.max(1);
+        let tokens = estimate_tokens(raw);
+        self.rows.push(RowMem {
+            raw_hash: dialect::raw_hash(raw),
+            norm_hash: p.norm,
+            kind: p.info.kind,
+            starts_ok: p.info.starts_ok,
+            tokens,
+            turn,
+        });
+        events.push(Row {
+            seq,
+            role: p.info.role,
+            kind: p.info.kind,
+            raw: Arc::from(raw),
+            tokens,
+            turn,
+            step: self.step,
+            branch: self.branch,
+            from_response,
+        });
+        seq
+    }
+
+    /// Map the client's history onto the active line: confirm echoes, record
+    /// a branch when it diverges, append what is new.
+    fn absorb(&mut self, msgs: &[&RawValue], hashes: &[u64], events: &mut Vec<Event>) {
+        let id = self.meta.id.clone();
+        let mut p = 0;
+        while p < msgs.len() && p < self.active.len() {
+            let idx = (self.active[p] - 1) as usize;
+            if self.rows[idx].raw_hash == hashes[p] {
+                p += 1;
+                continue;
+            }
+            let parsed = parse_msg(self.dialect, msgs[p]);
+            if parsed.norm != self.rows[idx].norm_hash {
+                break;
+            }
+            self.rows[idx].raw_hash = hashes[p];
+            p += 1;
+        }
+        if p < self.active.len() {
+            let hidden = self.active.split_off(p);
+            self.branch += 1;
+            events.push(Event::Branch {
+                session: id.clone(),
+                at_seq: self.active.last().copied().unwrap_or(0),
+                branch: self.branch,
+                hidden,
+            });
+            self.tideline = Tideline::default();
+            self.needs_seed = true;
+            self.last_usage = None;
+            self.pending_est = 0;
+        }
+        // Echoes of the last response confirm its rows, in order.
+        let pending = std::mem::take(&mut self.pending);
+        if p == self.active.len() {
+            for seq in pending {
+                let Some(m) = msgs.get(p) else { break };
+                let parsed = parse_msg(self.dialect, m);
+                let idx = (seq - 1) as usize;
+                if parsed.info.kind != RowKind::Assistant || self.rows[idx].kind != RowKind::Assistant {
+                    break;
+                }
+                if self.rows[idx].raw_hash != hashes[p] {
+                    events.push(Event::Confirm {
+                        session: id.clone(),
+                        seq,
+                        raw: Arc::from(m.get()),
+                    });
+                    self.rows[idx].raw_hash = hashes[p];
+                    self.rows[idx].norm_hash = parsed.norm;
+                }
+                self.active.push(seq);
+                p += 1;
+            }
+        }
+        let mut rows = Vec::new();
+        for m in &msgs[p..] {
+            let parsed = parse_msg(self.dialect, m);
+            let seq = self.push_row(m.get(), parsed, false, &mut rows);
+            self.pending_est += u64::from(self.row(seq).tokens);
+            self.active.push(seq);
+        }
+        if !rows.is_empty() {
+            events.push(Event::Rows { session: id, rows });
+        }
+    }
+
+    fn row_infos(&self) -> Vec<RowInfo> {
+        self.active
+            .iter()
+            .map(|&seq| {
+                let r = self.row(seq);
+                RowInfo {
+                    seq,
+                    kind: r.kind,
+                    starts_ok: r.starts_ok,
+                }
+            })
+            .collect()
+    }
+
+    fn seed_rows(&self) -> Vec<(u64, u64)> {
+        self.active
+            .iter()
+            .map(|&s| (s, u64::from(self.row(s).tokens)))
+            .collect()
+    }
+}
+
+/// A rendered window.
+struct Window {
+    body: Option<Vec<u8>>,
+    rows: usize,
+    kept_out: u64,
+}
+
+impl SessionManager {
+    /// A manager writing ledger events to `sink`.
+    pub fn new(settings: Settings, sink: EventSink) -> Self {
+        SessionManager {
+            settings,
+            sink,
+            index: Mutex::new(Index::default()),
+            global_override: Mutex::new(None),
+            metrics: SessionMetrics::default(),
+            counter: AtomicU64::new(0),
+            restorer: None,
+        }
+    }
+
+    /// Read recorded sessions back from the ledger when a client key is first
+    /// seen after a restart, so its next full resend continues (and heals) them.
+    pub fn with_restorer(mut self, r: Restorer) -> Self {
+        self.restorer = Some(r);
+        self
+    }
+
+    fn restore_key(&self, idx: &mut Index, key: &str) {
+        let Some(r) = &self.restorer else { return };
+        for loaded in r(key) {
+            if idx.by_id.contains_key(&loaded.meta.id) {
+                continue;
+            }
+            let st = State::restore(loaded);
+            let s = Arc::new(Session { id: st.meta.id.clone(), state: Mutex::new(st) });
+            idx.by_key.entry(key.to_string()).or_default().push(s.clone());
+            idx.by_id.insert(s.id.clone(), s);
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Sessions known in memory, most recent last.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.index.lock().by_id.values().cloned().collect()
+    }
+
+    /// A session by id.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.index.lock().by_id.get(id).cloned()
+    }
+
+    /// The most recently used session.
+    pub fn latest(&self) -> Option<Arc<Session>> {
+        let idx = self.index.lock();
+        idx.latest.as_ref().and_then(|id| idx.by_id.get(id).cloned())
+    }
+
+    /// Set (or clear) the line for one session, or for all when `session` is None.
+    /// Sub-agent sessions follow their parent's override.
+    pub fn set_override(&self, session: Option<&str>, line: Option<LineSpec>) -> Result<(), String> {
+        match session {
+            None => {
+                *self.global_override.lock() = line;
+                Ok(())
+            }
+            Some(id) => {
+                let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
+                s.state.lock().override_line = line;
+                let children: Vec<Arc<Session>> = self
+                    .sessions()
+                    .into_iter()
+                    .filter(|c| c.state.lock().meta.parent.as_deref() == Some(id))
+                    .collect();
+                for c in children {
+                    c.state.lock().override_line = line;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `tideline now`: cut at the next request of the session.
+    pub fn cut_now(&self, id: &str) -> Result<u64, String> {
+        let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
+        let mut st = s.state.lock();
+        let boundary = st.active.last().copied().unwrap_or(0);
+        let cut = st.tideline.cut_now(boundary).ok_or_else(|| "nothing to cut yet".to_string())?;
+        Ok(cut.upto_seq)
+    }
+
+    fn new_id(&self, client: &str) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let ms = now_ms();
+        let secs = ms / 1000;
+        let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+        let rem = secs.rem_euclid(86_400);
+        let tag = match client {
+            "claude-code" => "cc",
+            "codex" => "codex",
+            "openai-sdk" => "oai",
+            "anthropic-sdk" => "ant",
+            _ => "s",
+        };
+        let salt = xxhash_rust::xxh3::xxh3_64(format!("{ms}-{n}-{}", std::process::id()).as_bytes());
+        format!(
+            "{y:04}{mo:02}{d:02}-{:02}{:02}{:02}-{tag}-{:06x}",
+            rem / 3600,
+            (rem / 60) % 60,
+            rem % 60,
+            salt & 0xff_ffff
+        )
+    }
+
+    fn params(&self, st: &State, model: &str, max_tokens: Option<u64>) -> (Params, tideline::LineCalc) {
+        let limits = (self.settings.models)(model, st.learned_ceiling);
+        let spec = st
+            .override_line
+            .or(*self.global_override.lock())
+            .unwrap_or(self.settings.line);
+        let calc = tideline::effective_line(spec, limits.context, limits.max_output, max_tokens);
+        let block = tideline::block_tokens(self.settings.block, calc.line);
+        (Params { line: calc.line, block }, calc)
+    }
+
+    /// Prepare a request: record it, run the tideline, render the window.
+    pub fn prepare(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        ident: &Identity,
+        body: Bytes,
+    ) -> Prepared {
+        if kind == ReqKind::Side {
+            return Prepared { body, ticket: None };
+        }
+        let parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
+                return Prepared { body, ticket: None };
+            }
+        };
+        if parsed.messages.is_empty() {
+            return Prepared { body, ticket: None };
+        }
+        let hashes: Vec<u64> = parsed.messages.iter().map(|m| dialect::raw_hash(m.get())).collect();
+        let model = parsed.model().unwrap_or_default();
+        let max_tokens: Option<u64> = parsed
+            .get_as("max_tokens")
+            .or_else(|| parsed.get_as("max_output_tokens"))
+            .or_else(|| parsed.get_as("max_completion_tokens"));
+        let tools_fp = parsed.get("tools").map(|t| dialect::raw_hash(t.get())).unwrap_or(0);
+        let key = ident.client_key.clone().unwrap_or_else(|| {
+            let sys = parsed.get("system").map(|s| s.get()).unwrap_or("");
+            let first = parsed.messages.first().map(|m| parse_msg(dialect, m).norm).unwrap_or(0);
+            format!("fp:{:016x}", xxhash_rust::xxh3::xxh3_64(format!("{sys}|{first}").as_bytes()))
+        });
+
+        if kind == ReqKind::CountTokens {
+            return self.prepare_count(dialect, &key, &parsed, &hashes, &model, max_tokens, &body);
+        }
+
+        let session = self.find_or_create(dialect, &key, ident, &parsed, &hashes, tools_fp, &model);
+        let mut events = Vec::new();
+        let mut st = session.state.lock();
+        st.meta.model.clone_from(&model);
+        st.meta.last_ms = now_ms();
+        events.push(Event::Session(st.meta.clone()));
+        st.step += 1;
+        let boundary = st.active.last().copied().unwrap_or(0);
+        st.absorb(&parsed.messages, &hashes, &mut events);
+        let (params, calc) = self.params(&st, &model, max_tokens);
+        if calc.clamped && st.meter.line != calc.line {
+            tracing::info!(session = %st.meta.id, line = calc.line, "tideline clamped to the model's context minus the output allowance");
+        }
+        if self.settings.tideline_enabled {
+            let last_seq = st.active.last().copied().unwrap_or(0);
+            let decision = if st.needs_seed || st.last_usage.is_none() {
+                st.needs_seed = false;
+                let rows = st.seed_rows();
+                let obs = Observation { gauge: 0, added: st.pending_est, boundary_seq: boundary, last_seq };
+                st.tideline.seed(&rows, obs, params)
+            } else {
+                let gauge = st.last_usage.map(|u| u.window_total()).unwrap_or(0) + st.pending_est;
+                let obs = Observation { gauge, added: st.pending_est, boundary_seq: boundary, last_seq };
+                st.tideline.observe(obs, params)
+            };
+            st.meter.gauge = decision.gauge;
+            if let Some(cut) = decision.cut {
+                self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
+                st.meter.cuts += 1;
+                events.push(Event::Cut {
+                    session: st.meta.id.clone(),
+                    upto_seq: cut.upto_seq,
+                    gauge: cut.gauge_before,
+                    line: params.line,
+                    ts_ms: now_ms(),
+                });
+            }
+        }
+        st.meter.line = params.line;
+        st.meter.block = params.block;
+        st.meter.context = calc.context;
+        st.meter.steps = st.step;
+        st.meter.active_rows = st.active.len();
+        let window = if self.settings.tideline_enabled {
+            self.render(&st, &parsed)
+        } else {
+            Window { body: None, rows: parsed.messages.len(), kept_out: 0 }
+        };
+        st.meter.cut_upto = st.tideline.cut_upto();
+        st.meter.window_rows = window.rows;
+        let step = st.step;
+        drop(st);
+        (self.sink)(events);
+        self.metrics.tokens_kept_out.fetch_add(window.kept_out, Ordering::Relaxed);
+        let out = match window.body {
+            Some(b) => {
+                self.metrics.rewritten.fetch_add(1, Ordering::Relaxed);
+                Bytes::from(b)
+            }
+            None => body.clone(),
+        };
+        Prepared {
+            body: out,
+            ticket: Some(Ticket {
+                session,
+                step,
+                dialect,
+                original: body,
+                window_rows: window.rows,
+                boundary,
+            }),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_count(
+        &self,
+        dialect: Dialect,
+        key: &str,
+        parsed: &ParsedBody<'_>,
+        hashes: &[u64],
+        _model: &str,
+        _max_tokens: Option<u64>,
+        body: &Bytes,
+    ) -> Prepared {
+        let cands = self.index.lock().by_key.get(key).cloned().unwrap_or_default();
+        for s in cands {
+            let st = s.state.lock();
+            if st.dialect != dialect || parsed.messages.len() < 2 {
+                continue;
+            }
+            if st.lcp(&parsed.messages, hashes) == parsed.messages.len() {
+                let w = self.render(&st, parsed);
+                if let Some(b) = w.body {
+                    return Prepared { body: Bytes::from(b), ticket: None };
+                }
+            }
+        }
+        Prepared { body: body.clone(), ticket: None }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn find_or_create(
+        &self,
+        dialect: Dialect,
+        key: &str,
+        ident: &Identity,
+        parsed: &ParsedBody<'_>,
+        hashes: &[u64],
+        tools_fp: u64,
+        model: &str,
+    ) -> Arc<Session> {
+        let mut idx = self.index.lock();
+        if !idx.by_key.contains_key(key) {
+            self.restore_key(&mut idx, key);
+        }
+        let cands = idx.by_key.get(key).cloned().unwrap_or_default();
+        let mut best: Option<(usize, Arc<Session>)> = None;
+        for s in &cands {
+            let st = s.state.lock();
+            if st.dialect != dialect {
+                continue;
+            }
+            let p = st.lcp(&parsed.messages, hashes);
+            if p > 0 && best.as_ref().is_none_or(|(bp, _)| p > *bp) {
+                best = Some((p, s.clone()));
+            }
+        }
+        let chosen = best.map(|(_, s)| s).or_else(|| {
+            // No shared prefix: the same tools mean the client rewound or
+            // compacted its own conversation (a branch at 0); other tools mean
+            // a sub-agent (a new, linked session).
+            cands
+                .iter()
+                .find(|s| {
+                    let st = s.state.lock();
+                    st.dialect == dialect && st.tools_fp == tools_fp
+                })
+                .cloned()
+        });
+        let session = match chosen {
+            Some(s) => s,
+            None => {
+                let id = self.new_id(ident.client);
+                let parent = cands.first().map(|p| p.id.clone());
+                let inherited = cands.first().and_then(|p| p.state.lock().override_line);
+                let now = now_ms();
+                let meta = SessionMeta {
+                    id: id.clone(),
+                    client: ident.client.to_string(),
+                    client_session: Some(key.to_string()),
+                    dialect,
+                    model: model.to_string(),
+                    parent,
+                    created_ms: now,
+                    last_ms: now,
+                };
+                let mut st = State::new(meta, dialect, tools_fp);
+                st.override_line = inherited;
+                let s = Arc::new(Session { id: id.clone(), state: Mutex::new(st) });
+                idx.by_key.entry(key.to_string()).or_default().push(s.clone());
+                idx.by_id.insert(id, s.clone());
+                s
+            }
+        };
+        idx.latest = Some(session.id.clone());
+        session
+    }
+
+    /// Render the window for the session's current cut (None = unchanged).
+    fn render(&self, st: &State, parsed: &ParsedBody<'_>) -> Window {
+        let n = parsed.messages.len();
+        let cut_upto = st.tideline.cut_upto();
+        if cut_upto == 0 || st.active.len() != n {
+            return Window { body: None, rows: n, kept_out: 0 };
+        }
+        let infos = st.row_infos();
+        let plan = tideline::plan_window(&infos, cut_upto);
+        if plan.start == 0 || plan.effective_upto_seq == 0 {
+            return Window { body: None, rows: n, kept_out: 0 };
+        }
+        let dir = self.settings.data_dir.join("sessions").join(&st.meta.id);
+        let mut lines = Vec::new();
+        let mut turns: Vec<&(u64, String)> = st
+            .turn_lines
+            .values()
+            .filter(|(seq, _)| *seq <= plan.effective_upto_seq && plan.pinned_prompt.map(|i| st.active[i]) != Some(*seq))
+            .collect();
+        turns.sort();
+        for (seq, line) in turns {
+            lines.push((st.row(*seq).turn, line.as_str()));
+        }
+        let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+        let stub_msg = dialect::stub_message(st.dialect, &stub);
+        let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
+        let mut kept_out = 0u64;
+        let kept: Vec<&str> = (0..plan.start)
+            .filter(|&i| Some(i) != plan.pinned_prompt)
+            .filter_map(|i| {
+                let r = st.row(st.active[i]);
+                if matches!(r.kind, RowKind::System | RowKind::Other) {
+                    Some(parsed.messages[i].get())
+                } else {
+                    kept_out += u64::from(r.tokens);
+                    None
+                }
+            })
+            .collect();
+        if st.dialect == Dialect::Anthropic {
+            parts.push(&stub_msg);
+            parts.extend(kept);
+        } else {
+            parts.extend(kept);
+            parts.push(&stub_msg);
+        }
+        if let Some(i) = plan.pinned_prompt {
+            parts.push(parsed.messages[i].get());
+        }
+        parts.extend(parsed.messages[plan.start..].iter().map(|m| m.get()));
+        let rows = parts.len();
+        Window {
+            body: Some(parsed.render_with(&parts)),
+            rows,
+            kept_out,
+        }
+    }
+
+    /// A "prompt is too long" answer: learn the ceiling, cut every closed
+    /// block, and return the body for the single retry (None = nothing to cut).
+    pub fn too_long(&self, ticket: &Ticket, ceiling: Option<u64>) -> Option<Bytes> {
+        let parsed = ParsedBody::parse(&ticket.original, dialect::conv_key(ticket.dialect)).ok()?;
+        let mut st = ticket.session.state.lock();
+        if let Some(c) = ceiling {
+            st.learned_ceiling = Some(c);
+        }
+        let before = st.tideline.cut_upto();
+        let upto = st.tideline.cut_all_closed(ticket.boundary)?.upto_seq;
+        if upto <= before {
+            return None;
+        }
+        let w = self.render(&st, &parsed);
+        self.metrics.too_long_retries.fetch_add(1, Ordering::Relaxed);
+        self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
+        st.meter.cuts += 1;
+        st.meter.cut_upto = st.tideline.cut_upto();
+        let ev = Event::Cut {
+            session: st.meta.id.clone(),
+            upto_seq: upto,
+            gauge: st.meter.gauge,
+            line: st.meter.line,
+            ts_ms: now_ms(),
+        };
+        drop(st);
+        (self.sink)(vec![ev]);
+        w.body.map(Bytes::from)
+    }
+
+    /// A step ended: record the response rows and the real usage.
+    pub fn complete(&self, ticket: &Ticket, status: u16, ok: bool, collected: &dialect::Collected) {
+        let mut st = ticket.session.state.lock();
+        let mut events = Vec::new();
+        let success = ok && (200..300).contains(&status);
+        if success {
+            if let Some(u) = collected.usage {
+                st.last_usage = Some(u);
+                st.pending_est = 0;
+                st.totals.input += u.input;
+                st.totals.output += u.output;
+                st.totals.cache_read += u.cache_read;
+                st.totals.cache_write += u.cache_write;
+            }
+            let mut rows = Vec::new();
+            let mut pending = Vec::new();
+            for raw in &collected.rows {
+                let parsed = parse_str(st.dialect, raw);
+                pending.push(st.push_row(raw, parsed, true, &mut rows));
+            }
+            st.pending = pending;
+            if !rows.is_empty() {
+                self.metrics.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                events.push(Event::Rows { session: st.meta.id.clone(), rows });
+            }
+        }
+        events.push(Event::Step {
+            session: st.meta.id.clone(),
+            step: ticket.step,
+            model: collected.model.clone().unwrap_or_else(|| st.meta.model.clone()),
+            status,
+            usage: collected.usage.unwrap_or_default(),
+            window_rows: ticket.window_rows as u32,
+            ts_ms: now_ms(),
+        });
+        drop(st);
+        (self.sink)(events);
+    }
+}
+
+impl State {
+    /// Rebuild the live state of a recorded session (parses every row once).
+    fn restore(l: LoadedSession) -> Self {
+        let dialect = l.meta.dialect;
+        let mut st = State::new(l.meta, dialect, 0);
+        st.branch = l.branch;
+        st.step = l.steps;
+        let hidden: std::collections::HashSet<u64> = l.hidden.into_iter().collect();
+        for r in &l.rows {
+            let p = parse_str(dialect, &r.raw);
+            if p.info.kind == RowKind::Prompt {
+                if let Some(line) = &p.info.first_line {
+                    st.turn_lines.insert(r.turn, (r.seq, line.clone()));
+                }
+            }
+            st.turn = st.turn.max(r.turn);
+            st.rows.push(RowMem {
+                raw_hash: dialect::raw_hash(&r.raw),
+                norm_hash: p.norm,
+                kind: r.kind,
+                starts_ok: p.info.starts_ok,
+                tokens: r.tokens,
+                turn: r.turn,
+            });
+            if !hidden.contains(&r.seq) {
+                if r.from_response {
+                    st.pending.push(r.seq);
+                } else {
+                    st.pending.clear();
+                    st.active.push(r.seq);
+                }
+            }
+        }
+        // A restored ledger may miss rows the crash lost: seq numbering must
+        // continue from what is on disk, which `rows.len()` does only if the
+        // rows are gap-free (the store guarantees an in-order prefix).
+        st.last_usage = l.last_usage;
+        st.needs_seed = true;
+        st
+    }
+
+    /// Session facts.
+    pub fn meta(&self) -> &SessionMeta {
+        &self.meta
+    }
+
+    /// The line override, if any.
+    pub fn override_line(&self) -> Option<LineSpec> {
+        self.override_line
+    }
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+    }
+}

@@ -1,0 +1,245 @@
+//! Test harness: a fake upstream, a proxy in-process on loopback port 0 with
+//! its ledger in a temp dir, a plain HTTP client, and a "replay" upstream that
+//! sends fixed bytes with fixed pauses (for byte-equality and timing tests).
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream};
+use oceancode_ledger::store::StoreOptions;
+use oceancode_proxy::runtime::{self, ProxyOptions, Running};
+use oceancode_proxy::server::FrontConfig;
+use oceancode_proxy::sessions::{ModelLimits, Settings};
+use oceancode_proxy::upstream::UpstreamOptions;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// Path of a file under the workspace's `fixtures/`.
+pub fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures").join(rel)
+}
+
+/// Proxy options pointing both upstreams at `upstream`, ledger in `data`.
+pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
+    ProxyOptions {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        front: FrontConfig {
+            anthropic_upstream: upstream.to_string(),
+            openai_upstream: upstream.to_string(),
+            max_body_bytes: 64 << 20,
+            data_dir: data.to_path_buf(),
+        },
+        upstream: UpstreamOptions {
+            connect_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(30),
+        },
+        sessions: Settings {
+            data_dir: data.to_path_buf(),
+            line: LineSpec::Percent(40.0),
+            block: BlockSpec::PercentOfLine(70.0),
+            models: Arc::new(|model: &str, learned: Option<u64>| {
+                let info = oceancode_config::lookup(model);
+                ModelLimits {
+                    context: learned.or(info.map(|i| i.context_window)),
+                    max_output: info.map(|i| i.max_output),
+                }
+            }),
+            tideline_enabled: true,
+        },
+        store: Some(StoreOptions::default()),
+    }
+}
+
+/// A proxy in front of a fake upstream.
+pub struct Harness {
+    /// The fake upstream.
+    pub fake: FakeHandle,
+    /// The proxy.
+    pub proxy: Option<Running>,
+    /// The ledger's data dir.
+    pub data: TempDir,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+/// A complete response.
+#[derive(Debug)]
+pub struct Got {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+impl Got {
+    /// Body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    /// Body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A plain HTTP/1.1 client.
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+impl Harness {
+    /// Fake upstream with `fake`, proxy with default options changed by `tweak`.
+    pub async fn start(fake: FakeConfig, tweak: impl FnOnce(&mut ProxyOptions)) -> Harness {
+        let fake = FakeUpstream::start(fake).await.expect("fake upstream");
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut opts = options(&fake.url(), data.path());
+        tweak(&mut opts);
+        let proxy = runtime::start(opts).await.expect("proxy starts");
+        Harness { fake, proxy: Some(proxy), data, client: client() }
+    }
+
+    /// The proxy.
+    pub fn proxy(&self) -> &Running {
+        self.proxy.as_ref().expect("proxy running")
+    }
+
+    /// `http://127.0.0.1:PORT` of the proxy.
+    pub fn url(&self) -> String {
+        self.proxy().url()
+    }
+
+    /// POST through the proxy and read the whole answer.
+    pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Got {
+        let resp = self.send(&self.url(), http::Method::POST, path, headers, body.into()).await;
+        collect(resp).await
+    }
+
+    /// Send a request to `base` and return the streaming response.
+    pub async fn send(&self, base: &str, method: http::Method, path: &str, headers: &[(&str, &str)], body: Bytes) -> Response<Incoming> {
+        let mut b = Request::builder().method(method).uri(format!("{base}{path}"));
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            b = b.header("content-type", "application/json");
+        }
+        self.client.request(b.body(Full::new(body)).expect("request")).await.expect("proxy answers")
+    }
+
+    /// GET a JSON admin endpoint.
+    pub async fn admin(&self, path: &str) -> serde_json::Value {
+        collect(self.send(&self.url(), http::Method::GET, path, &[], Bytes::new()).await).await.json()
+    }
+
+    /// Wait until every ledger write so far is committed.
+    pub async fn settle(&self) {
+        if let Some(s) = &self.proxy().app.store {
+            s.settle().await.expect("settle");
+        }
+    }
+
+    /// Stop the proxy (drains the ledger).
+    pub async fn stop(&mut self) {
+        if let Some(p) = self.proxy.take() {
+            p.shutdown().await;
+        }
+    }
+}
+
+/// Read a whole response.
+pub async fn collect(resp: Response<Incoming>) -> Got {
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    Got { status, headers, body }
+}
+
+/// An upstream that answers every request with the same status, headers and
+/// body chunks, pausing `pause` before each chunk.
+pub struct Replay {
+    /// Its address.
+    pub addr: SocketAddr,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Replay {
+    /// Start a replay upstream.
+    pub async fn start(status: u16, headers: Vec<(&'static str, String)>, chunks: Vec<(Duration, Bytes)>) -> Replay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let chunks = Arc::new(chunks);
+        let headers = Arc::new(headers);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let chunks = chunks.clone();
+                let headers = headers.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let chunks = chunks.clone();
+                        let headers = headers.clone();
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>(4);
+                            tokio::spawn(async move {
+                                for (pause, c) in chunks.iter() {
+                                    tokio::time::sleep(*pause).await;
+                                    if tx.send(Ok(hyper::body::Frame::data(c.clone()))).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            });
+                            let body = http_body_util::StreamBody::new(tokio_stream_from(rx));
+                            let mut resp = Response::builder().status(status);
+                            for (k, v) in headers.iter() {
+                                resp = resp.header(*k, v.as_str());
+                            }
+                            Ok::<_, std::convert::Infallible>(resp.body(body).expect("response"))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        Replay { addr, _task: task }
+    }
+
+    /// `http://addr`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core_stream::Stream<Item = T> {
+    futures_core_stream::poll_fn_stream(move |cx| rx.poll_recv(cx))
+}
+
+/// A minimal `Stream` over a poll function (keeps the harness free of extra deps).
+pub mod futures_core_stream {
+    pub use futures_util::Stream;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// Stream from a poll function.
+    pub struct PollFn<F>(F);
+
+    impl<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>> + Unpin> Stream for PollFn<F> {
+        type Item = T;
+        fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+            (self.0)(cx)
+        }
+    }
+
+    /// Build a [`PollFn`].
+    pub fn poll_fn_stream<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>> + Unpin>(f: F) -> PollFn<F> {
+        PollFn(f)
+    }
+}

@@ -1,0 +1,246 @@
+//! Foundation: transparent streaming passthrough, usage capture, header
+//! handling and the error paths, over real loopback servers.
+
+use bytes::Bytes;
+use http::Method;
+use oceancode_fakeup::{FakeConfig, Reply, Script};
+use oceancode_tests::{collect, fixture, Harness, Replay};
+use std::time::{Duration, Instant};
+
+const SECRET_KEY: &str = "sk-ant-test-SECRET-9f8e7d";
+const SECRET_BEARER: &str = "Bearer oauth-SECRET-token-1234";
+
+fn anthropic_body(stream: bool, text: &str) -> String {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "stream": stream,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+fn sse_chunks(text: &str, pause: Duration) -> Vec<(Duration, Bytes)> {
+    text.split_inclusive("\n\n")
+        .map(|ev| (pause, Bytes::copy_from_slice(ev.as_bytes())))
+        .collect()
+}
+
+async fn replay_harness(replay: &Replay) -> Harness {
+    let url = replay.url();
+    Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = url.clone();
+        o.front.openai_upstream = url;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_capture_passes_through_byte_for_byte_with_usage() {
+    for (file, path) in [
+        ("sse/anthropic_tool_use.sse", "/v1/messages?beta=true"),
+        ("sse/openai_chat_usage.sse", "/v1/chat/completions"),
+        ("sse/openai_responses.sse", "/v1/responses"),
+    ] {
+        let sse = std::fs::read_to_string(fixture(file)).unwrap();
+        let replay = Replay::start(
+            200,
+            vec![("content-type", "text/event-stream".into())],
+            sse_chunks(&sse, Duration::from_millis(1)),
+        )
+        .await;
+        let h = replay_harness(&replay).await;
+        let body = if path.starts_with("/v1/messages") {
+            anthropic_body(true, "list the files")
+        } else if path == "/v1/responses" {
+            serde_json::json!({"model":"gpt-4o-mini","stream":true,"input":[{"role":"user","content":"hi"}]}).to_string()
+        } else {
+            serde_json::json!({"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}).to_string()
+        };
+        let got = h.post(path, &[("x-oceancode-session", "bytes")], body).await;
+        assert_eq!(got.status, 200, "{file}");
+        assert_eq!(got.text(), sse, "{file}: the client must get the upstream's bytes unchanged");
+        h.settle().await;
+        let s = h.admin("/_oceancode/sessions/latest").await;
+        let totals = &s["totals"];
+        let total = totals["input"].as_u64().unwrap() + totals["cache_read"].as_u64().unwrap() + totals["cache_write"].as_u64().unwrap();
+        assert!(total > 0, "{file}: usage captured: {s}");
+        assert!(totals["output"].as_u64().unwrap() > 0, "{file}: {s}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_chunk_reaches_the_client_before_the_stream_ends() {
+    let sse = std::fs::read_to_string(fixture("sse/anthropic_tool_use.sse")).unwrap();
+    let mut chunks = sse_chunks(&sse, Duration::ZERO);
+    // The last event comes 600 ms after the others.
+    let last = chunks.len() - 1;
+    chunks[last].0 = Duration::from_millis(600);
+    let replay = Replay::start(200, vec![("content-type", "text/event-stream".into())], chunks).await;
+    let h = replay_harness(&replay).await;
+    let t0 = Instant::now();
+    let mut resp = h
+        .send(&h.url(), Method::POST, "/v1/messages", &[], Bytes::from(anthropic_body(true, "hi")))
+        .await;
+    use http_body_util::BodyExt;
+    let first = resp.body_mut().frame().await.unwrap().unwrap();
+    let first_at = t0.elapsed();
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+    let mut rest = Vec::new();
+    while let Some(f) = resp.body_mut().frame().await {
+        if let Ok(d) = f.unwrap().into_data() {
+            rest.push(d);
+        }
+    }
+    let end_at = t0.elapsed();
+    assert!(
+        first_at + Duration::from_millis(400) < end_at,
+        "first frame at {first_at:?}, end at {end_at:?}: frames must not be buffered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_matches_the_upstream_and_auth_is_forwarded_but_never_recorded() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    for stream in [true, false] {
+        let got = h
+            .post(
+                "/v1/messages?beta=true",
+                &[("x-api-key", SECRET_KEY), ("authorization", SECRET_BEARER), ("anthropic-version", "2023-06-01")],
+                anthropic_body(stream, "say hi"),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    let reqs = h.fake.requests();
+    assert_eq!(reqs.len(), 2);
+    for r in &reqs {
+        assert_eq!(r.header("x-api-key"), Some(SECRET_KEY));
+        assert_eq!(r.header("authorization"), Some(SECRET_BEARER));
+        assert_eq!(r.path, "/v1/messages?beta=true");
+    }
+    h.settle().await;
+    let s = h.admin("/_oceancode/sessions/latest").await;
+    let fake_in: u64 = reqs.iter().map(|r| r.usage.as_ref().unwrap().total_input_tokens).sum();
+    let t = &s["totals"];
+    let ours = t["input"].as_u64().unwrap() + t["cache_read"].as_u64().unwrap() + t["cache_write"].as_u64().unwrap();
+    assert_eq!(ours, fake_in, "usage recorded equals what the upstream reported: {s}");
+    // No secret in the database or any ledger file.
+    let mut files = vec![];
+    let mut stack = vec![h.data.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() { stack.push(p) } else { files.push(p) }
+        }
+    }
+    assert!(files.iter().any(|f| f.ends_with("oceancode.db")));
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("SECRET"), "{} holds a secret", f.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_errors_are_relayed_unchanged() {
+    let body = serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
+    let fake = FakeConfig::default().with_script(Script::replies([Reply::error(529, body.clone())]));
+    let h = Harness::start(fake, |_| {}).await;
+    let got = h.post("/v1/messages", &[], anthropic_body(true, "hi")).await;
+    assert_eq!(got.status.as_u16(), 529);
+    assert_eq!(got.json(), body);
+    assert!(got.headers.get("x-oceancode-proxy").is_none(), "relayed, not made by the proxy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparseable_json_is_forwarded_unchanged() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let junk = "{\"model\": \"claude-x\", \"messages\": [ oops";
+    let got = h.post("/v1/messages", &[], junk).await;
+    let reqs = h.fake.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].body, Bytes::from(junk), "forwarded byte for byte");
+    assert_eq!(got.status, 400, "the upstream's own verdict is relayed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_answers_in_each_providers_envelope() {
+    // A port with nothing listening.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = format!("http://{dead}");
+        o.front.openai_upstream = format!("http://{dead}");
+    })
+    .await;
+    let a = h.post("/v1/messages", &[], anthropic_body(false, "hi")).await;
+    assert_eq!(a.status, 502);
+    let v = a.json();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "api_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("could not reach the upstream"), "{v}");
+    let o = h
+        .post("/v1/chat/completions", &[], serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}).to_string())
+        .await;
+    assert_eq!(o.status, 502);
+    assert_eq!(o.json()["error"]["code"], "upstream_unreachable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_get_413_and_slow_upstreams_504() {
+    let h = Harness::start(FakeConfig::default(), |o| o.front.max_body_bytes = 1024).await;
+    let big = anthropic_body(false, &"x".repeat(4096));
+    let got = h.post("/v1/messages", &[], big).await;
+    assert_eq!(got.status, 413);
+    assert_eq!(got.json()["error"]["type"], "request_too_large");
+    assert_eq!(h.fake.request_count(), 0, "nothing forwarded");
+
+    let slow = Replay::start(200, vec![], vec![(Duration::from_millis(50), Bytes::from_static(b"{}"))]).await;
+    let url = slow.url();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.openai_upstream = url;
+        o.upstream.header_timeout = Duration::from_millis(1);
+    })
+    .await;
+    let got = h
+        .post("/v1/chat/completions", &[], serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}).to_string())
+        .await;
+    // The replay sends headers only with its first chunk, after 50 ms.
+    assert_eq!(got.status, 504, "{}", got.text());
+    assert_eq!(got.json()["error"]["code"], "upstream_timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_paths_pass_through_and_hop_by_hop_headers_are_dropped() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let resp = h
+        .send(&h.url(), Method::GET, "/v1/models?limit=5", &[("x-api-key", "k"), ("x-custom", "kept"), ("te", "trailers")], Bytes::new())
+        .await;
+    let got = collect(resp).await;
+    assert_eq!(got.status, 404, "the fake's own answer");
+    let reqs = h.fake.requests();
+    assert_eq!(reqs[0].path, "/v1/models?limit=5");
+    assert_eq!(reqs[0].header("x-custom"), Some("kept"));
+    assert_eq!(reqs[0].header("te"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_responses_stay_compressed_for_the_client_and_usage_is_read() {
+    let h = Harness::start(FakeConfig::default().with_gzip(true), |_| {}).await;
+    let got = h
+        .post("/v1/messages", &[("accept-encoding", "gzip")], anthropic_body(true, "hi there"))
+        .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.headers.get("content-encoding").unwrap(), "gzip");
+    let mut d = flate2::read::GzDecoder::new(&got.body[..]);
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut d, &mut s).unwrap();
+    assert!(s.contains("message_stop"));
+    h.settle().await;
+    let s = h.admin("/_oceancode/sessions/latest").await;
+    assert!(s["totals"]["output"].as_u64().unwrap() > 0, "{s}");
+}
