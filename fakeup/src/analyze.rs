@@ -3,12 +3,13 @@
 //!
 //! Segments are `[tools, system, message...]` (Anthropic), `[tools, message...]` (Chat),
 //! `[instructions, tools, item...]` (Responses). A segment's identity is its canonical
-//! JSON: keys sorted, `cache_control` removed, and for Anthropic/Chat messages (and the
-//! Anthropic system) a string content ≡ one text block, as the real cache sees them.
+//! JSON (see [`crate::ordered`]); for Anthropic/Chat messages and the Anthropic system a
+//! string content ≡ one text block, as the real cache sees them.
 
 use serde_json::{Map, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::ordered::{collect_text, write_canon, Ov};
 use crate::tokens::TokenMemo;
 use crate::validate;
 
@@ -147,44 +148,58 @@ pub(crate) fn analyze(
             .unwrap_or(false),
         ..Analysis::default()
     };
-    let mut push = |kind: Seg, v: &Value| {
+    // Segment identities come from an order-preserving parse of the same body.
+    let parts: Parts = serde_json::from_slice(body).map_err(|e| Reject::BadJson(e.to_string()))?;
+    let mut push = |kind: Seg, v: &Ov| {
         let (h, t) = segment(kind, v, memo);
         a.seg_hashes.push(h);
         a.seg_tokens.push(t);
     };
-    let tools = obj.get("tools");
-    let tools_empty = matches!(tools, Some(Value::Array(t)) if t.is_empty());
-    let tools_seg = tools.filter(|t| !t.is_null() && !tools_empty);
+    let tools_empty = matches!(obj.get("tools"), Some(Value::Array(t)) if t.is_empty());
+    let tools_seg = parts
+        .tools
+        .as_ref()
+        .filter(|t| !matches!(t, Ov::Null) && !tools_empty);
+    let items = |v: &Option<Ov>| -> Vec<Ov> {
+        match v {
+            Some(Ov::Arr(items)) => items.clone(),
+            _ => Vec::new(),
+        }
+    };
     match dialect {
         Dialect::Anthropic => {
             if let Some(t) = tools_seg {
                 push(Seg::Json, t);
             }
-            if let Some(s) = obj.get("system").filter(|s| !s.is_null()) {
+            if let Some(s) = parts.system.as_ref().filter(|s| !matches!(s, Ov::Null)) {
                 push(Seg::System, s);
             }
-            for m in array(obj.get("messages")) {
-                push(Seg::Message, m);
+            for m in items(&parts.messages) {
+                push(Seg::Message, &m);
             }
         }
         Dialect::Chat => {
             if let Some(t) = tools_seg {
                 push(Seg::Json, t);
             }
-            for m in array(obj.get("messages")) {
-                push(Seg::Message, m);
+            for m in items(&parts.messages) {
+                push(Seg::Message, &m);
             }
         }
         Dialect::Responses => {
-            if let Some(i) = obj.get("instructions").filter(|s| !s.is_null()) {
+            if let Some(i) = parts
+                .instructions
+                .as_ref()
+                .filter(|s| !matches!(s, Ov::Null))
+            {
                 push(Seg::Plain, i);
             }
             if let Some(t) = tools_seg {
                 push(Seg::Json, t);
             }
-            match obj.get("input") {
-                Some(Value::Array(items)) => items.iter().for_each(|i| push(Seg::Plain, i)),
-                Some(other @ Value::String(_)) => push(Seg::Plain, other),
+            match &parts.input {
+                Some(Ov::Arr(list)) => list.iter().for_each(|i| push(Seg::Plain, i)),
+                Some(other @ Ov::Str(_)) => push(Seg::Plain, other),
                 _ => {}
             }
         }
@@ -205,17 +220,30 @@ pub(crate) fn array(v: Option<&Value>) -> &[Value] {
     }
 }
 
-fn segment(kind: Seg, v: &Value, memo: &TokenMemo) -> (u64, u64) {
+/// The parts of a body that form segments, parsed order-preserving.
+#[derive(serde::Deserialize)]
+struct Parts {
+    #[serde(default)]
+    tools: Option<Ov>,
+    #[serde(default)]
+    system: Option<Ov>,
+    #[serde(default)]
+    messages: Option<Ov>,
+    #[serde(default)]
+    instructions: Option<Ov>,
+    #[serde(default)]
+    input: Option<Ov>,
+}
+
+fn segment(kind: Seg, v: &Ov, memo: &TokenMemo) -> (u64, u64) {
     let mut buf = Vec::with_capacity(256);
     buf.push(kind as u8);
-    match kind {
-        Seg::Json | Seg::Plain => write_canon(v, &mut buf, true),
-        Seg::Message => write_message(v, &mut buf),
-        Seg::System => match v {
-            Value::String(s) => write_canon(&text_blocks(s), &mut buf, true),
-            other => write_canon(other, &mut buf, true),
-        },
-    }
+    let normalized = match (kind, v) {
+        (Seg::System, Ov::Str(s)) => Some(Ov::text_blocks(s)),
+        (Seg::Message, m) => m.normalized_message(),
+        _ => None,
+    };
+    write_canon(normalized.as_ref().unwrap_or(v), &mut buf, true);
     let h = xxh3_64(&buf);
     let tokens = memo.get_or_count(h, || match kind {
         Seg::Json => String::from_utf8_lossy(&buf[1..]).into_owned(),
@@ -226,118 +254,6 @@ fn segment(kind: Seg, v: &Value, memo: &TokenMemo) -> (u64, u64) {
         }
     });
     (h, tokens + SEG_OVERHEAD)
-}
-
-fn text_blocks(s: &str) -> Value {
-    let mut block = Map::new();
-    block.insert("type".into(), Value::String("text".into()));
-    block.insert("text".into(), Value::String(s.to_string()));
-    Value::Array(vec![Value::Object(block)])
-}
-
-fn write_message(v: &Value, out: &mut Vec<u8>) {
-    if let Value::Object(m) = v {
-        if let Some(Value::String(s)) = m.get("content") {
-            let mut m2 = m.clone();
-            m2.insert("content".into(), text_blocks(s));
-            write_canon(&Value::Object(m2), out, true);
-            return;
-        }
-    }
-    write_canon(v, out, true);
-}
-
-/// Keys whose subtree is user data: `cache_control` inside it is kept.
-fn is_data_key(k: &str) -> bool {
-    matches!(k, "input" | "input_schema" | "parameters" | "arguments")
-}
-
-/// Canonical compact JSON: sorted keys, `cache_control` stripped (outside data).
-pub(crate) fn write_canon(v: &Value, out: &mut Vec<u8>, strip: bool) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m
-                .keys()
-                .filter(|k| !(strip && k.as_str() == "cache_control"))
-                .collect();
-            keys.sort();
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                let _ = serde_json::to_writer(&mut *out, k);
-                out.push(b':');
-                if let Some(child) = m.get(k) {
-                    write_canon(child, out, strip && !is_data_key(k));
-                }
-            }
-            out.push(b'}');
-        }
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, item) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canon(item, out, strip);
-            }
-            out.push(b']');
-        }
-        other => {
-            let _ = serde_json::to_writer(&mut *out, other);
-        }
-    }
-}
-
-/// Keys whose string values are ids/markers, not model-visible text.
-fn skip_text_key(k: &str) -> bool {
-    matches!(
-        k,
-        "cache_control"
-            | "type"
-            | "id"
-            | "tool_use_id"
-            | "call_id"
-            | "tool_call_id"
-            | "signature"
-            | "encrypted_content"
-            | "status"
-    )
-}
-
-/// The model-visible text of a segment: string leaves in key order, tool inputs as JSON.
-fn collect_text(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().filter(|k| !skip_text_key(k)).collect();
-            keys.sort();
-            for k in keys {
-                let Some(child) = m.get(k) else { continue };
-                if k == "input" && (child.is_object() || child.is_array()) {
-                    let mut buf = Vec::new();
-                    write_canon(child, &mut buf, false);
-                    out.push_str(&String::from_utf8_lossy(&buf));
-                    out.push('\n');
-                } else {
-                    collect_text(child, out);
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|i| collect_text(i, out)),
-        Value::String(s) => {
-            out.push_str(s);
-            out.push('\n');
-        }
-        Value::Number(n) => {
-            out.push_str(&n.to_string());
-            out.push('\n');
-        }
-        Value::Bool(b) => {
-            out.push_str(if *b { "true\n" } else { "false\n" });
-        }
-        Value::Null => {}
-    }
 }
 
 fn blocks(m: &Value) -> &[Value] {
@@ -421,7 +337,11 @@ fn schema(dialect: Dialect, obj: &Map<String, Value>) -> Option<Value> {
 
 /// A minimal value satisfying `schema` (required properties, first enum value, ...).
 pub(crate) fn schema_stub(schema: &Value, name: &str) -> Value {
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
         return first.clone();
     }
     if let Some(c) = schema.get("const") {
@@ -490,6 +410,23 @@ mod tests {
         assert_eq!(a.seg_hashes, b.seg_hashes);
         assert_eq!(a.seg_tokens, b.seg_tokens);
         assert_eq!(a.total, a.seg_tokens.iter().sum::<u64>());
+    }
+
+    #[test]
+    fn tool_input_key_order_matters_but_escapes_do_not() {
+        let memo = TokenMemo::new(100);
+        let go = |body: &str| analyze(Dialect::Anthropic, body.as_bytes(), false, &memo).unwrap();
+        let a = go(
+            r#"{"model":"m","messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"B","input":{"b":1,"a":"\u00e9"}}]}]}"#,
+        );
+        let b = go(
+            r#"{"messages":[{"content":[{"input":{"b":1,"a":"é"},"name":"B","id":"t","type":"tool_use"}], "role":"assistant"}],"model":"m"}"#,
+        );
+        let c = go(
+            r#"{"model":"m","messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"B","input":{"a":"é","b":1}}]}]}"#,
+        );
+        assert_eq!(a.seg_hashes, b.seg_hashes);
+        assert_ne!(a.seg_hashes, c.seg_hashes);
     }
 
     #[test]

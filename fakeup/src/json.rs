@@ -125,6 +125,9 @@ mod tests {
     #[test]
     fn keeps_insertion_order() {
         let j = obj! { "type": "x", "a": 1u64, "n": (), "arr": vec![J::from(true)] };
-        assert_eq!(j.to_json_string(), r#"{"type":"x","a":1,"n":null,"arr":[true]}"#);
+        assert_eq!(
+            j.to_json_string(),
+            r#"{"type":"x","a":1,"n":null,"arr":[true]}"#
+        );
     }
 }

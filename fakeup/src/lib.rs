@@ -20,6 +20,7 @@
 
 mod analyze;
 mod json;
+mod ordered;
 mod plan;
 mod render;
 mod script;
@@ -30,7 +31,7 @@ mod validate;
 
 pub use analyze::{Dialect, Endpoint};
 pub use script::{
-    ErrorReply, Reply, Script, ScriptError, ToolCall, ToolLoop, TooLong, UsageOverride,
+    ErrorReply, Reply, Script, ScriptError, TooLong, ToolCall, ToolLoop, UsageOverride,
     DEFAULT_TEXT,
 };
 pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};

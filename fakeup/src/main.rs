@@ -9,7 +9,11 @@ use clap::Parser;
 use oceancode_fakeup::{FakeConfig, FakeUpstream, Script};
 
 #[derive(Parser, Debug)]
-#[command(name = "oceancode-fakeup", version, about = "Fake Anthropic/OpenAI upstream (loopback only)")]
+#[command(
+    name = "oceancode-fakeup",
+    version,
+    about = "Fake Anthropic/OpenAI upstream (loopback only)"
+)]
 struct Args {
     /// Loopback address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]

@@ -148,11 +148,15 @@ fn resolve_loop(tl: &ToolLoop, dialect: Dialect, a: &Analysis) -> (Option<String
     };
     if (done as u64) < u64::from(tl.steps) && !a.tools_empty {
         let step = done as u32 + 1;
-        let spec = tl.by_dialect.get(dialect.key()).cloned().unwrap_or(ToolCall {
-            name: tl.tool.clone(),
-            input: tl.input.clone(),
-            custom: tl.custom,
-        });
+        let spec = tl
+            .by_dialect
+            .get(dialect.key())
+            .cloned()
+            .unwrap_or(ToolCall {
+                name: tl.tool.clone(),
+                input: tl.input.clone(),
+                custom: tl.custom,
+            });
         let call = ToolCall {
             name: spec.name,
             input: substitute(&spec.input, step, tl.steps),
@@ -174,10 +178,40 @@ fn resolve_loop(tl: &ToolLoop, dialect: Dialect, a: &Analysis) -> (Option<String
 }
 
 const FILLER: &[&str] = &[
-    "lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do",
-    "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna", "aliqua", "enim",
-    "ad", "minim", "veniam", "quis", "nostrud", "exercitation", "ullamco", "laboris", "nisi",
-    "aliquip", "ex", "ea", "commodo", "consequat.",
+    "lorem",
+    "ipsum",
+    "dolor",
+    "sit",
+    "amet",
+    "consectetur",
+    "adipiscing",
+    "elit",
+    "sed",
+    "do",
+    "eiusmod",
+    "tempor",
+    "incididunt",
+    "ut",
+    "labore",
+    "et",
+    "dolore",
+    "magna",
+    "aliqua",
+    "enim",
+    "ad",
+    "minim",
+    "veniam",
+    "quis",
+    "nostrud",
+    "exercitation",
+    "ullamco",
+    "laboris",
+    "nisi",
+    "aliquip",
+    "ex",
+    "ea",
+    "commodo",
+    "consequat.",
 ];
 
 /// `base` followed by filler words, exactly `bytes` long (unless `base` is longer).
@@ -332,14 +366,20 @@ mod tests {
 
     #[test]
     fn tool_loop_steps_then_final() {
-        let tl = ToolLoop::new(2, "Bash", json!({"command": "echo {step}/{steps}"}))
-            .for_dialect("responses", "exec_command", json!({"cmd": "echo {step}"}));
+        let tl = ToolLoop::new(2, "Bash", json!({"command": "echo {step}/{steps}"})).for_dialect(
+            "responses",
+            "exec_command",
+            json!({"cmd": "echo {step}"}),
+        );
         let mut a = Analysis::default();
         let (t, c) = resolve_loop(&tl, Dialect::Anthropic, &a);
         assert_eq!(t.as_deref(), Some("Running step 1."));
         assert_eq!(c[0].input, json!({"command": "echo 1/2"}));
         let (_, c) = resolve_loop(&tl, Dialect::Responses, &a);
-        assert_eq!((c[0].name.as_str(), &c[0].input), ("exec_command", &json!({"cmd": "echo 1"})));
+        assert_eq!(
+            (c[0].name.as_str(), &c[0].input),
+            ("exec_command", &json!({"cmd": "echo 1"}))
+        );
         a.tool_results = 2;
         let (t, c) = resolve_loop(&tl, Dialect::Anthropic, &a);
         assert!(c.is_empty());

@@ -369,8 +369,9 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let s = Script::replies([Reply::text("a").chunk_delay(3), Reply::too_long()])
-            .then(Reply::tool_loop(ToolLoop::new(2, "Bash", json!({"command": "ls"}))));
+        let s = Script::replies([Reply::text("a").chunk_delay(3), Reply::too_long()]).then(
+            Reply::tool_loop(ToolLoop::new(2, "Bash", json!({"command": "ls"}))),
+        );
         let text = serde_json::to_string(&s).expect("ser");
         assert_eq!(Script::from_json(&text).expect("de"), s);
     }

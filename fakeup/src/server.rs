@@ -121,6 +121,9 @@ pub struct Recorded {
     /// Usage reported to the client (count_tokens: `input_tokens` = the count);
     /// None for errors.
     pub usage: Option<Usage>,
+    /// Input tokens computed for the request (also set for too-long and scripted
+    /// errors; None when the body was not analyzed).
+    pub input_tokens_total: Option<u64>,
 }
 
 impl Recorded {
@@ -420,6 +423,7 @@ struct Outcome {
     body: OutBody,
     delay_first: Duration,
     usage: Option<Usage>,
+    total: Option<u64>,
     model: Option<String>,
     stream: bool,
 }
@@ -432,6 +436,7 @@ impl Outcome {
             body: OutBody::Full(Bytes::from(body)),
             delay_first: Duration::ZERO,
             usage: None,
+            total: None,
             model: None,
             stream: false,
         }
@@ -508,6 +513,8 @@ fn produce(
                 tokio::time::sleep(delay).await;
             }
             if abort_after == Some(i) {
+                // Let the connection flush what was sent before breaking it.
+                tokio::time::sleep(Duration::from_millis(30)).await;
                 let _ = tx
                     .send(Err(std::io::Error::other("stream aborted by script")))
                     .await;
@@ -606,6 +613,7 @@ async fn handle(
         stream: outcome.stream,
         model: outcome.model.clone(),
         usage: outcome.usage,
+        input_tokens_total: outcome.total,
     });
     shared.arrived.notify_waiters();
     if !outcome.delay_first.is_zero() {
@@ -619,9 +627,15 @@ fn request_id(shared: &Shared) -> String {
 }
 
 fn openai_path(path: &str) -> bool {
-    ["/v1/chat", "/v1/responses", "/v1/models", "/v1/completions", "/v1/embeddings"]
-        .iter()
-        .any(|p| path.starts_with(p))
+    [
+        "/v1/chat",
+        "/v1/responses",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/embeddings",
+    ]
+    .iter()
+    .any(|p| path.starts_with(p))
 }
 
 fn not_found(method: &Method, path: &str) -> Outcome {
@@ -748,12 +762,18 @@ fn scripted_error(e: &crate::script::ErrorReply) -> Outcome {
         v => serde_json::to_vec(v).unwrap_or_default(),
     };
     let mut out = Outcome::json(status, body);
-    let has_ct = e.headers.keys().any(|k| k.eq_ignore_ascii_case("content-type"));
+    let has_ct = e
+        .headers
+        .keys()
+        .any(|k| k.eq_ignore_ascii_case("content-type"));
     if has_ct {
         out.headers.clear();
     }
     for (k, v) in &e.headers {
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
             out.headers.push((k, v));
         }
     }
@@ -769,28 +789,32 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
     let a = match analyze(dialect, body, settings.validate, &shared.memo) {
         Ok(a) => a,
         Err(Reject::BadJson(e)) => {
-            return invalid(shared, dialect, &format!("Invalid JSON in request body: {e}"), None)
+            return invalid(
+                shared,
+                dialect,
+                &format!("Invalid JSON in request body: {e}"),
+                None,
+            )
         }
         Err(Reject::Invalid { message, param }) => {
             return invalid(shared, dialect, &message, param.as_deref())
         }
     };
     if endpoint == Endpoint::CountTokens {
-        let mut out = Outcome::json(
-            StatusCode::OK,
-            obj! { "input_tokens": a.total }.to_vec(),
-        );
+        let mut out = Outcome::json(StatusCode::OK, obj! { "input_tokens": a.total }.to_vec());
         out.usage = Some(Usage {
             input_tokens: a.total,
             total_input_tokens: a.total,
             ..Usage::default()
         });
         out.model = Some(a.model);
+        out.total = Some(a.total);
         return out;
     }
     if let Some(max) = settings.max_context {
         if a.total > max {
             let mut out = too_long(shared, dialect, a.total, max);
+            out.total = Some(a.total);
             out.model = Some(a.model);
             out.stream = a.stream;
             return out;
@@ -802,7 +826,11 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
     };
     let mut out = if let Some(e) = &reply.error {
         scripted_error(e)
-    } else if let Some(tl) = reply.too_long.as_ref().filter(|t| **t != TooLong::Flag(false)) {
+    } else if let Some(tl) = reply
+        .too_long
+        .as_ref()
+        .filter(|t| **t != TooLong::Flag(false))
+    {
         let max = match tl {
             TooLong::Max(m) => *m,
             TooLong::Flag(_) => settings.max_context.unwrap_or(default_max(dialect)),
@@ -812,12 +840,18 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
         respond(shared, dialect, &reply, &a)
     };
     out.delay_first = Duration::from_millis(reply.delay_first_ms);
+    out.total = Some(a.total);
     out.model = Some(a.model);
     out.stream = a.stream;
     out
 }
 
-fn respond(shared: &Shared, dialect: Dialect, reply: &Reply, a: &crate::analyze::Analysis) -> Outcome {
+fn respond(
+    shared: &Shared,
+    dialect: Dialect,
+    reply: &Reply,
+    a: &crate::analyze::Analysis,
+) -> Outcome {
     let input = shared.cache.input_usage(dialect, a, true);
     let plan = plan::build(dialect, reply, a, input, &shared.memo, &shared.ids);
     let ctx = Ctx {
@@ -856,6 +890,7 @@ fn respond(shared: &Shared, dialect: Dialect, reply: &Reply, a: &crate::analyze:
             },
             delay_first: Duration::ZERO,
             usage: None,
+            total: None,
             model: None,
             stream: true,
         }

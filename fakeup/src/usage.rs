@@ -131,13 +131,21 @@ mod tests {
         let first = an("m", &[(1, 100), (2, 50), (3, 7)]);
         let u1 = c.input_usage(Dialect::Anthropic, &first, true);
         assert_eq!(
-            (u1.input_tokens, u1.cache_creation_input_tokens, u1.cache_read_input_tokens),
+            (
+                u1.input_tokens,
+                u1.cache_creation_input_tokens,
+                u1.cache_read_input_tokens
+            ),
             (7, 150, 0)
         );
         let second = an("m", &[(1, 100), (2, 50), (3, 7), (4, 20), (5, 9)]);
         let u2 = c.input_usage(Dialect::Anthropic, &second, true);
         assert_eq!(
-            (u2.input_tokens, u2.cache_creation_input_tokens, u2.cache_read_input_tokens),
+            (
+                u2.input_tokens,
+                u2.cache_creation_input_tokens,
+                u2.cache_read_input_tokens
+            ),
             (9, 20, 157)
         );
         // Same request again: everything but the last segment is read.

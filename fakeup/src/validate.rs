@@ -210,7 +210,12 @@ pub(crate) fn responses(obj: &Map<String, Value>) -> Result<(), Invalid> {
         Some(Value::String(_)) => return Ok(()),
         Some(Value::Array(a)) => a,
         Some(_) => return Err(("Invalid type for 'input'.".into(), Some("input".into()))),
-        None => return Err(("Missing required parameter: 'input'.".into(), Some("input".into()))),
+        None => {
+            return Err((
+                "Missing required parameter: 'input'.".into(),
+                Some("input".into()),
+            ))
+        }
     };
     let param = || Some("input".to_string());
     let mut calls: Vec<(usize, &str)> = Vec::new();
@@ -237,7 +242,10 @@ pub(crate) fn responses(obj: &Map<String, Value>) -> Result<(), Invalid> {
         .map_or(0, |p| p + 1);
     for (i, c) in calls {
         if i < trailing && !answered.contains(c) {
-            return Err((format!("No tool output found for function call {c}."), param()));
+            return Err((
+                format!("No tool output found for function call {c}."),
+                param(),
+            ));
         }
     }
     Ok(())
@@ -262,11 +270,17 @@ mod tests {
             {"role":"assistant","content":[{"type":"tool_use","id":"b","name":"X","input":{}}]}]});
         assert!(anthropic(&obj(ok)).is_ok());
         let orphan = json!({"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"z","content":"r"}]}]});
-        assert!(anthropic(&obj(orphan)).unwrap_err().0.contains("unexpected `tool_use_id`"));
+        assert!(anthropic(&obj(orphan))
+            .unwrap_err()
+            .0
+            .contains("unexpected `tool_use_id`"));
         let unanswered = json!({"messages":[{"role":"user","content":"go"},
             {"role":"assistant","content":[{"type":"tool_use","id":"a","name":"X","input":{}}]},
             {"role":"user","content":"no result"}]});
-        assert!(anthropic(&obj(unanswered)).unwrap_err().0.contains("without `tool_result`"));
+        assert!(anthropic(&obj(unanswered))
+            .unwrap_err()
+            .0
+            .contains("without `tool_result`"));
         let first = json!({"messages":[{"role":"assistant","content":"hi"}]});
         assert!(anthropic(&obj(first)).is_err());
         assert!(anthropic(&obj(json!({"messages":[]}))).is_err());

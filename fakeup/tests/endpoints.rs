@@ -3,9 +3,7 @@
 mod common;
 
 use common::*;
-use oceancode_fakeup::{
-    Endpoint, FakeConfig, FakeUpstream, Reply, Script, ToolCall, DEFAULT_TEXT,
-};
+use oceancode_fakeup::{Endpoint, FakeConfig, FakeUpstream, Reply, Script, ToolCall, DEFAULT_TEXT};
 use serde_json::{json, Value};
 
 async fn fake(script: Script) -> oceancode_fakeup::FakeHandle {
@@ -30,10 +28,16 @@ async fn anthropic_stream_default_text() {
     let f = fake(Script::default()).await;
     let r = post(&f.url(), "/v1/messages?beta=true", &anthropic_req(true)).await;
     assert_eq!(r.status, 200);
-    assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
     let names = r.event_names();
     assert_eq!(names[..3], ["message_start", "ping", "content_block_start"]);
-    assert_eq!(names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(
+        names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
     let ev = r.events();
     // event name and data type agree everywhere
     for (n, d) in &ev {
@@ -45,7 +49,12 @@ async fn anthropic_stream_default_text() {
         .map(|(_, d)| d["delta"]["text"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(text, DEFAULT_TEXT);
-    assert!(ev.iter().filter(|(_, d)| d["delta"]["type"] == "text_delta").count() >= 2);
+    assert!(
+        ev.iter()
+            .filter(|(_, d)| d["delta"]["type"] == "text_delta")
+            .count()
+            >= 2
+    );
     let start = &ev[0].1["message"];
     assert_eq!(start["model"], "claude-opus-5-5");
     assert!(start["id"].as_str().unwrap().starts_with("msg_"));
@@ -59,7 +68,10 @@ async fn anthropic_stream_default_text() {
     assert!(rec[0].stream);
     let u = rec[0].usage.expect("usage");
     assert_eq!(delta["usage"]["input_tokens"], u.input_tokens);
-    assert_eq!(delta["usage"]["cache_creation_input_tokens"], u.cache_creation_input_tokens);
+    assert_eq!(
+        delta["usage"]["cache_creation_input_tokens"],
+        u.cache_creation_input_tokens
+    );
     assert_eq!(delta["usage"]["cache_read_input_tokens"], 0);
     assert_eq!(delta["usage"]["output_tokens"], u.output_tokens);
     assert_eq!(
@@ -74,7 +86,10 @@ async fn anthropic_stream_default_text() {
 async fn anthropic_thinking_text_and_tool_use() {
     let reply = Reply::text("I'll list the files.")
         .with_thinking("The user wants a listing, so I should run ls in the directory.")
-        .with_tool_call("Bash", json!({"command": "ls -la", "description": "List files"}));
+        .with_tool_call(
+            "Bash",
+            json!({"command": "ls -la", "description": "List files"}),
+        );
     let f = fake(Script::replies([reply.clone(), reply])).await;
     let r = post(&f.url(), "/v1/messages", &anthropic_req(true)).await;
     let ev = r.events();
@@ -95,7 +110,10 @@ async fn anthropic_thinking_text_and_tool_use() {
     assert_eq!(sig.len(), 1);
     assert!(!sig[0]["delta"]["signature"].as_str().unwrap().is_empty());
     // signature_delta comes right before the thinking block stops
-    let sig_pos = ev.iter().position(|(_, d)| d["delta"]["type"] == "signature_delta").unwrap();
+    let sig_pos = ev
+        .iter()
+        .position(|(_, d)| d["delta"]["type"] == "signature_delta")
+        .unwrap();
     assert_eq!(ev[sig_pos + 1].0.as_deref(), Some("content_block_stop"));
     let parts = of("input_json_delta");
     assert!(parts.len() >= 3, "several partial_json chunks");
@@ -105,12 +123,18 @@ async fn anthropic_thinking_text_and_tool_use() {
         .map(|p| p["delta"]["partial_json"].as_str().unwrap())
         .collect();
     let input: Value = serde_json::from_str(&joined).unwrap();
-    assert_eq!(input, json!({"command": "ls -la", "description": "List files"}));
+    assert_eq!(
+        input,
+        json!({"command": "ls -la", "description": "List files"})
+    );
     let tool_start = ev
         .iter()
         .find(|(_, d)| d["content_block"]["type"] == "tool_use")
         .unwrap();
-    assert!(tool_start.1["content_block"]["id"].as_str().unwrap().starts_with("toolu_"));
+    assert!(tool_start.1["content_block"]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("toolu_"));
     assert_eq!(tool_start.1["content_block"]["input"], json!({}));
     let md = &ev[ev.len() - 2].1;
     assert_eq!(md["delta"]["stop_reason"], "tool_use");
@@ -123,7 +147,12 @@ async fn anthropic_thinking_text_and_tool_use() {
     let j = r.json();
     assert_eq!(j["type"], "message");
     assert_eq!(j["stop_reason"], "tool_use");
-    let types: Vec<&str> = j["content"].as_array().unwrap().iter().map(|b| b["type"].as_str().unwrap()).collect();
+    let types: Vec<&str> = j["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, ["thinking", "text", "tool_use"]);
     assert!(j["content"][0]["signature"].as_str().unwrap().len() > 10);
     assert_eq!(j["content"][2]["input"]["command"], "ls -la");
@@ -175,7 +204,9 @@ async fn chat_stream_with_and_without_usage() {
     assert!(ev.iter().all(|(n, _)| n.is_none()));
     assert_eq!(ev.last().unwrap().1, json!("[DONE]"));
     let chunks: Vec<&Value> = ev[..ev.len() - 1].iter().map(|(_, d)| d).collect();
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let usage_chunk = chunks.last().unwrap();
     assert_eq!(usage_chunk["choices"], json!([]));
@@ -187,7 +218,9 @@ async fn chat_stream_with_and_without_usage() {
     assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0);
     let finish = chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
-    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["usage"].is_null() && c.get("usage").is_some()));
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["usage"].is_null() && c.get("usage").is_some()));
     let text: String = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -197,7 +230,9 @@ async fn chat_stream_with_and_without_usage() {
     let r = post(&f.url(), "/v1/chat/completions", &chat_req(true, false)).await;
     let ev = r.events();
     assert_eq!(ev.last().unwrap().1, json!("[DONE]"));
-    assert!(ev[..ev.len() - 1].iter().all(|(_, d)| d.get("usage").is_none()));
+    assert!(ev[..ev.len() - 1]
+        .iter()
+        .all(|(_, d)| d.get("usage").is_none()));
     assert_eq!(ev[ev.len() - 2].1["choices"][0]["finish_reason"], "stop");
 
     let r = post(&f.url(), "/v1/chat/completions", &chat_req(false, false)).await;
@@ -226,7 +261,11 @@ async fn chat_tool_calls() {
     let mut args = [String::new(), String::new()];
     let mut ids = vec![];
     for c in &chunks {
-        for tc in c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for tc in c["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let i = tc["index"].as_u64().unwrap() as usize;
             if let Some(id) = tc["id"].as_str() {
                 ids.push(id.to_string());
@@ -238,11 +277,22 @@ async fn chat_tool_calls() {
     }
     assert_eq!(ids.len(), 2);
     assert!(ids.iter().all(|i| i.starts_with("call_")));
-    assert_eq!(serde_json::from_str::<Value>(&args[0]).unwrap()["city"], "Paris");
-    assert_eq!(serde_json::from_str::<Value>(&args[1]).unwrap()["tz"], "Europe/Paris");
-    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        serde_json::from_str::<Value>(&args[0]).unwrap()["city"],
+        "Paris"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&args[1]).unwrap()["tz"],
+        "Europe/Paris"
+    );
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
 
-    let j = post(&f.url(), "/v1/chat/completions", &chat_req(false, false)).await.json();
+    let j = post(&f.url(), "/v1/chat/completions", &chat_req(false, false))
+        .await
+        .json();
     let calls = j["choices"][0]["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["function"]["name"], "get_weather");
@@ -294,7 +344,11 @@ async fn responses_stream_text_reasoning_and_function_call() {
     assert_eq!(names[..expect.len()], expect);
     assert_eq!(
         names[names.len() - 3..],
-        ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+        [
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
     );
     let fc_added = &ev[14].1["item"];
     assert_eq!(fc_added["type"], "function_call");
@@ -305,7 +359,10 @@ async fn responses_stream_text_reasoning_and_function_call() {
         .filter(|(n, _)| n.as_deref() == Some("response.function_call_arguments.delta"))
         .map(|(_, d)| d["delta"].as_str().unwrap())
         .collect();
-    assert_eq!(serde_json::from_str::<Value>(&deltas).unwrap(), json!({"cmd": "ls -la"}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&deltas).unwrap(),
+        json!({"cmd": "ls -la"})
+    );
     let done = &ev.last().unwrap().1["response"];
     assert_eq!(done["status"], "completed");
     assert_eq!(done["output"].as_array().unwrap().len(), 3);
@@ -314,14 +371,27 @@ async fn responses_stream_text_reasoning_and_function_call() {
     assert_eq!(u["input_tokens"], rec.total_input_tokens);
     assert_eq!(u["input_tokens_details"]["cached_tokens"], 0);
     assert_eq!(u["output_tokens"], rec.output_tokens);
-    assert_eq!(u["output_tokens_details"]["reasoning_tokens"], rec.reasoning_tokens);
-    assert_eq!(u["total_tokens"], rec.total_input_tokens + rec.output_tokens);
+    assert_eq!(
+        u["output_tokens_details"]["reasoning_tokens"],
+        rec.reasoning_tokens
+    );
+    assert_eq!(
+        u["total_tokens"],
+        rec.total_input_tokens + rec.output_tokens
+    );
 
-    let j = post(&f.url(), "/v1/responses", &responses_req(false)).await.json();
+    let j = post(&f.url(), "/v1/responses", &responses_req(false))
+        .await
+        .json();
     assert_eq!(j["object"], "response");
     assert_eq!(j["status"], "completed");
     assert_eq!(j["output"][2]["type"], "function_call");
-    assert!(j["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
+    assert!(
+        j["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     // Default text, string input.
     let r = post(
@@ -331,7 +401,10 @@ async fn responses_stream_text_reasoning_and_function_call() {
     )
     .await;
     let done = r.events().last().unwrap().1.clone();
-    assert_eq!(done["response"]["output"][0]["content"][0]["text"], DEFAULT_TEXT);
+    assert_eq!(
+        done["response"]["output"][0]["content"][0]["text"],
+        DEFAULT_TEXT
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,7 +442,10 @@ async fn structured_output_gets_schema_stub_without_consuming() {
         .iter()
         .filter_map(|(_, d)| d["delta"]["text"].as_str().map(String::from))
         .collect();
-    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), json!({"title": "Fake title"}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"title": "Fake title"})
+    );
     assert_eq!(f.replies_left(), 1);
 }
 
@@ -377,24 +453,62 @@ async fn structured_output_gets_schema_stub_without_consuming() {
 async fn unknown_paths_are_404() {
     let f = fake(Script::default()).await;
     let c = client();
-    let r = send_with(&c, http::Method::GET, &format!("{}/api/hello", f.url()), &[], vec![]).await;
+    let r = send_with(
+        &c,
+        http::Method::GET,
+        &format!("{}/api/hello", f.url()),
+        &[],
+        vec![],
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert_eq!(
         r.json(),
         json!({"type": "error", "error": {"type": "not_found_error", "message": "Not found: GET /api/hello"}})
     );
-    let r = send_with(&c, http::Method::HEAD, &format!("{}/api/hello", f.url()), &[], vec![]).await;
+    let r = send_with(
+        &c,
+        http::Method::HEAD,
+        &format!("{}/api/hello", f.url()),
+        &[],
+        vec![],
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert!(r.body().is_empty());
-    let r = send_with(&c, http::Method::GET, &format!("{}/v1/models", f.url()), &[], vec![]).await;
+    let r = send_with(
+        &c,
+        http::Method::GET,
+        &format!("{}/v1/models", f.url()),
+        &[],
+        vec![],
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
-    let r = send_with(&c, http::Method::GET, &format!("{}/v1/messages", f.url()), &[], vec![]).await;
+    let r = send_with(
+        &c,
+        http::Method::GET,
+        &format!("{}/v1/messages", f.url()),
+        &[],
+        vec![],
+    )
+    .await;
     assert_eq!(r.status, 404);
     assert_eq!(f.requests().len(), 4);
-    assert!(f.requests().iter().all(|r| r.endpoint == Endpoint::Other && r.usage.is_none()));
+    assert!(f
+        .requests()
+        .iter()
+        .all(|r| r.endpoint == Endpoint::Other && r.usage.is_none()));
     // Bad JSON on a model endpoint: 400 in the provider's envelope.
-    let r = send_with(&c, http::Method::POST, &format!("{}/v1/messages", f.url()), &[], b"{nope".to_vec()).await;
+    let r = send_with(
+        &c,
+        http::Method::POST,
+        &format!("{}/v1/messages", f.url()),
+        &[],
+        b"{nope".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
 }

@@ -6,5 +6,5 @@ pub mod model;
 pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 pub mod paths;
 pub mod store;
-pub mod transcript;
 pub mod tideline;
+pub mod transcript;

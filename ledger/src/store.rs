@@ -581,6 +581,21 @@ impl Store {
         })
     }
 
+    /// Ids of the sessions recorded for a client key (`cc:…`, `codex:…`,
+    /// `name:…`, `fp:…`), oldest first (the root session first). Reads
+    /// committed state (does not settle).
+    pub fn sessions_for_client(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id FROM sessions WHERE client_session = ?1 ORDER BY created_ms, rowid",
+            )?;
+            let ids = stmt
+                .query_map([key], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ids)
+        })
+    }
+
     /// The most recently active session, if any. Reads committed state
     /// (does not settle).
     pub fn latest_session(&self) -> Result<Option<String>, StoreError> {

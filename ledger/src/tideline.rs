@@ -63,10 +63,15 @@ pub fn effective_line(
     max_output: Option<u64>,
     request_max_tokens: Option<u64>,
 ) -> LineCalc {
-    let ceiling = context.map(|c| c.saturating_sub(output_allowance(max_output, request_max_tokens)));
+    let ceiling =
+        context.map(|c| c.saturating_sub(output_allowance(max_output, request_max_tokens)));
     let wanted = match (spec, context) {
         (LineSpec::Percent(p), Some(c)) => {
-            let p = if p.is_finite() && p > 0.0 { p.min(100.0) } else { 40.0 };
+            let p = if p.is_finite() && p > 0.0 {
+                p.min(100.0)
+            } else {
+                40.0
+            };
             (c as f64 * p / 100.0).floor() as u64
         }
         (LineSpec::Percent(_), None) => UNKNOWN_CONTEXT_LINE,
@@ -91,7 +96,11 @@ pub fn block_tokens(spec: BlockSpec, line: u64) -> u64 {
     let raw = match spec {
         BlockSpec::Tokens(n) => n,
         BlockSpec::PercentOfLine(p) => {
-            let p = if p.is_finite() && p > 0.0 { p.min(100.0) } else { 70.0 };
+            let p = if p.is_finite() && p > 0.0 {
+                p.min(100.0)
+            } else {
+                70.0
+            };
             (line as f64 * p / 100.0).floor() as u64
         }
     };
@@ -250,7 +259,7 @@ impl Tideline {
                 self.open.opened_at = 0;
             }
         } else if let Some(carry) = self.reanchor.take() {
-            let _ = carry;
+            self.open.opened_at = settled.saturating_sub(carry);
         }
         self.open.opened_at = self.open.opened_at.min(settled);
         self.step(obs.gauge, added, boundary, params, force_reanchor)
@@ -313,7 +322,8 @@ impl Tideline {
     /// `boundary_seq`. Call after [`Tideline::observe`] of the same request, with
     /// its boundary. `None` when there is nothing to cut.
     pub fn cut_now(&mut self, boundary_seq: u64) -> Option<CutInfo> {
-        if !self.closed.first().is_some_and(|b| b.last_seq <= boundary_seq) {
+        let cuttable = matches!(self.closed.first(), Some(b) if b.last_seq <= boundary_seq);
+        if !cuttable {
             self.close_open(boundary_seq);
         }
         let gauge_before = self.gauge;
@@ -502,7 +512,10 @@ pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
 /// cut to at most [`STUB_TURN_LINE_CHARS`] characters in all (ending in `…`).
 /// Lines are joined by `\n`, no trailing newline.
 pub fn stub_text<S: AsRef<str>>(upto_seq: u64, dir: &str, cut_turns: &[(u32, S)]) -> String {
-    let dir = dir.strip_suffix('/').filter(|d| !d.is_empty()).unwrap_or(dir);
+    let dir = dir
+        .strip_suffix('/')
+        .filter(|d| !d.is_empty())
+        .unwrap_or(dir);
     let mut out = format!(
         "[Earlier content of this session is past the tideline: every row up to seq {upto_seq} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
     );
@@ -539,7 +552,6 @@ fn turn_line(turn: u32, text: &str) -> String {
     line
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,7 +576,10 @@ mod tests {
     #[test]
     fn percent_line_and_clamp() {
         let l = effective_line(LineSpec::Percent(40.0), Some(200_000), None, Some(32_000));
-        assert_eq!((l.line, l.clamped, l.context), (80_000, false, Some(200_000)));
+        assert_eq!(
+            (l.line, l.clamped, l.context),
+            (80_000, false, Some(200_000))
+        );
         // 100% of 200k with max_tokens 64k: room for at most 32k of output.
         let l = effective_line(LineSpec::Percent(100.0), Some(200_000), None, Some(64_000));
         assert_eq!((l.line, l.clamped), (168_000, true));
@@ -583,12 +598,20 @@ mod tests {
     fn tokens_zero_is_the_ceiling() {
         let l = effective_line(LineSpec::Tokens(0), Some(200_000), Some(64_000), None);
         assert_eq!((l.line, l.clamped), (168_000, false));
-        let l = effective_line(LineSpec::Tokens(0), Some(200_000), Some(64_000), Some(4_000));
+        let l = effective_line(
+            LineSpec::Tokens(0),
+            Some(200_000),
+            Some(64_000),
+            Some(4_000),
+        );
         assert_eq!((l.line, l.clamped), (196_000, false));
         let l = effective_line(LineSpec::Tokens(0), Some(1_000_000), None, None);
         assert_eq!(l.line, 968_000);
         let l = effective_line(LineSpec::Tokens(0), None, Some(64_000), Some(1_000));
-        assert_eq!((l.line, l.clamped, l.context), (UNKNOWN_CEILING_LINE, false, None));
+        assert_eq!(
+            (l.line, l.clamped, l.context),
+            (UNKNOWN_CEILING_LINE, false, None)
+        );
     }
 
     #[test]
@@ -610,7 +633,10 @@ mod tests {
         assert_eq!(block_tokens(BlockSpec::PercentOfLine(35.0), 80_000), 28_000);
         assert_eq!(block_tokens(BlockSpec::Tokens(20_000), 500_000), 20_000);
         assert_eq!(block_tokens(BlockSpec::Tokens(0), 500_000), MIN_BLOCK);
-        assert_eq!(block_tokens(BlockSpec::PercentOfLine(0.01), 80_000), MIN_BLOCK);
+        assert_eq!(
+            block_tokens(BlockSpec::PercentOfLine(0.01), 80_000),
+            MIN_BLOCK
+        );
         assert_eq!(block_tokens(BlockSpec::Tokens(1_000_000), 100_000), 100_000);
         assert_eq!(Params::new(80_000, BlockSpec::default()).block, 56_000);
     }
@@ -644,7 +670,10 @@ mod tests {
 
     /// line 50, block 30: cut, overshoot, and the open block is never cut.
     fn scenario() -> (Tideline, Params) {
-        let p = Params { line: 50, block: 30 };
+        let p = Params {
+            line: 50,
+            block: 30,
+        };
         let mut t = Tideline::new();
         assert!(t.observe(obs(10, 10, 0, 1), p).cut.is_none());
         assert!(t.observe(obs(45, 5, 2, 3), p).cut.is_none());
@@ -680,7 +709,10 @@ mod tests {
 
     #[test]
     fn several_blocks_leave_while_over_the_line() {
-        let p = Params { line: 100, block: 20 };
+        let p = Params {
+            line: 100,
+            block: 20,
+        };
         let mut t = Tideline::new();
         t.observe(obs(0, 0, 0, 1), p);
         let mut g = 0;
@@ -702,7 +734,10 @@ mod tests {
 
     #[test]
     fn history_without_seed_can_be_cut() {
-        let p = Params { line: 100, block: 50 };
+        let p = Params {
+            line: 100,
+            block: 50,
+        };
         let mut t = Tideline::new();
         let d = t.observe(obs(400, 10, 40, 41), p);
         assert_eq!(d.cut.map(|c| c.upto_seq), Some(40));
@@ -710,7 +745,10 @@ mod tests {
 
     #[test]
     fn seeding_builds_blocks_at_row_boundaries() {
-        let p = Params { line: 80, block: 25 };
+        let p = Params {
+            line: 80,
+            block: 25,
+        };
         let rows: Vec<(u64, u64)> = (1..=6).map(|s| (s, 10)).chain([(7, 5)]).collect();
         let mut t = Tideline::new();
         // gauge 100 = 35 of system prompt and tools + 65 of rows.
@@ -870,7 +908,11 @@ mod tests {
     fn plan_window_ignores_rows_not_on_the_line() {
         use RowKind::*;
         // After a branch the active line jumps from seq 2 to 50; cut_upto 40.
-        let rows = vec![ri(1, Prompt, true), ri(2, Assistant, true), ri(50, Prompt, true)];
+        let rows = vec![
+            ri(1, Prompt, true),
+            ri(2, Assistant, true),
+            ri(50, Prompt, true),
+        ];
         assert_eq!(plan_window(&rows, 40), plan(2, 2, None));
         let rows = vec![ri(50, Prompt, true), ri(51, Assistant, true)];
         assert_eq!(plan_window(&rows, 40), plan(0, 0, None));

@@ -13,11 +13,23 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn bad(msg: &str) -> Response<ProxyBody> {
-    error_response(StatusCode::BAD_REQUEST, Envelope::Anthropic, "invalid_request_error", "invalid_request", msg)
+    error_response(
+        StatusCode::BAD_REQUEST,
+        Envelope::Anthropic,
+        "invalid_request_error",
+        "invalid_request",
+        msg,
+    )
 }
 
 fn not_found(msg: &str) -> Response<ProxyBody> {
-    error_response(StatusCode::NOT_FOUND, Envelope::Anthropic, "not_found_error", "not_found", msg)
+    error_response(
+        StatusCode::NOT_FOUND,
+        Envelope::Anthropic,
+        "not_found_error",
+        "not_found",
+        msg,
+    )
 }
 
 fn session_json(s: &crate::sessions::Session) -> serde_json::Value {
@@ -43,15 +55,30 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
     let query = req.uri().query().unwrap_or("").to_string();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/metrics") => metrics(&app),
-        (Method::GET, "/_oceancode/health") => json_response(StatusCode::OK, json!({"ok": true, "uptime_s": app.started.elapsed().as_secs()}).to_string()),
+        (Method::GET, "/_oceancode/health") => json_response(
+            StatusCode::OK,
+            json!({"ok": true, "uptime_s": app.started.elapsed().as_secs()}).to_string(),
+        ),
         (Method::GET, "/_oceancode/sessions") => {
-            let mut list: Vec<serde_json::Value> = app.sessions.sessions().iter().map(|s| session_json(s)).collect();
+            let mut list: Vec<serde_json::Value> = app
+                .sessions
+                .sessions()
+                .iter()
+                .map(|s| session_json(s))
+                .collect();
             list.sort_by_key(|v| std::cmp::Reverse(v["last_ms"].as_i64().unwrap_or(0)));
-            json_response(StatusCode::OK, json!({"sessions": list, "data_dir": app.cfg.data_dir}).to_string())
+            json_response(
+                StatusCode::OK,
+                json!({"sessions": list, "data_dir": app.cfg.data_dir}).to_string(),
+            )
         }
         (Method::GET, p) if p.starts_with("/_oceancode/sessions/") => {
             let id = &p["/_oceancode/sessions/".len()..];
-            let s = if id == "latest" { app.sessions.latest() } else { app.sessions.get(id) };
+            let s = if id == "latest" {
+                app.sessions.latest()
+            } else {
+                app.sessions.get(id)
+            };
             match s {
                 Some(s) => json_response(StatusCode::OK, session_json(&s).to_string()),
                 None => not_found(&format!("no live session {id:?}")),
@@ -60,13 +87,22 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
         (Method::POST, "/_oceancode/settle") => {
             if let Some(store) = &app.store {
                 if let Err(e) = store.settle().await {
-                    return error_response(StatusCode::SERVICE_UNAVAILABLE, Envelope::Anthropic, "api_error", "ledger_unavailable", &format!("ledger settle failed: {e}"));
+                    return error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Envelope::Anthropic,
+                        "api_error",
+                        "ledger_unavailable",
+                        &format!("ledger settle failed: {e}"),
+                    );
                 }
             }
             json_response(StatusCode::OK, json!({"settled": true}).to_string())
         }
         (Method::GET, "/_oceancode/tideline") => {
-            let session = query.split('&').find_map(|kv| kv.strip_prefix("session=")).map(str::to_string);
+            let session = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("session="))
+                .map(str::to_string);
             tideline(&app, session, vec![])
         }
         (Method::POST, "/_oceancode/tideline") => {
@@ -76,10 +112,21 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             };
             let v: serde_json::Value = match serde_json::from_slice(&body) {
                 Ok(v) => v,
-                Err(e) => return bad(&format!("body must be JSON {{\"session\":..,\"value\":..}}: {e}")),
+                Err(e) => {
+                    return bad(&format!(
+                        "body must be JSON {{\"session\":..,\"value\":..}}: {e}"
+                    ))
+                }
             };
-            let session = v.get("session").and_then(|s| s.as_str()).map(str::to_string);
-            let args: Vec<String> = v.get("value").and_then(|s| s.as_str()).map(|s| vec![s.to_string()]).unwrap_or_default();
+            let session = v
+                .get("session")
+                .and_then(|s| s.as_str())
+                .map(str::to_string);
+            let args: Vec<String> = v
+                .get("value")
+                .and_then(|s| s.as_str())
+                .map(|s| vec![s.to_string()])
+                .unwrap_or_default();
             tideline(&app, session, args)
         }
         _ => not_found(&format!("no admin endpoint {path}")),
@@ -97,9 +144,18 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
     };
     let result = match &action {
         TidelineAction::Show => Ok(None),
-        TidelineAction::Set(l) => app.sessions.set_override(session.as_deref(), Some(*l)).map(|_| None),
-        TidelineAction::Default => app.sessions.set_override(session.as_deref(), None).map(|_| None),
-        TidelineAction::Now => match session.clone().or_else(|| app.sessions.latest().map(|s| s.id.clone())) {
+        TidelineAction::Set(l) => app
+            .sessions
+            .set_override(session.as_deref(), Some(*l))
+            .map(|_| None),
+        TidelineAction::Default => app
+            .sessions
+            .set_override(session.as_deref(), None)
+            .map(|_| None),
+        TidelineAction::Now => match session
+            .clone()
+            .or_else(|| app.sessions.latest().map(|s| s.id.clone()))
+        {
             Some(id) => app.sessions.cut_now(&id).map(Some),
             None => Err("no session to cut".to_string()),
         },
@@ -135,28 +191,79 @@ fn metrics(app: &App) -> Response<ProxyBody> {
     let s = &app.sessions.metrics;
     let mut out = String::new();
     let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
     };
-    counter("oceancode_requests_total", "Requests on provider routes.", m.requests.load(Ordering::Relaxed));
-    counter("oceancode_passthrough_total", "Requests passed through untouched.", m.passthrough.load(Ordering::Relaxed));
-    counter("oceancode_proxy_errors_total", "Errors answered by the proxy itself.", m.proxy_errors.load(Ordering::Relaxed));
-    counter("oceancode_upstream_errors_total", "Upstream answers with status >= 400.", m.upstream_errors.load(Ordering::Relaxed));
-    counter("oceancode_cancelled_total", "Responses the client stopped reading.", m.cancelled.load(Ordering::Relaxed));
-    counter("oceancode_cuts_total", "Tideline cuts.", s.cuts.load(Ordering::Relaxed));
-    counter("oceancode_tokens_kept_out_total", "Estimated tokens kept out of upstream windows (summed per request).", s.tokens_kept_out.load(Ordering::Relaxed));
-    counter("oceancode_rewritten_total", "Requests whose conversation was windowed.", s.rewritten.load(Ordering::Relaxed));
-    counter("oceancode_too_long_retries_total", "Retries after a too-long error.", s.too_long_retries.load(Ordering::Relaxed));
-    counter("oceancode_branches_total", "Branches recorded.", s.branches.load(Ordering::Relaxed));
+    counter(
+        "oceancode_requests_total",
+        "Requests on provider routes.",
+        m.requests.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_passthrough_total",
+        "Requests passed through untouched.",
+        m.passthrough.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_proxy_errors_total",
+        "Errors answered by the proxy itself.",
+        m.proxy_errors.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_upstream_errors_total",
+        "Upstream answers with status >= 400.",
+        m.upstream_errors.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_cancelled_total",
+        "Responses the client stopped reading.",
+        m.cancelled.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_cuts_total",
+        "Tideline cuts.",
+        s.cuts.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_tokens_kept_out_total",
+        "Estimated tokens kept out of upstream windows (summed per request).",
+        s.tokens_kept_out.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_rewritten_total",
+        "Requests whose conversation was windowed.",
+        s.rewritten.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_too_long_retries_total",
+        "Retries after a too-long error.",
+        s.too_long_retries.load(Ordering::Relaxed),
+    );
+    counter(
+        "oceancode_branches_total",
+        "Branches recorded.",
+        s.branches.load(Ordering::Relaxed),
+    );
     let ir = m.input_tokens.load(Ordering::Relaxed);
     let cr = m.cache_read_tokens.load(Ordering::Relaxed);
     let cw = m.cache_write_tokens.load(Ordering::Relaxed);
     let _ = writeln!(out, "# HELP oceancode_tokens_total Tokens reported by upstreams.\n# TYPE oceancode_tokens_total counter");
     let _ = writeln!(out, "oceancode_tokens_total{{kind=\"input\"}} {ir}");
-    let _ = writeln!(out, "oceancode_tokens_total{{kind=\"output\"}} {}", m.output_tokens.load(Ordering::Relaxed));
+    let _ = writeln!(
+        out,
+        "oceancode_tokens_total{{kind=\"output\"}} {}",
+        m.output_tokens.load(Ordering::Relaxed)
+    );
     let _ = writeln!(out, "oceancode_tokens_total{{kind=\"cache_read\"}} {cr}");
     let _ = writeln!(out, "oceancode_tokens_total{{kind=\"cache_write\"}} {cw}");
     let total_in = ir + cr + cw;
-    let ratio = if total_in == 0 { 0.0 } else { cr as f64 / total_in as f64 };
+    let ratio = if total_in == 0 {
+        0.0
+    } else {
+        cr as f64 / total_in as f64
+    };
     let _ = writeln!(out, "# HELP oceancode_cache_read_ratio Cache reads over all input tokens.\n# TYPE oceancode_cache_read_ratio gauge\noceancode_cache_read_ratio {ratio:.4}");
     let lag = app.store.as_ref().map(|s| s.writer_lag_ms()).unwrap_or(0);
     let _ = writeln!(out, "# HELP oceancode_writer_lag_ms Age of the oldest queued ledger write.\n# TYPE oceancode_writer_lag_ms gauge\noceancode_writer_lag_ms {lag}");
@@ -167,4 +274,3 @@ fn metrics(app: &App) -> Response<ProxyBody> {
     }
     r
 }
-

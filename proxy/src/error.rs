@@ -47,7 +47,9 @@ pub enum ProxyError {
         secs: u64,
     },
     /// The request body is larger than `limits.max_body_bytes`.
-    #[error("request body exceeds oceancode-proxy's limit of {limit} bytes (limits.max_body_bytes)")]
+    #[error(
+        "request body exceeds oceancode-proxy's limit of {limit} bytes (limits.max_body_bytes)"
+    )]
     BodyTooLarge {
         /// Configured limit.
         limit: u64,
@@ -130,7 +132,9 @@ pub fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
 
 /// A complete body from bytes.
 pub fn full(b: impl Into<Bytes>) -> ProxyBody {
-    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 #[cfg(test)]

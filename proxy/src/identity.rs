@@ -29,16 +29,21 @@ pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
 }
 
 /// Split `/s/<name>/rest` into (`name`, `/rest`). Names are 1–128 chars of
-/// `[A-Za-z0-9._-]`.
+/// `[A-Za-z0-9._-]` starting with a letter or digit.
 pub fn strip_session_prefix(path: &str) -> (Option<String>, &str) {
     if let Some(rest) = path.strip_prefix("/s/") {
         let (name, tail) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
-        if !name.is_empty()
+        if name
+            .as_bytes()
+            .first()
+            .is_some_and(u8::is_ascii_alphanumeric)
             && name.len() <= 128
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
         {
             return (Some(name.to_string()), tail);
         }
@@ -57,17 +62,27 @@ pub struct Identity {
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|s| !s.is_empty())
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
 }
 
 /// Read the identity: path prefix, `x-oceancode-session`, Claude Code's
 /// `X-Claude-Code-Session-Id` / `metadata.user_id.session_id`, Codex
 /// `session-id`; otherwise the caller fingerprints the conversation.
-pub fn identify(prefix: Option<&str>, headers: &HeaderMap, body: Option<&ParsedBody<'_>>) -> Identity {
+pub fn identify(
+    prefix: Option<&str>,
+    headers: &HeaderMap,
+    body: Option<&ParsedBody<'_>>,
+) -> Identity {
     let ua = header(headers, "user-agent").unwrap_or("");
-    let client = if ua.starts_with("claude-cli") || headers.contains_key("x-claude-code-session-id") {
+    let client = if ua.starts_with("claude-cli") || headers.contains_key("x-claude-code-session-id")
+    {
         "claude-code"
-    } else if ua.starts_with("codex") || header(headers, "originator").is_some_and(|o| o.starts_with("codex")) {
+    } else if ua.starts_with("codex")
+        || header(headers, "originator").is_some_and(|o| o.starts_with("codex"))
+    {
         "codex"
     } else if ua.starts_with("OpenAI/") {
         "openai-sdk"
@@ -87,7 +102,10 @@ pub fn identify(prefix: Option<&str>, headers: &HeaderMap, body: Option<&ParsedB
     } else {
         header(headers, "session-id").map(|s| format!("codex:{s}"))
     };
-    Identity { client_key: key, client }
+    Identity {
+        client_key: key,
+        client,
+    }
 }
 
 /// Claude Code's `metadata.user_id` is a JSON string carrying `session_id`.
@@ -122,11 +140,23 @@ mod tests {
 
     #[test]
     fn routes_and_prefixes() {
-        assert_eq!(route("/v1/messages"), Some((Dialect::Anthropic, ReqKind::Main)));
-        assert_eq!(route("/v1/messages/count_tokens"), Some((Dialect::Anthropic, ReqKind::CountTokens)));
-        assert_eq!(route("/v1/responses"), Some((Dialect::OpenaiResponses, ReqKind::Main)));
+        assert_eq!(
+            route("/v1/messages"),
+            Some((Dialect::Anthropic, ReqKind::Main))
+        );
+        assert_eq!(
+            route("/v1/messages/count_tokens"),
+            Some((Dialect::Anthropic, ReqKind::CountTokens))
+        );
+        assert_eq!(
+            route("/v1/responses"),
+            Some((Dialect::OpenaiResponses, ReqKind::Main))
+        );
         assert_eq!(route("/v1/models"), None);
-        assert_eq!(strip_session_prefix("/s/my-run.1/v1/messages"), (Some("my-run.1".into()), "/v1/messages"));
+        assert_eq!(
+            strip_session_prefix("/s/my-run.1/v1/messages"),
+            (Some("my-run.1".into()), "/v1/messages")
+        );
         assert_eq!(strip_session_prefix("/s/../v1"), (None, "/s/../v1"));
         assert_eq!(strip_session_prefix("/v1/messages"), (None, "/v1/messages"));
     }
@@ -136,15 +166,27 @@ mod tests {
         let body = br#"{"metadata":{"user_id":"{\"device_id\":\"d\",\"session_id\":\"abc\"}"},"messages":[]}"#;
         let p = ParsedBody::parse(body, "messages").unwrap();
         let mut h = HeaderMap::new();
-        h.insert("user-agent", HeaderValue::from_static("claude-cli/2.1.332 (external, sdk-cli)"));
+        h.insert(
+            "user-agent",
+            HeaderValue::from_static("claude-cli/2.1.332 (external, sdk-cli)"),
+        );
         let id = identify(None, &h, Some(&p));
         assert_eq!(id.client_key.as_deref(), Some("cc:abc"));
         assert_eq!(id.client, "claude-code");
         h.insert("x-claude-code-session-id", HeaderValue::from_static("hdr"));
-        assert_eq!(identify(None, &h, Some(&p)).client_key.as_deref(), Some("cc:hdr"));
+        assert_eq!(
+            identify(None, &h, Some(&p)).client_key.as_deref(),
+            Some("cc:hdr")
+        );
         h.insert("x-oceancode-session", HeaderValue::from_static("mine"));
-        assert_eq!(identify(None, &h, Some(&p)).client_key.as_deref(), Some("name:mine"));
-        assert_eq!(identify(Some("pfx"), &h, Some(&p)).client_key.as_deref(), Some("name:pfx"));
+        assert_eq!(
+            identify(None, &h, Some(&p)).client_key.as_deref(),
+            Some("name:mine")
+        );
+        assert_eq!(
+            identify(Some("pfx"), &h, Some(&p)).client_key.as_deref(),
+            Some("name:pfx")
+        );
         let mut h = HeaderMap::new();
         h.insert("session-id", HeaderValue::from_static("0199"));
         h.insert("originator", HeaderValue::from_static("codex_exec"));
@@ -157,8 +199,14 @@ mod tests {
     #[test]
     fn title_requests_are_side_requests() {
         let t = br#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"output_config":{"format":{"type":"json_schema"}}}"#;
-        assert!(is_side_request(Dialect::Anthropic, &ParsedBody::parse(t, "messages").unwrap()));
+        assert!(is_side_request(
+            Dialect::Anthropic,
+            &ParsedBody::parse(t, "messages").unwrap()
+        ));
         let m = br#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"name":"Bash"}],"output_config":{"effort":"medium"}}"#;
-        assert!(!is_side_request(Dialect::Anthropic, &ParsedBody::parse(m, "messages").unwrap()));
+        assert!(!is_side_request(
+            Dialect::Anthropic,
+            &ParsedBody::parse(m, "messages").unwrap()
+        ));
     }
 }

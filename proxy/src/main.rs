@@ -117,13 +117,23 @@ fn parse_line(s: &str) -> Result<Option<LineSpec>> {
     }
     match s.parse::<config::Amount>() {
         Ok(config::Amount::Percent(p)) => Ok(Some(LineSpec::Percent(p))),
-        Ok(config::Amount::Tokens(t)) if t == 0 || t >= config::MIN_FIXED_LINE => Ok(Some(LineSpec::Tokens(t))),
-        Ok(config::Amount::Tokens(_)) => bail!("the smallest fixed tideline is 20k\n{}", config::TIDELINE_USAGE),
+        Ok(config::Amount::Tokens(t)) if t == 0 || t >= config::MIN_FIXED_LINE => {
+            Ok(Some(LineSpec::Tokens(t)))
+        }
+        Ok(config::Amount::Tokens(_)) => bail!(
+            "the smallest fixed tideline is 20k\n{}",
+            config::TIDELINE_USAGE
+        ),
         Err(e) => bail!("{e}\n{}", config::TIDELINE_USAGE),
     }
 }
 
-fn load(cli: &Cli, listen: Option<SocketAddr>, up: &UpstreamFlags, tideline: Option<LineSpec>) -> Result<config::Loaded> {
+fn load(
+    cli: &Cli,
+    listen: Option<SocketAddr>,
+    up: &UpstreamFlags,
+    tideline: Option<LineSpec>,
+) -> Result<config::Loaded> {
     let overrides = Overrides {
         listen,
         data_dir: cli.data_dir.clone(),
@@ -209,7 +219,10 @@ fn real_main(cli: Cli) -> Result<i32> {
                 words.insert(0, "--session".into());
             }
             let parsed = config::tideline_args(&words).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let url = a.proxy.clone().unwrap_or_else(|| format!("http://{}", loaded.config.listen));
+            let url = a
+                .proxy
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", loaded.config.listen));
             runtime_block(tideline(url, parsed.session, a.value.first().cloned()))
         }
     }
@@ -227,13 +240,14 @@ fn runtime_block<F: std::future::Future<Output = Result<i32>>>(f: F) -> Result<i
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -249,7 +263,11 @@ async fn serve(opts: ProxyOptions) -> Result<i32> {
     let data_dir = opts.front.data_dir.clone();
     let running = runtime::start(opts).await?;
     tracing::info!(addr = %running.addr, data_dir = %data_dir.display(), "oceancode-proxy listening");
-    eprintln!("oceancode-proxy listening on http://{} (ledger: {})", running.addr, data_dir.display());
+    eprintln!(
+        "oceancode-proxy listening on http://{} (ledger: {})",
+        running.addr,
+        data_dir.display()
+    );
     shutdown_signal().await;
     tracing::info!("shutting down: draining requests and the ledger writer");
     running.shutdown().await;
@@ -277,13 +295,25 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
             _ = tokio::signal::ctrl_c() => continue,
         }
     };
-    let sessions: Vec<String> = running.app.sessions.sessions().iter().map(|s| s.id.clone()).collect();
+    let sessions: Vec<String> = running
+        .app
+        .sessions
+        .sessions()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
     running.shutdown().await;
     if sessions.is_empty() {
-        eprintln!("oceancode-proxy: no session was recorded (ledger: {})", data_dir.display());
+        eprintln!(
+            "oceancode-proxy: no session was recorded (ledger: {})",
+            data_dir.display()
+        );
     }
     for id in sessions {
-        eprintln!("oceancode-proxy: ledger {}", data_dir.join("sessions").join(&id).display());
+        eprintln!(
+            "oceancode-proxy: ledger {}",
+            data_dir.join("sessions").join(&id).display()
+        );
     }
     Ok(exit_code(status))
 }
@@ -301,9 +331,13 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 
 fn open_store(dir: &Path) -> Result<Store> {
     if !dir.join("oceancode.db").exists() {
-        bail!("no ledger in {} yet (run `oceancode-proxy serve` first)", dir.display());
+        bail!(
+            "no ledger in {} yet (run `oceancode-proxy serve` first)",
+            dir.display()
+        );
     }
-    Store::open(dir, StoreOptions::default()).with_context(|| format!("cannot open the ledger in {}", dir.display()))
+    Store::open(dir, StoreOptions::default())
+        .with_context(|| format!("cannot open the ledger in {}", dir.display()))
 }
 
 fn ledger(dir: &Path, cmd: &LedgerCmd) -> Result<i32> {
@@ -312,13 +346,18 @@ fn ledger(dir: &Path, cmd: &LedgerCmd) -> Result<i32> {
         LedgerCmd::Path { session } => {
             let id = match session {
                 Some(s) => s.clone(),
-                None => store.latest_session()?.context("the ledger has no session yet")?,
+                None => store
+                    .latest_session()?
+                    .context("the ledger has no session yet")?,
             };
             println!("{}", store.session_dir(&id).display());
         }
         LedgerCmd::List => {
             let list = store.list_sessions()?;
-            println!("{:<34} {:<13} {:<26} {:>6} {:>7}  last activity", "id", "client", "model", "turns", "rows");
+            println!(
+                "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
+                "id", "client", "model", "turns", "rows"
+            );
             for s in list {
                 println!(
                     "{:<34} {:<13} {:<26} {:>6} {:>7}  {}",
@@ -352,7 +391,10 @@ async fn tideline(url: String, session: Option<String>, value: Option<String>) -
     let bytes = resp.into_body().collect().await?.to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     if !status.is_success() {
-        let msg = v.pointer("/error/message").and_then(|m| m.as_str()).unwrap_or("error");
+        let msg = v
+            .pointer("/error/message")
+            .and_then(|m| m.as_str())
+            .unwrap_or("error");
         eprintln!("{msg}");
         return Ok(2);
     }

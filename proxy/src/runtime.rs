@@ -92,20 +92,29 @@ impl Running {
 pub async fn start(opts: ProxyOptions) -> Result<Running, StartError> {
     let listener = TcpListener::bind(opts.listen)
         .await
-        .map_err(|source| StartError::Bind { addr: opts.listen, source })?;
+        .map_err(|source| StartError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
     start_on(listener, opts).await
 }
 
 /// Start a proxy on an already bound listener.
 pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Running, StartError> {
-    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: opts.listen, source })?;
-    let store = match &opts.store {
-        Some(so) => Some(Store::open(&opts.front.data_dir, so.clone()).map_err(|source| StartError::Store {
-            dir: opts.front.data_dir.display().to_string(),
-            source,
-        })?),
-        None => None,
-    };
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: opts.listen,
+        source,
+    })?;
+    let store =
+        match &opts.store {
+            Some(so) => Some(Store::open(&opts.front.data_dir, *so).map_err(|source| {
+                StartError::Store {
+                    dir: opts.front.data_dir.display().to_string(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
     let sink: EventSink = match &store {
         Some(s) => {
             let s = s.clone();
@@ -123,7 +132,20 @@ pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Runni
     let app = Arc::new(App {
         cfg: opts.front.clone(),
         upstream: Upstream::new(opts.upstream)?,
-        sessions: Arc::new(SessionManager::new(opts.sessions.clone(), sink)),
+        sessions: Arc::new(match &store {
+            Some(st) => {
+                let st = st.clone();
+                SessionManager::new(opts.sessions.clone(), sink).with_restorer(Arc::new(
+                    move |key: &str| {
+                        let ids = st.sessions_for_client(key).unwrap_or_default();
+                        ids.iter()
+                            .filter_map(|id| st.load_session(id).ok().flatten())
+                            .collect()
+                    },
+                ))
+            }
+            None => SessionManager::new(opts.sessions.clone(), sink),
+        }),
         store,
         metrics: Arc::new(Metrics::default()),
         started: Instant::now(),
@@ -131,7 +153,20 @@ pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Runni
     let (tx, rx) = oneshot::channel::<()>();
     let a = app.clone();
     let task = tokio::spawn(async move {
-        server::serve(listener, a, async { let _ = rx.await; }, Duration::from_secs(30)).await;
+        server::serve(
+            listener,
+            a,
+            async {
+                let _ = rx.await;
+            },
+            Duration::from_secs(30),
+        )
+        .await;
     });
-    Ok(Running { addr, app, stop: Some(tx), task: Some(task) })
+    Ok(Running {
+        addr,
+        app,
+        stop: Some(tx),
+        task: Some(task),
+    })
 }

@@ -116,13 +116,20 @@ pub async fn serve(
         }
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown grace period ended with requests still open");
     }
 }
 
 /// Handle one request (never fails: errors become provider-shaped answers).
-pub async fn handle(app: Arc<App>, _peer: SocketAddr, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+pub async fn handle(
+    app: Arc<App>,
+    _peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let path = req.uri().path().to_string();
     if path.starts_with("/_oceancode/") || path == "/metrics" {
         return Ok(admin::handle(app, req).await);
@@ -166,16 +173,31 @@ fn upstream_for(app: &App, d: Dialect) -> String {
 /// Paths outside the provider routes: Anthropic when the request carries
 /// Anthropic's headers (or comes from Claude Code), OpenAI otherwise.
 fn guess_dialect(h: &http::HeaderMap) -> Dialect {
-    let ua = h.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if h.contains_key("anthropic-version") || h.contains_key("x-api-key") || ua.starts_with("claude-cli") || ua.starts_with("Anthropic/") {
+    let ua = h
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if h.contains_key("anthropic-version")
+        || h.contains_key("x-api-key")
+        || ua.starts_with("claude-cli")
+        || ua.starts_with("Anthropic/")
+    {
         Dialect::Anthropic
     } else {
         Dialect::OpenaiChat
     }
 }
 
-fn upstream_request(parts: &http::request::Parts, uri: http::Uri, body: UpBody, len: Option<usize>) -> Request<UpBody> {
-    let mut headers = upstream::end_to_end(&parts.headers, &[&upstream::OWN_HEADERS[..], &["host", "content-length"]].concat());
+fn upstream_request(
+    parts: &http::request::Parts,
+    uri: http::Uri,
+    body: UpBody,
+    len: Option<usize>,
+) -> Request<UpBody> {
+    let mut headers = upstream::end_to_end(
+        &parts.headers,
+        &[&upstream::OWN_HEADERS[..], &["host", "content-length"]].concat(),
+    );
     if let Some(n) = len {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     } else if let Some(cl) = parts.headers.get(header::CONTENT_LENGTH) {
@@ -196,7 +218,12 @@ fn relay_head(resp: &Response<Incoming>) -> http::response::Builder {
     b
 }
 
-async fn passthrough(app: &App, uri: http::Uri, base: String, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn passthrough(
+    app: &App,
+    uri: http::Uri,
+    base: String,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     app.metrics.passthrough.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let up = upstream_request(&parts, uri, body.boxed(), None);
@@ -214,7 +241,9 @@ async fn read_body(app: &App, body: Incoming, declared: Option<u64>) -> Result<B
     match Limited::new(body, limit as usize).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 Err(ProxyError::BodyTooLarge { limit })
             } else {
                 Err(ProxyError::BadRequestBody(e.to_string()))
@@ -308,7 +337,11 @@ pub fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
                 return None;
             }
             // "prompt is too long: N tokens > M maximum"
-            let m = msg.split('>').nth(1).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok());
+            let m = msg
+                .split('>')
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+                .and_then(|s| s.parse().ok());
             Some(m)
         }
         Dialect::OpenaiChat | Dialect::OpenaiResponses => {
@@ -340,21 +373,33 @@ async fn too_long_path(
     let encoded = resp.headers().contains_key(header::CONTENT_ENCODING);
     let bytes = match Limited::new(resp.into_body(), 1 << 20).collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) => return Err(ProxyError::Unreachable { upstream: base, reason: format!("error body could not be read: {e}") }),
+        Err(e) => {
+            return Err(ProxyError::Unreachable {
+                upstream: base,
+                reason: format!("error body could not be read: {e}"),
+            })
+        }
     };
     let relay = |bytes: Bytes| -> Result<Response<ProxyBody>, ProxyError> {
-        head.body(full(bytes)).map_err(|e| ProxyError::BadTarget(e.to_string()))
+        head.body(full(bytes))
+            .map_err(|e| ProxyError::BadTarget(e.to_string()))
     };
-    let ceiling = if encoded { None } else { too_long_ceiling(ticket.dialect, &bytes) };
+    let ceiling = if encoded {
+        None
+    } else {
+        too_long_ceiling(ticket.dialect, &bytes)
+    };
     let Some(ceiling) = ceiling else {
-        app.sessions.complete(&ticket, status, true, &Collected::default());
+        app.sessions
+            .complete(&ticket, status, true, &Collected::default());
         return relay(bytes);
     };
     let sessions = app.sessions.clone();
     let retry = tokio::task::block_in_place(|| sessions.too_long(&ticket, ceiling));
     let Some(new_body) = retry else {
         tracing::info!(session = %ticket.session.id, "too long, and nothing left to cut: relaying the error");
-        app.sessions.complete(&ticket, status, true, &Collected::default());
+        app.sessions
+            .complete(&ticket, status, true, &Collected::default());
         return relay(bytes);
     };
     tracing::info!(session = %ticket.session.id, ?ceiling, "too long: cut every closed block, retrying once");
@@ -364,10 +409,19 @@ async fn too_long_path(
     Ok(tap_response(app, ticket.dialect, Some(ticket), resp))
 }
 
-fn tap_response(app: &Arc<App>, dialect: Dialect, ticket: Option<Ticket>, resp: Response<Incoming>) -> Response<ProxyBody> {
+fn tap_response(
+    app: &Arc<App>,
+    dialect: Dialect,
+    ticket: Option<Ticket>,
+    resp: Response<Incoming>,
+) -> Response<ProxyBody> {
     let head = relay_head(&resp);
     let status = resp.status().as_u16();
-    let framing = Framing::from_content_type(resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()));
+    let framing = Framing::from_content_type(
+        resp.headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
     let encoding = resp
         .headers()
         .get(header::CONTENT_ENCODING)
@@ -379,8 +433,12 @@ fn tap_response(app: &Arc<App>, dialect: Dialect, ticket: Option<Ticket>, resp: 
         if let Some(u) = o.collected.usage {
             metrics.input_tokens.fetch_add(u.input, Ordering::Relaxed);
             metrics.output_tokens.fetch_add(u.output, Ordering::Relaxed);
-            metrics.cache_read_tokens.fetch_add(u.cache_read, Ordering::Relaxed);
-            metrics.cache_write_tokens.fetch_add(u.cache_write, Ordering::Relaxed);
+            metrics
+                .cache_read_tokens
+                .fetch_add(u.cache_read, Ordering::Relaxed);
+            metrics
+                .cache_write_tokens
+                .fetch_add(u.cache_write, Ordering::Relaxed);
         }
         if o.end == TapEnd::Cancelled {
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -390,7 +448,13 @@ fn tap_response(app: &Arc<App>, dialect: Dialect, ticket: Option<Ticket>, resp: 
             sessions.complete(&t, status, ok, &o.collected);
         }
     });
-    let body = TapBody::new(resp.into_body(), framing, encoding.as_deref(), dialect::collector(dialect), on_finish);
+    let body = TapBody::new(
+        resp.into_body(),
+        framing,
+        encoding.as_deref(),
+        dialect::collector(dialect),
+        on_finish,
+    );
     match head.body(body.boxed_unsync()) {
         Ok(r) => r,
         Err(e) => ProxyError::BadTarget(e.to_string()).into_response(Envelope::from(dialect)),
@@ -406,7 +470,10 @@ mod tests {
         let a = br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
         assert_eq!(too_long_ceiling(Dialect::Anthropic, a), Some(Some(200_000)));
         let o = br#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
-        assert_eq!(too_long_ceiling(Dialect::OpenaiChat, o), Some(Some(128_000)));
+        assert_eq!(
+            too_long_ceiling(Dialect::OpenaiChat, o),
+            Some(Some(128_000))
+        );
         let other = br#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: field required"}}"#;
         assert_eq!(too_long_ceiling(Dialect::Anthropic, other), None);
     }

@@ -11,8 +11,8 @@ use crate::dialect::{self, ParsedBody};
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
 use oceancode_config::{BlockSpec, LineSpec};
-use oceancode_ledger::tideline::{self, Observation, Params, RowInfo, Tideline};
 use oceancode_ledger::store::LoadedSession;
+use oceancode_ledger::tideline::{self, Observation, Params, RowInfo, Tideline};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
@@ -297,7 +297,13 @@ impl State {
         self.rows.len() as u64 + 1
     }
 
-    fn push_row(&mut self, raw: &str, p: Parsed, from_response: bool, events: &mut Vec<Row>) -> u64 {
+    fn push_row(
+        &mut self,
+        raw: &str,
+        p: Parsed,
+        from_response: bool,
+        events: &mut Vec<Row>,
+    ) -> u64 {
         let seq = self.next_seq();
         if p.info.kind == RowKind::Prompt {
             self.turn += 1;
@@ -368,7 +374,9 @@ impl State {
                 let Some(m) = msgs.get(p) else { break };
                 let parsed = parse_msg(self.dialect, m);
                 let idx = (seq - 1) as usize;
-                if parsed.info.kind != RowKind::Assistant || self.rows[idx].kind != RowKind::Assistant {
+                if parsed.info.kind != RowKind::Assistant
+                    || self.rows[idx].kind != RowKind::Assistant
+                {
                     break;
                 }
                 if self.rows[idx].raw_hash != hashes[p] {
@@ -453,8 +461,14 @@ impl SessionManager {
                 continue;
             }
             let st = State::restore(loaded);
-            let s = Arc::new(Session { id: st.meta.id.clone(), state: Mutex::new(st) });
-            idx.by_key.entry(key.to_string()).or_default().push(s.clone());
+            let s = Arc::new(Session {
+                id: st.meta.id.clone(),
+                state: Mutex::new(st),
+            });
+            idx.by_key
+                .entry(key.to_string())
+                .or_default()
+                .push(s.clone());
             idx.by_id.insert(s.id.clone(), s);
         }
     }
@@ -477,12 +491,18 @@ impl SessionManager {
     /// The most recently used session.
     pub fn latest(&self) -> Option<Arc<Session>> {
         let idx = self.index.lock();
-        idx.latest.as_ref().and_then(|id| idx.by_id.get(id).cloned())
+        idx.latest
+            .as_ref()
+            .and_then(|id| idx.by_id.get(id).cloned())
     }
 
     /// Set (or clear) the line for one session, or for all when `session` is None.
     /// Sub-agent sessions follow their parent's override.
-    pub fn set_override(&self, session: Option<&str>, line: Option<LineSpec>) -> Result<(), String> {
+    pub fn set_override(
+        &self,
+        session: Option<&str>,
+        line: Option<LineSpec>,
+    ) -> Result<(), String> {
         match session {
             None => {
                 *self.global_override.lock() = line;
@@ -509,7 +529,10 @@ impl SessionManager {
         let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
         let mut st = s.state.lock();
         let boundary = st.active.last().copied().unwrap_or(0);
-        let cut = st.tideline.cut_now(boundary).ok_or_else(|| "nothing to cut yet".to_string())?;
+        let cut = st
+            .tideline
+            .cut_now(boundary)
+            .ok_or_else(|| "nothing to cut yet".to_string())?;
         Ok(cut.upto_seq)
     }
 
@@ -526,7 +549,8 @@ impl SessionManager {
             "anthropic-sdk" => "ant",
             _ => "s",
         };
-        let salt = xxhash_rust::xxh3::xxh3_64(format!("{ms}-{n}-{}", std::process::id()).as_bytes());
+        let salt =
+            xxhash_rust::xxh3::xxh3_64(format!("{ms}-{n}-{}", std::process::id()).as_bytes());
         format!(
             "{y:04}{mo:02}{d:02}-{:02}{:02}{:02}-{tag}-{:06x}",
             rem / 3600,
@@ -536,7 +560,12 @@ impl SessionManager {
         )
     }
 
-    fn params(&self, st: &State, model: &str, max_tokens: Option<u64>) -> (Params, tideline::LineCalc) {
+    fn params(
+        &self,
+        st: &State,
+        model: &str,
+        max_tokens: Option<u64>,
+    ) -> (Params, tideline::LineCalc) {
         let limits = (self.settings.models)(model, st.learned_ceiling);
         let spec = st
             .override_line
@@ -544,7 +573,13 @@ impl SessionManager {
             .unwrap_or(self.settings.line);
         let calc = tideline::effective_line(spec, limits.context, limits.max_output, max_tokens);
         let block = tideline::block_tokens(self.settings.block, calc.line);
-        (Params { line: calc.line, block }, calc)
+        (
+            Params {
+                line: calc.line,
+                block,
+            },
+            calc,
+        )
     }
 
     /// Prepare a request: record it, run the tideline, render the window.
@@ -568,17 +603,31 @@ impl SessionManager {
         if parsed.messages.is_empty() {
             return Prepared { body, ticket: None };
         }
-        let hashes: Vec<u64> = parsed.messages.iter().map(|m| dialect::raw_hash(m.get())).collect();
+        let hashes: Vec<u64> = parsed
+            .messages
+            .iter()
+            .map(|m| dialect::raw_hash(m.get()))
+            .collect();
         let model = parsed.model().unwrap_or_default();
         let max_tokens: Option<u64> = parsed
             .get_as("max_tokens")
             .or_else(|| parsed.get_as("max_output_tokens"))
             .or_else(|| parsed.get_as("max_completion_tokens"));
-        let tools_fp = parsed.get("tools").map(|t| dialect::raw_hash(t.get())).unwrap_or(0);
+        let tools_fp = parsed
+            .get("tools")
+            .map(|t| dialect::raw_hash(t.get()))
+            .unwrap_or(0);
         let key = ident.client_key.clone().unwrap_or_else(|| {
             let sys = parsed.get("system").map(|s| s.get()).unwrap_or("");
-            let first = parsed.messages.first().map(|m| parse_msg(dialect, m).norm).unwrap_or(0);
-            format!("fp:{:016x}", xxhash_rust::xxh3::xxh3_64(format!("{sys}|{first}").as_bytes()))
+            let first = parsed
+                .messages
+                .first()
+                .map(|m| parse_msg(dialect, m).norm)
+                .unwrap_or(0);
+            format!(
+                "fp:{:016x}",
+                xxhash_rust::xxh3::xxh3_64(format!("{sys}|{first}").as_bytes())
+            )
         });
 
         if kind == ReqKind::CountTokens {
@@ -603,11 +652,21 @@ impl SessionManager {
             let decision = if st.needs_seed || st.last_usage.is_none() {
                 st.needs_seed = false;
                 let rows = st.seed_rows();
-                let obs = Observation { gauge: 0, added: st.pending_est, boundary_seq: boundary, last_seq };
+                let obs = Observation {
+                    gauge: 0,
+                    added: st.pending_est,
+                    boundary_seq: boundary,
+                    last_seq,
+                };
                 st.tideline.seed(&rows, obs, params)
             } else {
                 let gauge = st.last_usage.map(|u| u.window_total()).unwrap_or(0) + st.pending_est;
-                let obs = Observation { gauge, added: st.pending_est, boundary_seq: boundary, last_seq };
+                let obs = Observation {
+                    gauge,
+                    added: st.pending_est,
+                    boundary_seq: boundary,
+                    last_seq,
+                };
                 st.tideline.observe(obs, params)
             };
             st.meter.gauge = decision.gauge;
@@ -631,14 +690,20 @@ impl SessionManager {
         let window = if self.settings.tideline_enabled {
             self.render(&st, &parsed)
         } else {
-            Window { body: None, rows: parsed.messages.len(), kept_out: 0 }
+            Window {
+                body: None,
+                rows: parsed.messages.len(),
+                kept_out: 0,
+            }
         };
         st.meter.cut_upto = st.tideline.cut_upto();
         st.meter.window_rows = window.rows;
         let step = st.step;
         drop(st);
         (self.sink)(events);
-        self.metrics.tokens_kept_out.fetch_add(window.kept_out, Ordering::Relaxed);
+        self.metrics
+            .tokens_kept_out
+            .fetch_add(window.kept_out, Ordering::Relaxed);
         let out = match window.body {
             Some(b) => {
                 self.metrics.rewritten.fetch_add(1, Ordering::Relaxed);
@@ -670,20 +735,33 @@ impl SessionManager {
         _max_tokens: Option<u64>,
         body: &Bytes,
     ) -> Prepared {
-        let cands = self.index.lock().by_key.get(key).cloned().unwrap_or_default();
+        let cands = self
+            .index
+            .lock()
+            .by_key
+            .get(key)
+            .cloned()
+            .unwrap_or_default();
         for s in cands {
             let st = s.state.lock();
             if st.dialect != dialect || parsed.messages.len() < 2 {
                 continue;
             }
-            if st.lcp(&parsed.messages, hashes) == parsed.messages.len() {
+            // The count may carry new messages after the recorded ones.
+            if !st.active.is_empty() && st.lcp(&parsed.messages, hashes) == st.active.len() {
                 let w = self.render(&st, parsed);
                 if let Some(b) = w.body {
-                    return Prepared { body: Bytes::from(b), ticket: None };
+                    return Prepared {
+                        body: Bytes::from(b),
+                        ticket: None,
+                    };
                 }
             }
         }
-        Prepared { body: body.clone(), ticket: None }
+        Prepared {
+            body: body.clone(),
+            ticket: None,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -744,8 +822,14 @@ impl SessionManager {
                 };
                 let mut st = State::new(meta, dialect, tools_fp);
                 st.override_line = inherited;
-                let s = Arc::new(Session { id: id.clone(), state: Mutex::new(st) });
-                idx.by_key.entry(key.to_string()).or_default().push(s.clone());
+                let s = Arc::new(Session {
+                    id: id.clone(),
+                    state: Mutex::new(st),
+                });
+                idx.by_key
+                    .entry(key.to_string())
+                    .or_default()
+                    .push(s.clone());
                 idx.by_id.insert(id, s.clone());
                 s
             }
@@ -758,20 +842,33 @@ impl SessionManager {
     fn render(&self, st: &State, parsed: &ParsedBody<'_>) -> Window {
         let n = parsed.messages.len();
         let cut_upto = st.tideline.cut_upto();
-        if cut_upto == 0 || st.active.len() != n {
-            return Window { body: None, rows: n, kept_out: 0 };
+        // Messages past the active line (a count_tokens request's new tail)
+        // are retained as they are.
+        if cut_upto == 0 || st.active.len() > n {
+            return Window {
+                body: None,
+                rows: n,
+                kept_out: 0,
+            };
         }
         let infos = st.row_infos();
         let plan = tideline::plan_window(&infos, cut_upto);
         if plan.start == 0 || plan.effective_upto_seq == 0 {
-            return Window { body: None, rows: n, kept_out: 0 };
+            return Window {
+                body: None,
+                rows: n,
+                kept_out: 0,
+            };
         }
         let dir = self.settings.data_dir.join("sessions").join(&st.meta.id);
         let mut lines = Vec::new();
         let mut turns: Vec<&(u64, String)> = st
             .turn_lines
             .values()
-            .filter(|(seq, _)| *seq <= plan.effective_upto_seq && plan.pinned_prompt.map(|i| st.active[i]) != Some(*seq))
+            .filter(|(seq, _)| {
+                *seq <= plan.effective_upto_seq
+                    && plan.pinned_prompt.map(|i| st.active[i]) != Some(*seq)
+            })
             .collect();
         turns.sort();
         for (seq, line) in turns {
@@ -826,7 +923,9 @@ impl SessionManager {
             return None;
         }
         let w = self.render(&st, &parsed);
-        self.metrics.too_long_retries.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .too_long_retries
+            .fetch_add(1, Ordering::Relaxed);
         self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
         st.meter.cuts += 1;
         st.meter.cut_upto = st.tideline.cut_upto();
@@ -864,14 +963,22 @@ impl SessionManager {
             }
             st.pending = pending;
             if !rows.is_empty() {
-                self.metrics.rows.fetch_add(rows.len() as u64, Ordering::Relaxed);
-                events.push(Event::Rows { session: st.meta.id.clone(), rows });
+                self.metrics
+                    .rows
+                    .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                events.push(Event::Rows {
+                    session: st.meta.id.clone(),
+                    rows,
+                });
             }
         }
         events.push(Event::Step {
             session: st.meta.id.clone(),
             step: ticket.step,
-            model: collected.model.clone().unwrap_or_else(|| st.meta.model.clone()),
+            model: collected
+                .model
+                .clone()
+                .unwrap_or_else(|| st.meta.model.clone()),
             status,
             usage: collected.usage.unwrap_or_default(),
             window_rows: ticket.window_rows as u32,

@@ -300,8 +300,16 @@ mod tests {
 
     type Sink = Arc<Mutex<Vec<TapOutcome>>>;
 
-    fn tap_over(chunks: Vec<Bytes>, encoding: Option<&str>, sink: &Sink) -> TapBody<impl Body<Data = Bytes, Error = Infallible> + Unpin> {
-        let stream = futures_util::stream::iter(chunks.into_iter().map(|c| Ok::<_, Infallible>(Frame::data(c))));
+    fn tap_over(
+        chunks: Vec<Bytes>,
+        encoding: Option<&str>,
+        sink: &Sink,
+    ) -> TapBody<impl Body<Data = Bytes, Error = Infallible> + Unpin> {
+        let stream = futures_util::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Frame::data(c))),
+        );
         let s = sink.clone();
         TapBody::new(
             StreamBody::new(stream),
@@ -313,7 +321,10 @@ mod tests {
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     fn split(data: &[u8], cuts: &[usize]) -> Vec<Bytes> {
@@ -338,7 +349,12 @@ mod tests {
     }
 
     fn expected_usage() -> Usage {
-        Usage { input: 7, output: 17, cache_read: 3, cache_write: 12511 }
+        Usage {
+            input: 7,
+            output: 17,
+            cache_read: 3,
+            cache_write: 12511,
+        }
     }
 
     proptest! {
@@ -382,7 +398,10 @@ mod tests {
 
     #[test]
     fn unknown_encoding_forwards_and_reports_no_usage() {
-        let (out, o) = run(vec![Bytes::from_static(b"\x00\x01garbage")], Some("compress"));
+        let (out, o) = run(
+            vec![Bytes::from_static(b"\x00\x01garbage")],
+            Some("compress"),
+        );
         assert_eq!(out, b"\x00\x01garbage");
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].collected.usage, None);

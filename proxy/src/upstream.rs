@@ -54,10 +54,17 @@ impl Upstream {
     }
 
     /// Send a request; `base` names the upstream in errors.
-    pub async fn send(&self, req: Request<UpBody>, base: &str) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn send(
+        &self,
+        req: Request<UpBody>,
+        base: &str,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let secs = self.opts.header_timeout.as_secs();
         match tokio::time::timeout(self.opts.header_timeout, self.client.request(req)).await {
-            Err(_) => Err(ProxyError::Timeout { upstream: base.to_string(), secs }),
+            Err(_) => Err(ProxyError::Timeout {
+                upstream: base.to_string(),
+                secs,
+            }),
             Ok(Err(e)) => Err(ProxyError::Unreachable {
                 upstream: base.to_string(),
                 reason: error_chain(&e),
@@ -162,7 +169,9 @@ mod tests {
     #[test]
     fn join_keeps_query() {
         assert_eq!(
-            join("http://127.0.0.1:9/", "/v1/messages?beta=true").unwrap().to_string(),
+            join("http://127.0.0.1:9/", "/v1/messages?beta=true")
+                .unwrap()
+                .to_string(),
             "http://127.0.0.1:9/v1/messages?beta=true"
         );
     }

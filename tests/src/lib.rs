@@ -23,7 +23,10 @@ use tempfile::TempDir;
 
 /// Path of a file under the workspace's `fixtures/`.
 pub fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("fixtures")
+        .join(rel)
 }
 
 /// Proxy options pointing both upstreams at `upstream`, ledger in `data`.
@@ -103,7 +106,12 @@ impl Harness {
         let mut opts = options(&fake.url(), data.path());
         tweak(&mut opts);
         let proxy = runtime::start(opts).await.expect("proxy starts");
-        Harness { fake, proxy: Some(proxy), data, client: client() }
+        Harness {
+            fake,
+            proxy: Some(proxy),
+            data,
+            client: client(),
+        }
     }
 
     /// The proxy.
@@ -118,25 +126,47 @@ impl Harness {
 
     /// POST through the proxy and read the whole answer.
     pub async fn post(&self, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Got {
-        let resp = self.send(&self.url(), http::Method::POST, path, headers, body.into()).await;
+        let resp = self
+            .send(&self.url(), http::Method::POST, path, headers, body.into())
+            .await;
         collect(resp).await
     }
 
     /// Send a request to `base` and return the streaming response.
-    pub async fn send(&self, base: &str, method: http::Method, path: &str, headers: &[(&str, &str)], body: Bytes) -> Response<Incoming> {
-        let mut b = Request::builder().method(method).uri(format!("{base}{path}"));
+    pub async fn send(
+        &self,
+        base: &str,
+        method: http::Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Response<Incoming> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"));
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
             b = b.header("content-type", "application/json");
         }
-        self.client.request(b.body(Full::new(body)).expect("request")).await.expect("proxy answers")
+        self.client
+            .request(b.body(Full::new(body)).expect("request"))
+            .await
+            .expect("proxy answers")
     }
 
     /// GET a JSON admin endpoint.
     pub async fn admin(&self, path: &str) -> serde_json::Value {
-        collect(self.send(&self.url(), http::Method::GET, path, &[], Bytes::new()).await).await.json()
+        collect(
+            self.send(&self.url(), http::Method::GET, path, &[], Bytes::new())
+                .await,
+        )
+        .await
+        .json()
     }
 
     /// Wait until every ledger write so far is committed.
@@ -159,7 +189,11 @@ pub async fn collect(resp: Response<Incoming>) -> Got {
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
-    Got { status, headers, body }
+    Got {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// An upstream that answers every request with the same status, headers and
@@ -172,14 +206,32 @@ pub struct Replay {
 
 impl Replay {
     /// Start a replay upstream.
-    pub async fn start(status: u16, headers: Vec<(&'static str, String)>, chunks: Vec<(Duration, Bytes)>) -> Replay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    pub async fn start(
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        chunks: Vec<(Duration, Bytes)>,
+    ) -> Replay {
+        Self::start_with_head_delay(Duration::ZERO, status, headers, chunks).await
+    }
+
+    /// Start a replay upstream that waits `head_delay` before its response head.
+    pub async fn start_with_head_delay(
+        head_delay: Duration,
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        chunks: Vec<(Duration, Bytes)>,
+    ) -> Replay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let chunks = Arc::new(chunks);
         let headers = Arc::new(headers);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let chunks = chunks.clone();
                 let headers = headers.clone();
                 tokio::spawn(async move {
@@ -188,11 +240,18 @@ impl Replay {
                         let headers = headers.clone();
                         async move {
                             let _ = req.into_body().collect().await;
-                            let (tx, rx) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>>(4);
+                            tokio::time::sleep(head_delay).await;
+                            let (tx, rx) = tokio::sync::mpsc::channel::<
+                                Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+                            >(4);
                             tokio::spawn(async move {
                                 for (pause, c) in chunks.iter() {
                                     tokio::time::sleep(*pause).await;
-                                    if tx.send(Ok(hyper::body::Frame::data(c.clone()))).await.is_err() {
+                                    if tx
+                                        .send(Ok(hyper::body::Frame::data(c.clone())))
+                                        .await
+                                        .is_err()
+                                    {
                                         return;
                                     }
                                 }
@@ -205,7 +264,9 @@ impl Replay {
                             Ok::<_, std::convert::Infallible>(resp.body(body).expect("response"))
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
@@ -218,7 +279,9 @@ impl Replay {
     }
 }
 
-fn tokio_stream_from<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures_core_stream::Stream<Item = T> {
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_core_stream::Stream<Item = T> {
     futures_core_stream::poll_fn_stream(move |cx| rx.poll_recv(cx))
 }
 
@@ -239,7 +302,85 @@ pub mod futures_core_stream {
     }
 
     /// Build a [`PollFn`].
-    pub fn poll_fn_stream<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>> + Unpin>(f: F) -> PollFn<F> {
+    pub fn poll_fn_stream<T, F: FnMut(&mut Context<'_>) -> Poll<Option<T>> + Unpin>(
+        f: F,
+    ) -> PollFn<F> {
         PollFn(f)
+    }
+}
+
+/// One captured request: path, headers and exact body bytes.
+pub struct Captured {
+    /// Path with query.
+    pub path: String,
+    /// Headers kept from the capture (no credentials were captured).
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Bytes,
+    /// Status the capture's server answered.
+    pub status: u16,
+}
+
+/// The captured requests of `fixtures/captures/<run>`, in order.
+pub fn captured(run: &str) -> Vec<Captured> {
+    let dir = fixture(&format!("captures/{run}"));
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".meta.json"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let stem = n.trim_end_matches(".meta.json");
+            let meta: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join(&n)).expect("meta"))
+                    .expect("meta json");
+            let body = std::fs::read(dir.join(format!("{stem}.body"))).expect("body");
+            Captured {
+                path: meta["path"].as_str().unwrap_or("/").to_string(),
+                headers: meta["headers"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|kv| {
+                                Some((kv[0].as_str()?.to_string(), kv[1].as_str()?.to_string()))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                body: Bytes::from(body),
+                status: meta["status"].as_u64().unwrap_or(0) as u16,
+            }
+        })
+        .collect()
+}
+
+impl Harness {
+    /// Replay a captured request through the proxy.
+    pub async fn replay(&self, c: &Captured) -> Got {
+        let headers: Vec<(&str, &str)> = c
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        collect(
+            self.send(
+                &self.url(),
+                http::Method::POST,
+                &c.path,
+                &headers,
+                c.body.clone(),
+            )
+            .await,
+        )
+        .await
+    }
+
+    /// The ledger store of the running proxy.
+    pub fn store(&self) -> &oceancode_ledger::store::Store {
+        self.proxy().app.store.as_ref().expect("ledger on")
     }
 }

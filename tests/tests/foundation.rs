@@ -58,13 +58,21 @@ async fn streamed_capture_passes_through_byte_for_byte_with_usage() {
         } else {
             serde_json::json!({"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}).to_string()
         };
-        let got = h.post(path, &[("x-oceancode-session", "bytes")], body).await;
+        let got = h
+            .post(path, &[("x-oceancode-session", "bytes")], body)
+            .await;
         assert_eq!(got.status, 200, "{file}");
-        assert_eq!(got.text(), sse, "{file}: the client must get the upstream's bytes unchanged");
+        assert_eq!(
+            got.text(),
+            sse,
+            "{file}: the client must get the upstream's bytes unchanged"
+        );
         h.settle().await;
         let s = h.admin("/_oceancode/sessions/latest").await;
         let totals = &s["totals"];
-        let total = totals["input"].as_u64().unwrap() + totals["cache_read"].as_u64().unwrap() + totals["cache_write"].as_u64().unwrap();
+        let total = totals["input"].as_u64().unwrap()
+            + totals["cache_read"].as_u64().unwrap()
+            + totals["cache_write"].as_u64().unwrap();
         assert!(total > 0, "{file}: usage captured: {s}");
         assert!(totals["output"].as_u64().unwrap() > 0, "{file}: {s}");
     }
@@ -77,11 +85,22 @@ async fn a_delayed_chunk_reaches_the_client_before_the_stream_ends() {
     // The last event comes 600 ms after the others.
     let last = chunks.len() - 1;
     chunks[last].0 = Duration::from_millis(600);
-    let replay = Replay::start(200, vec![("content-type", "text/event-stream".into())], chunks).await;
+    let replay = Replay::start(
+        200,
+        vec![("content-type", "text/event-stream".into())],
+        chunks,
+    )
+    .await;
     let h = replay_harness(&replay).await;
     let t0 = Instant::now();
     let mut resp = h
-        .send(&h.url(), Method::POST, "/v1/messages", &[], Bytes::from(anthropic_body(true, "hi")))
+        .send(
+            &h.url(),
+            Method::POST,
+            "/v1/messages",
+            &[],
+            Bytes::from(anthropic_body(true, "hi")),
+        )
         .await;
     use http_body_util::BodyExt;
     let first = resp.body_mut().frame().await.unwrap().unwrap();
@@ -107,7 +126,11 @@ async fn usage_matches_the_upstream_and_auth_is_forwarded_but_never_recorded() {
         let got = h
             .post(
                 "/v1/messages?beta=true",
-                &[("x-api-key", SECRET_KEY), ("authorization", SECRET_BEARER), ("anthropic-version", "2023-06-01")],
+                &[
+                    ("x-api-key", SECRET_KEY),
+                    ("authorization", SECRET_BEARER),
+                    ("anthropic-version", "2023-06-01"),
+                ],
                 anthropic_body(stream, "say hi"),
             )
             .await;
@@ -122,17 +145,29 @@ async fn usage_matches_the_upstream_and_auth_is_forwarded_but_never_recorded() {
     }
     h.settle().await;
     let s = h.admin("/_oceancode/sessions/latest").await;
-    let fake_in: u64 = reqs.iter().map(|r| r.usage.as_ref().unwrap().total_input_tokens).sum();
+    let fake_in: u64 = reqs
+        .iter()
+        .map(|r| r.usage.as_ref().unwrap().total_input_tokens)
+        .sum();
     let t = &s["totals"];
-    let ours = t["input"].as_u64().unwrap() + t["cache_read"].as_u64().unwrap() + t["cache_write"].as_u64().unwrap();
-    assert_eq!(ours, fake_in, "usage recorded equals what the upstream reported: {s}");
+    let ours = t["input"].as_u64().unwrap()
+        + t["cache_read"].as_u64().unwrap()
+        + t["cache_write"].as_u64().unwrap();
+    assert_eq!(
+        ours, fake_in,
+        "usage recorded equals what the upstream reported: {s}"
+    );
     // No secret in the database or any ledger file.
     let mut files = vec![];
     let mut stack = vec![h.data.path().to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).unwrap() {
             let p = e.unwrap().path();
-            if p.is_dir() { stack.push(p) } else { files.push(p) }
+            if p.is_dir() {
+                stack.push(p)
+            } else {
+                files.push(p)
+            }
         }
     }
     assert!(files.iter().any(|f| f.ends_with("oceancode.db")));
@@ -146,12 +181,18 @@ async fn usage_matches_the_upstream_and_auth_is_forwarded_but_never_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provider_errors_are_relayed_unchanged() {
     let body = serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
-    let fake = FakeConfig::default().with_script(Script::replies([Reply::error(529, body.clone())]));
+    let fake =
+        FakeConfig::default().with_script(Script::replies([Reply::error(529, body.clone())]));
     let h = Harness::start(fake, |_| {}).await;
-    let got = h.post("/v1/messages", &[], anthropic_body(true, "hi")).await;
+    let got = h
+        .post("/v1/messages", &[], anthropic_body(true, "hi"))
+        .await;
     assert_eq!(got.status.as_u16(), 529);
     assert_eq!(got.json(), body);
-    assert!(got.headers.get("x-oceancode-proxy").is_none(), "relayed, not made by the proxy");
+    assert!(
+        got.headers.get("x-oceancode-proxy").is_none(),
+        "relayed, not made by the proxy"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,14 +218,27 @@ async fn unreachable_upstream_answers_in_each_providers_envelope() {
         o.front.openai_upstream = format!("http://{dead}");
     })
     .await;
-    let a = h.post("/v1/messages", &[], anthropic_body(false, "hi")).await;
+    let a = h
+        .post("/v1/messages", &[], anthropic_body(false, "hi"))
+        .await;
     assert_eq!(a.status, 502);
     let v = a.json();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "api_error");
-    assert!(v["error"]["message"].as_str().unwrap().contains("could not reach the upstream"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not reach the upstream"),
+        "{v}"
+    );
     let o = h
-        .post("/v1/chat/completions", &[], serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}).to_string())
+        .post(
+            "/v1/chat/completions",
+            &[],
+            serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+                .to_string(),
+        )
         .await;
     assert_eq!(o.status, 502);
     assert_eq!(o.json()["error"]["code"], "upstream_unreachable");
@@ -199,17 +253,28 @@ async fn oversized_bodies_get_413_and_slow_upstreams_504() {
     assert_eq!(got.json()["error"]["type"], "request_too_large");
     assert_eq!(h.fake.request_count(), 0, "nothing forwarded");
 
-    let slow = Replay::start(200, vec![], vec![(Duration::from_millis(50), Bytes::from_static(b"{}"))]).await;
+    let slow = Replay::start_with_head_delay(
+        Duration::from_secs(5),
+        200,
+        vec![],
+        vec![(Duration::ZERO, Bytes::from_static(b"{}"))],
+    )
+    .await;
     let url = slow.url();
     let h = Harness::start(FakeConfig::default(), move |o| {
         o.front.openai_upstream = url;
-        o.upstream.header_timeout = Duration::from_millis(1);
+        o.upstream.header_timeout = Duration::from_millis(200);
     })
     .await;
     let got = h
-        .post("/v1/chat/completions", &[], serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}).to_string())
+        .post(
+            "/v1/chat/completions",
+            &[],
+            serde_json::json!({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})
+                .to_string(),
+        )
         .await;
-    // The replay sends headers only with its first chunk, after 50 ms.
+    // The replay sends its response head only after 5 s.
     assert_eq!(got.status, 504, "{}", got.text());
     assert_eq!(got.json()["error"]["code"], "upstream_timeout");
 }
@@ -218,7 +283,13 @@ async fn oversized_bodies_get_413_and_slow_upstreams_504() {
 async fn other_paths_pass_through_and_hop_by_hop_headers_are_dropped() {
     let h = Harness::start(FakeConfig::default(), |_| {}).await;
     let resp = h
-        .send(&h.url(), Method::GET, "/v1/models?limit=5", &[("x-api-key", "k"), ("x-custom", "kept"), ("te", "trailers")], Bytes::new())
+        .send(
+            &h.url(),
+            Method::GET,
+            "/v1/models?limit=5",
+            &[("x-api-key", "k"), ("x-custom", "kept"), ("te", "trailers")],
+            Bytes::new(),
+        )
         .await;
     let got = collect(resp).await;
     assert_eq!(got.status, 404, "the fake's own answer");
@@ -232,7 +303,11 @@ async fn other_paths_pass_through_and_hop_by_hop_headers_are_dropped() {
 async fn gzip_responses_stay_compressed_for_the_client_and_usage_is_read() {
     let h = Harness::start(FakeConfig::default().with_gzip(true), |_| {}).await;
     let got = h
-        .post("/v1/messages", &[("accept-encoding", "gzip")], anthropic_body(true, "hi there"))
+        .post(
+            "/v1/messages",
+            &[("accept-encoding", "gzip")],
+            anthropic_body(true, "hi there"),
+        )
         .await;
     assert_eq!(got.status, 200);
     assert_eq!(got.headers.get("content-encoding").unwrap(), "gzip");

@@ -48,10 +48,7 @@ fn response_obj(id: &str, ctx: &Ctx, status: &str, output: Vec<J>, u: Option<&Us
         ("usage", u.map_or(J::Null, usage)),
     ];
     if status == "incomplete" {
-        fields.push((
-            "incomplete_details",
-            obj! { "reason": "max_output_tokens" },
-        ));
+        fields.push(("incomplete_details", obj! { "reason": "max_output_tokens" }));
     }
     J::O(fields)
 }
@@ -125,7 +122,10 @@ fn final_status(p: &Plan) -> &'static str {
 pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
     let resp_id = format!("resp_{}", ctx.ids.hex(24));
     let Items { done, ids } = items(p, ctx);
-    let mut s = Seq { n: 0, out: Vec::new() };
+    let mut s = Seq {
+        n: 0,
+        out: Vec::new(),
+    };
     let start = response_obj(&resp_id, ctx, "in_progress", Vec::new(), None);
     s.emit("response.created", vec![("response", start.clone())]);
     s.emit("response.in_progress", vec![("response", start)]);
@@ -137,7 +137,10 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
             "response.output_item.added",
             vec![
                 ("output_index", J::from(k)),
-                ("item", obj! { "id": id, "type": "reasoning", "summary": Vec::<J>::new() }),
+                (
+                    "item",
+                    obj! { "id": id, "type": "reasoning", "summary": Vec::<J>::new() },
+                ),
             ],
         );
         let common = |extra: Vec<(&'static str, J)>| -> Vec<(&'static str, J)> {
@@ -201,15 +204,24 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
             f
         };
         let part = |text: &str| obj! { "type": "output_text", "text": text, "annotations": Vec::<J>::new() };
-        s.emit("response.content_part.added", common(vec![("part", part(""))]));
+        s.emit(
+            "response.content_part.added",
+            common(vec![("part", part(""))]),
+        );
         for piece in split_text(t, p.delta_bytes) {
             s.emit(
                 "response.output_text.delta",
                 common(vec![("delta", J::from(piece))]),
             );
         }
-        s.emit("response.output_text.done", common(vec![("text", J::from(t))]));
-        s.emit("response.content_part.done", common(vec![("part", part(t))]));
+        s.emit(
+            "response.output_text.done",
+            common(vec![("text", J::from(t))]),
+        );
+        s.emit(
+            "response.content_part.done",
+            common(vec![("part", part(t))]),
+        );
         s.emit(
             "response.output_item.done",
             vec![("output_index", J::from(k)), ("item", done[k].clone())],

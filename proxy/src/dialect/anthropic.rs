@@ -8,7 +8,11 @@ use serde_json::{Map, Value};
 
 /// Classify one Anthropic message.
 pub fn classify(v: &Value) -> MessageInfo {
-    let role = v.get("role").and_then(Value::as_str).unwrap_or("").to_string();
+    let role = v
+        .get("role")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let content = v.get("content");
     let (kind, text) = match role.as_str() {
         "user" => {
@@ -23,7 +27,9 @@ pub fn classify(v: &Value) -> MessageInfo {
                             Some("text") => {
                                 if let Some(t) = b.get("text").and_then(Value::as_str) {
                                     // Prefer the user's own words over reminders.
-                                    if text.is_none() || text.as_deref().is_some_and(|x| x.starts_with('<')) {
+                                    if text.is_none()
+                                        || text.as_deref().is_some_and(|x| x.starts_with('<'))
+                                    {
                                         text = Some(t.to_string());
                                     }
                                 }
@@ -207,14 +213,20 @@ impl ResponseCollector for Collector {
             return;
         };
         if v.get("type").and_then(Value::as_str) == Some("error") {
-            self.error = v.pointer("/error/message").and_then(Value::as_str).map(str::to_string);
+            self.error = v
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             return;
         }
         if let Some(u) = v.get("usage") {
             self.take_usage(u);
         }
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
-        self.stop_reason = v.get("stop_reason").and_then(Value::as_str).map(str::to_string);
+        self.stop_reason = v
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         if let Some(content) = v.get("content") {
             let msg = serde_json::json!({"role": "assistant", "content": content});
             self.json_rows.push(msg.to_string());
@@ -246,14 +258,24 @@ mod tests {
 
     #[test]
     fn classifies_prompts_tool_results_and_system_rows() {
-        let p = classify(&json!({"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"},{"type":"text","text":"list the files here"}]}));
+        let p = classify(
+            &json!({"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"},{"type":"text","text":"list the files here"}]}),
+        );
         assert_eq!(p.kind, RowKind::Prompt);
         assert_eq!(p.first_line.as_deref(), Some("list the files here"));
-        let t = classify(&json!({"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}));
+        let t = classify(
+            &json!({"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}),
+        );
         assert_eq!(t.kind, RowKind::ToolResult);
         assert!(!t.starts_ok);
-        assert_eq!(classify(&json!({"role":"system","content":"env"})).kind, RowKind::System);
-        assert_eq!(classify(&json!({"role":"assistant","content":"hi"})).kind, RowKind::Assistant);
+        assert_eq!(
+            classify(&json!({"role":"system","content":"env"})).kind,
+            RowKind::System
+        );
+        assert_eq!(
+            classify(&json!({"role":"assistant","content":"hi"})).kind,
+            RowKind::Assistant
+        );
     }
 
     #[test]
@@ -282,7 +304,12 @@ mod tests {
         let out = c.finish();
         assert_eq!(
             out.usage,
-            Some(Usage { input: 7, output: 17, cache_read: 50, cache_write: 100 })
+            Some(Usage {
+                input: 7,
+                output: 17,
+                cache_read: 50,
+                cache_write: 100
+            })
         );
         assert_eq!(out.stop_reason.as_deref(), Some("tool_use"));
         let row: Value = serde_json::from_str(&out.rows[0]).unwrap();

@@ -52,7 +52,8 @@ impl<'a> ParsedBody<'a> {
 
     /// A top-level member parsed as `T` (None when absent or of another shape).
     pub fn get_as<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
-        self.get(key).and_then(|v| serde_json::from_str(v.get()).ok())
+        self.get(key)
+            .and_then(|v| serde_json::from_str(v.get()).ok())
     }
 
     /// `model` as a string.
@@ -68,7 +69,11 @@ impl<'a> ParsedBody<'a> {
     /// Re-emit the body with the conversation replaced by `parts` (raw JSON
     /// elements, in order). Every other member keeps its original bytes.
     pub fn render_with(&self, parts: &[&str]) -> Vec<u8> {
-        let cap = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>()
+        let cap = self
+            .fields
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum::<usize>()
             + parts.iter().map(|p| p.len() + 1).sum::<usize>();
         let mut out = Vec::with_capacity(cap + 16);
         out.push(b'{');
@@ -184,9 +189,13 @@ pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
 /// The dialect's stub message carrying `text`, as raw JSON.
 pub fn stub_message(d: Dialect, text: &str) -> String {
     let v = match d {
-        Dialect::Anthropic => serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]}),
+        Dialect::Anthropic => {
+            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]})
+        }
         Dialect::OpenaiChat => serde_json::json!({"role": "user", "content": text}),
-        Dialect::OpenaiResponses => serde_json::json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}),
+        Dialect::OpenaiResponses => {
+            serde_json::json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+        }
     };
     v.to_string()
 }
@@ -274,7 +283,9 @@ fn text_of_plain_block(v: &Value) -> Option<&str> {
     if !matches!(ty, "text" | "input_text" | "output_text") {
         return None;
     }
-    if m.keys().any(|k| !matches!(k.as_str(), "type" | "text" | "cache_control")) {
+    if m.keys()
+        .any(|k| !matches!(k.as_str(), "type" | "text" | "cache_control"))
+    {
         return None;
     }
     m.get("text")?.as_str()
@@ -337,7 +348,10 @@ mod tests {
         let parts: Vec<&str> = p.messages.iter().map(|m| m.get()).collect();
         let out = p.render_with(&parts);
         let expect = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"stream":true,"we\"ird":1}"#;
-        assert_eq!(String::from_utf8(out).unwrap(), String::from_utf8(expect.to_vec()).unwrap());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(expect.to_vec()).unwrap()
+        );
         let out = p.render_with(&[r#"{"x":1}"#]);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["messages"], json!([{"x":1}]));

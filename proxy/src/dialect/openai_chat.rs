@@ -8,7 +8,11 @@ use serde_json::{json, Map, Value};
 
 /// Classify one Chat message.
 pub fn classify(v: &Value) -> MessageInfo {
-    let role = v.get("role").and_then(Value::as_str).unwrap_or("").to_string();
+    let role = v
+        .get("role")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let kind = match role.as_str() {
         "user" => RowKind::Prompt,
         "assistant" => RowKind::Assistant,
@@ -51,7 +55,10 @@ pub struct Collector {
 
 fn usage_of(u: &Value) -> Option<Usage> {
     let prompt = u64_of(u, "prompt_tokens")?;
-    let cached = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let cached = u
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
     let out = u64_of(u, "completion_tokens").unwrap_or(0);
     Some(openai_usage(prompt, cached, out))
 }
@@ -65,7 +72,12 @@ impl ResponseCollector for Collector {
             return;
         };
         if let Some(e) = v.get("error") {
-            self.error = Some(e.get("message").and_then(Value::as_str).unwrap_or(data).to_string());
+            self.error = Some(
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or(data)
+                    .to_string(),
+            );
             return;
         }
         if let Some(m) = v.get("model").and_then(Value::as_str) {
@@ -74,11 +86,10 @@ impl ResponseCollector for Collector {
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             self.usage = usage_of(u).or(self.usage);
         }
-        let Some(choice) = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0))
-        else {
+        let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| {
+            c.iter()
+                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        }) else {
             return;
         };
         if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
@@ -113,7 +124,9 @@ impl ResponseCollector for Collector {
                 if let Some(t) = c.get("type").and_then(Value::as_str) {
                     slot.insert("type".into(), json!(t));
                 }
-                if let (Some(f), Some(Value::Object(sf))) = (c.get("function"), slot.get_mut("function")) {
+                if let (Some(f), Some(Value::Object(sf))) =
+                    (c.get("function"), slot.get_mut("function"))
+                {
                     for key in ["name", "arguments"] {
                         if let Some(piece) = f.get(key).and_then(Value::as_str) {
                             if let Some(Value::String(s)) = sf.get_mut(key) {
@@ -136,8 +149,15 @@ impl ResponseCollector for Collector {
         }
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         self.usage = v.get("usage").and_then(usage_of);
-        if let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) {
-            self.finish = choice.get("finish_reason").and_then(Value::as_str).map(str::to_string);
+        if let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        {
+            self.finish = choice
+                .get("finish_reason")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             if let Some(m) = choice.get("message") {
                 self.json_rows.push(m.to_string());
             }
@@ -192,7 +212,15 @@ mod tests {
             c.on_event("", d);
         }
         let out = c.finish();
-        assert_eq!(out.usage, Some(Usage { input: 36, output: 9, cache_read: 64, cache_write: 0 }));
+        assert_eq!(
+            out.usage,
+            Some(Usage {
+                input: 36,
+                output: 9,
+                cache_read: 64,
+                cache_write: 0
+            })
+        );
         assert_eq!(out.stop_reason.as_deref(), Some("tool_calls"));
         let row: Value = serde_json::from_str(&out.rows[0]).unwrap();
         assert_eq!(row["content"], "Hello");

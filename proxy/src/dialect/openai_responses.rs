@@ -63,8 +63,15 @@ pub struct Collector {
 
 fn usage_of(u: &Value) -> Option<Usage> {
     let input = u64_of(u, "input_tokens")?;
-    let cached = u.pointer("/input_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
-    Some(openai_usage(input, cached, u64_of(u, "output_tokens").unwrap_or(0)))
+    let cached = u
+        .pointer("/input_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some(openai_usage(
+        input,
+        cached,
+        u64_of(u, "output_tokens").unwrap_or(0),
+    ))
 }
 
 impl Collector {
@@ -79,7 +86,12 @@ impl Collector {
             self.status = Some(s.to_string());
         }
         if let Some(e) = r.get("error").filter(|e| !e.is_null()) {
-            self.error = Some(e.get("message").and_then(Value::as_str).unwrap_or("error").to_string());
+            self.error = Some(
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("error")
+                    .to_string(),
+            );
         }
         if with_items && self.items.is_empty() {
             if let Some(out) = r.get("output").and_then(Value::as_array) {
@@ -111,7 +123,12 @@ impl ResponseCollector for Collector {
                 }
             }
             Some("error") => {
-                self.error = Some(v.get("message").and_then(Value::as_str).unwrap_or(data).to_string());
+                self.error = Some(
+                    v.get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or(data)
+                        .to_string(),
+                );
             }
             _ => {}
         }
@@ -148,13 +165,26 @@ mod tests {
 
     #[test]
     fn classifies_items() {
-        assert_eq!(classify(&json!({"type":"message","role":"developer","content":"x"})).kind, RowKind::System);
-        assert_eq!(classify(&json!({"type":"function_call","name":"sh","arguments":"{}","call_id":"c"})).kind, RowKind::Assistant);
+        assert_eq!(
+            classify(&json!({"type":"message","role":"developer","content":"x"})).kind,
+            RowKind::System
+        );
+        assert_eq!(
+            classify(&json!({"type":"function_call","name":"sh","arguments":"{}","call_id":"c"}))
+                .kind,
+            RowKind::Assistant
+        );
         let o = classify(&json!({"type":"function_call_output","call_id":"c","output":"ok"}));
         assert_eq!(o.kind, RowKind::ToolResult);
         assert!(!o.starts_ok);
-        assert_eq!(classify(&json!({"role":"user","content":"hi"})).kind, RowKind::Prompt);
-        assert_eq!(classify(&json!({"type":"reasoning","summary":[]})).kind, RowKind::Assistant);
+        assert_eq!(
+            classify(&json!({"role":"user","content":"hi"})).kind,
+            RowKind::Prompt
+        );
+        assert_eq!(
+            classify(&json!({"type":"reasoning","summary":[]})).kind,
+            RowKind::Assistant
+        );
     }
 
     #[test]
@@ -164,7 +194,15 @@ mod tests {
         c.on_event("response.output_item.done", r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"function_call","call_id":"c1","name":"sh","arguments":"{}"}}"#);
         c.on_event("response.completed", r#"{"type":"response.completed","response":{"id":"r","model":"gpt-x","status":"completed","output":[{"type":"function_call"}],"usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":40},"output_tokens":5,"total_tokens":55}}}"#);
         let out = c.finish();
-        assert_eq!(out.usage, Some(Usage { input: 10, output: 5, cache_read: 40, cache_write: 0 }));
+        assert_eq!(
+            out.usage,
+            Some(Usage {
+                input: 10,
+                output: 5,
+                cache_read: 40,
+                cache_write: 0
+            })
+        );
         assert_eq!(out.rows.len(), 1);
         assert!(out.rows[0].contains("c1"));
     }

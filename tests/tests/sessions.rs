@@ -1,0 +1,178 @@
+//! Sessions and the verbatim ledger: identity, longest-common-prefix matching
+//! on real Claude Code and Codex traffic, branches, transcripts.
+
+use oceancode_fakeup::FakeConfig;
+use oceancode_ledger::RowKind;
+use oceancode_tests::{captured, Harness};
+use std::os::unix::fs::PermissionsExt;
+
+async fn harness() -> Harness {
+    // Captured conversations came from another fake: don't re-validate them.
+    Harness::start(FakeConfig::default().with_validate(false), |_| {}).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_first_continue_resume_is_one_session_with_no_branch() {
+    let h = harness().await;
+    let mut last_len = 0;
+    for run in [
+        "anthropic_04a_first",
+        "anthropic_04b_continue",
+        "anthropic_04c_resume",
+    ] {
+        for c in captured(run) {
+            let got = h.replay(&c).await;
+            assert_eq!(got.status, 200, "{run}: {}", got.text());
+            let v: serde_json::Value = serde_json::from_slice(&c.body).unwrap();
+            last_len = v["messages"].as_array().unwrap().len();
+        }
+    }
+    h.settle().await;
+    let store = h.store();
+    let list = store.list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "one ledger session: {list:?}");
+    let s = store.load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.branch, 0, "no spurious branch");
+    assert!(s.hidden.is_empty());
+    assert_eq!(s.meta.client, "claude-code");
+    assert_eq!(
+        s.meta.client_session.as_deref(),
+        Some("cc:5f13d5bb-4fd7-4b4d-8325-25f0e61fa59a")
+    );
+    // Every message of the last request, plus the last (unechoed) response.
+    assert_eq!(s.rows.len(), last_len + 1);
+    for (i, r) in s.rows.iter().enumerate() {
+        assert_eq!(r.seq, i as u64 + 1, "gap-free seq");
+    }
+    // Rows are verbatim: the first is the client's bytes of messages[0].
+    let first: serde_json::Value = serde_json::from_str(&s.rows[0].raw).unwrap();
+    let sent: serde_json::Value =
+        serde_json::from_slice(&captured("anthropic_04a_first")[0].body).unwrap();
+    assert_eq!(first, sent["messages"][0]);
+    assert_eq!(s.rows[0].kind, RowKind::Prompt);
+    assert_eq!(
+        s.rows[1].kind,
+        RowKind::System,
+        "Claude Code's role:system message is a row"
+    );
+    // Turn transcripts exist, private.
+    let dir = store.session_dir(&s.meta.id);
+    let t1 = dir.join("transcript").join("0001.md");
+    let text = std::fs::read_to_string(&t1).unwrap();
+    assert!(text.contains("list the files here"), "{text}");
+    assert_eq!(
+        std::fs::metadata(&t1).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(dir.join("transcript"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o700
+    );
+    assert!(dir.join("transcript").join("index.md").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn title_requests_are_forwarded_but_never_recorded() {
+    let h = harness().await;
+    let reqs = captured("anthropic_09_interactive_default_env");
+    for c in &reqs {
+        assert_eq!(h.replay(c).await.status, 200);
+    }
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    let title_prompt = String::from_utf8_lossy(&reqs[0].body).to_string();
+    assert!(title_prompt.contains("output_config"));
+    assert_eq!(s.branch, 0);
+    // The title request's lone message never became a row of the session.
+    let title: serde_json::Value = serde_json::from_slice(&reqs[0].body).unwrap();
+    let title_msg = &title["messages"][0];
+    assert!(s
+        .rows
+        .iter()
+        .all(|r| &serde_json::from_str::<serde_json::Value>(&r.raw).unwrap() != title_msg));
+    assert_eq!(h.fake.request_count(), reqs.len(), "all forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_and_resume_is_one_session_with_no_branch() {
+    let h = harness().await;
+    for run in [
+        "openai_02_codex_model_my-custom-model",
+        "openai_03_codex_resume",
+    ] {
+        for c in captured(run) {
+            let got = h.replay(&c).await;
+            assert_eq!(got.status, 200, "{run}: {}", got.text());
+        }
+    }
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.meta.client, "codex");
+    assert_eq!(s.branch, 0, "no spurious branch");
+    assert!(s
+        .rows
+        .iter()
+        .any(|r| r.kind == RowKind::ToolResult && r.role == "function_call_output"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_records_a_branch_and_deletes_nothing() {
+    let h = harness().await;
+    let msgs = |tail: &[serde_json::Value]| {
+        let mut m = vec![
+            serde_json::json!({"role":"user","content":"first question"}),
+            serde_json::json!({"role":"assistant","content":"first answer"}),
+        ];
+        m.extend_from_slice(tail);
+        serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":100,"messages":m}).to_string()
+    };
+    let hdr = [("x-oceancode-session", "branchy")];
+    assert_eq!(
+        h.post(
+            "/v1/messages",
+            &hdr,
+            msgs(&[serde_json::json!({"role":"user","content":"second question"})])
+        )
+        .await
+        .status,
+        200
+    );
+    // Same history but cache_control moved and string content as a block: still the same rows.
+    let same = serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":100,"messages":[
+        {"role":"user","content":[{"type":"text","text":"first question","cache_control":{"type":"ephemeral"}}]},
+        {"role":"assistant","content":"first answer"},
+        {"role":"user","content":"second question"},
+    ]}).to_string();
+    assert_eq!(h.post("/v1/messages", &hdr, same).await.status, 200);
+    // Now the client rewinds: a different second question.
+    assert_eq!(
+        h.post(
+            "/v1/messages",
+            &hdr,
+            msgs(&[serde_json::json!({"role":"user","content":"another second question"})])
+        )
+        .await
+        .status,
+        200
+    );
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1);
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.branch, 1, "one branch");
+    assert!(!s.hidden.is_empty());
+    let texts: Vec<String> = s.rows.iter().map(|r| r.raw.to_string()).collect();
+    assert!(
+        texts.iter().any(|t| t.contains("\"second question\"")),
+        "the old line is kept"
+    );
+    assert!(texts.iter().any(|t| t.contains("another second question")));
+}

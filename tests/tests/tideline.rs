@@ -1,0 +1,332 @@
+//! The tideline end to end: a scripted long tool-using session through the
+//! proxy against the fake upstream (which validates every request and
+//! simulates prompt caching).
+
+use bytes::Bytes;
+use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_proxy::dialect::{self, ResponseCollector};
+use oceancode_proxy::sessions::ModelLimits;
+use oceancode_tests::Harness;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const CONTEXT: u64 = 200_000;
+const LINE: u64 = 80_000; // 40%
+const BLOCK: u64 = 56_000; // 70% of the line
+
+fn tool_output(step: usize) -> String {
+    // ~1.7k tokens of varied text per tool result.
+    let mut s = String::with_capacity(8_000);
+    for i in 0..110 {
+        s.push_str(&format!(
+            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
+            i % 7,
+            (step * 31 + i) % 97,
+            step * 13 + i,
+            (step * 2654435761 + i * 40503) as u32
+        ));
+    }
+    s
+}
+
+fn stub_seq(msg: &Value) -> Option<u64> {
+    let text = msg["content"][0]["text"].as_str()?;
+    let rest = text.strip_prefix(
+        "[Earlier content of this session is past the tideline: every row up to seq ",
+    )?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn upstream_messages(r: &Recorded) -> Vec<Value> {
+    r.json()
+        .and_then(|v| v["messages"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call(
+            "Bash",
+            json!({"command": "cargo test", "description": "Run the tests"}),
+        )
+        .with_text("Running the tests."),
+    ));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(CONTEXT),
+            max_output: Some(64_000),
+        });
+    })
+    .await;
+    let tools = json!([{"name":"Bash","description":"Run a shell command","input_schema":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]);
+    let mut history: Vec<Value> = vec![
+        json!({"role":"user","content":"Fix the failing tests in this repository. Run them after each change."}),
+    ];
+    let mut client_usage: Vec<Value> = Vec::new();
+    const STEPS: usize = 300;
+    for step in 0..STEPS {
+        let stream = step % 5 == 0;
+        let body = json!({
+            "model": "claude-test-200k",
+            "max_tokens": 8192,
+            "stream": stream,
+            "system": [{"type":"text","text":"You are a careful coding agent."}],
+            "tools": tools,
+            "messages": history,
+        });
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-oceancode-session", "long-run")],
+                body.to_string(),
+            )
+            .await;
+        assert_eq!(got.status, 200, "step {step}: {}", got.text());
+        let (content, usage) = if stream {
+            let mut c: Box<dyn ResponseCollector> =
+                dialect::collector(oceancode_ledger::Dialect::Anthropic);
+            let mut p = oceancode_proxy::sse::SseParser::new();
+            p.feed(&got.body, &mut |e| c.on_event(&e.event, &e.data));
+            let out = c.finish();
+            let row: Value = serde_json::from_str(&out.rows[0]).unwrap();
+            let u = out.usage.unwrap();
+            (
+                row["content"].clone(),
+                json!({"input_tokens": u.input, "cache_read_input_tokens": u.cache_read, "cache_creation_input_tokens": u.cache_write}),
+            )
+        } else {
+            let v = got.json();
+            (v["content"].clone(), v["usage"].clone())
+        };
+        client_usage.push(usage);
+        let tool_id = content
+            .as_array()
+            .and_then(|a| a.iter().find(|b| b["type"] == "tool_use"))
+            .and_then(|b| b["id"].as_str())
+            .expect("a tool call")
+            .to_string();
+        history.push(json!({"role":"assistant","content":content}));
+        history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":tool_id,"content":tool_output(step)}]}));
+    }
+    h.settle().await;
+
+    let reqs: Vec<Recorded> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/v1/messages"))
+        .collect();
+    assert_eq!(reqs.len(), STEPS);
+    let mut cuts = 0;
+    let mut prev_stub: Option<String> = None;
+    let (mut read_between, mut input_between) = (0u64, 0u64);
+    let mut table = Vec::new();
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(r.status, 200, "request {i} valid for the upstream");
+        let u = r.usage.as_ref().unwrap();
+        let total_in = u.total_input_tokens;
+        assert!(
+            total_in <= LINE + BLOCK,
+            "request {i}: the upstream saw {total_in} > line + block"
+        );
+        // The client got the real usage of the cut window.
+        assert_eq!(
+            client_usage[i]["input_tokens"].as_u64().unwrap(),
+            u.input_tokens,
+            "step {i}"
+        );
+        assert_eq!(
+            client_usage[i]["cache_read_input_tokens"].as_u64().unwrap(),
+            u.cache_read_input_tokens,
+            "step {i}"
+        );
+        let msgs = upstream_messages(r);
+        let stub = stub_seq(&msgs[0]);
+        let stub_text = stub.map(|_| msgs[0].to_string());
+        match stub {
+            Some(n) => {
+                // Stub, pinned first ask, then the client's history from row n+1 on.
+                assert_eq!(msgs[1], history[0], "the newest (only) ask is pinned");
+                let retained = &msgs[2..];
+                let client_len = 1 + 2 * i; // messages the client sent at step i
+                assert_eq!(
+                    retained.len(),
+                    client_len - n as usize,
+                    "request {i}: the stub names the last row cut"
+                );
+                assert_eq!(
+                    retained[0], history[n as usize],
+                    "request {i}: window starts right after seq {n}"
+                );
+                assert_eq!(
+                    retained[0]["role"], "assistant",
+                    "a tool result never opens the window"
+                );
+            }
+            None => assert_eq!(msgs.len(), 1 + 2 * i),
+        }
+        let cut_here = stub_text != prev_stub;
+        if cut_here && stub_text.is_some() {
+            cuts += 1;
+        } else if i > 0 {
+            read_between += u.cache_read_input_tokens;
+            input_between += total_in;
+        }
+        table.push((
+            i,
+            total_in,
+            u.cache_read_input_tokens,
+            cut_here && stub_text.is_some(),
+        ));
+        prev_stub = stub_text;
+    }
+    let ratio = read_between as f64 / input_between as f64;
+    println!("steps={STEPS} cuts={cuts} cache_read/input between cuts={ratio:.3}");
+    for (i, t, cr, cut) in table.iter().filter(|(i, ..)| i % 10 == 0 || table[*i].3) {
+        println!(
+            "step {i:>3} window {t:>7} cache_read {cr:>7}{}",
+            if *cut { "  <- cut" } else { "" }
+        );
+    }
+    assert!(
+        cuts >= 5,
+        "a 300-step session crosses the line many times: {cuts}"
+    );
+    assert!(ratio >= 0.9, "prompt cache hits between cuts: {ratio:.3}");
+
+    // The ledger holds every row verbatim (nothing was lost to the cuts).
+    let store = h.store();
+    let id = store.latest_session().unwrap().unwrap();
+    let s = store.load_session(&id).unwrap().unwrap();
+    assert_eq!(s.branch, 0, "cuts are not branches");
+    assert!(s.rows.len() >= history.len() - 1);
+    let r0: Value = serde_json::from_str(&s.rows[0].raw).unwrap();
+    assert_eq!(r0, history[0]);
+    assert!(s.cut_upto > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() {
+    let fake = FakeConfig::default().with_script(Script::always(Reply::tool_call(
+        "Bash",
+        json!({"command":"ls"}),
+    )));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, l: Option<u64>| ModelLimits {
+            context: l.or(Some(CONTEXT)),
+            max_output: Some(64_000),
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await;
+    let mut history: Vec<Value> = vec![json!({"role":"user","content":"go"})];
+    let body = |history: &Vec<Value>| {
+        json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":history}).to_string()
+    };
+    for step in 0..40 {
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-oceancode-session", "ct")],
+                body(&history),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let v = got.json();
+        let id = v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        history.push(json!({"role":"assistant","content":v["content"]}));
+        history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":tool_output(step)}]}));
+    }
+    // count_tokens with the same conversation gets the same window as the main request.
+    h.fake.clear();
+    let got = h
+        .post(
+            "/v1/messages/count_tokens",
+            &[("x-oceancode-session", "ct")],
+            body(&history),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let main = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "ct")],
+            body(&history),
+        )
+        .await;
+    assert_eq!(main.status, 200);
+    let reqs = h.fake.requests();
+    let ct = upstream_messages(&reqs[0]);
+    let mm = upstream_messages(&reqs[1]);
+    assert!(stub_seq(&ct[0]).is_some(), "count_tokens is windowed");
+    assert!(stub_seq(&mm[0]).is_some());
+    assert!(
+        stub_seq(&ct[0]) <= stub_seq(&mm[0]),
+        "the count sees the window before this request's cut, if any"
+    );
+    assert_eq!(ct.last(), mm.last());
+    if stub_seq(&ct[0]) == stub_seq(&mm[0]) {
+        assert_eq!(ct, mm, "the same window");
+    }
+    let counted = got.json()["input_tokens"].as_u64().unwrap();
+    assert!(counted < 20_000 + 14_000 + 4_000, "counted {counted}");
+
+    // Now the upstream refuses with "prompt is too long": every closed block is cut, one retry.
+    let v = main.json();
+    let id = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    history.push(json!({"role":"assistant","content":v["content"]}));
+    history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":tool_output(99)}]}));
+    h.fake.clear();
+    h.fake.push_reply(Reply::too_long());
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "ct")],
+            body(&history),
+        )
+        .await;
+    assert_eq!(got.status, 200, "retried after the cut: {}", got.text());
+    let reqs = h.fake.requests();
+    assert_eq!(reqs.len(), 2, "one retry");
+    let first = upstream_messages(&reqs[0]).len();
+    let retry = upstream_messages(&reqs[1]).len();
+    assert!(
+        retry < first,
+        "the retry sends a smaller window ({retry} < {first})"
+    );
+
+    // A second too-long with nothing left to cut is relayed unchanged.
+    h.fake.clear();
+    h.fake.set_script(Script::always(Reply::too_long()));
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "ct")],
+            body(&history),
+        )
+        .await;
+    assert_eq!(got.status, 400);
+    assert!(got.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("prompt is too long"));
+    assert!(h.fake.request_count() <= 2, "at most one retry");
+    let _ = Bytes::new();
+}
