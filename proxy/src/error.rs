@@ -6,8 +6,11 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use oceancode_ledger::Dialect;
 
+/// Errors a response body can end with (upstream failure, idle timeout).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The body type the proxy answers with.
-pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Which envelope to use for an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

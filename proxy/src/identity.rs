@@ -59,6 +59,8 @@ pub struct Identity {
     pub client_key: Option<String>,
     /// Client family.
     pub client: &'static str,
+    /// The request asked for the 1M-token context (`anthropic-beta: context-1m-…`).
+    pub context_1m: bool,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -102,9 +104,15 @@ pub fn identify(
     } else {
         header(headers, "session-id").map(|s| format!("codex:{s}"))
     };
+    let context_1m = headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|b| b.trim().starts_with("context-1m")));
     Identity {
         client_key: key,
         client,
+        context_1m,
     }
 }
 

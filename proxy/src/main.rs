@@ -168,6 +168,7 @@ fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             openai_upstream: cfg.openai_upstream().to_string(),
             max_body_bytes: cfg.limits.max_body_bytes,
             data_dir: data_dir.clone(),
+            idle_stream_timeout: cfg.limits.idle_stream_timeout(),
         },
         upstream: UpstreamOptions {
             connect_timeout: cfg.limits.connect_timeout(),

@@ -36,6 +36,8 @@ pub struct FrontConfig {
     pub max_body_bytes: u64,
     /// The data directory.
     pub data_dir: PathBuf,
+    /// A streamed answer silent for longer than this is ended with an error.
+    pub idle_stream_timeout: Duration,
 }
 
 /// Request/traffic counters for `/metrics`.
@@ -163,6 +165,15 @@ pub async fn handle(
     }))
 }
 
+/// Run CPU-bound work: `block_in_place` on the multi-threaded runtime (so the
+/// reactor keeps serving other connections), inline elsewhere.
+fn cpu<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn upstream_for(app: &App, d: Dialect) -> String {
     match d {
         Dialect::Anthropic => app.cfg.anthropic_upstream.clone(),
@@ -229,7 +240,7 @@ async fn passthrough(
     let up = upstream_request(&parts, uri, body.boxed(), None);
     let resp = app.upstream.send(up, &base).await?;
     let b = relay_head(&resp);
-    b.body(resp.into_body().boxed_unsync())
+    b.body(resp.into_body().map_err(Into::into).boxed_unsync())
         .map_err(|e| ProxyError::BadTarget(e.to_string()))
 }
 
@@ -282,7 +293,7 @@ async fn provider_request(
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
         // CPU work (hashing, parsing new rows, rendering) off the reactor.
-        tokio::task::block_in_place(|| {
+        cpu(|| {
             let parsed = dialect::ParsedBody::parse(&body, dialect::conv_key(dialect)).ok();
             let kind = match &parsed {
                 Some(p) if identity::is_side_request(dialect, p) => ReqKind::Side,
@@ -293,14 +304,24 @@ async fn provider_request(
             sessions.prepare(dialect, kind, &ident, body)
         })
     };
+    let prepare_us = t0.elapsed().as_micros() as u64;
     app.metrics
         .prepare_us
-        .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        .fetch_add(prepare_us, Ordering::Relaxed);
     let Prepared { body, ticket } = prepared;
     let len = body.len();
     let up = upstream_request(&parts, uri.clone(), full_up(body), Some(len));
     let resp = app.upstream.send(up, &base).await?;
     let status = resp.status();
+    tracing::debug!(
+        path = %uri.path(),
+        status = status.as_u16(),
+        session = ticket.as_ref().map(|t| t.session.id.as_str()).unwrap_or("-"),
+        window_rows = ticket.as_ref().map(|t| t.window_rows).unwrap_or(0),
+        bytes = len,
+        prepare_us,
+        "forwarded"
+    );
     if status.is_client_error() || status.is_server_error() {
         app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
     }
@@ -395,7 +416,7 @@ async fn too_long_path(
         return relay(bytes);
     };
     let sessions = app.sessions.clone();
-    let retry = tokio::task::block_in_place(|| sessions.too_long(&ticket, ceiling));
+    let retry = cpu(|| sessions.too_long(&ticket, ceiling));
     let Some(new_body) = retry else {
         tracing::info!(session = %ticket.session.id, "too long, and nothing left to cut: relaying the error");
         app.sessions
@@ -454,7 +475,8 @@ fn tap_response(
         encoding.as_deref(),
         dialect::collector(dialect),
         on_finish,
-    );
+    )
+    .with_idle_timeout(app.cfg.idle_stream_timeout);
     match head.body(body.boxed_unsync()) {
         Ok(r) => r,
         Err(e) => ProxyError::BadTarget(e.to_string()).into_response(Envelope::from(dialect)),

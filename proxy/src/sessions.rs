@@ -218,7 +218,12 @@ struct Parsed {
     norm: u64,
 }
 
+/// Messages fully parsed so far in this process (old, unchanged history is
+/// only hashed; this counter proves it in tests and benchmarks).
+pub static FULL_PARSES: AtomicU64 = AtomicU64::new(0);
+
 fn parse_msg(d: Dialect, raw: &RawValue) -> Parsed {
+    FULL_PARSES.fetch_add(1, Ordering::Relaxed);
     match serde_json::from_str::<Value>(raw.get()) {
         Ok(v) => Parsed {
             info: dialect::classify(d, &v),
@@ -643,7 +648,12 @@ impl SessionManager {
         st.step += 1;
         let boundary = st.active.last().copied().unwrap_or(0);
         st.absorb(&parsed.messages, &hashes, &mut events);
-        let (params, calc) = self.params(&st, &model, max_tokens);
+        let limits_model = if ident.context_1m && !model.contains("[1m]") {
+            format!("{model}[1m]")
+        } else {
+            model.clone()
+        };
+        let (params, calc) = self.params(&st, &limits_model, max_tokens);
         if calc.clamped && st.meter.line != calc.line {
             tracing::info!(session = %st.meta.id, line = calc.line, "tideline clamped to the model's context minus the output allowance");
         }

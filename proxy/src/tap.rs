@@ -5,12 +5,16 @@
 //! or when the client goes away (drop).
 
 use crate::dialect::{Collected, ResponseCollector};
+use crate::error::BoxError;
 use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Sleep;
 
 /// How the response ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +190,13 @@ impl TapState {
 pub struct TapBody<B> {
     inner: B,
     state: Option<TapState>,
+    idle: Option<(Duration, Pin<Box<Sleep>>)>,
 }
+
+/// The upstream sent nothing for longer than the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("oceancode-proxy: the upstream sent nothing for {0:?}; stream closed")]
+pub struct IdleTimeout(pub Duration);
 
 impl<B> TapBody<B> {
     /// Wrap `inner`. `content_encoding` is the response's `Content-Encoding`.
@@ -210,6 +220,7 @@ impl<B> TapBody<B> {
         };
         TapBody {
             inner,
+            idle: None,
             state: Some(TapState {
                 decoder,
                 mode,
@@ -218,6 +229,13 @@ impl<B> TapBody<B> {
                 bytes: 0,
             }),
         }
+    }
+
+    /// End the stream with an error when the upstream stays silent for `d`
+    /// between frames (needs a tokio runtime).
+    pub fn with_idle_timeout(mut self, d: Duration) -> Self {
+        self.idle = Some((d, Box::pin(tokio::time::sleep(d))));
+        self
     }
 
     fn finish(&mut self, end: TapEnd) {
@@ -230,18 +248,21 @@ impl<B> TapBody<B> {
 impl<B> Body for TapBody<B>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: Into<BoxError> + std::fmt::Display,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some((d, sleep)) = this.idle.as_mut() {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + *d);
+                }
                 if let (Some(data), Some(state)) = (frame.data_ref(), this.state.as_mut()) {
                     state.feed(data);
                 }
@@ -252,13 +273,23 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 this.finish(TapEnd::Error(e.to_string()));
-                Poll::Ready(Some(Err(e)))
+                Poll::Ready(Some(Err(e.into())))
             }
             Poll::Ready(None) => {
                 this.finish(TapEnd::Complete);
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if let Some((d, sleep)) = this.idle.as_mut() {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        let d = *d;
+                        this.idle = None;
+                        this.finish(TapEnd::Error(format!("idle for {d:?}")));
+                        return Poll::Ready(Some(Err(Box::new(IdleTimeout(d)))));
+                    }
+                }
+                Poll::Pending
+            }
         }
     }
 
@@ -442,5 +473,42 @@ mod tests {
         let o = sink.lock().unwrap();
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].end, TapEnd::Error("reset by peer".into()));
+    }
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::*;
+    use crate::dialect;
+    use http_body_util::{BodyExt, StreamBody};
+    use oceancode_ledger::Dialect;
+
+    #[tokio::test]
+    async fn a_silent_upstream_ends_the_stream_with_an_error() {
+        let (tx, mut rx) =
+            tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(2);
+        tx.send(Ok(Frame::data(Bytes::from_static(b"data: {}\n\n"))))
+            .await
+            .unwrap();
+        let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let e2 = ended.clone();
+        let body = TapBody::new(
+            StreamBody::new(stream),
+            Framing::Sse,
+            None,
+            dialect::collector(Dialect::Anthropic),
+            Box::new(move |o| *e2.lock().unwrap() = Some(o.end)),
+        )
+        .with_idle_timeout(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        let r = body.collect().await;
+        assert!(r.is_err());
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        assert!(matches!(
+            ended.lock().unwrap().clone(),
+            Some(TapEnd::Error(_))
+        ));
+        drop(tx);
     }
 }

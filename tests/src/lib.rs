@@ -38,6 +38,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             openai_upstream: upstream.to_string(),
             max_body_bytes: 64 << 20,
             data_dir: data.to_path_buf(),
+            idle_stream_timeout: Duration::from_secs(60),
         },
         upstream: UpstreamOptions {
             connect_timeout: Duration::from_secs(5),

@@ -319,3 +319,50 @@ async fn gzip_responses_stay_compressed_for_the_client_and_usage_is_read() {
     let s = h.admin("/_oceancode/sessions/latest").await;
     assert!(s["totals"]["output"].as_u64().unwrap() > 0, "{s}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_is_ended_with_an_error_after_the_idle_timeout() {
+    let chunks = vec![
+        (
+            Duration::ZERO,
+            Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n"),
+        ),
+        (
+            Duration::from_secs(10),
+            Bytes::from_static(b"event: ping\ndata: {\"type\":\"ping\"}\n\n"),
+        ),
+    ];
+    let replay = Replay::start(
+        200,
+        vec![("content-type", "text/event-stream".into())],
+        chunks,
+    )
+    .await;
+    let url = replay.url();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = url;
+        o.front.idle_stream_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let t0 = Instant::now();
+    let resp = h
+        .send(
+            &h.url(),
+            Method::POST,
+            "/v1/messages",
+            &[],
+            Bytes::from(anthropic_body(true, "hi")),
+        )
+        .await;
+    use http_body_util::BodyExt;
+    let r = resp.into_body().collect().await;
+    assert!(
+        r.is_err(),
+        "the client sees a broken stream, not a clean end"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "ended by the idle timeout: {:?}",
+        t0.elapsed()
+    );
+}

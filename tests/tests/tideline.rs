@@ -330,3 +330,118 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
     assert!(h.fake.request_count() <= 2, "at most one retry");
     let _ = Bytes::new();
 }
+
+async fn admin_post(h: &Harness, body: Value) -> oceancode_tests::Got {
+    oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            http::Method::POST,
+            "/_oceancode/tideline",
+            &[],
+            Bytes::from(body.to_string()),
+        )
+        .await,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() {
+    let fake = FakeConfig::default().with_script(Script::always(Reply::text("ok")));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(CONTEXT),
+            max_output: Some(64_000),
+        });
+    })
+    .await;
+    let main_body = |msgs: &[Value]| {
+        json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":msgs}).to_string()
+    };
+    let hdr = [("x-claude-code-session-id", "ctl-1")];
+    let mut history = vec![json!({"role":"user","content":"main task"})];
+    assert_eq!(
+        h.post("/v1/messages", &hdr, main_body(&history))
+            .await
+            .status,
+        200
+    );
+    let main_id = h.admin("/_oceancode/sessions/latest").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        h.admin(&format!("/_oceancode/sessions/{main_id}")).await["meter"]["line"],
+        80_000
+    );
+
+    // Set 50% for the session: applies from the next request.
+    let got = admin_post(&h, json!({"session": main_id, "value": "50%"})).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    history.push(json!({"role":"assistant","content":"ok"}));
+    history.push(json!({"role":"user","content":"next"}));
+    assert_eq!(
+        h.post("/v1/messages", &hdr, main_body(&history))
+            .await
+            .status,
+        200
+    );
+    let s = h.admin(&format!("/_oceancode/sessions/{main_id}")).await;
+    assert_eq!(s["override"], "50%");
+    assert_eq!(s["meter"]["line"], 100_000);
+
+    // A sub-agent (other tools, other first message) is its own session, linked, inheriting.
+    let sub = json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Read","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"sub task"}]}).to_string();
+    assert_eq!(h.post("/v1/messages", &hdr, sub).await.status, 200);
+    let sub_s = h.admin("/_oceancode/sessions/latest").await;
+    assert_ne!(sub_s["id"], main_id.as_str());
+    assert_eq!(sub_s["parent"], main_id.as_str());
+    assert_eq!(sub_s["override"], "50%");
+    assert_eq!(sub_s["meter"]["line"], 100_000);
+
+    // Refused values answer with the usage line.
+    let bad = admin_post(&h, json!({"session": main_id, "value": "10k"})).await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("usage: oceancode-proxy tideline"));
+
+    // `now` cuts at the next request: the upstream sees a stub.
+    let got = admin_post(&h, json!({"session": main_id, "value": "now"})).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.fake.clear();
+    history.push(json!({"role":"assistant","content":"ok"}));
+    history.push(json!({"role":"user","content":"after the cut"}));
+    assert_eq!(
+        h.post("/v1/messages", &hdr, main_body(&history))
+            .await
+            .status,
+        200
+    );
+    let msgs = upstream_messages(&h.fake.requests()[0]);
+    assert!(
+        stub_seq(&msgs[0]).is_some(),
+        "a stub opens the window: {}",
+        msgs[0]
+    );
+
+    // `default` restores the configured line.
+    assert_eq!(
+        admin_post(&h, json!({"session": main_id, "value": "default"}))
+            .await
+            .status,
+        200
+    );
+    history.push(json!({"role":"assistant","content":"ok"}));
+    history.push(json!({"role":"user","content":"again"}));
+    assert_eq!(
+        h.post("/v1/messages", &hdr, main_body(&history))
+            .await
+            .status,
+        200
+    );
+    let s = h.admin(&format!("/_oceancode/sessions/{main_id}")).await;
+    assert!(s["override"].is_null());
+    assert_eq!(s["meter"]["line"], 80_000);
+}
