@@ -14,6 +14,9 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// Sessions idle this long leave memory.
+pub const IDLE_EVICT_MS: i64 = 15 * 60 * 1000;
+
 /// Everything needed to start a proxy.
 #[derive(Clone)]
 pub struct ProxyOptions {
@@ -149,6 +152,19 @@ pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Runni
         store,
         metrics: Arc::new(Metrics::default()),
         started: Instant::now(),
+    });
+    // Idle sessions leave memory after 15 minutes (restored from the ledger).
+    let weak = Arc::downgrade(&app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            let Some(app) = weak.upgrade() else { return };
+            let n = app.sessions.evict_idle(IDLE_EVICT_MS);
+            if n > 0 {
+                tracing::debug!(sessions = n, "idle sessions left memory");
+            }
+        }
     });
     let (tx, rx) = oneshot::channel::<()>();
     let a = app.clone();

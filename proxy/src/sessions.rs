@@ -177,6 +177,8 @@ pub struct SessionManager {
     pub metrics: SessionMetrics,
     counter: AtomicU64,
     restorer: Option<Restorer>,
+    /// Line overrides of sessions that left memory (restored with them).
+    parked_overrides: Mutex<HashMap<String, LineSpec>>,
 }
 
 #[derive(Default)]
@@ -449,6 +451,7 @@ impl SessionManager {
             metrics: SessionMetrics::default(),
             counter: AtomicU64::new(0),
             restorer: None,
+            parked_overrides: Mutex::new(HashMap::new()),
         }
     }
 
@@ -459,13 +462,51 @@ impl SessionManager {
         self
     }
 
+    /// Let client sessions idle for longer than `idle_ms` leave memory (all
+    /// sessions of a client key together). They are read back from the
+    /// ledger on their next request. Needs a restorer (a ledger on disk).
+    pub fn evict_idle(&self, idle_ms: i64) -> usize {
+        if self.restorer.is_none() {
+            return 0;
+        }
+        let now = now_ms();
+        let mut idx = self.index.lock();
+        let idle_keys: Vec<String> = idx
+            .by_key
+            .iter()
+            .filter(|(_, list)| {
+                list.iter().all(|s| {
+                    s.state
+                        .try_lock()
+                        .is_some_and(|st| now - st.meta.last_ms > idle_ms)
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut n = 0;
+        for k in idle_keys {
+            for s in idx.by_key.remove(&k).unwrap_or_default() {
+                if let Some(l) = s.state.lock().override_line {
+                    self.parked_overrides.lock().insert(s.id.clone(), l);
+                }
+                idx.by_id.remove(&s.id);
+                n += 1;
+            }
+        }
+        if idx.latest.as_ref().is_some_and(|l| !idx.by_id.contains_key(l)) {
+            idx.latest = None;
+        }
+        n
+    }
+
     fn restore_key(&self, idx: &mut Index, key: &str) {
         let Some(r) = &self.restorer else { return };
         for loaded in r(key) {
             if idx.by_id.contains_key(&loaded.meta.id) {
                 continue;
             }
-            let st = State::restore(loaded);
+            let mut st = State::restore(loaded);
+            st.override_line = self.parked_overrides.lock().remove(&st.meta.id);
             let s = Arc::new(Session {
                 id: st.meta.id.clone(),
                 state: Mutex::new(st),

@@ -176,3 +176,37 @@ async fn a_rewind_records_a_branch_and_deletes_nothing() {
     );
     assert!(texts.iter().any(|t| t.contains("another second question")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_session_is_restored_from_the_ledger_without_a_branch() {
+    let h = harness().await;
+    let hdr = [("x-oceancode-session", "evict-me")];
+    let body = |n: usize| {
+        let mut m = vec![];
+        for i in 0..n {
+            m.push(serde_json::json!({"role":"user","content":format!("question {i}")}));
+            m.push(serde_json::json!({"role":"assistant","content":format!("answer {i}")}));
+        }
+        m.push(serde_json::json!({"role":"user","content":format!("question {n}")}));
+        serde_json::json!({"model":"claude-x","max_tokens":100,"messages":m}).to_string()
+    };
+    assert_eq!(h.post("/v1/messages", &hdr, body(3)).await.status, 200);
+    let id = h.admin("/_oceancode/sessions/latest").await["id"].as_str().unwrap().to_string();
+    let app = &h.proxy().app;
+    app.sessions.set_override(Some(&id), Some(oceancode_config::LineSpec::Percent(30.0))).unwrap();
+    h.settle().await;
+    assert_eq!(app.sessions.evict_idle(-1), 1);
+    assert!(app.sessions.get(&id).is_none(), "left memory");
+    assert_eq!(h.post("/v1/messages", &hdr, body(5)).await.status, 200);
+    let s = app.sessions.get(&id).expect("restored under the same id");
+    assert_eq!(s.state.lock().override_line(), Some(oceancode_config::LineSpec::Percent(30.0)));
+    h.settle().await;
+    let l = h.store().load_session(&id).unwrap().unwrap();
+    assert_eq!(l.branch, 0, "no branch after the restore");
+    assert_eq!(h.store().list_sessions().unwrap().len(), 1);
+    // 11 messages sent in the end; the first request's answer was echoed as "answer 3".
+    let texts: Vec<String> = l.rows.iter().filter(|r| !r.from_response).map(|r| r.raw.to_string()).collect();
+    for i in 0..5 {
+        assert!(texts.iter().any(|t| t.contains(&format!("question {i}"))));
+    }
+}
