@@ -131,7 +131,6 @@ pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Runni
         }
         None => Arc::new(|_events| {}),
     };
-    std::thread::spawn(crate::sessions::warm_tokenizer);
     let app = Arc::new(App {
         cfg: opts.front.clone(),
         upstream: Upstream::new(opts.upstream)?,

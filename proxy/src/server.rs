@@ -341,6 +341,7 @@ fn ticket_clone(t: &Ticket) -> Ticket {
         original: t.original.clone(),
         window_rows: t.window_rows,
         boundary: t.boundary,
+        body_len: t.body_len,
     }
 }
 

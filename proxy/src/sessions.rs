@@ -106,6 +106,9 @@ pub struct State {
     override_line: Option<LineSpec>,
     learned_ceiling: Option<u64>,
     tools_fp: u64,
+    /// Bytes of request JSON per real input token, learned from usage
+    /// (row estimates on the request path are `bytes / bytes_per_token`).
+    bytes_per_token: f64,
     /// Totals over the session's steps.
     pub totals: Usage,
     /// Last computed numbers, for the meter.
@@ -157,6 +160,8 @@ pub struct Ticket {
     pub window_rows: usize,
     /// Last seq before this step's new rows (the newest step is never cut).
     pub boundary: u64,
+    /// Bytes of the body sent upstream (calibrates the token estimate).
+    pub body_len: usize,
 }
 
 /// The body to forward and the step to finish.
@@ -198,8 +203,13 @@ fn now_ms() -> i64 {
 
 static BPE: OnceLock<Option<tiktoken_rs::CoreBPE>> = OnceLock::new();
 
-/// Token estimate of a raw message (tiktoken `o200k_base`; bytes/4 for very
-/// large rows, where exact counting would cost more than it tells).
+/// Request JSON bytes per token before any usage was seen (o200k_base on
+/// typical agent traffic measures ~3).
+pub const DEFAULT_BYTES_PER_TOKEN: f64 = 3.0;
+
+/// Exact token count of a raw message (tiktoken `o200k_base`; bytes/4 for
+/// very large rows). About 5 MB/s: kept off the request path, which uses a
+/// per-session calibrated byte estimate instead.
 pub fn estimate_tokens(raw: &str) -> u32 {
     if raw.len() > 256 * 1024 {
         return (raw.len() / 4) as u32;
@@ -210,10 +220,6 @@ pub fn estimate_tokens(raw: &str) -> u32 {
     }
 }
 
-/// Warm the tokenizer (it takes ~100 ms to load) off the request path.
-pub fn warm_tokenizer() {
-    let _ = estimate_tokens("warm");
-}
 
 struct Parsed {
     info: dialect::MessageInfo,
@@ -277,6 +283,7 @@ impl State {
             override_line: None,
             learned_ceiling: None,
             tools_fp,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             totals: Usage::default(),
             meter: Meter::default(),
         }
@@ -319,7 +326,7 @@ impl State {
             }
         }
         let turn = self.turn.max(1);
-        let tokens = estimate_tokens(raw);
+        let tokens = (raw.len() as f64 / self.bytes_per_token).ceil() as u32;
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
             norm_hash: p.norm,
@@ -386,15 +393,16 @@ impl State {
                 {
                     break;
                 }
-                if self.rows[idx].raw_hash != hashes[p] {
-                    events.push(Event::Confirm {
-                        session: id.clone(),
-                        seq,
-                        raw: Arc::from(m.get()),
-                    });
-                    self.rows[idx].raw_hash = hashes[p];
-                    self.rows[idx].norm_hash = parsed.norm;
-                }
+                // Confirm even a byte-identical echo: `from_response = 0` on
+                // disk is what tells a restart (`State::restore`) that the row
+                // is on the active line.
+                events.push(Event::Confirm {
+                    session: id.clone(),
+                    seq,
+                    raw: Arc::from(m.get()),
+                });
+                self.rows[idx].raw_hash = hashes[p];
+                self.rows[idx].norm_hash = parsed.norm;
                 self.active.push(seq);
                 p += 1;
             }
@@ -762,6 +770,7 @@ impl SessionManager {
             }
             None => body.clone(),
         };
+        let body_len = out.len();
         Prepared {
             body: out,
             ticket: Some(Ticket {
@@ -771,6 +780,7 @@ impl SessionManager {
                 original: body,
                 window_rows: window.rows,
                 boundary,
+                body_len,
             }),
         }
     }
@@ -999,6 +1009,11 @@ impl SessionManager {
         let success = ok && (200..300).contains(&status);
         if success {
             if let Some(u) = collected.usage {
+                let input = u.input_total();
+                if input > 0 && ticket.body_len > 0 {
+                    let measured = (ticket.body_len as f64 / input as f64).clamp(1.0, 16.0);
+                    st.bytes_per_token = 0.5 * st.bytes_per_token + 0.5 * measured;
+                }
                 st.last_usage = Some(u);
                 st.pending_est = 0;
                 st.totals.input += u.input;
