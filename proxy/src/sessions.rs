@@ -220,7 +220,6 @@ pub fn estimate_tokens(raw: &str) -> u32 {
     }
 }
 
-
 struct Parsed {
     info: dialect::MessageInfo,
     norm: u64,
@@ -237,30 +236,27 @@ fn parse_msg(d: Dialect, raw: &RawValue) -> Parsed {
             info: dialect::classify(d, &v),
             norm: dialect::normalized_hash(&v),
         },
-        Err(_) => Parsed {
-            info: dialect::MessageInfo {
-                role: String::new(),
-                kind: RowKind::Other,
-                starts_ok: true,
-                first_line: None,
-            },
-            norm: dialect::raw_hash(raw.get()),
-        },
+        Err(_) => unparsed(raw.get()),
     }
 }
 
 fn parse_str(d: Dialect, raw: &str) -> Parsed {
     match serde_json::from_str::<&RawValue>(raw) {
         Ok(rv) => parse_msg(d, rv),
-        Err(_) => Parsed {
-            info: dialect::MessageInfo {
-                role: String::new(),
-                kind: RowKind::Other,
-                starts_ok: true,
-                first_line: None,
-            },
-            norm: dialect::raw_hash(raw),
+        Err(_) => unparsed(raw),
+    }
+}
+
+/// A message that is not JSON: kept verbatim, compared by bytes.
+fn unparsed(raw: &str) -> Parsed {
+    Parsed {
+        info: dialect::MessageInfo {
+            role: String::new(),
+            kind: RowKind::Other,
+            starts_ok: true,
+            first_line: None,
         },
+        norm: dialect::raw_hash(raw),
     }
 }
 
@@ -501,7 +497,11 @@ impl SessionManager {
                 n += 1;
             }
         }
-        if idx.latest.as_ref().is_some_and(|l| !idx.by_id.contains_key(l)) {
+        if idx
+            .latest
+            .as_ref()
+            .is_some_and(|l| !idx.by_id.contains_key(l))
+        {
             idx.latest = None;
         }
         n

@@ -177,6 +177,33 @@ pub struct MessageInfo {
     pub first_line: Option<String>,
 }
 
+/// The first text of a message's `content`: the string itself, or the first
+/// part carrying `text`.
+pub(crate) fn content_text(v: &Value) -> Option<&str> {
+    match v.get("content") {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .find_map(|p| p.get("text").and_then(Value::as_str)),
+        _ => None,
+    }
+}
+
+/// A [`MessageInfo`]: a window may start anywhere but at a tool result, and
+/// prompts carry their first line.
+pub(crate) fn info(role: String, kind: RowKind, text: Option<&str>) -> MessageInfo {
+    MessageInfo {
+        role,
+        kind,
+        starts_ok: kind != RowKind::ToolResult,
+        first_line: if kind == RowKind::Prompt {
+            text.and_then(|t| first_line(t, 80))
+        } else {
+            None
+        },
+    }
+}
+
 /// Classify a message of the given dialect.
 pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
     match d {

@@ -2,7 +2,7 @@
 //! collector (final usage chunk with `stream_options.include_usage`, the
 //! assistant message reassembled from deltas).
 
-use super::{first_line, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{content_text, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{json, Map, Value};
 
@@ -20,23 +20,7 @@ pub fn classify(v: &Value) -> MessageInfo {
         "system" | "developer" => RowKind::System,
         _ => RowKind::Other,
     };
-    let text = match v.get("content") {
-        Some(Value::String(s)) => Some(s.as_str()),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .find_map(|p| p.get("text").and_then(Value::as_str)),
-        _ => None,
-    };
-    MessageInfo {
-        role,
-        kind,
-        starts_ok: kind != RowKind::ToolResult,
-        first_line: if kind == RowKind::Prompt {
-            text.and_then(|t| first_line(t, 80))
-        } else {
-            None
-        },
-    }
+    info(role, kind, content_text(v))
 }
 
 /// Reassembles a Chat Completions response (choice 0).
