@@ -415,6 +415,25 @@ impl State {
         }
     }
 
+    /// Append every message as new (server-side conversation state): the
+    /// previous response's rows are taken as confirmed.
+    fn append_stateful(&mut self, msgs: &[&RawValue], events: &mut Vec<Event>) {
+        let pending = std::mem::take(&mut self.pending);
+        self.active.extend(pending);
+        let mut rows = Vec::new();
+        for m in msgs {
+            let parsed = parse_msg(self.dialect, m);
+            let seq = self.push_row(m.get(), parsed, false, &mut rows);
+            self.active.push(seq);
+        }
+        if !rows.is_empty() {
+            events.push(Event::Rows {
+                session: self.meta.id.clone(),
+                rows,
+            });
+        }
+    }
+
     fn row_infos(&self) -> Vec<RowInfo> {
         self.active
             .iter()
@@ -696,6 +715,33 @@ impl SessionManager {
         events.push(Event::Session(st.meta.clone()));
         st.step += 1;
         let boundary = st.active.last().copied().unwrap_or(0);
+        // Responses with `previous_response_id`: the provider holds the
+        // history; the input is only what is new. Record it, never window it.
+        let stateful = dialect == Dialect::OpenaiResponses
+            && parsed
+                .get_as::<Value>("previous_response_id")
+                .is_some_and(|v| !v.is_null());
+        if stateful {
+            st.append_stateful(&parsed.messages, &mut events);
+            st.meter.steps = st.step;
+            st.meter.active_rows = st.active.len();
+            let step = st.step;
+            drop(st);
+            (self.sink)(events);
+            let body_len = body.len();
+            return Prepared {
+                body: body.clone(),
+                ticket: Some(Ticket {
+                    session,
+                    step,
+                    dialect,
+                    original: body.clone(),
+                    window_rows: parsed.messages.len(),
+                    boundary,
+                    body_len,
+                }),
+            };
+        }
         st.absorb(&parsed.messages, &hashes, &mut events);
         let limits_model = if ident.context_1m && !model.contains("[1m]") {
             format!("{model}[1m]")

@@ -191,22 +191,66 @@ async fn an_evicted_session_is_restored_from_the_ledger_without_a_branch() {
         serde_json::json!({"model":"claude-x","max_tokens":100,"messages":m}).to_string()
     };
     assert_eq!(h.post("/v1/messages", &hdr, body(3)).await.status, 200);
-    let id = h.admin("/_oceancode/sessions/latest").await["id"].as_str().unwrap().to_string();
+    let id = h.admin("/_oceancode/sessions/latest").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let app = &h.proxy().app;
-    app.sessions.set_override(Some(&id), Some(oceancode_config::LineSpec::Percent(30.0))).unwrap();
+    app.sessions
+        .set_override(Some(&id), Some(oceancode_config::LineSpec::Percent(30.0)))
+        .unwrap();
     h.settle().await;
     assert_eq!(app.sessions.evict_idle(-1), 1);
     assert!(app.sessions.get(&id).is_none(), "left memory");
     assert_eq!(h.post("/v1/messages", &hdr, body(5)).await.status, 200);
     let s = app.sessions.get(&id).expect("restored under the same id");
-    assert_eq!(s.state.lock().override_line(), Some(oceancode_config::LineSpec::Percent(30.0)));
+    assert_eq!(
+        s.state.lock().override_line(),
+        Some(oceancode_config::LineSpec::Percent(30.0))
+    );
     h.settle().await;
     let l = h.store().load_session(&id).unwrap().unwrap();
     assert_eq!(l.branch, 0, "no branch after the restore");
     assert_eq!(h.store().list_sessions().unwrap().len(), 1);
     // 11 messages sent in the end; the first request's answer was echoed as "answer 3".
-    let texts: Vec<String> = l.rows.iter().filter(|r| !r.from_response).map(|r| r.raw.to_string()).collect();
+    let texts: Vec<String> = l
+        .rows
+        .iter()
+        .filter(|r| !r.from_response)
+        .map(|r| r.raw.to_string())
+        .collect();
     for i in 0..5 {
         assert!(texts.iter().any(|t| t.contains(&format!("question {i}"))));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_with_previous_response_id_are_appended_not_matched() {
+    let h = harness().await;
+    let hdr = [("session-id", "stateful-1"), ("originator", "codex_exec")];
+    let first = serde_json::json!({"model":"gpt-5","input":[{"role":"user","content":"start"}]})
+        .to_string();
+    assert_eq!(h.post("/v1/responses", &hdr, first).await.status, 200);
+    let next = serde_json::json!({"model":"gpt-5","previous_response_id":"resp_1","input":[{"role":"user","content":"continue"}]}).to_string();
+    let got = h.post("/v1/responses", &hdr, next.clone()).await;
+    assert_eq!(got.status, 200);
+    let reqs = h.fake.requests();
+    assert_eq!(
+        reqs[1].body,
+        bytes::Bytes::from(next),
+        "forwarded untouched"
+    );
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1);
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.branch, 0, "a delta input is not a rewind");
+    let raws: Vec<&str> = s.rows.iter().map(|r| &*r.raw).collect();
+    assert!(raws[0].contains("start"));
+    assert!(raws.iter().any(|r| r.contains("continue")));
+    assert_eq!(
+        s.rows.iter().filter(|r| r.from_response).count(),
+        2,
+        "both answers recorded"
+    );
 }
