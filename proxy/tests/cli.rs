@@ -1,0 +1,632 @@
+//! The `oceancode-proxy` command line, as a user runs it: `ledger list|path`,
+//! `tideline` against a running `serve`, the `run` wrapper (exit code, ledger
+//! path, base URLs, `--tideline`), and config-file errors and warnings.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: oceancode-proxy tideline [--session S] [50% | 500k | now | default]";
+
+/// Kills (SIGKILL) and reaps the child when dropped.
+struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("child still owned")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The binary with a clean environment: no user config, data or proxy vars.
+fn proxy_cmd(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oceancode-proxy"));
+    for v in [
+        "OCEANCODE_CONFIG",
+        "OCEANCODE_DATA_DIR",
+        "OCEANCODE_LISTEN",
+        "OCEANCODE_CONTEXT_TOKENS",
+        "OCEANCODE_PROXY_URL",
+        "OCEANCODE_LOG",
+        "ANTHROPIC_BASE_URL",
+        "OPENAI_BASE_URL",
+        "http_proxy",
+        "https_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ] {
+        c.env_remove(v);
+    }
+    c.env("XDG_CONFIG_HOME", home.join("xdg-config"))
+        .env("XDG_DATA_HOME", home.join("xdg-data"))
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost")
+        .env("HOME", home);
+    c
+}
+
+/// Run a command to completion (killed after 20 s) and capture its output.
+fn output(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let mut guard = ChildGuard(Some(child));
+    let o = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let e = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = guard.child().try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "command timed out: {cmd:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    guard.0 = None;
+    Output {
+        status,
+        stdout: o.join().expect("stdout reader"),
+        stderr: e.join().expect("stderr reader"),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A `serve` process and what it printed on stderr.
+struct Served {
+    guard: ChildGuard,
+    url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Start `serve` on port 0; `extra` are more arguments (e.g. `--config F`).
+fn serve(home: &Path, data: &Path, fake: &str, extra: &[&str], env: &[(&str, &str)]) -> Served {
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .args(["--anthropic-upstream", fake, "--openai-upstream", fake])
+        .args(extra)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn oceancode-proxy serve");
+    let err = child.stderr.take().expect("stderr");
+    let mut guard = ChildGuard(Some(child));
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel::<String>();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("oceancode-proxy listening on http://").nth(1) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                }
+            }
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    let Ok(addr) = rx.recv_timeout(Duration::from_secs(15)) else {
+        let _ = guard.child().kill();
+        let _ = guard.child().wait();
+        std::thread::sleep(Duration::from_millis(100));
+        panic!("serve did not start; stderr:\n{}", log.lock().unwrap());
+    };
+    let port: u16 = addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        addr.starts_with("127.0.0.1:") && port != 0,
+        "serve must report the bound port, got {addr:?}"
+    );
+    Served {
+        guard,
+        url: format!("http://{addr}"),
+        stderr: log,
+    }
+}
+
+fn sigterm_and_wait(s: &mut Served) {
+    let child = s.guard.child();
+    // SAFETY: plain kill(2) on our own child's pid.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            assert!(st.success(), "serve exits 0 on SIGTERM, got {st:?}");
+            s.guard.0 = None;
+            return;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+type Http = Client<HttpConnector, Full<Bytes>>;
+
+fn http() -> Http {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn request(
+    c: &Http,
+    method: &str,
+    url: &str,
+    hdrs: &[(&str, &str)],
+    body: String,
+) -> (u16, Value) {
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json");
+    for (k, v) in hdrs {
+        b = b.header(*k, *v);
+    }
+    let fut = async {
+        let resp = c
+            .request(b.body(Full::new(Bytes::from(body))).expect("request"))
+            .await
+            .expect("proxy answers");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    };
+    tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .expect("request timed out")
+}
+
+/// One Anthropic turn of session `name`: `turns` user/assistant pairs so far.
+async fn chat(c: &Http, url: &str, name: &str, turns: usize) -> Value {
+    let mut msgs = Vec::new();
+    for t in 0..turns {
+        msgs.push(json!({"role": "user", "content": format!("{name} question {t}: {}", "words ".repeat(200))}));
+        if t + 1 < turns {
+            msgs.push(json!({"role": "assistant", "content": format!("answer {t}")}));
+        }
+    }
+    let body = json!({"model": "claude-test", "max_tokens": 256, "messages": msgs}).to_string();
+    let (status, v) = request(
+        c,
+        "POST",
+        &format!("{url}/v1/messages"),
+        &[("x-oceancode-session", name), ("x-api-key", "k")],
+        body,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+async fn fake() -> FakeHandle {
+    // The chat helper writes its own assistant turns: no validation needed,
+    // but they are valid anyway.
+    FakeUpstream::start(FakeConfig::default())
+        .await
+        .expect("fake upstream")
+}
+
+fn ledger_cmd(home: &Path, data: &Path, args: &[&str]) -> Output {
+    let mut c = proxy_cmd(home);
+    c.arg("ledger").args(args).arg("--data-dir").arg(data);
+    output(c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_list_and_path_after_a_served_session() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+
+    // No ledger yet: a clear error, non-zero exit, nothing created.
+    let o = ledger_cmd(home, &data, &["path"]);
+    assert!(!o.status.success(), "{o:?}");
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("no ledger in") && err.contains(&data.display().to_string()),
+        "{err}"
+    );
+    assert!(!data.join("oceancode.db").exists());
+    let o = ledger_cmd(home, &data, &["list"]);
+    assert!(!o.status.success(), "{o:?}");
+
+    // A short served session: two turns.
+    let mut p = serve(home, &data, &fake.url(), &[], &[]);
+    let c = http();
+    chat(&c, &p.url, "cli-a", 1).await;
+    chat(&c, &p.url, "cli-a", 2).await;
+    sigterm_and_wait(&mut p);
+
+    let o = ledger_cmd(home, &data, &["list"]);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "header + one session:\n{out}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["id", "client", "model", "turns", "rows", "last", "activity"],
+        "{out}"
+    );
+    let cols: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(cols.len(), 6, "{out}");
+    let id = cols[0];
+    assert!(
+        id.contains("-s-"),
+        "an id tagged for an unknown client: {id}"
+    );
+    assert_eq!(cols[1], "unknown", "{out}");
+    assert_eq!(cols[2], "claude-test", "{out}");
+    assert_eq!(cols[3], "2", "two turns: {out}");
+    // question 0, answer 0 (echoed), question 1, and the last answer.
+    assert_eq!(cols[4], "4", "four rows: {out}");
+    assert!(
+        cols[5].len() >= 19 && cols[5].as_bytes()[4] == b'-' && cols[5].contains('T'),
+        "an ISO time: {out}"
+    );
+
+    for args in [&["path"][..], &["path", id][..]] {
+        let o = ledger_cmd(home, &data, args);
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        let path = PathBuf::from(text(&o.stdout).trim());
+        assert_eq!(path, data.join("sessions").join(id), "{args:?}");
+        let t1 = path.join("transcript").join("0001.md");
+        let t = std::fs::read_to_string(&t1).unwrap_or_else(|e| panic!("{}: {e}", t1.display()));
+        assert!(t.contains("cli-a question 0"), "{t}");
+        assert!(path.join("transcript").join("0002.md").exists());
+    }
+}
+
+fn tideline_cmd(home: &Path, url: &str, args: &[&str]) -> Output {
+    let mut c = proxy_cmd(home);
+    c.arg("tideline").args(["--proxy", url]).args(args);
+    output(c)
+}
+
+async fn latest(c: &Http, url: &str) -> Value {
+    let (status, v) = request(
+        c,
+        "GET",
+        &format!("{url}/_oceancode/sessions/latest"),
+        &[],
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tideline_command_against_a_running_proxy() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let mut p = serve(
+        home,
+        &data,
+        &fake.url(),
+        &[],
+        &[("OCEANCODE_CONTEXT_TOKENS", "100000")],
+    );
+    let url = p.url.clone();
+    let c = http();
+    for t in 1..=3 {
+        chat(&c, &url, "tl", t).await;
+    }
+    let s = latest(&c, &url).await;
+    let id = s["id"].as_str().unwrap().to_string();
+    assert_eq!(s["meter"]["context"], 100000, "{s}");
+    assert_eq!(s["meter"]["line"], 40000, "default 40%: {s}");
+    assert_eq!(s["override"], Value::Null);
+
+    let json_ok = |o: &Output, what: &str| -> Value {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{what}: {}\n{}",
+            text(&o.stdout),
+            text(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}", text(&o.stdout)))
+    };
+
+    // Show.
+    let v = json_ok(&tideline_cmd(home, &url, &[]), "show");
+    assert_eq!(v["action"], "Show", "{v}");
+    assert_eq!(v["session"]["id"], id.as_str(), "{v}");
+    assert_eq!(v["session"]["meter"]["line"], 40000, "{v}");
+
+    // A share of the context, for all sessions: applies from the next request.
+    let v = json_ok(&tideline_cmd(home, &url, &["50%"]), "50%");
+    assert!(v["action"].as_str().unwrap().starts_with("Set"), "{v}");
+    assert_eq!(v["scope"], "all sessions", "{v}");
+    assert_eq!(
+        latest(&c, &url).await["meter"]["line"],
+        40000,
+        "not before the next request"
+    );
+    chat(&c, &url, "tl", 4).await;
+    assert_eq!(latest(&c, &url).await["meter"]["line"], 50000);
+
+    // A fixed line, clamped to context − max_tokens.
+    json_ok(&tideline_cmd(home, &url, &["500k"]), "500k");
+    chat(&c, &url, "tl", 5).await;
+    assert_eq!(latest(&c, &url).await["meter"]["line"], 100000 - 256);
+
+    // One session: the admin API shows its override.
+    let v = json_ok(
+        &tideline_cmd(home, &url, &["--session", &id, "30%"]),
+        "--session 30%",
+    );
+    assert_eq!(v["scope"], id.as_str(), "{v}");
+    let s = latest(&c, &url).await;
+    assert_eq!(s["override"], "30%", "{s}");
+    chat(&c, &url, "tl", 6).await;
+    assert_eq!(latest(&c, &url).await["meter"]["line"], 30000);
+
+    // Cut now.
+    let before = latest(&c, &url).await["meter"]["cuts"].as_u64().unwrap();
+    let v = json_ok(&tideline_cmd(home, &url, &["now"]), "now");
+    let upto = v["cut_upto"].as_u64().unwrap_or(0);
+    assert!(upto >= 1, "a cut point: {v}");
+    chat(&c, &url, "tl", 7).await;
+    let s = latest(&c, &url).await;
+    assert!(s["meter"]["cut_upto"].as_u64().unwrap() >= upto, "{s}");
+    assert!(
+        s["meter"]["window_rows"].as_u64().unwrap() < s["meter"]["active_rows"].as_u64().unwrap(),
+        "the next window is cut: {s} (cuts before: {before})"
+    );
+    let last = fake.requests().last().unwrap().json().unwrap();
+    let first = last["messages"][0]["content"].to_string();
+    assert!(first.contains("past the tideline"), "stub first: {first}");
+
+    // Back to the configured line (the session override, then the global one).
+    json_ok(
+        &tideline_cmd(home, &url, &["--session", &id, "default"]),
+        "--session default",
+    );
+    json_ok(&tideline_cmd(home, &url, &["default"]), "default");
+    assert_eq!(latest(&c, &url).await["override"], Value::Null);
+    chat(&c, &url, "tl", 8).await;
+    assert_eq!(latest(&c, &url).await["meter"]["line"], 40000);
+
+    // Refused values: non-zero exit and the usage line.
+    for bad in [&["10k"][..], &["wide"][..], &["50%", "60%"][..]] {
+        let o = tideline_cmd(home, &url, bad);
+        assert!(!o.status.success(), "{bad:?}: {o:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains(USAGE), "{bad:?}: {err}");
+    }
+    // Nothing changed.
+    chat(&c, &url, "tl", 9).await;
+    assert_eq!(latest(&c, &url).await["meter"]["line"], 40000);
+
+    // No proxy answering: a clear error.
+    sigterm_and_wait(&mut p);
+    let o = tideline_cmd(home, &url, &["50%"]);
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains("no proxy answering"), "{o:?}");
+}
+
+const CHILD: &str = r#"
+import json, os, sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+base = os.environ["ANTHROPIC_BASE_URL"]
+print("ANTHROPIC_BASE_URL=" + base)
+print("OPENAI_BASE_URL=" + os.environ["OPENAI_BASE_URL"])
+body = json.dumps({"model": "claude-test", "max_tokens": 256,
+                   "messages": [{"role": "user", "content": "hello from the child"}]}).encode()
+req = urllib.request.Request(base + "/v1/messages", data=body, method="POST",
+                             headers={"content-type": "application/json", "x-api-key": "k",
+                                      "anthropic-version": "2023-06-01"})
+answer = json.load(opener.open(req, timeout=10))
+print("ANSWER=" + answer["content"][0]["text"])
+meta = json.load(opener.open(os.environ["OCEANCODE_PROXY_URL"] + "/_oceancode/sessions/latest", timeout=10))
+print("LINE=%d" % meta["meter"]["line"])
+sys.stdout.flush()
+sys.exit(3)
+"#;
+
+fn python3() -> bool {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn run_child(home: &Path, data: &Path, fake: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = proxy_cmd(home);
+    c.arg("run")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--anthropic-upstream", fake])
+        .args(extra)
+        .args(["--", "python3", "-c", CHILD])
+        .envs(env.iter().copied());
+    output(c)
+}
+
+fn line_value(out: &str, key: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in:\n{out}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_wraps_a_child_and_reports_its_ledger() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let o = run_child(home, &data, &fake.url(), &[], &[]);
+    let out = text(&o.stdout);
+    let err = text(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "the child's exit code\n{out}\n{err}"
+    );
+
+    let anthropic = line_value(&out, "ANTHROPIC_BASE_URL=");
+    let openai = line_value(&out, "OPENAI_BASE_URL=");
+    assert!(anthropic.starts_with("http://127.0.0.1:"), "{anthropic}");
+    assert_ne!(
+        anthropic, "http://127.0.0.1:8787",
+        "a free port, not the default"
+    );
+    assert_eq!(openai, format!("{anthropic}/v1"));
+    assert_eq!(line_value(&out, "ANSWER="), "Done. FINAL_ANSWER_MARKER");
+    assert_eq!(fake.request_count(), 1, "the child's request went upstream");
+
+    let prefix = format!("oceancode-proxy: ledger {}/sessions/", data.display());
+    let dirs: Vec<&str> = err.lines().filter(|l| l.starts_with(&prefix)).collect();
+    assert_eq!(dirs.len(), 1, "one ledger path printed:\n{err}");
+    let dir = PathBuf::from(dirs[0].trim_start_matches("oceancode-proxy: ledger "));
+    assert!(dir.is_dir(), "{}", dir.display());
+    let t = std::fs::read_to_string(dir.join("transcript").join("0001.md")).unwrap();
+    assert!(t.contains("hello from the child"), "{t}");
+    assert!(
+        t.contains("Done. FINAL_ANSWER_MARKER"),
+        "the answer is recorded: {t}"
+    );
+
+    // A failing command: `run` still exits with the child's code.
+    let mut c = proxy_cmd(home);
+    c.arg("run").arg("--data-dir").arg(&data).args([
+        "--anthropic-upstream",
+        &fake.url(),
+        "--",
+        "sh",
+        "-c",
+        "exit 7",
+    ]);
+    let o = output(c);
+    assert_eq!(o.status.code(), Some(7), "{o:?}");
+    assert!(text(&o.stderr).contains("no session was recorded"), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_tideline_sets_the_line_for_the_child() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let env = [("OCEANCODE_CONTEXT_TOKENS", "100000")];
+    let with = run_child(
+        home,
+        &home.join("a"),
+        &fake.url(),
+        &["--tideline", "50%"],
+        &env,
+    );
+    assert_eq!(with.status.code(), Some(3), "{with:?}");
+    assert_eq!(line_value(&text(&with.stdout), "LINE="), "50000");
+    let without = run_child(home, &home.join("b"), &fake.url(), &[], &env);
+    assert_eq!(without.status.code(), Some(3), "{without:?}");
+    assert_eq!(
+        line_value(&text(&without.stdout), "LINE="),
+        "40000",
+        "the default 40%"
+    );
+    let bad = run_child(
+        home,
+        &home.join("c"),
+        &fake.url(),
+        &["--tideline", "wide"],
+        &env,
+    );
+    assert!(!bad.status.success(), "{bad:?}");
+    assert!(text(&bad.stderr).contains(USAGE), "{bad:?}");
+    assert_eq!(fake.request_count(), 2, "the refused run started no child");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+
+    let bad = home.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"ledger": {"tideline": {"percent": 40}, "bogus_key": 1}}"#,
+    )
+    .unwrap();
+    let mut c = proxy_cmd(home);
+    c.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--anthropic-upstream", &fake.url(), "--config"])
+        .arg(&bad);
+    let o = output(c);
+    assert!(!o.status.success(), "{o:?}");
+    let err = text(&o.stderr);
+    assert!(err.contains("bogus_key"), "names the key: {err}");
+    assert!(err.contains("bad.json"), "names the file: {err}");
+    assert!(!err.contains("listening"), "{err}");
+
+    let old = home.join("old.json");
+    std::fs::write(&old, r#"{"ledger": {"low": 1}}"#).unwrap();
+    let mut p = serve(
+        home,
+        &data,
+        &fake.url(),
+        &["--config", old.to_str().unwrap()],
+        &[],
+    );
+    let c = http();
+    chat(&c, &p.url, "cfg", 1).await;
+    sigterm_and_wait(&mut p);
+    let log = p.stderr.lock().unwrap().clone();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("ledger.low")).collect();
+    assert_eq!(warnings.len(), 1, "one warning naming ledger.low:\n{log}");
+    assert!(warnings[0].contains("WARN"), "{log}");
+}
