@@ -5,9 +5,12 @@
 //! disk: the writer takes whatever is queued (up to `batch_max`), applies it
 //! in ONE transaction (each event under its own savepoint, so a refused event
 //! does not sink its batch), commits, then rewrites the transcript files of
-//! the turns it touched (atomic replace). [`Store::settle`] is a barrier that
-//! resolves once everything queued before it is committed and its transcript
-//! files are written.
+//! the turns it touched (atomic replace), then `SESSION.md` when a turn came
+//! wholly past the tideline ([`crate::page`]). [`Store::settle`] is a barrier
+//! that resolves once everything queued before it is committed and its files
+//! are written. Rows are also indexed for search (`row_text` + FTS5
+//! `row_fts`, schema version 2). Rebuild, the retention sweep, vacuum and
+//! model-merged page notes run as jobs on the same thread, in queue order.
 //!
 //! What is on disk is always a gap-free, in-order prefix of each session: an
 //! `Event::Rows` whose first `seq` is not exactly `max(seq) + 1` is refused
@@ -23,8 +26,11 @@
 //! retention).
 
 use crate::model::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use crate::page::{Note, Page};
+use crate::parts;
 use crate::paths::{self, DataDir};
 use crate::transcript::{self, TurnSummary};
+use crate::{rebuild, retention};
 use parking_lot::{Mutex, RwLock};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -40,7 +46,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, warn};
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 /// How many recent commit lags the lag summary keeps.
 pub const LAG_WINDOW: usize = 1024;
 /// Sessions whose newest turn / turn index the writer keeps in memory.
@@ -50,7 +56,8 @@ const READER_POOL: usize = 4;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sessions (
     id             TEXT PRIMARY KEY,
     client         TEXT NOT NULL,
@@ -108,7 +115,37 @@ CREATE TABLE cuts (
     ts_ms    INTEGER NOT NULL
 );
 CREATE INDEX cuts_session ON cuts(session, ts_ms);
-"#];
+"#,
+    r#"
+CREATE TABLE row_text (
+    id      INTEGER PRIMARY KEY,
+    session TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    text    TEXT NOT NULL,
+    UNIQUE (session, seq)
+);
+CREATE VIRTUAL TABLE row_fts USING fts5(text, content='row_text', content_rowid='id');
+CREATE TRIGGER row_text_ai AFTER INSERT ON row_text BEGIN
+    INSERT INTO row_fts(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER row_text_ad AFTER DELETE ON row_text BEGIN
+    INSERT INTO row_fts(row_fts, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+CREATE TRIGGER row_text_au AFTER UPDATE ON row_text BEGIN
+    INSERT INTO row_fts(row_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO row_fts(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TABLE page_notes (
+    id         INTEGER PRIMARY KEY,
+    session    TEXT NOT NULL,
+    turn       INTEGER NOT NULL,
+    section    TEXT NOT NULL,
+    text       TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
+CREATE INDEX page_notes_session ON page_notes(session, id);
+"#,
+];
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -144,9 +181,18 @@ pub enum StoreError {
     /// `try_submit` found the queue full; the event is handed back.
     #[error("the ledger writer queue is full")]
     QueueFull(Box<Event>),
+    /// No session has this id (or id prefix).
+    #[error("no session {0:?} in the ledger")]
+    UnknownSession(String),
+    /// A session prefix matched more than one session.
+    #[error("session prefix {0:?} matches {1} sessions; give more of the id")]
+    AmbiguousSession(String, usize),
+    /// The ledger has no session yet.
+    #[error("the ledger has no session yet")]
+    NoSessions,
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
         source,
@@ -211,6 +257,36 @@ pub struct LoadedSession {
     pub steps: u32,
 }
 
+/// One recorded step (request/response).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepRecord {
+    /// Step number.
+    pub step: u32,
+    /// Model that answered.
+    pub model: String,
+    /// HTTP status returned to the client.
+    pub status: u16,
+    /// Real usage.
+    pub usage: Usage,
+    /// Rows in the window sent.
+    pub window_rows: u32,
+    /// Unix milliseconds.
+    pub ts_ms: i64,
+}
+
+/// One recorded tideline cut.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CutRecord {
+    /// Every row up to this seq left the window.
+    pub upto_seq: u64,
+    /// Gauge before the cut.
+    pub gauge: u64,
+    /// The line in force.
+    pub line: u64,
+    /// Unix milliseconds.
+    pub ts_ms: i64,
+}
+
 /// A snapshot of the writer's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreMetrics {
@@ -226,6 +302,10 @@ pub struct StoreMetrics {
     pub queue_full_waits: u64,
     /// Transcript/index writes that failed.
     pub transcript_errors: u64,
+    /// `SESSION.md` writes.
+    pub pages_written: u64,
+    /// Sessions removed by the retention sweep.
+    pub sessions_removed: u64,
     /// Events queued (or waiting for queue space) and not yet committed.
     pub queued: u64,
     /// Age of the oldest queued-but-uncommitted event, ms (0 when idle).
@@ -250,6 +330,8 @@ struct Shared {
     rejected: AtomicU64,
     queue_full_waits: AtomicU64,
     transcript_errors: AtomicU64,
+    pages_written: AtomicU64,
+    sessions_removed: AtomicU64,
 }
 
 impl Shared {
@@ -279,9 +361,13 @@ impl Reply {
     }
 }
 
+/// Work run on the writer thread, in queue order with the events.
+type Job = Box<dyn FnOnce(&mut Writer) + Send>;
+
 enum Cmd {
     Event { ev: Event, id: u64, at: Instant },
     Settle(Reply),
+    Job(Job),
     Shutdown,
 }
 
@@ -488,6 +574,8 @@ impl Store {
             rejected: s.rejected.load(Ordering::Relaxed),
             queue_full_waits: s.queue_full_waits.load(Ordering::Relaxed),
             transcript_errors: s.transcript_errors.load(Ordering::Relaxed),
+            pages_written: s.pages_written.load(Ordering::Relaxed),
+            sessions_removed: s.sessions_removed.load(Ordering::Relaxed),
             queued,
             writer_lag_ms,
             lag_p50_us: pct(50),
@@ -511,7 +599,109 @@ impl Store {
         self.inner.dir.session_dir(id)
     }
 
-    fn with_reader<T>(
+    /// Run `f` on the writer thread after everything queued before it, and
+    /// wait for its result (blocking; from async code use a blocking thread).
+    fn run_job<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Job(Box::new(move |w: &mut Writer| {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
+                .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
+            let _ = tx.send(result);
+        })))?;
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Rebuild a session's transcripts, `index.md`, `SESSION.md` and search
+    /// index from the database (settles first: it runs on the writer thread
+    /// after everything queued before it). No model call.
+    pub fn rebuild(
+        &self,
+        session: &str,
+        progress: Option<rebuild::Progress>,
+    ) -> Result<rebuild::RebuildReport, StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            w.caches.remove(&session);
+            rebuild::rebuild_session(&mut w.conn, &w.dir, &session, progress.as_ref())
+        })
+    }
+
+    /// Remove every session idle for `days` days or more (`0` = keep all):
+    /// its rows, steps, cuts, branches, notes, search text and directory,
+    /// together. Runs on the writer thread after everything queued before it.
+    pub fn sweep(&self, days: u32) -> Result<retention::SweepReport, StoreError> {
+        self.sweep_at(days, now_ms())
+    }
+
+    /// [`Store::sweep`] with an explicit "now" (Unix ms), for tests.
+    pub fn sweep_at(&self, days: u32, now_ms: i64) -> Result<retention::SweepReport, StoreError> {
+        self.run_job(move |w| {
+            let report = retention::sweep(&mut w.conn, &w.dir, days, now_ms)?;
+            for id in &report.removed {
+                w.caches.remove(id);
+            }
+            w.shared
+                .sessions_removed
+                .fetch_add(report.removed.len() as u64, Ordering::Relaxed);
+            Ok(report)
+        })
+    }
+
+    /// Compact the database (`VACUUM`, search index optimized, WAL truncated).
+    pub fn vacuum(&self) -> Result<retention::VacuumReport, StoreError> {
+        self.run_job(|w| retention::vacuum(&mut w.conn, &w.dir))
+    }
+
+    /// Store model-merged lines for a session's `SESSION.md` and rewrite the page.
+    pub fn add_page_notes(&self, session: &str, notes: Vec<Note>) -> Result<(), StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            {
+                let tx = w.conn.transaction()?;
+                {
+                    let mut stmt = tx.prepare(
+                        "INSERT INTO page_notes (session, turn, section, text, created_ms)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?;
+                    for n in &notes {
+                        stmt.execute(params![session, n.turn, n.section, n.text, now_ms()])?;
+                    }
+                }
+                tx.commit()?;
+            }
+            w.caches.remove(&session);
+            let Some(meta) = session_meta(&w.conn, &session)? else {
+                return Err(StoreError::UnknownSession(session));
+            };
+            let mut page = rebuild::new_page(&w.conn, &session)?;
+            rebuild::advance_page(&w.conn, &session, meta.dialect, &mut page)?;
+            rebuild::write_page(&w.dir, &session, &page, &mut None)?;
+            Ok(())
+        })
+    }
+
+    /// The model-merge backlog of a session: `(from, to)` turns wholly past
+    /// the tideline that no model merge has covered yet (`from > to` = none).
+    pub fn page_backlog(&self, session: &str) -> Result<(u32, u32), StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            let meta = session_meta(&w.conn, &session)?
+                .ok_or_else(|| StoreError::UnknownSession(session.clone()))?;
+            let mut page = rebuild::new_page(&w.conn, &session)?;
+            rebuild::advance_page(&w.conn, &session, meta.dialect, &mut page)?;
+            let noted: i64 = w.conn.query_row(
+                "SELECT COALESCE(MAX(turn), 0) FROM page_notes WHERE session = ?1 AND section = ?2",
+                params![session, crate::merge::MARKER_SECTION],
+                |r| r.get(0),
+            )?;
+            Ok((noted.max(0) as u32 + 1, page.merged_through()))
+        })
+    }
+
+    pub(crate) fn with_reader<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
@@ -540,14 +730,24 @@ impl Store {
     /// Every session, most recent activity first. Reads committed state
     /// (does not settle).
     pub fn list_sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.summaries(None)
+    }
+
+    /// One line of [`Store::list_sessions`] (committed state).
+    pub fn session_summary(&self, id: &str) -> Result<Option<SessionSummary>, StoreError> {
+        Ok(self.summaries(Some(id))?.into_iter().next())
+    }
+
+    fn summaries(&self, only: Option<&str>) -> Result<Vec<SessionSummary>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
                    (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
                    (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND r.hidden = 0)
-                 FROM sessions s ORDER BY s.last_ms DESC, s.rowid DESC",
+                 FROM sessions s WHERE ?1 IS NULL OR s.id = ?1
+                 ORDER BY s.last_ms DESC, s.rowid DESC",
             )?;
-            let rows = stmt.query_map([], |r| {
+            let rows = stmt.query_map([only], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -609,6 +809,107 @@ impl Store {
         })
     }
 
+    /// The session `spec` names: `None` = the most recent; an exact id; else
+    /// a unique id prefix. Reads committed state (does not settle).
+    pub fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
+        let Some(spec) = spec else {
+            return self.latest_session()?.ok_or(StoreError::NoSessions);
+        };
+        self.with_reader(|c| {
+            if session_exists(c, spec)? {
+                return Ok(spec.to_string());
+            }
+            let mut stmt = c.prepare(
+                "SELECT id FROM sessions WHERE substr(id, 1, length(?1)) = ?1 ORDER BY last_ms DESC",
+            )?;
+            let ids = stmt
+                .query_map([spec], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            match ids.len() {
+                0 => Err(StoreError::UnknownSession(spec.to_string())),
+                1 => Ok(ids.into_iter().next().unwrap_or_default()),
+                n => Err(StoreError::AmbiguousSession(spec.to_string(), n)),
+            }
+        })
+    }
+
+    /// A session's facts (committed state).
+    pub fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+        self.with_reader(|c| session_meta(c, id))
+    }
+
+    /// A session's rows in seq order with their `hidden` flag; hidden rows
+    /// only when `include_hidden`. Committed state (call `settle` first).
+    pub fn session_rows(
+        &self,
+        id: &str,
+        include_hidden: bool,
+    ) -> Result<Vec<(Row, bool)>, StoreError> {
+        self.with_reader(|c| {
+            let filter = if include_hidden {
+                ""
+            } else {
+                " AND hidden = 0"
+            };
+            let mut stmt = c.prepare(&format!(
+                "SELECT {ROW_COLS} FROM rows WHERE session = ?1{filter} ORDER BY seq"
+            ))?;
+            let rows = stmt
+                .query_map([id], read_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// A session's steps in order.
+    pub fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms
+                 FROM steps WHERE session = ?1 ORDER BY step",
+            )?;
+            let steps = stmt
+                .query_map([id], |r| {
+                    Ok(StepRecord {
+                        step: r.get::<_, i64>(0)? as u32,
+                        model: r.get(1)?,
+                        status: r.get::<_, i64>(2)? as u16,
+                        usage: Usage {
+                            input: r.get::<_, i64>(3)?.max(0) as u64,
+                            output: r.get::<_, i64>(4)?.max(0) as u64,
+                            cache_read: r.get::<_, i64>(5)?.max(0) as u64,
+                            cache_write: r.get::<_, i64>(6)?.max(0) as u64,
+                        },
+                        window_rows: r.get::<_, i64>(7)? as u32,
+                        ts_ms: r.get(8)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(steps)
+        })
+    }
+
+    /// A session's tideline cuts in order.
+    pub fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT upto_seq, gauge, line, ts_ms FROM cuts WHERE session = ?1
+                 ORDER BY ts_ms, rowid",
+            )?;
+            let cuts = stmt
+                .query_map([id], |r| {
+                    Ok(CutRecord {
+                        upto_seq: r.get::<_, i64>(0)?.max(0) as u64,
+                        gauge: r.get::<_, i64>(1)?.max(0) as u64,
+                        line: r.get::<_, i64>(2)?.max(0) as u64,
+                        ts_ms: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(cuts)
+        })
+    }
+
     /// Read a whole session back (after a restart, or when an idle session
     /// left memory). SETTLES FIRST (blocking), so it sees every write queued
     /// before the call; from async code run it on a blocking thread.
@@ -640,6 +941,10 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             tx.execute_batch(sql)?;
         }
     }
+    if (1..2).contains(&found) {
+        // Version 2 added the search index: fill it from the existing rows.
+        backfill_row_text(&tx)?;
+    }
     if found < SCHEMA_VERSION {
         tx.execute("DELETE FROM schema_version", [])?;
         tx.execute(
@@ -651,17 +956,56 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn now_ms() -> i64 {
+/// Fill `row_text` (and so `row_fts`) for every row that has none.
+fn backfill_row_text(c: &Connection) -> Result<(), StoreError> {
+    let mut stmt = c.prepare(
+        "SELECT r.session, r.seq, r.raw, s.dialect FROM rows r JOIN sessions s ON s.id = r.session
+         WHERE NOT EXISTS (SELECT 1 FROM row_text t WHERE t.session = r.session AND t.seq = r.seq)",
+    )?;
+    let mut ins = c.prepare("INSERT INTO row_text (session, seq, text) VALUES (?1, ?2, ?3)")?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let session: String = r.get(0)?;
+        let seq: i64 = r.get(1)?;
+        let raw: String = r.get(2)?;
+        let dialect: String = r.get(3)?;
+        let dialect = Dialect::parse(&dialect).unwrap_or(Dialect::Anthropic);
+        ins.execute(params![session, seq, parts::plain_text(dialect, &raw)])?;
+    }
+    Ok(())
+}
+
+/// Index one row's text for search (replacing what was there).
+pub(crate) fn index_row_text(
+    c: &Connection,
+    session: &str,
+    seq: u64,
+    dialect: Dialect,
+    raw: &str,
+) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO row_text (session, seq, text) VALUES (?1, ?2, ?3)
+         ON CONFLICT(session, seq) DO UPDATE SET text = excluded.text",
+    )?
+    .execute(params![
+        session,
+        to_i64(seq),
+        parts::plain_text(dialect, raw)
+    ])?;
+    Ok(())
+}
+
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-fn to_i64(v: u64) -> i64 {
+pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+pub(crate) fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMeta>, StoreError> {
     let row = c
         .query_row(
             "SELECT client, client_session, dialect, model, parent, created_ms, last_ms
@@ -697,10 +1041,11 @@ fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMeta>, StoreEr
     }))
 }
 
-const ROW_COLS: &str = "seq, role, kind, raw, tokens, turn, step, branch, from_response, hidden";
+pub(crate) const ROW_COLS: &str =
+    "seq, role, kind, raw, tokens, turn, step, branch, from_response, hidden";
 
 /// Decode a row selected with [`ROW_COLS`]; also returns `hidden`.
-fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Row, bool)> {
+pub(crate) fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Row, bool)> {
     let kind: String = r.get(2)?;
     let raw: String = r.get(3)?;
     Ok((
@@ -857,6 +1202,8 @@ struct Touch {
     effects: Vec<Effect>,
     turns: BTreeSet<u32>,
     index: bool,
+    /// Rows, cuts, branches or confirms: `SESSION.md` may change.
+    page: bool,
 }
 
 enum Outcome {
@@ -876,6 +1223,10 @@ struct SessionCache {
     newest: Option<TurnCache>,
     dir_ready: bool,
     last_used: u64,
+    /// The folded `SESSION.md` (None = fold again from the database).
+    page: Option<Page>,
+    /// Hash of the last `SESSION.md` written.
+    page_hash: Option<u64>,
 }
 
 struct Writer {
@@ -906,6 +1257,12 @@ impl Writer {
                 match cmd {
                     Cmd::Event { ev, id, at } => events.push((ev, id, at)),
                     Cmd::Settle(r) => replies.push(r),
+                    Cmd::Job(job) => {
+                        // Everything queued before the job is committed first.
+                        self.process(&events);
+                        events.clear();
+                        job(&mut self);
+                    }
                     Cmd::Shutdown => stop = true,
                 }
             }
@@ -997,6 +1354,7 @@ impl Writer {
                     t.effects.extend(effect);
                     t.turns.extend(turns);
                     t.index |= index;
+                    t.page |= !matches!(ev, Event::Session(_) | Event::Step { .. });
                 }
                 Ok(Outcome::Refused(why)) => {
                     warn!("ledger event refused (session {}): {why}", ev.session());
@@ -1037,6 +1395,8 @@ impl Writer {
                     newest: None,
                     dir_ready: false,
                     last_used: 0,
+                    page: None,
+                    page_hash: None,
                 },
             );
         }
@@ -1047,9 +1407,49 @@ impl Writer {
         for effect in touch.effects {
             apply_effect(cache, effect);
         }
-        if touch.turns.is_empty() && !touch.index {
+        // The page after the transcripts: a reader who follows the page to
+        // a transcript finds it written.
+        let result = self.write_transcripts(session, touch.turns, touch.index);
+        if touch.page {
+            return result.and(self.write_page(session));
+        }
+        result
+    }
+
+    /// Fold newly merged turns into the session's page and write it if it changed.
+    fn write_page(&mut self, session: &str) -> Result<(), StoreError> {
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        let dialect = cache.meta.dialect;
+        let fresh = cache.page.is_none();
+        let page = match &mut cache.page {
+            Some(p) => p,
+            None => cache.page.insert(rebuild::new_page(&self.conn, session)?),
+        };
+        let changed = rebuild::advance_page(&self.conn, session, dialect, page)?;
+        if !(changed || fresh) {
             return Ok(());
         }
+        if rebuild::write_page(&self.dir, session, page, &mut cache.page_hash)? {
+            self.shared.pages_written.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Rewrite the given turns' transcript files and the index.
+    fn write_transcripts(
+        &mut self,
+        session: &str,
+        touched_turns: BTreeSet<u32>,
+        index: bool,
+    ) -> Result<(), StoreError> {
+        if touched_turns.is_empty() && !index {
+            return Ok(());
+        }
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
         if !cache.dir_ready {
             let dir = self.dir.transcript_dir(session);
             paths::create_private_dir_all(&dir).map_err(io_err(&dir))?;
@@ -1059,7 +1459,7 @@ impl Writer {
         if cache.summaries.is_none() {
             cache.summaries = Some(turn_summaries(&self.conn, session, dialect)?);
         }
-        for turn in touch.turns {
+        for turn in touched_turns {
             let rows = match cache.newest.take() {
                 Some(n) if n.turn == turn => n.rows,
                 other => {
@@ -1121,6 +1521,9 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
             }
         }
         Effect::Confirm { seq, turn, raw } => {
+            if matches!(&cache.page, Some(p) if seq <= p.merged_upto_seq()) {
+                cache.page = None;
+            }
             if let Some(n) = cache.newest.as_mut().filter(|n| n.turn == turn) {
                 match n.rows.binary_search_by_key(&seq, |r| r.seq) {
                     Ok(i) => {
@@ -1134,8 +1537,16 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
         Effect::Invalidate => {
             cache.newest = None;
             cache.summaries = None;
+            cache.page = None;
         }
     }
+}
+
+fn session_dialect(c: &Connection, id: &str) -> rusqlite::Result<Dialect> {
+    let d: String = c
+        .prepare_cached("SELECT dialect FROM sessions WHERE id = ?1")?
+        .query_row([id], |r| r.get(0))?;
+    Ok(Dialect::parse(&d).unwrap_or(Dialect::Anthropic))
 }
 
 fn session_exists(c: &Connection, id: &str) -> rusqlite::Result<bool> {
@@ -1206,6 +1617,7 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
                                    from_response)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
+            let dialect = session_dialect(c, session)?;
             let mut turns = Vec::new();
             for r in rows {
                 stmt.execute(params![
@@ -1220,6 +1632,7 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
                     &*r.raw,
                     r.from_response
                 ])?;
+                index_row_text(c, session, r.seq, dialect, &r.raw)?;
                 if turns.last() != Some(&r.turn) {
                     turns.push(r.turn);
                 }
@@ -1243,6 +1656,7 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
             let Some((turn, hidden)) = hit else {
                 return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
             };
+            index_row_text(c, session, *seq, session_dialect(c, session)?, raw)?;
             let turn = turn as u32;
             let turns = if hidden { Vec::new() } else { vec![turn] };
             Ok(Outcome::Applied(

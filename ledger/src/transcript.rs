@@ -532,7 +532,7 @@ fn longest_backtick_run(s: &str) -> usize {
 }
 
 /// An inline code span safe for any content.
-fn code(s: &str) -> String {
+pub fn code(s: &str) -> String {
     let s = one_line(s);
     let ticks = "`".repeat(longest_backtick_run(&s) + 1);
     if s.starts_with('`') || s.ends_with('`') {
@@ -542,12 +542,13 @@ fn code(s: &str) -> String {
     }
 }
 
-fn one_line(s: &str) -> String {
+/// `s` on one line (CR/LF become spaces).
+pub fn one_line(s: &str) -> String {
     s.replace(['\r', '\n'], " ")
 }
 
 /// A table cell: one line, `|` escaped.
-fn cell(s: &str) -> String {
+pub fn cell(s: &str) -> String {
     one_line(s).replace('|', "\\|")
 }
 

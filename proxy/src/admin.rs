@@ -265,6 +265,64 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         cr as f64 / total_in as f64
     };
     let _ = writeln!(out, "# HELP oceancode_cache_read_ratio Cache reads over all input tokens.\n# TYPE oceancode_cache_read_ratio gauge\noceancode_cache_read_ratio {ratio:.4}");
+    if let Some(store) = &app.store {
+        let w = store.metrics();
+        for (name, help, v) in [
+            (
+                "oceancode_ledger_events_total",
+                "Ledger events committed (refused ones included).",
+                w.events,
+            ),
+            (
+                "oceancode_ledger_batches_total",
+                "Ledger transactions committed.",
+                w.batches,
+            ),
+            (
+                "oceancode_ledger_rejected_total",
+                "Ledger events refused (seq gap, unknown session, SQL error).",
+                w.rejected,
+            ),
+            (
+                "oceancode_ledger_commits_failed_total",
+                "Ledger batches lost after a retry.",
+                w.commits_failed,
+            ),
+            (
+                "oceancode_ledger_transcript_errors_total",
+                "Transcript, index or SESSION.md writes that failed.",
+                w.transcript_errors,
+            ),
+            (
+                "oceancode_ledger_pages_written_total",
+                "SESSION.md writes.",
+                w.pages_written,
+            ),
+            (
+                "oceancode_retention_sessions_removed_total",
+                "Sessions removed by the retention sweep.",
+                w.sessions_removed,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        let _ = writeln!(out, "# HELP oceancode_ledger_queued Ledger events queued and not yet committed.\n# TYPE oceancode_ledger_queued gauge\noceancode_ledger_queued {}", w.queued);
+        let _ = writeln!(out, "# HELP oceancode_ledger_commit_lag_seconds Enqueue-to-commit lag of recent ledger events.\n# TYPE oceancode_ledger_commit_lag_seconds gauge");
+        for (q, us) in [
+            ("0.5", w.lag_p50_us),
+            ("0.99", w.lag_p99_us),
+            ("1", w.lag_max_us),
+        ] {
+            let _ = writeln!(
+                out,
+                "oceancode_ledger_commit_lag_seconds{{quantile=\"{q}\"}} {:.6}",
+                us as f64 / 1e6
+            );
+        }
+    }
     let lag = app.store.as_ref().map(|s| s.writer_lag_ms()).unwrap_or(0);
     let _ = writeln!(out, "# HELP oceancode_writer_lag_ms Age of the oldest queued ledger write.\n# TYPE oceancode_writer_lag_ms gauge\noceancode_writer_lag_ms {lag}");
     let _ = writeln!(out, "# HELP oceancode_sessions Sessions in memory.\n# TYPE oceancode_sessions gauge\noceancode_sessions {}", app.sessions.sessions().len());

@@ -1,8 +1,9 @@
 //! The `oceancode-proxy` command line.
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use oceancode_config::{self as config, Config, LineSpec, Overrides};
+use oceancode_ledger::rebuild::Progress;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_proxy::runtime::{self, ProxyOptions};
 use oceancode_proxy::server::FrontConfig;
@@ -40,6 +41,81 @@ enum Command {
     Ledger(LedgerCmd),
     /// Show or change the tideline of a running proxy.
     Tideline(TidelineArgs),
+    /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
+    Export(ExportArgs),
+    /// Read the verbatim record back: a session's log, one entry, or a search
+    /// across sessions (rows hidden by rewinds included).
+    Recall(RecallArgs),
+    /// The session meter: context (window / line / model context), tokens
+    /// in/out, cache hit ratio, spend.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("format").required(true).args(["md", "atif"])))]
+struct ExportArgs {
+    /// Markdown: frontmatter, every turn, a `## Summary` table.
+    #[arg(long)]
+    md: bool,
+    /// ATIF-v1.8 JSON trajectory.
+    #[arg(long)]
+    atif: bool,
+    /// Session id or unique prefix (default: the most recent session).
+    session: Option<String>,
+    /// Output file, or `-` for stdout.
+    #[arg(long, value_name = "FILE|-", default_value = "-")]
+    out: String,
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct RecallArgs {
+    #[command(subcommand)]
+    cmd: Option<RecallCmd>,
+    /// Only rows whose text matches (SQL LIKE: `%` and `_` are wildcards).
+    #[arg(long = "match", value_name = "TEXT")]
+    pattern: Option<String>,
+    /// Only rows with a seq below this one (page back with the first seq shown).
+    #[arg(long, value_name = "SEQ")]
+    before: Option<u64>,
+    /// The newest N matching rows (printed oldest first).
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Session id or unique prefix (default: the most recent session).
+    session: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum RecallCmd {
+    /// Print one row, whole (rendered; `--raw` for the verbatim JSON).
+    Entry {
+        /// The row's seq.
+        seq: u64,
+        /// Session id or unique prefix (default: the most recent session).
+        #[arg(long)]
+        session: Option<String>,
+        /// Print the row's verbatim JSON instead of the rendering.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Search every session, newest first; every word must appear.
+    Search {
+        /// Words to find.
+        #[arg(required = true)]
+        words: Vec<String>,
+        /// Most hits shown.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Session id or unique prefix (default: the most recent session).
+    session: Option<String>,
+    /// Print JSON instead of the meter.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug, Default)]
@@ -85,6 +161,24 @@ enum LedgerCmd {
     },
     /// List sessions: id, client, model, turns, rows, last activity.
     List,
+    /// Rebuild transcripts, index.md, SESSION.md and the search index from
+    /// the database alone (no model call; byte-identical to the live writer).
+    Rebuild {
+        /// Session id or unique prefix (default: the most recent session).
+        session: Option<String>,
+        /// Rebuild every session.
+        #[arg(long, conflicts_with = "session")]
+        all: bool,
+        /// Also fold the merge backlog into SESSION.md with the model of
+        /// `ledger.merge.model` (model calls; asks y/N).
+        #[arg(long)]
+        merge: bool,
+        /// Do not ask before the model calls of `--merge`.
+        #[arg(long, requires = "merge")]
+        yes: bool,
+    },
+    /// Apply `retention.days` now, then compact the database.
+    Vacuum,
 }
 
 #[derive(Args, Debug)]
@@ -198,7 +292,7 @@ fn real_main(cli: Cli) -> Result<i32> {
                 tracing::warn!("{w}");
             }
             let opts = proxy_options(&loaded.config, loaded.config.listen);
-            runtime_block(serve(opts))
+            runtime_block(serve(opts, loaded.config.retention.days))
         }
         Command::Run(a) => {
             let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
@@ -210,7 +304,22 @@ fn real_main(cli: Cli) -> Result<i32> {
         Command::Ledger(cmd) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
             let dir = loaded.config.resolved_data_dir(&config::process_env);
-            ledger(&dir, cmd)
+            ledger(&dir, &loaded.config, cmd)
+        }
+        Command::Export(a) => {
+            let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
+            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            export(&dir, &loaded.config, a)
+        }
+        Command::Recall(a) => {
+            let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
+            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            recall(&dir, a)
+        }
+        Command::Status(a) => {
+            let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
+            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            status(&dir, &loaded.config, a)
         }
         Command::Tideline(a) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
@@ -260,9 +369,30 @@ async fn shutdown_signal() {
     }
 }
 
-async fn serve(opts: ProxyOptions) -> Result<i32> {
+/// How often `serve` runs the retention sweep.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
     let data_dir = opts.front.data_dir.clone();
     let running = runtime::start(opts).await?;
+    if let (Some(store), true) = (running.app.store.clone(), retention_days > 0) {
+        tokio::spawn(async move {
+            loop {
+                let s = store.clone();
+                match tokio::task::spawn_blocking(move || s.sweep(retention_days)).await {
+                    Ok(Ok(r)) if !r.removed.is_empty() => tracing::info!(
+                        sessions = r.removed.len(),
+                        rows = r.rows,
+                        "retention sweep removed idle sessions"
+                    ),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(oceancode_ledger::store::StoreError::Closed)) | Err(_) => break,
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention sweep failed"),
+                }
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        });
+    }
     tracing::info!(addr = %running.addr, data_dir = %data_dir.display(), "oceancode-proxy listening");
     eprintln!(
         "oceancode-proxy listening on http://{} (ledger: {})",
@@ -341,7 +471,7 @@ fn open_store(dir: &Path) -> Result<Store> {
         .with_context(|| format!("cannot open the ledger in {}", dir.display()))
 }
 
-fn ledger(dir: &Path, cmd: &LedgerCmd) -> Result<i32> {
+fn ledger(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
     let store = open_store(dir)?;
     match cmd {
         LedgerCmd::Path { session } => {
@@ -352,6 +482,62 @@ fn ledger(dir: &Path, cmd: &LedgerCmd) -> Result<i32> {
                     .context("the ledger has no session yet")?,
             };
             println!("{}", store.session_dir(&id).display());
+        }
+        LedgerCmd::Rebuild {
+            session,
+            all,
+            merge,
+            yes,
+        } => {
+            store.settle_blocking()?;
+            let ids = if *all {
+                store.list_sessions()?.into_iter().map(|s| s.id).collect()
+            } else {
+                vec![store.resolve_session(session.as_deref())?]
+            };
+            for id in &ids {
+                let rows = session_rows(&store, id);
+                let bar = progress_bar(rows, "rebuild");
+                let started = std::time::Instant::now();
+                let r = store.rebuild(id, bar.as_ref().map(|(_, p)| p.clone()))?;
+                if let Some((b, _)) = bar {
+                    b.finish_and_clear();
+                }
+                println!(
+                    "rebuilt {}: {} rows, {} turn files{}, index.md, {}search index ({} ms)",
+                    r.session,
+                    r.rows,
+                    r.turns,
+                    if r.removed > 0 {
+                        format!(" ({} stale removed)", r.removed)
+                    } else {
+                        String::new()
+                    },
+                    if r.page { "SESSION.md, " } else { "" },
+                    started.elapsed().as_millis()
+                );
+            }
+            if *merge {
+                let code = merge::run(&store, cfg, &ids, *yes)?;
+                let _ = store.shutdown();
+                return Ok(code);
+            }
+        }
+        LedgerCmd::Vacuum => {
+            let swept = store.sweep(cfg.retention.days)?;
+            for id in &swept.removed {
+                println!("removed idle session {id}");
+            }
+            let v = store.vacuum()?;
+            println!(
+                "retention: {} session{} removed ({} rows; retention.days = {}); database {} → {} bytes",
+                swept.removed.len(),
+                if swept.removed.len() == 1 { "" } else { "s" },
+                swept.rows,
+                cfg.retention.days,
+                v.bytes_before,
+                v.bytes_after
+            );
         }
         LedgerCmd::List => {
             let list = store.list_sessions()?;
@@ -401,4 +587,339 @@ async fn tideline(url: String, session: Option<String>, value: Option<String>) -
     }
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(0)
+}
+
+/// Rows of a session on the active line (0 if unknown).
+fn session_rows(store: &Store, id: &str) -> u64 {
+    store
+        .session_summary(id)
+        .ok()
+        .flatten()
+        .map_or(0, |s| s.rows)
+}
+
+/// Rows from which rebuild and export show a progress bar (on a terminal).
+const PROGRESS_MIN_ROWS: u64 = 2_000;
+
+/// A progress bar on stderr for large sessions (drawn only on a terminal).
+fn progress_bar(rows: u64, what: &str) -> Option<(indicatif::ProgressBar, Progress)> {
+    if rows < PROGRESS_MIN_ROWS {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(rows);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} rows ({eta})")
+    {
+        bar.set_style(style.progress_chars("█▉ "));
+    }
+    bar.set_message(what.to_string());
+    let b = bar.clone();
+    let progress: Progress = Arc::new(move |done, total| {
+        b.set_length(total);
+        b.set_position(done);
+    });
+    Some((bar, progress))
+}
+
+fn pricer(cfg: &Config) -> impl Fn(&str) -> Option<config::Price> + '_ {
+    move |model: &str| config::price(model, cfg)
+}
+
+fn export(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
+    let store = open_store(dir)?;
+    store.settle_blocking()?;
+    let id = store.resolve_session(a.session.as_deref())?;
+    let price = pricer(cfg);
+    let mut out: Box<dyn std::io::Write> = if a.out == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out))?)
+    };
+    let bar = progress_bar(session_rows(&store, &id), "export");
+    if a.md {
+        oceancode_ledger::export::markdown(
+            &store,
+            &id,
+            &price,
+            &mut out,
+            bar.as_ref().map(|(_, p)| p),
+        )?;
+    } else {
+        if let Some((b, _)) = &bar {
+            b.set_message("export (ATIF)");
+            b.enable_steady_tick(std::time::Duration::from_millis(120));
+        }
+        oceancode_ledger::atif::write(&store, &id, &price, &mut out)?;
+    }
+    if let Some((b, _)) = bar {
+        b.finish_and_clear();
+    }
+    out.flush()?;
+    if a.out != "-" {
+        eprintln!("exported {id} to {}", a.out);
+    }
+    let _ = store.shutdown();
+    Ok(0)
+}
+
+fn recall(dir: &Path, a: &RecallArgs) -> Result<i32> {
+    let store = open_store(dir)?;
+    store.settle_blocking()?;
+    match &a.cmd {
+        None => {
+            let id = store.resolve_session(a.session.as_deref())?;
+            let hits = store.recall_log(&id, a.pattern.as_deref(), a.before, a.limit)?;
+            for h in &hits {
+                println!("{}", h.line(false));
+            }
+            if hits.is_empty() {
+                eprintln!("no rows matched in {id}");
+            }
+        }
+        Some(RecallCmd::Entry { seq, session, raw }) => {
+            let id = store.resolve_session(session.as_deref())?;
+            let meta = store
+                .session_meta(&id)?
+                .with_context(|| format!("no session {id}"))?;
+            let Some((row, hidden)) = store.recall_entry(&id, *seq)? else {
+                bail!("session {id} has no seq {seq}");
+            };
+            if *raw {
+                println!("{}", row.raw);
+            } else {
+                println!(
+                    "<!-- {id} · seq {} · turn {} · step {} · {}{} -->",
+                    row.seq,
+                    row.turn,
+                    row.step,
+                    row.kind.as_str(),
+                    if hidden { " · hidden by a rewind" } else { "" }
+                );
+                print!(
+                    "{}",
+                    oceancode_ledger::transcript::render_turn(
+                        meta.dialect,
+                        row.turn,
+                        std::slice::from_ref(&row)
+                    )
+                );
+            }
+        }
+        Some(RecallCmd::Search { words, limit }) => {
+            let hits = store.search(words, *limit)?;
+            for h in &hits {
+                println!("{}", h.line(true));
+            }
+            if hits.is_empty() {
+                eprintln!("no row contains every word");
+            }
+        }
+    }
+    let _ = store.shutdown();
+    Ok(0)
+}
+
+fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
+    use oceancode_ledger::tideline;
+    let store = open_store(dir)?;
+    store.settle_blocking()?;
+    let id = store.resolve_session(a.session.as_deref())?;
+    let meta = store
+        .session_meta(&id)?
+        .with_context(|| format!("no session {id}"))?;
+    let steps = store.steps(&id)?;
+    let cuts = store.cuts(&id)?;
+    let summary = store.session_summary(&id)?;
+    let context = config::context_window(&meta.model, cfg, &config::process_env, None);
+    let spec = cfg.ledger.line_spec();
+    let calc = tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
+    let spec_label = match spec {
+        LineSpec::Percent(p) => format!("{p}%"),
+        LineSpec::Tokens(0) => "ceiling".to_string(),
+        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
+    };
+    let price = pricer(cfg);
+    let st = oceancode_ledger::status::Status::new(
+        &meta,
+        &steps,
+        &cuts,
+        summary.as_ref().map_or(0, |s| s.turns),
+        summary.as_ref().map_or(0, |s| s.rows),
+        calc.line,
+        spec_label,
+        context,
+        &price,
+    );
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+    } else {
+        print!("{}", st.render());
+    }
+    let _ = store.shutdown();
+    Ok(0)
+}
+
+/// `ledger rebuild --merge`: the optional model merge of `SESSION.md`.
+mod merge {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+    use oceancode_ledger::merge as m;
+    use oceancode_ledger::Dialect;
+    use std::io::BufRead;
+
+    /// Ask y/N on stderr; anything but `y`/`yes` (EOF included) is no.
+    fn confirm(question: &str) -> bool {
+        eprint!("{question} [y/N] ");
+        let mut line = String::new();
+        match std::io::stdin().lock().read_line(&mut line) {
+            Ok(_) => matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
+            Err(_) => false,
+        }
+    }
+
+    /// Fold each session's merge backlog with `ledger.merge.model`.
+    pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32> {
+        let Some(model) = cfg.ledger.merge.model.clone() else {
+            bail!("the model merge is off: set ledger.merge.model in the config to use --merge");
+        };
+        let mut work = Vec::new();
+        for id in ids {
+            let (from, to) = store.page_backlog(id)?;
+            if from <= to {
+                let meta = store
+                    .session_meta(id)?
+                    .with_context(|| format!("no session {id}"))?;
+                work.push((id.clone(), meta.dialect, from, to));
+            }
+        }
+        if work.is_empty() {
+            println!("merge: no backlog (every turn past the tideline is merged)");
+            return Ok(0);
+        }
+        let turns: u32 = work.iter().map(|(_, _, f, t)| t - f + 1).sum();
+        if !yes
+            && !confirm(&format!(
+                "--merge sends {turns} turn{} of {} session{} to {model} (model calls, billed to your API key). Continue?",
+                if turns == 1 { "" } else { "s" },
+                work.len(),
+                if work.len() == 1 { "" } else { "s" },
+            ))
+        {
+            eprintln!("merge: cancelled, nothing sent");
+            return Ok(1);
+        }
+        let up =
+            oceancode_proxy::upstream::Upstream::new(oceancode_proxy::upstream::UpstreamOptions {
+                connect_timeout: cfg.limits.connect_timeout(),
+                header_timeout: cfg.limits.response_header_timeout(),
+            })?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        for (id, dialect, from, to) in work {
+            let dir = store.data_dir();
+            let page = std::fs::read_to_string(dir.session_md(&id)).unwrap_or_default();
+            let transcripts: Vec<(u32, String)> = (from..=to)
+                .filter_map(|t| {
+                    std::fs::read_to_string(dir.turn_file(&id, t))
+                        .ok()
+                        .map(|s| (t, s))
+                })
+                .collect();
+            let prompt = m::prompt(&id, &page, &transcripts);
+            let answer = rt.block_on(ask(&up, cfg, dialect, &model, &prompt))?;
+            let mut notes = m::parse_notes(&answer, from, to);
+            let n = notes.len();
+            notes.push(m::marker(to));
+            store.add_page_notes(&id, notes)?;
+            println!(
+                "merged {id}: t{from:02}–t{to:02} → {n} line{} in SESSION.md",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        Ok(0)
+    }
+
+    /// One non-streaming request to the provider of the session's dialect,
+    /// with the credentials of this process's environment.
+    async fn ask(
+        up: &oceancode_proxy::upstream::Upstream,
+        cfg: &Config,
+        dialect: Dialect,
+        model: &str,
+        prompt: &str,
+    ) -> Result<String> {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let (base, path, body, headers): (&str, &str, serde_json::Value, Vec<(&str, String)>) =
+            match dialect {
+                Dialect::Anthropic => {
+                    let mut h = vec![("anthropic-version", "2023-06-01".to_string())];
+                    if let Some(k) = env("ANTHROPIC_API_KEY") {
+                        h.push(("x-api-key", k));
+                    } else if let Some(t) = env("ANTHROPIC_AUTH_TOKEN") {
+                        h.push(("authorization", format!("Bearer {t}")));
+                    } else {
+                        bail!("--merge needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) for an Anthropic session");
+                    }
+                    (
+                        cfg.anthropic_upstream(),
+                        "/v1/messages",
+                        serde_json::json!({"model": model, "max_tokens": 4096,
+                            "messages": [{"role": "user", "content": prompt}]}),
+                        h,
+                    )
+                }
+                Dialect::OpenaiChat | Dialect::OpenaiResponses => {
+                    let Some(k) = env("OPENAI_API_KEY") else {
+                        bail!("--merge needs OPENAI_API_KEY for an OpenAI session");
+                    };
+                    (
+                        cfg.openai_upstream(),
+                        "/v1/chat/completions",
+                        serde_json::json!({"model": model,
+                            "messages": [{"role": "user", "content": prompt}]}),
+                        vec![("authorization", format!("Bearer {k}"))],
+                    )
+                }
+            };
+        let uri = oceancode_proxy::upstream::join(base, path)?;
+        let mut req = http::Request::post(uri).header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        let body = Full::new(bytes::Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed();
+        let resp = up.send(req.body(body)?, base).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        if !status.is_success() {
+            bail!(
+                "the merge model answered {status}: {}",
+                String::from_utf8_lossy(&bytes)
+                    .chars()
+                    .take(500)
+                    .collect::<String>()
+            );
+        }
+        let text = match dialect {
+            Dialect::Anthropic => v["content"]
+                .as_array()
+                .map(|blocks| {
+                    blocks
+                        .iter()
+                        .filter_map(|b| b["text"].as_str())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .unwrap_or_default(),
+            _ => v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        };
+        Ok(text)
+    }
 }

@@ -1,0 +1,184 @@
+//! `export --md`: one Markdown document per session: YAML frontmatter, every
+//! turn of the active line (the ledger's own transcript files when they
+//! exist, else rendered from the database with the same renderer), and a
+//! `## Summary` table. Settles the store first.
+
+use crate::model::{Row, RowKind};
+use crate::rebuild::Progress;
+use crate::store::{Store, StoreError};
+use crate::transcript::{self, cell, utc_iso};
+use oceancode_config::Price;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Write};
+
+/// Errors of an export.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The ledger failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Writing the output failed.
+    #[error("writing the export: {0}")]
+    Io(#[from] io::Error),
+    /// JSON encoding failed.
+    #[error("encoding the export: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// A YAML scalar: a JSON string literal (valid YAML double-quoted scalar).
+fn yaml_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+/// Write the Markdown export of `session` to `out`.
+pub fn markdown(
+    store: &Store,
+    session: &str,
+    pricer: &dyn Fn(&str) -> Option<Price>,
+    out: &mut dyn Write,
+    progress: Option<&Progress>,
+) -> Result<(), ExportError> {
+    store.settle_blocking()?;
+    let meta = store
+        .session_meta(session)?
+        .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
+    let all = store.session_rows(session, true)?;
+    let hidden_rows = all.iter().filter(|(_, h)| *h).count();
+    let mut turns: BTreeMap<u32, Vec<Row>> = BTreeMap::new();
+    for (row, hidden) in all {
+        if !hidden {
+            turns.entry(row.turn).or_default().push(row);
+        }
+    }
+    let steps = store.steps(session)?;
+    let cuts = store.cuts(session)?;
+    let cut_upto = cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0);
+    let (totals, by_model) = crate::status::totals(&steps, pricer);
+    let rows_total: usize = turns.values().map(Vec::len).sum();
+    let dir = store.data_dir();
+    let last_ms = steps.iter().map(|s| s.ts_ms).max().unwrap_or(meta.last_ms);
+
+    let mut w = io::BufWriter::new(out);
+    writeln!(w, "---")?;
+    writeln!(w, "session: {}", yaml_str(&meta.id))?;
+    writeln!(w, "client: {}", yaml_str(&meta.client))?;
+    if let Some(cs) = &meta.client_session {
+        writeln!(w, "client_session: {}", yaml_str(cs))?;
+    }
+    writeln!(w, "dialect: {}", meta.dialect.as_str())?;
+    writeln!(w, "model: {}", yaml_str(&meta.model))?;
+    if let Some(p) = &meta.parent {
+        writeln!(w, "parent: {}", yaml_str(p))?;
+    }
+    writeln!(w, "created: {}", utc_iso(meta.created_ms))?;
+    writeln!(w, "last_activity: {}", utc_iso(last_ms.max(meta.last_ms)))?;
+    writeln!(w, "turns: {}", turns.len())?;
+    writeln!(w, "rows: {rows_total}")?;
+    writeln!(w, "hidden_rows: {hidden_rows}")?;
+    writeln!(w, "steps: {}", steps.len())?;
+    writeln!(w, "cuts: {}", cuts.len())?;
+    writeln!(w, "past_tideline_upto_seq: {cut_upto}")?;
+    writeln!(w, "tokens_in: {}", totals.input_total())?;
+    writeln!(w, "tokens_out: {}", totals.output)?;
+    writeln!(w, "cache_read_tokens: {}", totals.cache_read)?;
+    writeln!(w, "cache_write_tokens: {}", totals.cache_write)?;
+    writeln!(w, "cache_hit_ratio: {:.4}", totals.cache_hit_ratio())?;
+    match totals.cost_if_known() {
+        Some(c) => writeln!(w, "cost_usd: {c:.6}")?,
+        None => writeln!(w, "cost_usd: null")?,
+    }
+    writeln!(
+        w,
+        "exported_by: {}",
+        yaml_str(&format!("oceancode-proxy {}", env!("CARGO_PKG_VERSION")))
+    )?;
+    writeln!(w, "---\n")?;
+    writeln!(w, "# Session {}", transcript::one_line(&meta.id))?;
+
+    let mut done = 0u64;
+    let total = rows_total as u64;
+    for (turn, rows) in &turns {
+        w.write_all(b"\n")?;
+        let path = dir.turn_file(session, *turn);
+        match std::fs::read(&path) {
+            Ok(bytes) => w.write_all(&bytes)?,
+            Err(_) => w.write_all(transcript::render_turn(meta.dialect, *turn, rows).as_bytes())?,
+        }
+        done += rows.len() as u64;
+        if let Some(p) = progress {
+            p(done, total);
+        }
+    }
+
+    writeln!(w, "\n## Summary\n")?;
+    writeln!(
+        w,
+        "| Turn | Seq | Rows | Steps | Tool calls | Tokens | Past tideline | First line |"
+    )?;
+    writeln!(w, "|---:|:---|---:|---:|---:|---:|:---:|:---|")?;
+    for (turn, rows) in &turns {
+        let Some(s) = transcript::summarize_turn(meta.dialect, *turn, rows) else {
+            continue;
+        };
+        let steps_in: BTreeSet<u32> = rows.iter().map(|r| r.step).collect();
+        let calls: usize = rows
+            .iter()
+            .filter(|r| r.kind == RowKind::Assistant)
+            .map(|r| {
+                crate::parts::parts(meta.dialect, &r.raw)
+                    .iter()
+                    .filter(|p| matches!(p, crate::parts::Part::ToolCall { .. }))
+                    .count()
+            })
+            .sum();
+        let seqs = if s.first_seq == s.last_seq {
+            s.first_seq.to_string()
+        } else {
+            format!("{}–{}", s.first_seq, s.last_seq)
+        };
+        let past = if s.last_seq <= cut_upto { "yes" } else { "" };
+        writeln!(
+            w,
+            "| {turn} | {seqs} | {} | {} | {calls} | {} | {past} | {} |",
+            rows.len(),
+            steps_in.len(),
+            s.tokens,
+            cell(&s.first_line)
+        )?;
+    }
+    writeln!(
+        w,
+        "\n| Model | Steps | Input | Cache read | Cache write | Output | Cost (USD) |"
+    )?;
+    writeln!(w, "|:---|---:|---:|---:|---:|---:|---:|")?;
+    for (model, t) in by_model
+        .iter()
+        .chain(std::iter::once((&"**total**".to_string(), &totals)))
+    {
+        let cost = t
+            .cost_if_known()
+            .map_or_else(|| "unknown".to_string(), |c| format!("{c:.4}"));
+        writeln!(
+            w,
+            "| {} | {} | {} | {} | {} | {} | {cost} |",
+            cell(model),
+            t.steps,
+            t.input,
+            t.cache_read,
+            t.cache_write,
+            t.output
+        )?;
+    }
+    writeln!(
+        w,
+        "\n{} turn{} · {} rows · {} steps · {} cuts · cache hit ratio {:.1}%",
+        turns.len(),
+        if turns.len() == 1 { "" } else { "s" },
+        rows_total,
+        steps.len(),
+        cuts.len(),
+        totals.cache_hit_ratio() * 100.0
+    )?;
+    w.flush()?;
+    Ok(())
+}

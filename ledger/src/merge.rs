@@ -1,0 +1,125 @@
+//! The optional model merge of `SESSION.md` (`ledger.merge.model`, off by
+//! default): the prompt that asks a model for the page's merged sections
+//! (Decisions, Environment, Errors and fixes, Code map, Open questions, Next
+//! step) from the transcripts of turns wholly past the tideline, and the
+//! parser of its answer. Pure; the caller makes the model call and stores
+//! the lines with [`crate::store::Store::add_page_notes`], so a later
+//! mechanical `ledger rebuild` reproduces them without calling a model.
+
+use crate::page::{stamp, Note, NOTE_SECTIONS};
+
+/// Section name of the marker note recording how far the model merge got
+/// (never rendered).
+pub const MARKER_SECTION: &str = "";
+/// Most transcript characters sent in one merge request.
+pub const MAX_PROMPT_CHARS: usize = 400_000;
+
+/// The merge request text for turns `from..=to` of a session.
+pub fn prompt(session: &str, page: &str, transcripts: &[(u32, String)]) -> String {
+    let (from, to) = match (transcripts.first(), transcripts.last()) {
+        (Some(f), Some(l)) => (f.0, l.0),
+        _ => (0, 0),
+    };
+    let mut out = format!(
+        "You keep SESSION.md, the living page of coding-agent session {session}.\n\
+         Below are the page as it stands and the verbatim transcripts of turns {} to {} \
+         (they left the model's context window).\n\
+         Write only NEW facts from these turns, one per line, exactly in the form\n\
+         SECTION | tNN | fact\n\
+         where SECTION is one of: {}; tNN is the turn the fact comes from; the fact is one \
+         line of at most 160 characters. Write nothing else. Write no line when there is \
+         nothing new.\n\n=== SESSION.md ===\n{page}\n",
+        stamp(from),
+        stamp(to),
+        NOTE_SECTIONS.join(", ")
+    );
+    let mut budget = MAX_PROMPT_CHARS;
+    for (turn, text) in transcripts {
+        out.push_str(&format!("\n=== transcript of {} ===\n", stamp(*turn)));
+        if text.len() > budget {
+            let mut cut = budget;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push_str(&text[..cut]);
+            out.push_str("\n[… transcript clipped]\n");
+            break;
+        }
+        budget -= text.len();
+        out.push_str(text);
+    }
+    out
+}
+
+/// Parse the model's answer: `SECTION | tNN | fact` lines (a leading `- `
+/// is tolerated; unknown sections and malformed lines are dropped; a turn
+/// outside `from..=to` is clamped into it).
+pub fn parse_notes(answer: &str, from: u32, to: u32) -> Vec<Note> {
+    let mut notes = Vec::new();
+    for line in answer.lines() {
+        let line = line.trim().trim_start_matches("- ").trim();
+        let mut cols = line.splitn(3, '|').map(str::trim);
+        let (Some(section), Some(turn), Some(text)) = (cols.next(), cols.next(), cols.next())
+        else {
+            continue;
+        };
+        let Some(section) = NOTE_SECTIONS
+            .iter()
+            .find(|s| s.eq_ignore_ascii_case(section))
+        else {
+            continue;
+        };
+        let text = crate::page::squash(text);
+        if text.is_empty() {
+            continue;
+        }
+        let turn = turn
+            .trim_start_matches(['t', 'T'])
+            .parse::<u32>()
+            .unwrap_or(to)
+            .clamp(from, to.max(from));
+        let text = crate::page::clip(&text, crate::page::LINE_MAX);
+        notes.push(Note {
+            section: section.to_string(),
+            turn,
+            text,
+        });
+    }
+    notes
+}
+
+/// The marker note: the model merge covered every turn up to `to`.
+pub fn marker(to: u32) -> Note {
+    Note {
+        section: MARKER_SECTION.to_string(),
+        turn: to,
+        text: format!("model merge through {}", stamp(to)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines() {
+        let a = "Decisions | t03 | use FTS5\n- next step | t9 | ship it\nnoise\nBogus | t1 | x\n";
+        let n = parse_notes(a, 2, 5);
+        assert_eq!(n.len(), 2);
+        assert_eq!(n[0].section, "Decisions");
+        assert_eq!(n[0].turn, 3);
+        assert_eq!(n[1].section, "Next step");
+        assert_eq!(n[1].turn, 5);
+    }
+
+    #[test]
+    fn prompt_names_the_turns() {
+        let p = prompt(
+            "s1",
+            "# SESSION s1\n",
+            &[(2, "# Turn 2\n".into()), (3, "# Turn 3\n".into())],
+        );
+        assert!(p.contains("turns t02 to t03"));
+        assert!(p.contains("=== transcript of t03 ===\n# Turn 3"));
+    }
+}

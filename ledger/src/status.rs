@@ -1,0 +1,272 @@
+//! The session meter of `status`: the context meter (window vs line vs the
+//! model's context), tokens in/out, the cache hit ratio and the spend from
+//! the price table. Pure: built from recorded steps and cuts.
+
+use crate::store::{CutRecord, StepRecord};
+use oceancode_config::Price;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Width of the meter bar in cells.
+pub const BAR_WIDTH: usize = 40;
+
+/// Usage and spend summed over steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Steps counted.
+    pub steps: u32,
+    /// Uncached input tokens.
+    pub input: u64,
+    /// Output tokens.
+    pub output: u64,
+    /// Cache reads.
+    pub cache_read: u64,
+    /// Cache writes.
+    pub cache_write: u64,
+    /// Spend in USD of the priced steps.
+    pub cost_usd: f64,
+    /// Models without a price (their steps are not in `cost_usd`).
+    pub unpriced: Vec<String>,
+}
+
+impl Totals {
+    /// All input tokens (uncached + cache read + cache write).
+    pub fn input_total(&self) -> u64 {
+        self.input + self.cache_read + self.cache_write
+    }
+
+    /// Cache reads over all input tokens (0 when there is no input).
+    pub fn cache_hit_ratio(&self) -> f64 {
+        let total = self.input_total();
+        if total == 0 {
+            0.0
+        } else {
+            self.cache_read as f64 / total as f64
+        }
+    }
+
+    /// The spend when every model had a price.
+    pub fn cost_if_known(&self) -> Option<f64> {
+        self.unpriced.is_empty().then_some(self.cost_usd)
+    }
+
+    /// Add one step.
+    pub fn add(&mut self, step: &StepRecord, price: Option<Price>) {
+        let u = step.usage;
+        self.steps += 1;
+        self.input += u.input;
+        self.output += u.output;
+        self.cache_read += u.cache_read;
+        self.cache_write += u.cache_write;
+        match price {
+            Some(p) => self.cost_usd += p.cost_usd(u.input, u.output, u.cache_read, u.cache_write),
+            None if u.window_total() > 0 && !self.unpriced.contains(&step.model) => {
+                self.unpriced.push(step.model.clone())
+            }
+            None => {}
+        }
+    }
+}
+
+/// Totals over `steps`, overall and per model.
+pub fn totals(
+    steps: &[StepRecord],
+    pricer: &dyn Fn(&str) -> Option<Price>,
+) -> (Totals, BTreeMap<String, Totals>) {
+    let mut all = Totals::default();
+    let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
+    for s in steps {
+        let price = pricer(&s.model);
+        all.add(s, price);
+        by_model.entry(s.model.clone()).or_default().add(s, price);
+    }
+    (all, by_model)
+}
+
+/// What `status` shows for one session.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Status {
+    /// Session id.
+    pub session: String,
+    /// Client family.
+    pub client: String,
+    /// Model of the latest request.
+    pub model: String,
+    /// The window after the latest step that reported usage (input + cache
+    /// read + cache write + output); 0 when none did.
+    pub window: u64,
+    /// The line in tokens.
+    pub line: u64,
+    /// How the line was set (`40%`, `500k`, `ceiling`).
+    pub line_spec: String,
+    /// The model's context window, if known.
+    pub context: Option<u64>,
+    /// Last seq past the tideline (0 = never cut).
+    pub cut_upto: u64,
+    /// Number of cuts.
+    pub cuts: u32,
+    /// Turns and rows on the active line.
+    pub turns: u32,
+    /// Rows on the active line.
+    pub rows: u64,
+    /// Usage and spend.
+    pub totals: Totals,
+}
+
+impl Status {
+    /// Build from recorded facts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        meta: &crate::SessionMeta,
+        steps: &[StepRecord],
+        cuts: &[CutRecord],
+        turns: u32,
+        rows: u64,
+        line: u64,
+        line_spec: String,
+        context: Option<u64>,
+        pricer: &dyn Fn(&str) -> Option<Price>,
+    ) -> Status {
+        let window = steps
+            .iter()
+            .rev()
+            .find(|s| s.usage.window_total() > 0)
+            .map_or(0, |s| s.usage.window_total());
+        Status {
+            session: meta.id.clone(),
+            client: meta.client.clone(),
+            model: meta.model.clone(),
+            window,
+            line,
+            line_spec,
+            context,
+            cut_upto: cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0),
+            cuts: cuts.len() as u32,
+            turns,
+            rows,
+            totals: totals(steps, pricer).0,
+        }
+    }
+
+    /// The meter bar: `BAR_WIDTH` cells scaled to the model's context (else
+    /// to the larger of line and window); `█` up to the window, `┃` at the line.
+    pub fn bar(&self) -> String {
+        let scale = self
+            .context
+            .unwrap_or(0)
+            .max(self.line)
+            .max(self.window)
+            .max(1);
+        let cell = |v: u64| ((v as f64 / scale as f64) * BAR_WIDTH as f64).round() as usize;
+        let filled = cell(self.window).min(BAR_WIDTH);
+        let mark = cell(self.line).min(BAR_WIDTH - 1);
+        let mut s = String::from("[");
+        for i in 0..BAR_WIDTH {
+            s.push(if i == mark {
+                '┃'
+            } else if i < filled {
+                '█'
+            } else {
+                '░'
+            });
+        }
+        s.push(']');
+        s
+    }
+
+    /// The human-readable meter.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "session  {} ({} · {})",
+            self.session, self.client, self.model
+        );
+        let context = self.context.map_or_else(|| "unknown".to_string(), tokens);
+        let _ = writeln!(
+            out,
+            "context  {}  window {} · line {} · context {}",
+            self.bar(),
+            tokens(self.window),
+            tokens(self.line),
+            context
+        );
+        let to_go = if self.window < self.line {
+            format!("{} to go", tokens(self.line - self.window))
+        } else {
+            format!(
+                "{} over: the next request cuts",
+                tokens(self.window - self.line)
+            )
+        };
+        let _ = writeln!(
+            out,
+            "         tideline @{} ({}): {to_go}",
+            self.line_spec,
+            tokens(self.line)
+        );
+        let t = &self.totals;
+        let _ = writeln!(
+            out,
+            "tokens   in {} (uncached {} · cache read {} · cache write {}) · out {}",
+            tokens(t.input_total()),
+            tokens(t.input),
+            tokens(t.cache_read),
+            tokens(t.cache_write),
+            tokens(t.output)
+        );
+        let _ = writeln!(
+            out,
+            "cache    hit ratio {:.1}%",
+            t.cache_hit_ratio() * 100.0
+        );
+        let spend = match (t.cost_if_known(), t.cost_usd > 0.0) {
+            (Some(c), _) => format!("${c:.4} at list price"),
+            (None, true) => format!(
+                "≥ ${:.4} (no price for {})",
+                t.cost_usd,
+                t.unpriced.join(", ")
+            ),
+            (None, false) => format!("unknown (no price for {})", t.unpriced.join(", ")),
+        };
+        let _ = writeln!(out, "spend    {spend}");
+        let cut = if self.cut_upto == 0 {
+            "never cut".to_string()
+        } else {
+            format!("rows ≤ seq {} past the tideline", self.cut_upto)
+        };
+        let _ = writeln!(
+            out,
+            "ledger   {} steps · {} turns · {} rows · {} cuts ({cut})",
+            t.steps, self.turns, self.rows, self.cuts
+        );
+        out
+    }
+}
+
+/// `950`, `12.3k`, `1.0M`.
+pub fn tokens(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else if n >= 10_000 {
+        format!("{}k", (n as f64 / 1e3).round() as u64)
+    } else if n >= 1_000 {
+        format!("{:.1}k", n as f64 / 1e3)
+    } else {
+        n.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_units() {
+        assert_eq!(tokens(950), "950");
+        assert_eq!(tokens(12_345), "12k");
+        assert_eq!(tokens(1_500), "1.5k");
+        assert_eq!(tokens(1_000_000), "1.0M");
+    }
+}

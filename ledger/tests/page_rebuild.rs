@@ -1,0 +1,170 @@
+//! SESSION.md written by the writer, and `ledger rebuild` reproducing the
+//! live files byte for byte.
+
+mod page_common;
+
+use page_common::*;
+use serde_json::json;
+
+#[test]
+fn page_live_and_rebuild_are_byte_identical() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let s = scripted(&store, "sess-page");
+    let dir = store.session_dir(&s.id);
+    let live = snapshot(&dir);
+    assert!(live.contains_key("SESSION.md"), "{:?}", live.keys());
+    assert!(live.contains_key("transcript/index.md"));
+    assert!(live.contains_key("transcript/0001.md"));
+    assert!(live.contains_key("transcript/0005.md"));
+
+    std::fs::remove_dir_all(&dir).expect("remove");
+    let report = store.rebuild(&s.id, None).expect("rebuild");
+    assert!(report.page);
+    assert_eq!(report.rows, s.seq);
+    assert_eq!(
+        snapshot(&dir),
+        live,
+        "rebuilt files differ from the live ones"
+    );
+
+    // A stale turn file is removed; a second rebuild changes nothing.
+    std::fs::write(dir.join("transcript/0042.md"), "stale").expect("write");
+    let report = store.rebuild(&s.id, None).expect("rebuild again");
+    assert_eq!(report.removed, 1);
+    assert_eq!(snapshot(&dir), live);
+
+    // And after a restart of the store (fresh writer caches).
+    store.shutdown().expect("shutdown");
+    let store = open(tmp.path());
+    std::fs::remove_dir_all(&dir).expect("remove");
+    store.rebuild(&s.id, None).expect("rebuild after reopen");
+    assert_eq!(snapshot(&dir), live);
+}
+
+#[test]
+fn page_carries_engine_facts() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let s = scripted(&store, "sess-facts");
+    let page = std::fs::read_to_string(store.data_dir().session_md(&s.id)).expect("page");
+    println!("{page}");
+    assert!(page.starts_with("# SESSION sess-facts\n"));
+    assert!(page.contains("Merged: t01–t03 (every row up to seq 21 is past the tideline)."));
+    // Goal from the first ask, the reminder skipped.
+    assert!(page.contains("## Goal\n\n- t01 Fix the failing parser test in src/parser.rs\n"));
+    // Files, with the rewound Write struck through.
+    assert!(page.contains("- t02 `src/parser.rs` (read, edit)\n"));
+    assert!(page.contains("- ~~t03 `CHANGELOG.md` (write)~~ rewound\n"));
+    // Commands and exit codes.
+    assert!(page.contains("- t01 `cargo test -p parser` → exit 101\n"));
+    assert!(page.contains("- t02 `cargo test -p parser` → ok\n"));
+    // Tasks: changed statuses strike the old line.
+    assert!(page.contains("- ~~t01 [~] find the failing test~~\n"));
+    assert!(page.contains("- ~~t01 [ ] fix the parser~~\n"));
+    assert!(page.contains("- t02 [x] find the failing test\n"));
+    assert!(page.contains("- t02 [x] fix the parser\n"));
+    // The error, fixed by the later run of the same command.
+    assert!(page.contains(
+        "- ~~t01 `Bash` `cargo test -p parser`: error: test parser::tests::nested failed~~ fixed t02\n"
+    ));
+    // The log: merged turns only (t4 is only partly past the tideline).
+    assert!(page.contains(
+        "- t01 seq 1–7 · Fix the failing parser test in src/parser.rs · 2 tool calls, 1 error\n"
+    ));
+    assert!(page.contains("- t03 seq 18–21 · now write a changelog entry · 0 tool calls\n"));
+    assert!(!page.contains("- t04 seq"));
+    assert!(!page.contains("cargo clippy"), "t04 is not merged yet");
+}
+
+/// The page is edited, never rewritten: every line of an earlier version is
+/// still there later, unchanged or struck through (or a pending exit filled).
+#[test]
+fn page_is_edited_not_rewritten() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut s = Sim::new(&store, "sess-edit", T0);
+    let path = store.data_dir().session_md(&s.id);
+    let mut versions = Vec::new();
+    for t in 1..=8u32 {
+        s.prompt(&format!("task number {t}"));
+        let id = format!("c{t}");
+        s.call(
+            &id,
+            "Bash",
+            json!({"command": format!("make step{}", t % 3)}),
+        );
+        s.result(&id, &format!("Exit code {}", t % 2), t % 2 == 1);
+        s.call(
+            &format!("todo{t}"),
+            "TodoWrite",
+            json!({"todos": [
+            {"content": "ship", "status": if t < 6 { "in_progress" } else { "completed" }},
+            {"content": format!("step {t}"), "status": "pending"}]}),
+        );
+        s.result(&format!("todo{t}"), "ok", false);
+        s.end_step(10, 10, 100, 10);
+        if t >= 3 {
+            s.cut(s.seq);
+        }
+        s.settle();
+        if let Ok(p) = std::fs::read_to_string(&path) {
+            versions.push(p);
+        }
+    }
+    assert!(versions.len() >= 6);
+    for pair in versions.windows(2) {
+        let (old, new) = (&pair[0], &pair[1]);
+        for line in old.lines().filter(|l| l.starts_with("- ")) {
+            let body = &line[2..];
+            let kept = new.lines().any(|l| {
+                l == line
+                    || l == format!("- ~~{body}~~")
+                    || l == format!("- ~~{body}~~ rewound")
+                    || l.starts_with(&format!("- ~~{body}~~ fixed "))
+                    || (body.ends_with("→ …") && l.starts_with(&line[..line.len() - "…".len()]))
+            });
+            assert!(
+                kept,
+                "line {line:?} was rewritten\n--- old\n{old}\n--- new\n{new}"
+            );
+        }
+    }
+    let last = versions.last().expect("a page");
+    assert!(last.contains("- t06 [x] ship\n"), "{last}");
+    assert!(last.contains("- ~~t01 [~] ship~~\n"), "{last}");
+}
+
+/// The store migrates a version-1 database: the search index is filled
+/// from the rows already there.
+#[test]
+fn page_schema_v1_migrates_to_v2() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let s = scripted(&store, "sess-old");
+    store.shutdown().expect("shutdown");
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("db");
+        c.execute_batch(
+            "DROP TRIGGER row_text_ai; DROP TRIGGER row_text_ad; DROP TRIGGER row_text_au;
+             DROP TABLE row_fts; DROP TABLE row_text; DROP TABLE page_notes;
+             UPDATE schema_version SET version = 1;",
+        )
+        .expect("downgrade");
+    }
+    let store = open(tmp.path());
+    let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("db");
+    let v: i64 = c
+        .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(v, 2);
+    let n: i64 = c
+        .query_row("SELECT COUNT(*) FROM row_text", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(n as u64, s.seq);
+    let hits = store
+        .search(&["nested".into(), "parses".into()], 10)
+        .expect("search");
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert_eq!(hits[0].seq, 17);
+}
