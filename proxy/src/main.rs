@@ -190,7 +190,6 @@ struct TidelineArgs {
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
     proxy: Option<String>,
     /// `50%`, `500k`, `now` or `default`; none shows the state.
-    #[arg(allow_hyphen_values = true)]
     value: Vec<String>,
 }
 
@@ -475,12 +474,7 @@ fn ledger(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
     let store = open_store(dir)?;
     match cmd {
         LedgerCmd::Path { session } => {
-            let id = match session {
-                Some(s) => s.clone(),
-                None => store
-                    .latest_session()?
-                    .context("the ledger has no session yet")?,
-            };
+            let id = store.resolve_session(session.as_deref())?;
             println!("{}", store.session_dir(&id).display());
         }
         LedgerCmd::Rebuild {

@@ -318,11 +318,15 @@ async fn ledger_list_and_path_after_a_served_session() {
         assert!(t.contains("cli-a question 0"), "{t}");
         assert!(path.join("transcript").join("0002.md").exists());
     }
+    // An unknown session is an error, not a made-up path.
+    let o = ledger_cmd(home, &data, &["path", "no-such-session"]);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(text(&o.stderr).contains("no-such-session"), "{o:?}");
 }
 
 fn tideline_cmd(home: &Path, url: &str, args: &[&str]) -> Output {
     let mut c = proxy_cmd(home);
-    c.arg("tideline").args(["--proxy", url]).args(args);
+    c.arg("tideline").args(args).args(["--proxy", url]);
     output(c)
 }
 
