@@ -93,7 +93,9 @@ pub struct Row {
     /// The exact JSON bytes of the message as the client sent it (or as
     /// reassembled from the response, until the client echoes it).
     pub raw: Arc<str>,
-    /// Token estimate (tiktoken `o200k_base`, calibrated).
+    /// Token estimate: the row's JSON bytes divided by the session's
+    /// bytes-per-token, learned from the provider's real usage (see
+    /// `oceancode_proxy::sessions`).
     pub tokens: u32,
     /// 1-based turn number.
     pub turn: u32,
