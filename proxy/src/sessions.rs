@@ -743,6 +743,19 @@ impl SessionManager {
             };
         }
         st.absorb(&parsed.messages, &hashes, &mut events);
+        for ev in &events {
+            match ev {
+                Event::Branch { .. } => {
+                    self.metrics.branches.fetch_add(1, Ordering::Relaxed);
+                }
+                Event::Rows { rows, .. } => {
+                    self.metrics
+                        .rows
+                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
         let limits_model = if ident.context_1m && !model.contains("[1m]") {
             format!("{model}[1m]")
         } else {
@@ -967,7 +980,8 @@ impl SessionManager {
                 kept_out: 0,
             };
         }
-        let dir = self.settings.data_dir.join("sessions").join(&st.meta.id);
+        let dir =
+            oceancode_ledger::paths::DataDir::new(&self.settings.data_dir).session_dir(&st.meta.id);
         let mut lines = Vec::new();
         let mut turns: Vec<&(u64, String)> = st
             .turn_lines

@@ -175,6 +175,19 @@ async fn a_rewind_records_a_branch_and_deletes_nothing() {
         "the old line is kept"
     );
     assert!(texts.iter().any(|t| t.contains("another second question")));
+    let m = oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            http::Method::GET,
+            "/metrics",
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await,
+    )
+    .await
+    .text();
+    assert!(m.contains("\noceancode_branches_total 1\n"), "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
