@@ -462,11 +462,15 @@ fn tap_response(
                 .cache_write_tokens
                 .fetch_add(u.cache_write, Ordering::Relaxed);
         }
-        if o.end == TapEnd::Cancelled {
+        if o.end == TapEnd::Cancelled && !o.collected.terminal {
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(t) = ticket {
-            let ok = o.end == TapEnd::Complete && o.collected.error.is_none();
+            // A client may close right after the terminal event, before the
+            // upstream's end of stream: the answer is complete all the same.
+            let whole =
+                o.end == TapEnd::Complete || (o.end == TapEnd::Cancelled && o.collected.terminal);
+            let ok = whole && o.collected.error.is_none();
             sessions.complete(&t, status, ok, &o.collected);
         }
     });

@@ -267,3 +267,66 @@ async fn responses_with_previous_response_id_are_appended_not_matched() {
         "both answers recorded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_recorded_when_the_client_closes_right_after_the_terminal_event() {
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+    let sse =
+        std::fs::read_to_string(oceancode_tests::fixture("sse/anthropic_tool_use.sse")).unwrap();
+    let mut chunks: Vec<(Duration, bytes::Bytes)> = sse
+        .split_inclusive("\n\n")
+        .map(|e| (Duration::ZERO, bytes::Bytes::copy_from_slice(e.as_bytes())))
+        .collect();
+    // The upstream ends its stream late; the client does not wait for it.
+    chunks.push((
+        Duration::from_secs(3),
+        bytes::Bytes::from_static(b": bye\n\n"),
+    ));
+    let replay = oceancode_tests::Replay::start(
+        200,
+        vec![("content-type", "text/event-stream".into())],
+        chunks,
+    )
+    .await;
+    let url = replay.url();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = url
+    })
+    .await;
+    let body = serde_json::json!({"model":"claude-x","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"list the files"}]});
+    let mut resp = h
+        .send(
+            &h.url(),
+            http::Method::POST,
+            "/v1/messages",
+            &[("x-oceancode-session", "early-close")],
+            bytes::Bytes::from(body.to_string()),
+        )
+        .await;
+    let mut seen = String::new();
+    while let Some(f) = resp.body_mut().frame().await {
+        if let Ok(d) = f.unwrap().into_data() {
+            seen.push_str(&String::from_utf8_lossy(&d));
+        }
+        if seen.contains("message_stop") {
+            break;
+        }
+    }
+    drop(resp);
+    // The tap finishes when the proxy notices the client went away.
+    let mut rows = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        h.settle().await;
+        if let Some(id) = h.store().latest_session().unwrap() {
+            rows = h.store().load_session(&id).unwrap().unwrap().rows.len();
+            if rows == 2 {
+                break;
+            }
+        }
+    }
+    assert_eq!(rows, 2, "the prompt and the answer are both recorded");
+    let s = h.admin("/_oceancode/sessions/latest").await;
+    assert_eq!(s["totals"]["cache_write"], 12511, "usage kept: {s}");
+}

@@ -70,6 +70,7 @@ pub struct Collector {
     stop_reason: Option<String>,
     error: Option<String>,
     json_rows: Vec<String>,
+    terminal: bool,
 }
 
 impl Collector {
@@ -196,6 +197,7 @@ impl ResponseCollector for Collector {
                     self.stop_reason = Some(r.to_string());
                 }
             }
+            Some("message_stop") => self.terminal = true,
             Some("error") => {
                 self.error = Some(
                     v.pointer("/error/message")
@@ -212,6 +214,7 @@ impl ResponseCollector for Collector {
         let Ok(v) = serde_json::from_slice::<Value>(body) else {
             return;
         };
+        self.terminal = true;
         if v.get("type").and_then(Value::as_str) == Some("error") {
             self.error = v
                 .pointer("/error/message")
@@ -247,6 +250,7 @@ impl ResponseCollector for Collector {
             rows,
             stop_reason: self.stop_reason,
             error: self.error,
+            terminal: self.terminal,
         }
     }
 }

@@ -143,6 +143,10 @@ pub struct Collected {
     pub stop_reason: Option<String>,
     /// An error event inside a 200 stream, or an error body.
     pub error: Option<String>,
+    /// The response's terminal event was seen (`message_stop`, `[DONE]`,
+    /// `response.completed`), or a whole JSON body was read: the answer is
+    /// complete even if the client closed the connection right after it.
+    pub terminal: bool,
 }
 
 /// Consumes a response on the side (never alters it).

@@ -35,6 +35,7 @@ pub struct Collector {
     finish: Option<String>,
     error: Option<String>,
     json_rows: Vec<String>,
+    terminal: bool,
 }
 
 fn usage_of(u: &Value) -> Option<Usage> {
@@ -50,6 +51,7 @@ fn usage_of(u: &Value) -> Option<Usage> {
 impl ResponseCollector for Collector {
     fn on_event(&mut self, _event: &str, data: &str) {
         if data.trim() == "[DONE]" {
+            self.terminal = true;
             return;
         }
         let Ok(v) = serde_json::from_str::<Value>(data) else {
@@ -127,6 +129,7 @@ impl ResponseCollector for Collector {
         let Ok(v) = serde_json::from_slice::<Value>(body) else {
             return;
         };
+        self.terminal = true;
         if let Some(e) = v.get("error") {
             self.error = e.get("message").and_then(Value::as_str).map(str::to_string);
             return;
@@ -174,6 +177,7 @@ impl ResponseCollector for Collector {
             rows,
             stop_reason: self.finish,
             error: self.error,
+            terminal: self.terminal,
         }
     }
 }

@@ -43,6 +43,7 @@ pub struct Collector {
     items: Vec<String>,
     status: Option<String>,
     error: Option<String>,
+    terminal: bool,
 }
 
 fn usage_of(u: &Value) -> Option<Usage> {
@@ -102,6 +103,7 @@ impl ResponseCollector for Collector {
                 }
             }
             Some("response.completed" | "response.incomplete" | "response.failed") => {
+                self.terminal = true;
                 if let Some(r) = v.get("response") {
                     self.take_response(r, true);
                 }
@@ -122,6 +124,7 @@ impl ResponseCollector for Collector {
         let Ok(v) = serde_json::from_slice::<Value>(body) else {
             return;
         };
+        self.terminal = true;
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
             self.error = e.get("message").and_then(Value::as_str).map(str::to_string);
             if v.get("output").is_none() {
@@ -138,6 +141,7 @@ impl ResponseCollector for Collector {
             rows: self.items,
             stop_reason: self.status,
             error: self.error,
+            terminal: self.terminal,
         }
     }
 }
