@@ -216,6 +216,20 @@ impl Tideline {
         Tideline::default()
     }
 
+    /// A session read back from the ledger whose rows up to `cut_upto` were
+    /// already cut: they stay cut (a cut is never undone). Call
+    /// [`Tideline::seed`] next to rebuild the blocks of what is retained.
+    pub fn resume(cut_upto: u64) -> Tideline {
+        Tideline {
+            cut_upto,
+            open: OpenBlock {
+                first_seq: cut_upto + 1,
+                opened_at: 0,
+            },
+            ..Tideline::default()
+        }
+    }
+
     /// Every row with `seq <= cut_upto` is out of the window (0 = nothing cut).
     pub fn cut_upto(&self) -> u64 {
         self.cut_upto

@@ -767,11 +767,15 @@ impl SessionManager {
         }
         if self.settings.tideline_enabled {
             let last_seq = st.active.last().copied().unwrap_or(0);
+            let cut_before = st.tideline.cut_upto();
             let decision = if st.needs_seed || st.last_usage.is_none() {
                 st.needs_seed = false;
                 let rows = st.seed_rows();
+                // A restored session knows its last real usage; otherwise the
+                // row estimates are all there is.
+                let measured = st.last_usage.map(|u| u.window_total() + st.pending_est);
                 let obs = Observation {
-                    gauge: 0,
+                    gauge: measured.unwrap_or(0),
                     added: st.pending_est,
                     boundary_seq: boundary,
                     last_seq,
@@ -788,7 +792,7 @@ impl SessionManager {
                 st.tideline.observe(obs, params)
             };
             st.meter.gauge = decision.gauge;
-            if let Some(cut) = decision.cut {
+            if let Some(cut) = decision.cut.filter(|c| c.upto_seq > cut_before) {
                 self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
                 st.meter.cuts += 1;
                 events.push(Event::Cut {
@@ -1152,6 +1156,7 @@ impl State {
         // continue from what is on disk, which `rows.len()` does only if the
         // rows are gap-free (the store guarantees an in-order prefix).
         st.last_usage = l.last_usage;
+        st.tideline = Tideline::resume(l.cut_upto);
         st.needs_seed = true;
         st
     }

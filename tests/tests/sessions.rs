@@ -330,3 +330,69 @@ async fn an_answer_is_recorded_when_the_client_closes_right_after_the_terminal_e
     let s = h.admin("/_oceancode/sessions/latest").await;
     assert_eq!(s["totals"]["cache_write"], 12511, "usage kept: {s}");
 }
+
+fn stub_seq_of(body: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let text = v["messages"][0]["content"][0]["text"].as_str()?;
+    let rest = text.strip_prefix(
+        "[Earlier content of this session is past the tideline: every row up to seq ",
+    )?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_session_keeps_its_cut() {
+    use oceancode_fakeup::{Reply, Script};
+    let fake = FakeConfig::default().with_script(Script::always(Reply::tool_call(
+        "Bash",
+        serde_json::json!({"command":"ls"}),
+    )));
+    let h = Harness::start(fake, |o| {
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await;
+    let hdr = [("x-oceancode-session", "keep-cut")];
+    let mut history = vec![serde_json::json!({"role":"user","content":"go"})];
+    let body = |h: &Vec<serde_json::Value>| {
+        serde_json::json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":h}).to_string()
+    };
+    let mut last_stub = None;
+    for step in 0..30 {
+        let got = h.post("/v1/messages", &hdr, body(&history)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let v = got.json();
+        let id = v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "tool_use")
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        history.push(serde_json::json!({"role":"assistant","content":v["content"]}));
+        history.push(serde_json::json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":"x ".repeat(2500) + &step.to_string()}]}));
+        last_stub = stub_seq_of(&h.fake.requests().last().unwrap().body);
+    }
+    assert!(last_stub.is_some(), "the session crossed the line");
+    // One small step, then the same request again after the session left memory.
+    let got = h.post("/v1/messages", &hdr, body(&history)).await;
+    assert_eq!(got.status, 200);
+    let before = stub_seq_of(&h.fake.requests().last().unwrap().body).expect("cut");
+    h.settle().await;
+    assert!(h.proxy().app.sessions.evict_idle(-1) >= 1);
+    // A far higher line: nothing new is cut, and what was cut stays cut.
+    h.proxy()
+        .app
+        .sessions
+        .set_override(None, Some(oceancode_config::LineSpec::Tokens(900_000)))
+        .unwrap();
+    let got = h.post("/v1/messages", &hdr, body(&history)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let after =
+        stub_seq_of(&h.fake.requests().last().unwrap().body).expect("still cut after the restore");
+    assert_eq!(
+        after, before,
+        "the restored session keeps its cut (never undone, not re-made)"
+    );
+}
