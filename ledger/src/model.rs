@@ -39,7 +39,7 @@ impl Dialect {
 }
 
 /// What a row is, independent of dialect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RowKind {
     /// A user message that carries a prompt (not only tool results): starts a turn.
@@ -51,6 +51,7 @@ pub enum RowKind {
     /// A `system`/`developer` message inside the conversation.
     System,
     /// Anything else (kept verbatim, never interpreted).
+    #[default]
     Other,
 }
 

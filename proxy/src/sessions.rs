@@ -73,6 +73,25 @@ pub struct SessionMetrics {
     pub too_long_retries: AtomicU64,
 }
 
+/// The tool calls a row makes and answers (hashed ids).
+#[derive(Debug, Clone, Default)]
+struct Calls {
+    opens: Box<[u64]>,
+    closes: Box<[u64]>,
+    binds_next: bool,
+}
+
+impl Calls {
+    fn of(i: &dialect::MessageInfo) -> Calls {
+        let h = |ids: &[String]| ids.iter().map(|s| dialect::raw_hash(s)).collect();
+        Calls {
+            opens: h(&i.opens),
+            closes: h(&i.closes),
+            binds_next: i.binds_next,
+        }
+    }
+}
+
 /// One row as the manager keeps it in memory (no bytes).
 #[derive(Debug, Clone)]
 struct RowMem {
@@ -80,6 +99,7 @@ struct RowMem {
     norm_hash: u64,
     kind: RowKind,
     starts_ok: bool,
+    calls: Calls,
     tokens: u32,
     turn: u32,
 }
@@ -251,10 +271,8 @@ fn parse_str(d: Dialect, raw: &str) -> Parsed {
 fn unparsed(raw: &str) -> Parsed {
     Parsed {
         info: dialect::MessageInfo {
-            role: String::new(),
-            kind: RowKind::Other,
             starts_ok: true,
-            first_line: None,
+            ..dialect::MessageInfo::default()
         },
         norm: dialect::raw_hash(raw),
     }
@@ -328,6 +346,7 @@ impl State {
             norm_hash: p.norm,
             kind: p.info.kind,
             starts_ok: p.info.starts_ok,
+            calls: Calls::of(&p.info),
             tokens,
             turn,
         });
@@ -434,15 +453,27 @@ impl State {
         }
     }
 
+    /// The active line for window planning. A window may start at a row
+    /// only if the row allows it, no tool call made before it is still
+    /// unanswered (parallel calls answered one by one), and the row before it
+    /// does not bind to it (a reasoning item and its call).
     fn row_infos(&self) -> Vec<RowInfo> {
+        let mut open: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut prev_binds = false;
         self.active
             .iter()
             .map(|&seq| {
                 let r = self.row(seq);
+                let starts_ok = r.starts_ok && open.is_empty() && !prev_binds;
+                for c in r.calls.closes.iter() {
+                    open.remove(c);
+                }
+                open.extend(r.calls.opens.iter().copied());
+                prev_binds = r.calls.binds_next;
                 RowInfo {
                     seq,
                     kind: r.kind,
-                    starts_ok: r.starts_ok,
+                    starts_ok,
                 }
             })
             .collect()
@@ -1140,6 +1171,7 @@ impl State {
                 norm_hash: p.norm,
                 kind: r.kind,
                 starts_ok: p.info.starts_ok,
+                calls: Calls::of(&p.info),
                 tokens: r.tokens,
                 turn: r.turn,
             });

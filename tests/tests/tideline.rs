@@ -445,3 +445,91 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
     assert!(s["override"].is_null());
     assert_eq!(s["meter"]["line"], 80_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("shell", json!({"cmd": "ls"}))
+            .with_tool_call("shell", json!({"cmd": "cat a"}))
+            .with_tool_call("shell", json!({"cmd": "cat b"}))
+            .with_thinking("look around"),
+    ));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(CONTEXT),
+            max_output: Some(32_000),
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await;
+    let mut input: Vec<Value> = vec![
+        json!({"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]}),
+        json!({"type":"message","role":"user","content":[{"type":"input_text","text":"inspect the repo"}]}),
+    ];
+    let mut cuts = 0;
+    for step in 0..30 {
+        if step % 4 == 3 {
+            // Leave memory and come back from the ledger: blocks are then
+            // re-seeded from row estimates, at arbitrary row boundaries.
+            h.settle().await;
+            h.proxy().app.sessions.evict_idle(-1);
+        }
+        let body = json!({"model":"gpt-5-codex","stream":false,"store":false,"tools":[{"type":"function","name":"shell","parameters":{"type":"object"}}],"input":input});
+        let got = h
+            .post(
+                "/v1/responses",
+                &[("session-id", "par-1")],
+                body.to_string(),
+            )
+            .await;
+        assert_eq!(got.status, 200, "step {step}: {}", got.text());
+        let v = got.json();
+        let output = v["output"].as_array().unwrap().clone();
+        let calls: Vec<String> = output
+            .iter()
+            .filter(|i| i["type"] == "function_call")
+            .map(|i| i["call_id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(calls.len(), 3);
+        input.extend(output);
+        for (k, c) in calls.iter().enumerate() {
+            input.push(json!({"type":"function_call_output","call_id":c,"output":format!("{} {step} {k}", "out ".repeat(600))}));
+        }
+        let sent = h.fake.requests().last().unwrap().json().unwrap();
+        let items = sent["input"].as_array().unwrap();
+        if items.iter().any(|i| {
+            i["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("[Earlier content"))
+        }) {
+            cuts += 1;
+            // The first retained conversation item after the stub and pinned ask
+            // never answers a call that was cut, nor follows a cut reasoning item.
+            let mut open = std::collections::HashSet::new();
+            for it in items {
+                match it["type"].as_str().unwrap_or("") {
+                    "function_call" => {
+                        open.insert(it["call_id"].as_str().unwrap().to_string());
+                    }
+                    "function_call_output" => {
+                        assert!(
+                            open.remove(it["call_id"].as_str().unwrap()),
+                            "an output without its call: {it}"
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            let first_conv = items.iter().position(|i| i["type"] != "message").unwrap();
+            assert_ne!(items[first_conv]["type"], "function_call_output");
+            if items[first_conv]["type"] == "function_call" {
+                assert_eq!(
+                    items[first_conv - 1]["type"],
+                    "message",
+                    "a call keeps its reasoning item"
+                );
+            }
+        }
+    }
+    assert!(cuts > 3, "the line was crossed: {cuts}");
+}

@@ -2,7 +2,7 @@
 //! collector (usage from `message_start`/`message_delta`, the assistant
 //! message reassembled from content-block events).
 
-use super::{first_line, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{ids_of, info, u64_of, Collected, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{Map, Value};
 
@@ -13,49 +13,51 @@ pub fn classify(v: &Value) -> MessageInfo {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let content = v.get("content");
-    let (kind, text) = match role.as_str() {
-        "user" => {
-            let mut has_result = false;
-            let mut text: Option<String> = None;
-            match content {
-                Some(Value::String(s)) => text = Some(s.clone()),
-                Some(Value::Array(blocks)) => {
-                    for b in blocks {
-                        match b.get("type").and_then(Value::as_str) {
-                            Some("tool_result") => has_result = true,
-                            Some("text") => {
-                                if let Some(t) = b.get("text").and_then(Value::as_str) {
-                                    // Prefer the user's own words over reminders.
-                                    if text.is_none()
-                                        || text.as_deref().is_some_and(|x| x.starts_with('<'))
-                                    {
-                                        text = Some(t.to_string());
-                                    }
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-            if has_result {
-                (RowKind::ToolResult, None)
-            } else {
-                (RowKind::Prompt, text)
-            }
-        }
-        "assistant" => (RowKind::Assistant, None),
-        "system" => (RowKind::System, None),
-        _ => (RowKind::Other, None),
+    let blocks: &[Value] = match v.get("content") {
+        Some(Value::Array(b)) => b,
+        _ => &[],
     };
-    MessageInfo {
-        role,
-        kind,
-        starts_ok: kind != RowKind::ToolResult,
-        first_line: text.as_deref().and_then(|t| first_line(t, 80)),
-    }
+    let of_type = |t: &'static str| {
+        blocks
+            .iter()
+            .filter(move |b| b.get("type").and_then(Value::as_str) == Some(t))
+    };
+    let has_result = of_type("tool_result").next().is_some();
+    let kind = match role.as_str() {
+        "user" if has_result => RowKind::ToolResult,
+        "user" => RowKind::Prompt,
+        "assistant" => RowKind::Assistant,
+        "system" => RowKind::System,
+        _ => RowKind::Other,
+    };
+    // The user's own words rather than a leading `<system-reminder>`.
+    let text = match v.get("content") {
+        Some(Value::String(s)) => Some(s.as_str()),
+        _ => {
+            let texts: Vec<&str> = of_type("text")
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            texts
+                .iter()
+                .copied()
+                .find(|t| !t.trim_start().starts_with('<'))
+                .or(texts.first().copied())
+        }
+    };
+    let mut out = info(role, kind, text);
+    out.opens = ids_of(of_type("tool_use").chain(of_type("server_tool_use")), "id");
+    // Server tool results answer within the assistant message itself.
+    out.closes = blocks
+        .iter()
+        .filter(|b| {
+            b.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.ends_with("tool_result"))
+        })
+        .filter_map(|b| b.get("tool_use_id").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+    out
 }
 
 /// Reassembles a Messages response.

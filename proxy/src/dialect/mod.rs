@@ -169,16 +169,25 @@ pub fn collector(d: Dialect) -> Box<dyn ResponseCollector> {
 }
 
 /// What the proxy needs to know of one message, from a full parse.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MessageInfo {
     /// Role, or the item type for role-less Responses items.
     pub role: String,
     /// Classification.
     pub kind: RowKind,
-    /// Whether a cut window may start at this message.
+    /// Whether a cut window may start at this message, as far as the message
+    /// alone tells (a tool result never can); see also `opens`/`closes`.
     pub starts_ok: bool,
     /// First line of the prompt text (for stubs and indexes), ≤ 80 chars.
     pub first_line: Option<String>,
+    /// Ids of the tool calls this message makes (`tool_use`, `tool_calls`,
+    /// `function_call`…): no window may start while one is unanswered.
+    pub opens: Vec<String>,
+    /// Ids of the tool calls this message answers.
+    pub closes: Vec<String>,
+    /// The message must stay with the one after it (a Responses `reasoning`
+    /// item): no window may start right after it.
+    pub binds_next: bool,
 }
 
 /// The first text of a message's `content`: the string itself, or the first
@@ -205,7 +214,16 @@ pub(crate) fn info(role: String, kind: RowKind, text: Option<&str>) -> MessageIn
         } else {
             None
         },
+        ..MessageInfo::default()
     }
+}
+
+/// String values of `key` in each element of `arr`.
+pub(crate) fn ids_of<'a>(arr: impl IntoIterator<Item = &'a Value>, key: &str) -> Vec<String> {
+    arr.into_iter()
+        .filter_map(|x| x.get(key).and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Classify a message of the given dialect.

@@ -2,7 +2,9 @@
 //! collector (final usage chunk with `stream_options.include_usage`, the
 //! assistant message reassembled from deltas).
 
-use super::{content_text, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{
+    content_text, ids_of, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector,
+};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{json, Map, Value};
 
@@ -20,7 +22,12 @@ pub fn classify(v: &Value) -> MessageInfo {
         "system" | "developer" => RowKind::System,
         _ => RowKind::Other,
     };
-    info(role, kind, content_text(v))
+    let mut out = info(role, kind, content_text(v));
+    if let Some(Value::Array(calls)) = v.get("tool_calls") {
+        out.opens = ids_of(calls, "id");
+    }
+    out.closes = ids_of(v.get("tool_call_id").map(|_| v), "tool_call_id");
+    out
 }
 
 /// Reassembles a Chat Completions response (choice 0).

@@ -2,7 +2,9 @@
 //! collector (`response.completed` usage, output items from
 //! `response.output_item.done`).
 
-use super::{content_text, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{
+    content_text, ids_of, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector,
+};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::Value;
 
@@ -32,7 +34,15 @@ pub fn classify(v: &Value) -> MessageInfo {
         ),
         (None, None) => (String::new(), RowKind::Other),
     };
-    info(role, kind, content_text(v))
+    let mut out = info(role, kind, content_text(v));
+    let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
+    if ty.ends_with("_call") {
+        out.opens = ids_of([v], "call_id");
+    } else if ty.ends_with("_output") {
+        out.closes = ids_of([v], "call_id");
+    }
+    out.binds_next = ty == "reasoning";
+    out
 }
 
 /// Collects a Responses response.
