@@ -103,7 +103,15 @@ pub async fn start(opts: ProxyOptions) -> Result<Running, StartError> {
 }
 
 /// Start a proxy on an already bound listener.
-pub async fn start_on(listener: TcpListener, opts: ProxyOptions) -> Result<Running, StartError> {
+pub async fn start_on(
+    listener: TcpListener,
+    mut opts: ProxyOptions,
+) -> Result<Running, StartError> {
+    // Stubs name the ledger directory to the model: it must be absolute.
+    if let Ok(abs) = std::path::absolute(&opts.front.data_dir) {
+        opts.front.data_dir.clone_from(&abs);
+        opts.sessions.data_dir = abs;
+    }
     let addr = listener.local_addr().map_err(|source| StartError::Bind {
         addr: opts.listen,
         source,

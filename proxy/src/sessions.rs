@@ -697,13 +697,27 @@ impl SessionManager {
         if kind == ReqKind::Side {
             return Prepared { body, ticket: None };
         }
-        let parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
+        // Responses accepts `input` as a plain string: one user message.
+        let synthetic: Option<Box<RawValue>>;
+        let mut parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
                 return Prepared { body, ticket: None };
             }
         };
+        synthetic = (dialect == Dialect::OpenaiResponses && parsed.messages.is_empty())
+            .then(|| parsed.get_as::<String>("input"))
+            .flatten()
+            .and_then(|text| {
+                RawValue::from_string(
+                    serde_json::json!({"role": "user", "content": text}).to_string(),
+                )
+                .ok()
+            });
+        if let Some(m) = &synthetic {
+            parsed.messages = vec![&**m];
+        }
         if parsed.messages.is_empty() {
             return Prepared { body, ticket: None };
         }
@@ -840,7 +854,8 @@ impl SessionManager {
         st.meter.context = calc.context;
         st.meter.steps = st.step;
         st.meter.active_rows = st.active.len();
-        let window = if self.settings.tideline_enabled {
+        // A string input is one message: nothing to window, forwarded as is.
+        let window = if self.settings.tideline_enabled && synthetic.is_none() {
             self.render(&st, &parsed)
         } else {
             Window {

@@ -396,3 +396,40 @@ async fn a_restored_session_keeps_its_cut() {
         "the restored session keeps its cut (never undone, not re-made)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_string_input_is_recorded_as_one_user_message_and_forwarded_as_is() {
+    let h = harness().await;
+    let body = serde_json::json!({"model":"gpt-5","input":"Say hello."}).to_string();
+    let got = h
+        .post(
+            "/v1/responses",
+            &[("x-oceancode-session", "str-input")],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(h.fake.requests()[0].body, bytes::Bytes::from(body));
+    h.settle().await;
+    let id = h.store().latest_session().unwrap().expect("a session");
+    let s = h.store().load_session(&id).unwrap().unwrap();
+    assert_eq!(s.rows[0].kind, RowKind::Prompt);
+    assert!(s.rows[0].raw.contains("Say hello."));
+    assert!(s.rows.len() >= 2, "the answer too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_data_dir_becomes_absolute_for_the_stub() {
+    let rel = std::path::PathBuf::from(format!("target/oc-rel-{}", std::process::id()));
+    let r2 = rel.clone();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.data_dir = r2.clone();
+        o.sessions.data_dir = r2;
+    })
+    .await;
+    assert!(h.proxy().app.cfg.data_dir.is_absolute());
+    assert!(h.proxy().app.sessions.settings().data_dir.is_absolute());
+    let mut h = h;
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&rel);
+}
