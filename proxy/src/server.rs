@@ -293,16 +293,7 @@ async fn provider_request(
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
         // CPU work (hashing, parsing new rows, rendering) off the reactor.
-        cpu(|| {
-            let parsed = dialect::ParsedBody::parse(&body, dialect::conv_key(dialect)).ok();
-            let kind = match &parsed {
-                Some(p) if identity::is_side_request(dialect, p) => ReqKind::Side,
-                _ => kind,
-            };
-            let ident = identity::identify(prefix.as_deref(), &headers, parsed.as_ref());
-            drop(parsed);
-            sessions.prepare(dialect, kind, &ident, body)
-        })
+        cpu(|| sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body))
     };
     let prepare_us = t0.elapsed().as_micros() as u64;
     app.metrics

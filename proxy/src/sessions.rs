@@ -694,11 +694,36 @@ impl SessionManager {
         ident: &Identity,
         body: Bytes,
     ) -> Prepared {
+        self.prepare_with(dialect, kind, body, |_| ident.clone())
+    }
+
+    /// [`SessionManager::prepare`] for a request as it arrived: the body is
+    /// parsed once, to tell side requests (titles) apart, to read the
+    /// identity (`metadata.user_id`), and to record and window it.
+    pub fn prepare_request(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        prefix: Option<&str>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Prepared {
+        self.prepare_with(dialect, kind, body, |parsed| {
+            crate::identity::identify(prefix, headers, parsed)
+        })
+    }
+
+    fn prepare_with(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        body: Bytes,
+        ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Identity,
+    ) -> Prepared {
         if kind == ReqKind::Side {
             return Prepared { body, ticket: None };
         }
         // Responses accepts `input` as a plain string: one user message.
-        let synthetic: Option<Box<RawValue>>;
         let mut parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
             Ok(p) => p,
             Err(e) => {
@@ -706,15 +731,18 @@ impl SessionManager {
                 return Prepared { body, ticket: None };
             }
         };
-        synthetic = (dialect == Dialect::OpenaiResponses && parsed.messages.is_empty())
-            .then(|| parsed.get_as::<String>("input"))
-            .flatten()
-            .and_then(|text| {
-                RawValue::from_string(
-                    serde_json::json!({"role": "user", "content": text}).to_string(),
-                )
+        if crate::identity::is_side_request(dialect, &parsed) {
+            return Prepared { body, ticket: None };
+        }
+        let ident = &ident_of(Some(&parsed));
+        let synthetic: Option<Box<RawValue>> = (dialect == Dialect::OpenaiResponses
+            && parsed.messages.is_empty())
+        .then(|| parsed.get_as::<String>("input"))
+        .flatten()
+        .and_then(|text| {
+            RawValue::from_string(serde_json::json!({"role": "user", "content": text}).to_string())
                 .ok()
-            });
+        });
         if let Some(m) = &synthetic {
             parsed.messages = vec![&**m];
         }
