@@ -1345,9 +1345,11 @@ impl Writer {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut touched: BTreeMap<String, Touch> = BTreeMap::new();
         let mut refused = 0;
+        let mut fts: Vec<FtsJob> = Vec::new();
         for (ev, _, _) in events {
             let sp = tx.savepoint()?;
-            match apply_event(&sp, ev) {
+            let mark = fts.len();
+            match apply_event(&sp, ev, &mut fts) {
                 Ok(Outcome::Applied(effect, turns, index)) => {
                     sp.commit()?;
                     let t = touched.entry(ev.session().to_string()).or_default();
@@ -1357,14 +1359,28 @@ impl Writer {
                     t.page |= !matches!(ev, Event::Session(_) | Event::Step { .. });
                 }
                 Ok(Outcome::Refused(why)) => {
+                    fts.truncate(mark);
                     warn!("ledger event refused (session {}): {why}", ev.session());
                     refused += 1;
                 }
                 Err(e) => {
+                    fts.truncate(mark);
                     warn!("ledger event failed (session {}): {e}", ev.session());
                     refused += 1;
                 }
             }
+        }
+        let mut dialects: HashMap<String, Dialect> = HashMap::new();
+        for job in &fts {
+            let dialect = match dialects.get(&job.session) {
+                Some(d) => *d,
+                None => {
+                    let d = session_dialect(&tx, &job.session)?;
+                    dialects.insert(job.session.clone(), d);
+                    d
+                }
+            };
+            index_row_text(&tx, &job.session, job.seq, dialect, &job.raw)?;
         }
         tx.commit()?;
         Ok((touched, refused))
@@ -1554,7 +1570,17 @@ fn session_exists(c: &Connection, id: &str) -> rusqlite::Result<bool> {
         .exists([id])
 }
 
-fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
+/// Full-text indexing deferred to the end of a batch: FTS5 flushes its
+/// pending segment at every savepoint, so indexing inside the per-event
+/// savepoints made every event a flush (and merges). Indexed once per batch,
+/// in the same transaction, it flushes once.
+struct FtsJob {
+    session: String,
+    seq: u64,
+    raw: Arc<str>,
+}
+
+fn apply_event(c: &Connection, ev: &Event, fts: &mut Vec<FtsJob>) -> rusqlite::Result<Outcome> {
     if !matches!(ev, Event::Session(_)) && !session_exists(c, ev.session())? {
         return Ok(Outcome::Refused("unknown session".into()));
     }
@@ -1617,7 +1643,6 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
                                    from_response)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
-            let dialect = session_dialect(c, session)?;
             let mut turns = Vec::new();
             for r in rows {
                 stmt.execute(params![
@@ -1632,7 +1657,11 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
                     &*r.raw,
                     r.from_response
                 ])?;
-                index_row_text(c, session, r.seq, dialect, &r.raw)?;
+                fts.push(FtsJob {
+                    session: session.clone(),
+                    seq: r.seq,
+                    raw: r.raw.clone(),
+                });
                 if turns.last() != Some(&r.turn) {
                     turns.push(r.turn);
                 }
@@ -1656,7 +1685,11 @@ fn apply_event(c: &Connection, ev: &Event) -> rusqlite::Result<Outcome> {
             let Some((turn, hidden)) = hit else {
                 return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
             };
-            index_row_text(c, session, *seq, session_dialect(c, session)?, raw)?;
+            fts.push(FtsJob {
+                session: session.clone(),
+                seq: *seq,
+                raw: raw.clone(),
+            });
             let turn = turn as u32;
             let turns = if hidden { Vec::new() } else { vec![turn] };
             Ok(Outcome::Applied(
