@@ -1215,6 +1215,9 @@ enum Outcome {
 struct TurnCache {
     turn: u32,
     rows: Vec<Row>,
+    /// Rendered sections by seq, with the bytes they were rendered from: a
+    /// long turn is re-written each step but each row is rendered once.
+    sections: HashMap<u64, (Arc<str>, String)>,
 }
 
 struct SessionCache {
@@ -1476,11 +1479,11 @@ impl Writer {
             cache.summaries = Some(turn_summaries(&self.conn, session, dialect)?);
         }
         for turn in touched_turns {
-            let rows = match cache.newest.take() {
-                Some(n) if n.turn == turn => n.rows,
+            let (rows, mut sections) = match cache.newest.take() {
+                Some(n) if n.turn == turn => (n.rows, n.sections),
                 other => {
                     cache.newest = other;
-                    turn_rows(&self.conn, session, turn)?
+                    (turn_rows(&self.conn, session, turn)?, HashMap::new())
                 }
             };
             let path = self.dir.turn_file(session, turn);
@@ -1494,13 +1497,25 @@ impl Writer {
             let written = if rows.is_empty() {
                 paths::remove_if_exists(&path)
             } else {
-                paths::write_atomic(
-                    &path,
-                    transcript::render_turn(dialect, turn, &rows).as_bytes(),
-                )
+                let mut text = transcript::render_turn_head(turn);
+                for row in &rows {
+                    match sections.get(&row.seq) {
+                        Some((raw, s)) if *raw == row.raw => text.push_str(s),
+                        _ => {
+                            let s = transcript::render_row(dialect, row);
+                            text.push_str(&s);
+                            sections.insert(row.seq, (row.raw.clone(), s));
+                        }
+                    }
+                }
+                paths::write_atomic(&path, text.as_bytes())
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
-                cache.newest = Some(TurnCache { turn, rows });
+                cache.newest = Some(TurnCache {
+                    turn,
+                    rows,
+                    sections,
+                });
             }
             written.map_err(io_err(&path))?;
         }

@@ -40,15 +40,28 @@ pub struct TurnSummary {
 /// Render one turn file. `rows` are the turn's rows of the active line, in
 /// `seq` order.
 pub fn render_turn(dialect: Dialect, turn: u32, rows: &[Row]) -> String {
-    let mut out = format!("# Turn {turn}\n");
+    let mut out = render_turn_head(turn);
     for row in rows {
-        let _ = write!(out, "\n## seq {} · {}\n", row.seq, one_line(&row.role));
-        for block in row_blocks(dialect, &row.raw) {
+        out.push_str(&render_row(dialect, row));
+    }
+    out
+}
+
+/// The heading a turn file starts with; [`render_turn`] is this followed by
+/// [`render_row`] of each row (so a writer may render rows once and reuse them).
+pub fn render_turn_head(turn: u32) -> String {
+    format!("# Turn {turn}\n")
+}
+
+/// One row's section of a turn file.
+pub fn render_row(dialect: Dialect, row: &Row) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "\n## seq {} · {}\n", row.seq, one_line(&row.role));
+    for block in row_blocks(dialect, &row.raw) {
+        out.push('\n');
+        out.push_str(&block);
+        if !block.ends_with('\n') {
             out.push('\n');
-            out.push_str(&block);
-            if !block.ends_with('\n') {
-                out.push('\n');
-            }
         }
     }
     out
