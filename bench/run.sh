@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# oceancode-proxy benchmarks: overhead against a direct connection and nginx,
+# scale, the ledger writer and export, and the context-efficiency simulator.
+# Everything runs on loopback and stops by itself. See docs/benchmarks.md.
+#
+#   bench/run.sh [full|quick] [overhead] [scale] [ledger] [sim] [criterion]
+#
+# With no section named, all but `criterion` run. `quick` shrinks every
+# request count (a smoke run, a few minutes); `full` is what
+# docs/benchmarks.md reports. The report (Markdown) is written to
+# $OUT/report.md (default target/bench/) and printed.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODE=full
+SECTIONS=()
+for a in "$@"; do
+    case "$a" in
+        full | quick) MODE=$a ;;
+        overhead | scale | ledger | sim | criterion) SECTIONS+=("$a") ;;
+        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $a" >&2; exit 2 ;;
+    esac
+done
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(overhead scale ledger sim)
+want() { [[ " ${SECTIONS[*]} " == *" $1 "* ]]; }
+
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$TARGET_DIR/release
+OUT=${OUT:-$TARGET_DIR/bench}
+mkdir -p "$OUT"
+REPORT=$OUT/report.md
+RESULTS=$OUT/load-$(date +%Y%m%d-%H%M%S).jsonl
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/oceancode-bench.XXXXXX")
+PIDS=()
+
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill "$p" 2>/dev/null || true
+    done
+    for p in "${PIDS[@]}"; do
+        wait "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+log() { printf '\n== %s\n' "$*" >&2; }
+
+log "building release binaries"
+cargo build --release -p oceancode-proxy -p oceancode-fakeup -p oceancode-bench >&2
+
+NGINX=$(command -v nginx || true)
+if [ -z "$NGINX" ] && want overhead && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing nginx (Debian package nginx-light)"
+    apt-get install -y -qq nginx-light >&2 || apt-get install -y -qq nginx >&2 || true
+    NGINX=$(command -v nginx || true)
+fi
+[ -z "$NGINX" ] && [ -x /usr/sbin/nginx ] && NGINX=/usr/sbin/nginx
+
+free_port() { "$BIN/oceancode-load" free-port; }
+
+wait_port() { # wait until 127.0.0.1:$1 accepts connections (10 s)
+    for _ in $(seq 1 200); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+
+stop() { # stop one process we started
+    local p=$1
+    kill "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+    local keep=()
+    for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
+    PIDS=("${keep[@]}")
+}
+
+# start_fakeup → FAKE_PID, FAKE_URL
+start_fakeup() {
+    local out=$WORK/fakeup.$RANDOM.out
+    : >"$out"
+    "$BIN/oceancode-fakeup" --listen 127.0.0.1:0 >"$out" 2>"$out.err" &
+    FAKE_PID=$!
+    PIDS+=("$FAKE_PID")
+    for _ in $(seq 1 200); do
+        FAKE_URL=$(sed -n 's/^listening on //p' "$out")
+        [ -n "$FAKE_URL" ] && return 0
+        sleep 0.05
+    done
+    echo "fakeup did not start: $(cat "$out.err")" >&2
+    return 1
+}
+
+# start_nginx UPSTREAM_URL → NGINX_PID, NGINX_URL
+start_nginx() {
+    local up=${1#http://} port dir
+    port=$(free_port)
+    dir=$WORK/nginx.$port
+    mkdir -p "$dir/tmp"
+    local user=""
+    [ "$(id -u)" = 0 ] && user="user $(id -un) $(id -gn);"
+    cat >"$dir/nginx.conf" <<EOF
+$user
+worker_processes auto;
+daemon off;
+master_process on;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    client_max_body_size 64m;
+    keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    upstream fake {
+        server $up;
+        keepalive 256;
+    }
+    server {
+        listen 127.0.0.1:$port;
+        location / {
+            proxy_pass http://fake;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+            proxy_send_timeout 600s;
+        }
+    }
+}
+EOF
+    "$NGINX" -p "$dir" -c "$dir/nginx.conf" -e "$dir/error.log" &
+    NGINX_PID=$!
+    PIDS+=("$NGINX_PID")
+    NGINX_URL=http://127.0.0.1:$port
+    wait_port "$port"
+}
+
+# start_proxy UPSTREAM_URL → PROXY_PID, PROXY_URL
+start_proxy() {
+    local port dir
+    port=$(free_port)
+    dir=$WORK/proxy.$port
+    mkdir -p "$dir"
+    echo '{}' >"$dir/config.json"
+    # A 100M fixed line on a model unknown to the table: nothing is ever cut,
+    # so the upstream does the same work on every target (pure overhead).
+    "$BIN/oceancode-proxy" --config "$dir/config.json" --data-dir "$dir/data" serve \
+        --listen "127.0.0.1:$port" --anthropic-upstream "$1" --openai-upstream "$1" \
+        --tideline 100m >"$dir/proxy.log" 2>&1 &
+    PROXY_PID=$!
+    PIDS+=("$PROXY_PID")
+    PROXY_URL=http://127.0.0.1:$port
+    wait_port "$port"
+}
+
+MODEL=oceancode-bench
+
+# overhead_scenario NAME SIZE CONCURRENCY REQUESTS [extra load args...]
+overhead_scenario() {
+    local name=$1 size=$2 conc=$3 reqs=$4
+    shift 4
+    local targets=(direct)
+    [ -n "$NGINX" ] && targets+=(nginx)
+    targets+=(oceancode-proxy)
+    for t in "${targets[@]}"; do
+        log "overhead $name: $t"
+        start_fakeup
+        local url pids=() admin=()
+        case $t in
+            direct) url=$FAKE_URL ;;
+            nginx) start_nginx "$FAKE_URL"; url=$NGINX_URL; pids=(--pid "$NGINX_PID") ;;
+            oceancode-proxy)
+                start_proxy "$FAKE_URL"
+                url=$PROXY_URL
+                pids=(--pid "$PROXY_PID")
+                admin=(--admin "$PROXY_URL")
+                ;;
+        esac
+        "$BIN/oceancode-load" run --target "$url" --label "$t" --scenario "$name" \
+            --size "$size" --messages 2000 --concurrency "$conc" --requests "$reqs" \
+            --model "$MODEL" "${pids[@]}" "${admin[@]}" --out "$RESULTS" "$@" >&2
+        case $t in
+            nginx) stop "$NGINX_PID" ;;
+            oceancode-proxy) stop "$PROXY_PID" ;;
+        esac
+        stop "$FAKE_PID"
+    done
+}
+
+scale_run() {
+    local steps=$1 sessions=$2
+    for t in direct oceancode-proxy; do
+        log "scale: $t"
+        start_fakeup
+        local url pids=() admin=()
+        if [ "$t" = direct ]; then
+            url=$FAKE_URL
+        else
+            start_proxy "$FAKE_URL"
+            url=$PROXY_URL
+            pids=(--pid "$PROXY_PID")
+            admin=(--admin "$PROXY_URL")
+        fi
+        "$BIN/oceancode-load" scale --target "$url" --label "$t" --scenario scale \
+            --size 200k --messages 2000 --sessions "$sessions" --steps "$steps" --buckets 4 \
+            --model "$MODEL" "${pids[@]}" "${admin[@]}" --out "$RESULTS" >&2
+        [ "$t" = oceancode-proxy ] && stop "$PROXY_PID"
+        stop "$FAKE_PID"
+    done
+}
+
+{
+    echo "# oceancode-proxy benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%MZ))"
+    echo
+    echo "Machine: $(nproc) CPU, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(uname -sr)"
+    [ -n "$NGINX" ] && echo "nginx: $("$NGINX" -v 2>&1 | sed 's/^nginx version: //')"
+    echo
+} >"$REPORT"
+
+if want overhead; then
+    [ -z "$NGINX" ] && echo "nginx not found: the nginx rows are skipped" >&2
+    if [ "$MODE" = quick ]; then
+        overhead_scenario 200k-c1 200k 1 200
+        overhead_scenario 200k-c64 200k 64 640
+        overhead_scenario 8m-c1 8m 1 10
+        overhead_scenario 8m-c64 8m 64 64 --max-steps 1
+    else
+        overhead_scenario 200k-c1 200k 1 2000
+        overhead_scenario 200k-c64 200k 64 6400
+        overhead_scenario 8m-c1 8m 1 100
+        overhead_scenario 8m-c64 8m 64 256
+    fi
+fi
+
+if want scale; then
+    if [ "$MODE" = quick ]; then scale_run 20 100; else scale_run 200 100; fi
+fi
+
+if want overhead || want scale; then
+    "$BIN/oceancode-load" report "$RESULTS" >>"$REPORT"
+fi
+
+if want ledger; then
+    log "ledger"
+    if [ "$MODE" = quick ]; then
+        "$BIN/oceancode-ledger-bench" --data-dir "$WORK/ledger" --sessions 20 --steps 5 --export-rows 2000 --repeat 2 | sed '/^Machine:/d; /^Data dir:/d' >>"$REPORT"
+    else
+        "$BIN/oceancode-ledger-bench" --data-dir "$WORK/ledger" | sed '/^Machine:/d; /^Data dir:/d' >>"$REPORT"
+    fi
+fi
+
+if want sim; then
+    log "simulator"
+    mkdir -p "$ROOT/docs/img"
+    "$BIN/oceancode-sim" --steps 1000 --svg "$ROOT/docs/img/window.svg" >>"$REPORT"
+    "$BIN/oceancode-sim" --steps 1000 --model claude-sonnet-4-6 --svg "$ROOT/docs/img/window-1m.svg" >>"$REPORT"
+fi
+
+if want criterion; then
+    log "criterion (cargo bench -p oceancode-proxy --bench overhead)"
+    cargo bench -p oceancode-proxy --bench overhead 2>&1 | tee "$OUT/criterion.txt" >&2
+    {
+        echo "### Criterion: request path on the CPU (cargo bench -p oceancode-proxy --bench overhead)"
+        echo
+        echo '```'
+        awk '/^(request_path|parts)\// { name = $1 } /time:/ { sub(/.*time:[[:space:]]*/, ""); print name "  " $0 }' "$OUT/criterion.txt"
+        echo '```'
+    } >>"$REPORT"
+fi
+
+cat "$REPORT"
+echo >&2
+echo "report: $REPORT; raw results: $RESULTS" >&2

@@ -1,0 +1,784 @@
+//! `oceancode-sim`: the context-efficiency simulator.
+//!
+//! One scripted long agent session (N tool steps) is replayed under four ways
+//! of managing the context, and every request is priced with a prompt-cache
+//! model:
+//!
+//! * `none`: the client sends everything. When a request would exceed the
+//!   context window the provider answers "prompt is too long"; the client then
+//!   does what Claude Code does on that error: it compacts (a summary, as below).
+//! * `tideline 40%`: oceancode-proxy's window, with the very same
+//!   `oceancode_ledger::tideline::{Tideline, plan_window, stub_text}` calls and
+//!   gauge arithmetic as `proxy/src/sessions.rs` (seed on the first request,
+//!   then `observe(last real usage + estimate of the new rows)`; stub + pinned
+//!   ask + retained rows).
+//! * `clear_tool_uses`: Anthropic context editing, trigger 100k input tokens,
+//!   keep the 3 most recent tool results, older results replaced by a short
+//!   placeholder (evaluated on every request, as the server does). If the
+//!   cleared request still exceeds the context the client compacts.
+//! * `summarize 83%`: Claude Code style auto-compact: when the next request
+//!   would reach 83% of the context, one summarization call (the whole context
+//!   plus an instruction as input, a ~5k summary as output) replaces the history
+//!   with the summary and the newest user row.
+//!
+//! Prompt cache (5-minute cache assumed warm, one breakpoint at the end of
+//! every request): `cache_read` = the longest prefix identical to the previous
+//! request's, `cache_write` = the rest, uncached input = 0. Prices come from
+//! `oceancode_config::price(model, &Config::default())`.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use oceancode_bench::conv::Rng;
+use oceancode_bench::stats::Table;
+use oceancode_bench::svg::{line_chart, HLine, Series};
+use oceancode_config::{BlockSpec, Config, LineSpec, Price};
+use oceancode_ledger::tideline::{
+    block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
+};
+use oceancode_ledger::RowKind;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "oceancode-sim",
+    about = "Context-efficiency simulator: tokens, cache and cost of context strategies over one long scripted session"
+)]
+struct Args {
+    /// Tool steps (requests) in the session.
+    #[arg(long, default_value_t = 1000)]
+    steps: usize,
+    /// Model (context window and prices from the built-in table).
+    #[arg(long, default_value = "claude-sonnet-4-5")]
+    model: String,
+    /// Override the context window (tokens).
+    #[arg(long)]
+    context: Option<u64>,
+    /// System prompt + tools (tokens).
+    #[arg(long, default_value_t = 15_000)]
+    system: u64,
+    /// Smallest tool result (tokens).
+    #[arg(long, default_value_t = 200)]
+    tool_min: u64,
+    /// Largest tool result (tokens); results are log-uniform in [min, max].
+    #[arg(long, default_value_t = 8_000)]
+    tool_max: u64,
+    /// Mean assistant message (output tokens per step; uniform in [mean/3, 5·mean/3]).
+    #[arg(long, default_value_t = 300)]
+    assistant: u64,
+    /// A new user prompt (a new turn) every N steps instead of a tool result.
+    #[arg(long, default_value_t = 25)]
+    turn_every: usize,
+    /// `max_tokens` of the requests.
+    #[arg(long, default_value_t = 32_000)]
+    max_tokens: u64,
+    /// Tideline percent of the context.
+    #[arg(long, default_value_t = 40.0)]
+    tideline: f64,
+    /// clear_tool_uses trigger (input tokens).
+    #[arg(long, default_value_t = 100_000)]
+    clear_trigger: u64,
+    /// clear_tool_uses: tool results kept.
+    #[arg(long, default_value_t = 3)]
+    clear_keep: usize,
+    /// Summarize when the request reaches this share of the context (percent).
+    #[arg(long, default_value_t = 83.0)]
+    summarize_at: f64,
+    /// Summary size (output tokens of the summarization call).
+    #[arg(long, default_value_t = 5_000)]
+    summary: u64,
+    /// Estimate error of the proxy's row estimates, ± percent (deterministic noise).
+    #[arg(long, default_value_t = 10)]
+    estimate_noise: i64,
+    /// Random seed of the script.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write the window-per-step chart here.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Also write the per-step windows as CSV here.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+}
+
+/// Tokens of the summarization instruction appended to the context.
+const SUMMARY_INSTRUCTION: u64 = 1_000;
+/// clear_tool_uses placeholder (tokens).
+const PLACEHOLDER: u64 = 12;
+/// Room the client keeps when truncating an overflowing context for its summary call.
+const SUMMARY_HEADROOM: u64 = 20_000;
+
+#[derive(Clone, Copy, Debug)]
+struct UserRow {
+    kind: RowKind,
+    tokens: u64,
+    /// The proxy's estimate (tiktoken vs the provider's tokenizer).
+    est: u64,
+}
+
+/// The scripted session: identical for every strategy.
+struct Script {
+    user: Vec<UserRow>,
+    out: Vec<u64>,
+    out_est: Vec<u64>,
+}
+
+fn script(a: &Args) -> Script {
+    let mut rng = Rng::new(a.seed);
+    let mut user = Vec::with_capacity(a.steps);
+    let mut out = Vec::with_capacity(a.steps);
+    let mut out_est = Vec::with_capacity(a.steps);
+    let noisy = |rng: &mut Rng, t: u64| -> u64 {
+        let n = a.estimate_noise.max(0);
+        let pct = rng.range(0, (2 * n + 1) as u64) as i64 - n;
+        (t as i64 + t as i64 * pct / 100).max(1) as u64
+    };
+    let (lo, hi) = (
+        a.tool_min.max(1) as f64,
+        a.tool_max.max(a.tool_min + 1) as f64,
+    );
+    for i in 0..a.steps {
+        let (kind, tokens) = if i == 0 || (a.turn_every > 0 && i % a.turn_every == 0) {
+            (RowKind::Prompt, rng.range(80, 400))
+        } else {
+            let t = (lo.ln() + rng.unit() * (hi.ln() - lo.ln())).exp();
+            (RowKind::ToolResult, t.round() as u64)
+        };
+        let est = noisy(&mut rng, tokens);
+        user.push(UserRow { kind, tokens, est });
+        let o = rng.range(a.assistant / 3, a.assistant * 5 / 3 + 1).max(1);
+        out.push(o);
+        out_est.push(noisy(&mut rng, o));
+    }
+    Script { user, out, out_est }
+}
+
+/// One segment of a request, for the prefix cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seg {
+    id: u64,
+    tokens: u64,
+}
+
+const SYS_ID: u64 = u64::MAX;
+
+fn row_id(seq: u64) -> u64 {
+    seq << 2
+}
+fn cleared_id(seq: u64) -> u64 {
+    (seq << 2) | 1
+}
+fn special_id(n: u64) -> u64 {
+    (n << 2) | 2
+}
+
+#[derive(Default, Clone)]
+struct Totals {
+    requests: u64,
+    input_uncached: u64,
+    cache_read: u64,
+    cache_write: u64,
+    output: u64,
+    cost: f64,
+    max_window: u64,
+    window_sum: u64,
+    compactions: u64,
+    cuts: u64,
+    overflows: u64,
+    first_overflow: Option<usize>,
+    /// Main requests' input per step.
+    series: Vec<(f64, f64)>,
+    /// Σ over steps of (tool results verbatim in the window / tool results so far).
+    verbatim_frac_sum: f64,
+    verbatim_end: u64,
+    recoverable_end: u64,
+    tool_results: u64,
+}
+
+struct Cache {
+    prev: Vec<Seg>,
+}
+
+impl Cache {
+    /// (read, write) for a request made of `segs`.
+    fn charge(&mut self, segs: &[Seg]) -> (u64, u64) {
+        let mut read = 0;
+        let mut i = 0;
+        while i < segs.len() && i < self.prev.len() && segs[i] == self.prev[i] {
+            read += segs[i].tokens;
+            i += 1;
+        }
+        let write = segs[i..].iter().map(|s| s.tokens).sum();
+        self.prev = segs.to_vec();
+        (read, write)
+    }
+}
+
+struct Ctx<'a> {
+    a: &'a Args,
+    s: &'a Script,
+    price: Price,
+    context: u64,
+    max_output: Option<u64>,
+}
+
+impl Totals {
+    fn bill(&mut self, price: &Price, input: u64, read: u64, write: u64, output: u64) {
+        self.requests += 1;
+        self.input_uncached += input;
+        self.cache_read += read;
+        self.cache_write += write;
+        self.output += output;
+        self.cost += price.cost_usd(input, output, read, write);
+    }
+
+    fn main_request(&mut self, step: usize, window: u64) {
+        self.max_window = self.max_window.max(window);
+        self.window_sum += window;
+        self.series.push(((step + 1) as f64, window as f64));
+    }
+}
+
+/// A row of the client's own history (client-side strategies).
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    id: u64,
+    kind: RowKind,
+    tokens: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Client {
+    None,
+    Clear,
+    Summarize,
+}
+
+/// What the client sends for `hist` (clear_tool_uses applied server-side).
+fn render_client(c: &Ctx, mode: Client, hist: &[Item]) -> Vec<Seg> {
+    let mut segs = Vec::with_capacity(hist.len() + 1);
+    segs.push(Seg {
+        id: SYS_ID,
+        tokens: c.a.system,
+    });
+    let full: u64 = c.a.system + hist.iter().map(|i| i.tokens).sum::<u64>();
+    let clear = mode == Client::Clear && full > c.a.clear_trigger;
+    let results: Vec<usize> = hist
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i.kind == RowKind::ToolResult)
+        .map(|(n, _)| n)
+        .collect();
+    let keep_from = results
+        .len()
+        .checked_sub(c.a.clear_keep)
+        .map_or(0, |k| results.get(k).copied().unwrap_or(usize::MAX));
+    for (n, it) in hist.iter().enumerate() {
+        if clear && it.kind == RowKind::ToolResult && n < keep_from {
+            segs.push(Seg {
+                id: cleared_id(it.id),
+                tokens: PLACEHOLDER,
+            });
+        } else {
+            segs.push(Seg {
+                id: row_id(it.id),
+                tokens: it.tokens,
+            });
+        }
+    }
+    segs
+}
+
+fn sum(segs: &[Seg]) -> u64 {
+    segs.iter().map(|s| s.tokens).sum()
+}
+
+/// Verbatim tool results in `segs`.
+fn verbatim_results(segs: &[Seg], kinds: &BTreeMap<u64, RowKind>) -> u64 {
+    segs.iter()
+        .filter(|s| s.id & 3 == 0 && s.id != SYS_ID)
+        .filter(|s| kinds.get(&(s.id >> 2)) == Some(&RowKind::ToolResult))
+        .count() as u64
+}
+
+fn run_client(c: &Ctx, mode: Client) -> Totals {
+    let mut t = Totals::default();
+    let mut cache = Cache { prev: Vec::new() };
+    let mut hist: Vec<Item> = Vec::new();
+    let mut kinds: BTreeMap<u64, RowKind> = BTreeMap::new();
+    let mut next_id = 1u64;
+    let mut summaries = 0u64;
+    let threshold = (c.context as f64 * c.a.summarize_at / 100.0) as u64;
+    for step in 0..c.a.steps {
+        let u = c.s.user[step];
+        let id = next_id;
+        next_id += 1;
+        kinds.insert(id, u.kind);
+        if u.kind == RowKind::ToolResult {
+            t.tool_results += 1;
+        }
+        hist.push(Item {
+            id,
+            kind: u.kind,
+            tokens: u.tokens,
+        });
+        let mut segs = render_client(c, mode, &hist);
+        let over = sum(&segs) > c.context;
+        let compact = match mode {
+            Client::Summarize => sum(&segs) >= threshold,
+            Client::None | Client::Clear => over,
+        };
+        if over {
+            t.overflows += 1;
+            t.first_overflow.get_or_insert(step + 1);
+        }
+        if compact {
+            // The summarization call: the conversation as last sent plus the
+            // new rows and an instruction (truncated from the oldest rows if it
+            // cannot fit), answered by a summary.
+            let mut call = segs.clone();
+            while sum(&call) + SUMMARY_INSTRUCTION + SUMMARY_HEADROOM > c.context && call.len() > 2
+            {
+                call.remove(1);
+            }
+            call.push(Seg {
+                id: special_id(1_000_000 + summaries),
+                tokens: SUMMARY_INSTRUCTION,
+            });
+            let (read, write) = cache.charge(&call);
+            t.bill(&c.price, 0, read, write, c.a.summary);
+            summaries += 1;
+            t.compactions += 1;
+            let sid = next_id;
+            next_id += 1;
+            kinds.insert(sid, RowKind::Prompt);
+            let newest = *hist.last().expect("the new row");
+            hist = vec![
+                Item {
+                    id: sid,
+                    kind: RowKind::Prompt,
+                    tokens: c.a.summary,
+                },
+                newest,
+            ];
+            segs = render_client(c, mode, &hist);
+        }
+        let window = sum(&segs);
+        let (read, write) = cache.charge(&segs);
+        let out = c.s.out[step];
+        t.bill(&c.price, 0, read, write, out);
+        t.main_request(step, window);
+        let verbatim = verbatim_results(&segs, &kinds);
+        if t.tool_results > 0 {
+            t.verbatim_frac_sum += verbatim as f64 / t.tool_results as f64;
+        }
+        t.verbatim_end = verbatim;
+        t.recoverable_end = verbatim;
+        let aid = next_id;
+        next_id += 1;
+        kinds.insert(aid, RowKind::Assistant);
+        hist.push(Item {
+            id: aid,
+            kind: RowKind::Assistant,
+            tokens: out,
+        });
+    }
+    t
+}
+
+/// A row as the proxy keeps it.
+#[derive(Clone, Copy, Debug)]
+struct PRow {
+    seq: u64,
+    kind: RowKind,
+    tokens: u64,
+    est: u64,
+    turn: u32,
+}
+
+fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
+    let a = c.a;
+    let mut t = Totals::default();
+    let mut cache = Cache { prev: Vec::new() };
+    // The proxy's state (sessions.rs `State`).
+    let mut rows: Vec<PRow> = Vec::new();
+    let mut active: Vec<u64> = Vec::new();
+    let mut pending: Option<u64> = None;
+    let mut tl = Tideline::new();
+    let mut needs_seed = true;
+    let mut last_window: Option<u64> = None;
+    let mut pending_est = 0u64;
+    let mut turn = 0u32;
+    let mut turn_lines: BTreeMap<u32, (u64, String)> = BTreeMap::new();
+    let dir = "/home/dev/.local/share/oceancode-proxy/sessions/20261201-093000-cc-3f9a1c";
+    let calc = effective_line(
+        LineSpec::Percent(a.tideline),
+        Some(c.context),
+        c.max_output,
+        Some(a.max_tokens),
+    );
+    let params = Params {
+        line: calc.line,
+        block: block_tokens(BlockSpec::PercentOfLine(70.0), calc.line),
+    };
+    let summarize_threshold = (c.context as f64 * a.summarize_at / 100.0) as u64;
+    let mut stub_cache: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last_cut = 0u64;
+    for step in 0..a.steps {
+        let u = c.s.user[step];
+        if u.kind == RowKind::ToolResult {
+            t.tool_results += 1;
+        }
+        // absorb: the echo of the last answer, then the new row.
+        let boundary = active.last().copied().unwrap_or(0);
+        if let Some(seq) = pending.take() {
+            active.push(seq);
+        }
+        let seq = rows.len() as u64 + 1;
+        if u.kind == RowKind::Prompt {
+            turn += 1;
+            turn_lines.insert(
+                turn,
+                (
+                    seq,
+                    format!("Task {turn}: fix the failing tests in module {turn} and report"),
+                ),
+            );
+        }
+        rows.push(PRow {
+            seq,
+            kind: u.kind,
+            tokens: u.tokens,
+            est: u.est,
+            turn: turn.max(1),
+        });
+        active.push(seq);
+        pending_est += u.est;
+        let last_seq = seq;
+        let decision = if needs_seed || last_window.is_none() {
+            needs_seed = false;
+            let seed: Vec<(u64, u64)> = active
+                .iter()
+                .map(|&s| (s, rows[(s - 1) as usize].est))
+                .collect();
+            tl.seed(
+                &seed,
+                Observation {
+                    gauge: 0,
+                    added: pending_est,
+                    boundary_seq: boundary,
+                    last_seq,
+                },
+                params,
+            )
+        } else {
+            tl.observe(
+                Observation {
+                    gauge: last_window.unwrap_or(0) + pending_est,
+                    added: pending_est,
+                    boundary_seq: boundary,
+                    last_seq,
+                },
+                params,
+            )
+        };
+        if decision.cut.is_some() {
+            t.cuts += 1;
+        }
+        // render (sessions.rs `render`).
+        let mut segs = vec![Seg {
+            id: SYS_ID,
+            tokens: a.system,
+        }];
+        let cut_upto = tl.cut_upto();
+        let infos: Vec<RowInfo> = active
+            .iter()
+            .map(|&s| {
+                let r = rows[(s - 1) as usize];
+                RowInfo {
+                    seq: s,
+                    kind: r.kind,
+                    starts_ok: r.kind != RowKind::ToolResult,
+                }
+            })
+            .collect();
+        let plan = plan_window(&infos, cut_upto);
+        let start = if cut_upto == 0 || plan.start == 0 || plan.effective_upto_seq == 0 {
+            0
+        } else {
+            let pinned_seq = plan.pinned_prompt.map(|i| active[i]);
+            let lines: Vec<(u32, &str)> = turn_lines
+                .values()
+                .filter(|(s, _)| *s <= plan.effective_upto_seq && Some(*s) != pinned_seq)
+                .map(|(s, l)| (rows[(*s - 1) as usize].turn, l.as_str()))
+                .collect();
+            let stub = stub_text(plan.effective_upto_seq, dir, &lines);
+            let n = stub_cache.len() as u64;
+            let stub_tokens = bpe.encode_ordinary(&stub).len() as u64 + 8;
+            let id = *stub_cache.entry(stub).or_insert(n);
+            segs.push(Seg {
+                id: special_id(id),
+                tokens: stub_tokens,
+            });
+            if let Some(i) = plan.pinned_prompt {
+                let r = rows[(active[i] - 1) as usize];
+                segs.push(Seg {
+                    id: row_id(r.seq),
+                    tokens: r.tokens,
+                });
+            }
+            if plan.effective_upto_seq != last_cut {
+                last_cut = plan.effective_upto_seq;
+            }
+            plan.start
+        };
+        for &s in &active[start..] {
+            let r = rows[(s - 1) as usize];
+            segs.push(Seg {
+                id: row_id(s),
+                tokens: r.tokens,
+            });
+        }
+        let window = sum(&segs);
+        if window > c.context {
+            t.overflows += 1;
+            t.first_overflow.get_or_insert(step + 1);
+        }
+        if window >= summarize_threshold {
+            // The client would compact here; the tideline exists to prevent it.
+            bail!(
+                "tideline window {window} reached the client's compaction threshold at step {}",
+                step + 1
+            );
+        }
+        let (read, write) = cache.charge(&segs);
+        let out = c.s.out[step];
+        t.bill(&c.price, 0, read, write, out);
+        t.main_request(step, window);
+        let kinds: BTreeMap<u64, RowKind> = rows.iter().map(|r| (r.seq, r.kind)).collect();
+        let verbatim = verbatim_results(&segs, &kinds);
+        if t.tool_results > 0 {
+            t.verbatim_frac_sum += verbatim as f64 / t.tool_results as f64;
+        }
+        t.verbatim_end = verbatim;
+        // Everything that left the window is in the ledger, verbatim.
+        t.recoverable_end = t.tool_results;
+        // complete: real usage, then the answer's row (pending until echoed).
+        last_window = Some(window + out);
+        pending_est = 0;
+        let aseq = rows.len() as u64 + 1;
+        rows.push(PRow {
+            seq: aseq,
+            kind: RowKind::Assistant,
+            tokens: out,
+            est: c.s.out_est[step],
+            turn: turn.max(1),
+        });
+        pending = Some(aseq);
+    }
+    Ok(t)
+}
+
+fn pct(a: u64, b: u64) -> String {
+    if b == 0 {
+        "–".into()
+    } else {
+        format!("{:.0}%", 100.0 * a as f64 / b as f64)
+    }
+}
+
+fn tok(n: u64) -> String {
+    if n >= 10_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else if n >= 1_000_000 {
+        format!("{:.2}M", n as f64 / 1e6)
+    } else {
+        format!("{:.1}k", n as f64 / 1e3)
+    }
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let cfg = Config::default();
+    let price = oceancode_config::price(&a.model, &cfg)
+        .with_context(|| format!("no price for model {:?}", a.model))?;
+    let info = oceancode_config::lookup(&a.model);
+    let context = a
+        .context
+        .or(info.map(|i| i.context_window))
+        .with_context(|| format!("unknown context window for {:?}: pass --context", a.model))?;
+    let c = Ctx {
+        a: &a,
+        s: &script(&a),
+        price,
+        context,
+        max_output: info.map(|i| i.max_output),
+    };
+    let bpe = tiktoken_rs::o200k_base().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runs: Vec<(&str, &str, bool, Totals)> = vec![
+        ("none", "#888888", true, run_client(&c, Client::None)),
+        (
+            "oceancode-proxy tideline",
+            "#1f77b4",
+            false,
+            run_tideline(&c, &bpe)?,
+        ),
+        (
+            "clear_tool_uses",
+            "#2ca02c",
+            false,
+            run_client(&c, Client::Clear),
+        ),
+        (
+            "summarize",
+            "#d62728",
+            false,
+            run_client(&c, Client::Summarize),
+        ),
+    ];
+    let label = |name: &str| match name {
+        "oceancode-proxy tideline" => format!("oceancode-proxy tideline {}%", a.tideline),
+        "clear_tool_uses" => format!(
+            "clear_tool_uses (trigger {}k, keep {})",
+            a.clear_trigger / 1000,
+            a.clear_keep
+        ),
+        "summarize" => format!("summarize at {}%", a.summarize_at),
+        other => other.to_string(),
+    };
+    let script_tokens: u64 =
+        c.s.user.iter().map(|u| u.tokens).sum::<u64>() + c.s.out.iter().sum::<u64>();
+    println!(
+        "## Context efficiency: {} steps, {} ({}k context, ${}/{}/{}/{} per MTok in/out/cache read/cache write)\n",
+        a.steps,
+        a.model,
+        context / 1000,
+        price.input,
+        price.output,
+        price.cache_read,
+        price.cache_write
+    );
+    println!(
+        "Script: system+tools {}k; tool results log-uniform {}–{} tokens; assistant ~{} tokens/step; a new prompt every {} steps; {} of conversation in all (seed {}).\n",
+        a.system / 1000,
+        a.tool_min,
+        a.tool_max,
+        a.assistant,
+        a.turn_every,
+        tok(script_tokens),
+        a.seed
+    );
+    let mut table = Table::new([
+        "strategy",
+        "requests",
+        "input sent",
+        "cache read",
+        "cache write",
+        "output",
+        "cost",
+        "vs none",
+        "max window",
+        "mean window",
+        "compactions / cuts",
+        "tool results in window (end / avg)",
+        "recoverable (end)",
+    ]);
+    let none_cost = runs[0].3.cost;
+    for (name, _, _, t) in &runs {
+        let input = t.input_uncached + t.cache_read + t.cache_write;
+        let events = match *name {
+            "oceancode-proxy tideline" => format!("{} cuts", t.cuts),
+            _ => format!("{} compactions", t.compactions),
+        };
+        table.row([
+            label(name),
+            t.requests.to_string(),
+            tok(input),
+            tok(t.cache_read),
+            tok(t.cache_write),
+            tok(t.output),
+            format!("${:.2}", t.cost),
+            format!("{:.2}×", t.cost / none_cost),
+            tok(t.max_window),
+            tok(t.window_sum / a.steps.max(1) as u64),
+            events,
+            format!(
+                "{} / {:.0}%",
+                pct(t.verbatim_end, t.tool_results),
+                100.0 * t.verbatim_frac_sum / a.steps.max(1) as f64
+            ),
+            pct(t.recoverable_end, t.tool_results),
+        ]);
+    }
+    println!("{}", table.render());
+    for (name, _, _, t) in &runs {
+        if let Some(s) = t.first_overflow {
+            println!(
+                "- {}: the full context first exceeded {}k at step {s} ({} requests over the window); the client then compacted.",
+                label(name),
+                context / 1000,
+                t.overflows
+            );
+        }
+    }
+    println!(
+        "- Requests include the summarization calls. Input sent = uncached + cache read + cache write; with a breakpoint at the end of every request there is no uncached input."
+    );
+    println!(
+        "- Recoverable: tool results the model can still read verbatim (in the window, or for the tideline in the ledger's transcript files named by the stub). Cleared and summarized results are gone for the model.\n"
+    );
+    if let Some(path) = &a.csv {
+        let mut out = String::from("step");
+        for (name, ..) in &runs {
+            out.push(',');
+            out.push_str(name);
+        }
+        out.push('\n');
+        for i in 0..a.steps {
+            out.push_str(&(i + 1).to_string());
+            for (.., t) in &runs {
+                out.push_str(&format!(",{}", t.series[i].1));
+            }
+            out.push('\n');
+        }
+        std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &a.svg {
+        let series: Vec<Series> = runs
+            .iter()
+            .map(|(name, color, dashed, t)| Series {
+                label: label(name),
+                color: color.to_string(),
+                dashed: *dashed,
+                points: t.series.clone(),
+            })
+            .collect();
+        let hlines = vec![
+            HLine {
+                label: format!("context {}k", context / 1000),
+                y: context as f64,
+            },
+            HLine {
+                label: format!("tideline {}%", a.tideline),
+                y: context as f64 * a.tideline / 100.0,
+            },
+        ];
+        let svg = line_chart(
+            &format!(
+                "Window sent upstream per step ({}, {} steps)",
+                a.model, a.steps
+            ),
+            "step",
+            "input tokens per request",
+            &series,
+            &hlines,
+            (900.0, 460.0),
+        );
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).ok();
+        }
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        println!("(chart written to {})", path.display());
+    }
+    Ok(())
+}
