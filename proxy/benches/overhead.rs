@@ -45,14 +45,8 @@ fn request(m: &SessionManager, session: &str, body: Bytes) -> Prepared {
         "x-oceancode-session",
         http::HeaderValue::from_str(session).expect("header"),
     );
-    let parsed = ParsedBody::parse(&body, dialect::conv_key(Dialect::Anthropic)).ok();
-    let kind = match &parsed {
-        Some(p) if identity::is_side_request(Dialect::Anthropic, p) => ReqKind::Side,
-        _ => ReqKind::Main,
-    };
-    let ident = identity::identify(None, &headers, parsed.as_ref());
-    drop(parsed);
-    m.prepare(Dialect::Anthropic, kind, &ident, body)
+    // What the server does: one parse for side-request check, identity and window.
+    m.prepare_request(Dialect::Anthropic, ReqKind::Main, None, &headers, body)
 }
 
 /// The step ended with real usage (what the tap reports).
