@@ -385,3 +385,29 @@ impl Harness {
         self.proxy().app.store.as_ref().expect("ledger on")
     }
 }
+
+/// Append an Anthropic answer (its `content`) and the result of its tool
+/// call to a client-side `history`, as an agent would.
+pub fn push_tool_step(
+    history: &mut Vec<serde_json::Value>,
+    content: &serde_json::Value,
+    result: &str,
+) {
+    let id = content
+        .as_array()
+        .and_then(|a| a.iter().find(|b| b["type"] == "tool_use"))
+        .and_then(|b| b["id"].as_str())
+        .expect("the answer makes a tool call")
+        .to_string();
+    history.push(serde_json::json!({"role": "assistant", "content": content}));
+    history.push(serde_json::json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": result}]}));
+}
+
+/// The last seq a stub message names, if `msg` is a stub (Anthropic shape).
+pub fn stub_seq(msg: &serde_json::Value) -> Option<u64> {
+    let text = msg["content"][0]["text"].as_str()?;
+    let rest = text.strip_prefix(
+        "[Earlier content of this session is past the tideline: every row up to seq ",
+    )?;
+    rest.split_whitespace().next()?.parse().ok()
+}

@@ -333,11 +333,7 @@ async fn an_answer_is_recorded_when_the_client_closes_right_after_the_terminal_e
 
 fn stub_seq_of(body: &[u8]) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let text = v["messages"][0]["content"][0]["text"].as_str()?;
-    let rest = text.strip_prefix(
-        "[Earlier content of this session is past the tideline: every row up to seq ",
-    )?;
-    rest.split_whitespace().next()?.parse().ok()
+    oceancode_tests::stub_seq(&v["messages"][0])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,17 +357,11 @@ async fn a_restored_session_keeps_its_cut() {
         let got = h.post("/v1/messages", &hdr, body(&history)).await;
         assert_eq!(got.status, 200, "{}", got.text());
         let v = got.json();
-        let id = v["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["type"] == "tool_use")
-            .unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        history.push(serde_json::json!({"role":"assistant","content":v["content"]}));
-        history.push(serde_json::json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":"x ".repeat(2500) + &step.to_string()}]}));
+        oceancode_tests::push_tool_step(
+            &mut history,
+            &v["content"],
+            &("x ".repeat(2500) + &step.to_string()),
+        );
         last_stub = stub_seq_of(&h.fake.requests().last().unwrap().body);
     }
     assert!(last_stub.is_some(), "the session crossed the line");

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::dialect::{self, ResponseCollector};
 use oceancode_proxy::sessions::ModelLimits;
-use oceancode_tests::Harness;
+use oceancode_tests::{stub_seq, Harness};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -27,14 +27,6 @@ fn tool_output(step: usize) -> String {
         ));
     }
     s
-}
-
-fn stub_seq(msg: &Value) -> Option<u64> {
-    let text = msg["content"][0]["text"].as_str()?;
-    let rest = text.strip_prefix(
-        "[Earlier content of this session is past the tideline: every row up to seq ",
-    )?;
-    rest.split_whitespace().next()?.parse().ok()
 }
 
 fn upstream_messages(r: &Recorded) -> Vec<Value> {
@@ -234,17 +226,7 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
             .await;
         assert_eq!(got.status, 200, "{}", got.text());
         let v = got.json();
-        let id = v["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["type"] == "tool_use")
-            .unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        history.push(json!({"role":"assistant","content":v["content"]}));
-        history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":tool_output(step)}]}));
+        oceancode_tests::push_tool_step(&mut history, &v["content"], &tool_output(step));
     }
     // count_tokens with the same conversation gets the same window as the main request.
     h.fake.clear();
@@ -282,17 +264,7 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
 
     // Now the upstream refuses with "prompt is too long": every closed block is cut, one retry.
     let v = main.json();
-    let id = v["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["type"] == "tool_use")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    history.push(json!({"role":"assistant","content":v["content"]}));
-    history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":tool_output(99)}]}));
+    oceancode_tests::push_tool_step(&mut history, &v["content"], &tool_output(99));
     h.fake.clear();
     h.fake.push_reply(Reply::too_long());
     let got = h
