@@ -15,116 +15,18 @@ use hyper_util::rt::TokioExecutor;
 use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream, Reply, Script};
 use oceancode_ledger::store::{LoadedSession, Store, StoreOptions};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{serve, Served};
 
 const SESSIONS: usize = 8;
 /// Completed requests (over all clients) before the SIGKILL.
 const KILL_AFTER: usize = 40;
-
-/// Kills (SIGKILL) and reaps the child when dropped.
-struct ChildGuard(Option<Child>);
-
-impl ChildGuard {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("child still owned")
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A `serve` process and what it printed on stderr.
-struct Served {
-    guard: ChildGuard,
-    url: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-fn proxy_cmd(home: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_oceancode-proxy"));
-    for v in [
-        "OCEANCODE_CONFIG",
-        "OCEANCODE_DATA_DIR",
-        "OCEANCODE_LISTEN",
-        "OCEANCODE_CONTEXT_TOKENS",
-        "OCEANCODE_PROXY_URL",
-        "OCEANCODE_LOG",
-    ] {
-        c.env_remove(v);
-    }
-    c.env("XDG_CONFIG_HOME", home.join("xdg-config"))
-        .env("XDG_DATA_HOME", home.join("xdg-data"))
-        .env("HOME", home);
-    c
-}
-
-fn serve(home: &Path, data: &Path, fake: &str) -> Served {
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data)
-        .args(["--anthropic-upstream", fake, "--openai-upstream", fake])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn oceancode-proxy serve");
-    let err = child.stderr.take().expect("stderr");
-    let mut guard = ChildGuard(Some(child));
-    let text = Arc::new(Mutex::new(String::new()));
-    let (tx, rx) = mpsc::channel::<String>();
-    let sink = text.clone();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                if let Some(tx) = tx.take() {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                }
-            }
-            let mut s = sink.lock().unwrap();
-            s.push_str(&line);
-            s.push('\n');
-        }
-    });
-    let addr = match rx.recv_timeout(Duration::from_secs(15)) {
-        Ok(a) => a,
-        Err(_) => {
-            let _ = guard.child().kill();
-            let _ = guard.child().wait();
-            std::thread::sleep(Duration::from_millis(100));
-            panic!(
-                "serve did not report its address; stderr:\n{}",
-                text.lock().unwrap()
-            );
-        }
-    };
-    let port: u16 = addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        addr.starts_with("127.0.0.1:") && port != 0,
-        "serve --listen 127.0.0.1:0 must report the bound port, got {addr:?}"
-    );
-    Served {
-        guard,
-        url: format!("http://{addr}"),
-        stderr: text,
-    }
-}
 
 type Http = Client<HttpConnector, Full<Bytes>>;
 
@@ -332,7 +234,7 @@ async fn sigkill_mid_burst_leaves_gap_free_prefixes_and_a_resend_heals() {
         .expect("fake upstream");
     let tmp = tempfile::tempdir().expect("tempdir");
     let data: PathBuf = tmp.path().join("data");
-    let mut proxy = serve(tmp.path(), &data, &fake.url());
+    let mut proxy = serve(tmp.path(), &data, &fake.url(), &[], &[]);
     let client = http();
 
     // ---- The burst, killed in the middle. ----
@@ -454,7 +356,7 @@ async fn sigkill_mid_burst_leaves_gap_free_prefixes_and_a_resend_heals() {
     );
 
     // ---- Restart on the same data dir; every client resends. ----
-    let mut proxy = serve(tmp.path(), &data, &fake.url());
+    let mut proxy = serve(tmp.path(), &data, &fake.url(), &[], &[]);
     let mut finals = Vec::new();
     let mut tasks = Vec::new();
     for (i, sent) in attempts.iter().enumerate() {
