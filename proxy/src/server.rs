@@ -205,9 +205,17 @@ fn upstream_request(
     body: UpBody,
     len: Option<usize>,
 ) -> Request<UpBody> {
+    // A body the proxy already read is sent whole: `Expect: 100-continue` no
+    // longer applies to it.
+    let read: &[&str] = if len.is_some() { &["expect"] } else { &[] };
     let mut headers = upstream::end_to_end(
         &parts.headers,
-        &[&upstream::OWN_HEADERS[..], &["host", "content-length"]].concat(),
+        &[
+            &upstream::OWN_HEADERS[..],
+            &["host", "content-length"],
+            read,
+        ]
+        .concat(),
     );
     if let Some(n) = len {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));

@@ -366,3 +366,17 @@ async fn a_stalled_stream_is_ended_with_an_error_after_the_idle_timeout() {
         t0.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_continue_is_not_forwarded_with_a_body_already_read() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("expect", "100-continue")],
+            anthropic_body(false, "hi"),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(h.fake.requests()[0].header("expect"), None);
+}
