@@ -241,9 +241,11 @@ fn load(
 fn init_tracing(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OCEANCODE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
