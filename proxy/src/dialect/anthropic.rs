@@ -2,7 +2,7 @@
 //! collector (usage from `message_start`/`message_delta`, the assistant
 //! message reassembled from content-block events).
 
-use super::{ids_of, info, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{context_only, ids_of, info, u64_of, Collected, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{Map, Value};
 
@@ -25,6 +25,7 @@ pub fn classify(v: &Value) -> MessageInfo {
     let has_result = of_type("tool_result").next().is_some();
     let kind = match role.as_str() {
         "user" if has_result => RowKind::ToolResult,
+        "user" if context_only(v) => RowKind::System,
         "user" => RowKind::Prompt,
         "assistant" => RowKind::Assistant,
         "system" => RowKind::System,

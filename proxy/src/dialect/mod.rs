@@ -218,6 +218,43 @@ pub(crate) fn info(role: String, kind: RowKind, text: Option<&str>) -> MessageIn
     }
 }
 
+/// A user message made only of wrapped context blocks — Codex's
+/// `<environment_context>…</environment_context>` and
+/// `<user_instructions>…</user_instructions>`, Claude Code's reminder-only
+/// messages — is context, not an ask: it is kept like a system row when its
+/// part of the conversation is cut, and it does not start a turn.
+pub(crate) fn context_only(v: &Value) -> bool {
+    match v.get("content") {
+        Some(Value::String(s)) => is_wrapped_block(s),
+        Some(Value::Array(parts)) => {
+            !parts.is_empty()
+                && parts.iter().all(|p| {
+                    matches!(
+                        p.get("type").and_then(Value::as_str),
+                        Some("text" | "input_text")
+                    ) && p
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .is_some_and(is_wrapped_block)
+                })
+        }
+        _ => false,
+    }
+}
+
+/// `<name …>…</name>`, whitespace around it allowed.
+fn is_wrapped_block(t: &str) -> bool {
+    let t = t.trim();
+    let Some(rest) = t.strip_prefix('<') else {
+        return false;
+    };
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+        .collect();
+    !name.is_empty() && t.ends_with(&format!("</{name}>"))
+}
+
 /// String values of `key` in each element of `arr`.
 pub(crate) fn ids_of<'a>(arr: impl IntoIterator<Item = &'a Value>, key: &str) -> Vec<String> {
     arr.into_iter()
@@ -405,6 +442,34 @@ mod tests {
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["messages"], json!([{"x":1}]));
         assert_eq!(v["we\"ird"], 1);
+    }
+
+    #[test]
+    fn wrapped_context_messages_are_not_asks() {
+        let env = json!({"type":"message","role":"user","content":[{"type":"input_text","text":"<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"}]});
+        assert_eq!(
+            classify(Dialect::OpenaiResponses, &env).kind,
+            RowKind::System
+        );
+        let ask = json!({"type":"message","role":"user","content":[{"type":"input_text","text":"fix <b>it</b>"}]});
+        assert_eq!(
+            classify(Dialect::OpenaiResponses, &ask).kind,
+            RowKind::Prompt
+        );
+        let reminder = json!({"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"}]});
+        assert_eq!(
+            classify(Dialect::Anthropic, &reminder).kind,
+            RowKind::System
+        );
+        let mixed = json!({"role":"user","content":[{"type":"text","text":"<system-reminder>x</system-reminder>"},{"type":"text","text":"list the files"}]});
+        assert_eq!(classify(Dialect::Anthropic, &mixed).kind, RowKind::Prompt);
+        let chat =
+            json!({"role":"user","content":"<user_instructions>be brief</user_instructions>"});
+        assert_eq!(classify(Dialect::OpenaiChat, &chat).kind, RowKind::System);
+        assert_eq!(
+            classify(Dialect::OpenaiChat, &json!({"role":"user","content":"<b>"})).kind,
+            RowKind::Prompt
+        );
     }
 
     #[test]

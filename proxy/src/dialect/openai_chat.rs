@@ -3,7 +3,8 @@
 //! assistant message reassembled from deltas).
 
 use super::{
-    content_text, ids_of, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector,
+    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, MessageInfo,
+    ResponseCollector,
 };
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{json, Map, Value};
@@ -16,6 +17,7 @@ pub fn classify(v: &Value) -> MessageInfo {
         .unwrap_or("")
         .to_string();
     let kind = match role.as_str() {
+        "user" if context_only(v) => RowKind::System,
         "user" => RowKind::Prompt,
         "assistant" => RowKind::Assistant,
         "tool" | "function" => RowKind::ToolResult,

@@ -3,7 +3,8 @@
 //! `response.output_item.done`).
 
 use super::{
-    content_text, ids_of, info, openai_usage, u64_of, Collected, MessageInfo, ResponseCollector,
+    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, MessageInfo,
+    ResponseCollector,
 };
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::Value;
@@ -16,6 +17,7 @@ pub fn classify(v: &Value) -> MessageInfo {
         (Some("message") | None, Some(r)) => (
             r.to_string(),
             match r {
+                "user" if context_only(v) => RowKind::System,
                 "user" => RowKind::Prompt,
                 "assistant" => RowKind::Assistant,
                 "system" | "developer" => RowKind::System,
