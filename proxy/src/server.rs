@@ -324,23 +324,11 @@ async fn provider_request(
     if status.is_client_error() || status.is_server_error() {
         app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
     }
-    if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE {
-        if let Some(t) = &ticket {
-            return too_long_path(app, &parts, uri, base, resp, ticket_clone(t)).await;
+    match ticket {
+        Some(t) if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE => {
+            too_long_path(app, &parts, uri, base, resp, t).await
         }
-    }
-    Ok(tap_response(app, dialect, ticket, resp))
-}
-
-fn ticket_clone(t: &Ticket) -> Ticket {
-    Ticket {
-        session: t.session.clone(),
-        step: t.step,
-        dialect: t.dialect,
-        original: t.original.clone(),
-        window_rows: t.window_rows,
-        boundary: t.boundary,
-        body_len: t.body_len,
+        ticket => Ok(tap_response(app, dialect, ticket, resp)),
     }
 }
 

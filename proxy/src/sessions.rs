@@ -796,26 +796,9 @@ impl SessionManager {
                 .is_some_and(|v| !v.is_null());
         if stateful {
             st.append_stateful(&parsed.messages, &mut events);
-            st.meter.steps = st.step;
-            st.meter.active_rows = st.active.len();
-            let step = st.step;
-            drop(st);
-            (self.sink)(events);
-            let body_len = body.len();
-            return Prepared {
-                body: body.clone(),
-                ticket: Some(Ticket {
-                    session,
-                    step,
-                    dialect,
-                    original: body.clone(),
-                    window_rows: parsed.messages.len(),
-                    boundary,
-                    body_len,
-                }),
-            };
+        } else {
+            st.absorb(&parsed.messages, &hashes, &mut events);
         }
-        st.absorb(&parsed.messages, &hashes, &mut events);
         for ev in &events {
             match ev {
                 Event::Branch { .. } => {
@@ -838,30 +821,25 @@ impl SessionManager {
         if calc.clamped && st.meter.line != calc.line {
             tracing::info!(session = %st.meta.id, line = calc.line, "tideline clamped to the model's context minus the output allowance");
         }
-        if self.settings.tideline_enabled {
+        // A conversation held by the provider (`previous_response_id`) is
+        // never windowed; a string input is one message, recorded but not cut.
+        if self.settings.tideline_enabled && !stateful {
             let last_seq = st.active.last().copied().unwrap_or(0);
             let cut_before = st.tideline.cut_upto();
-            let decision = if st.needs_seed || st.last_usage.is_none() {
+            // A restored session knows its last real usage; otherwise the row
+            // estimates are all there is (seeding).
+            let measured = st.last_usage.map(|u| u.window_total() + st.pending_est);
+            let obs = Observation {
+                gauge: measured.unwrap_or(0),
+                added: st.pending_est,
+                boundary_seq: boundary,
+                last_seq,
+            };
+            let decision = if st.needs_seed || measured.is_none() {
                 st.needs_seed = false;
                 let rows = st.seed_rows();
-                // A restored session knows its last real usage; otherwise the
-                // row estimates are all there is.
-                let measured = st.last_usage.map(|u| u.window_total() + st.pending_est);
-                let obs = Observation {
-                    gauge: measured.unwrap_or(0),
-                    added: st.pending_est,
-                    boundary_seq: boundary,
-                    last_seq,
-                };
                 st.tideline.seed(&rows, obs, params)
             } else {
-                let gauge = st.last_usage.map(|u| u.window_total()).unwrap_or(0) + st.pending_est;
-                let obs = Observation {
-                    gauge,
-                    added: st.pending_est,
-                    boundary_seq: boundary,
-                    last_seq,
-                };
                 st.tideline.observe(obs, params)
             };
             st.meter.gauge = decision.gauge;
@@ -882,8 +860,7 @@ impl SessionManager {
         st.meter.context = calc.context;
         st.meter.steps = st.step;
         st.meter.active_rows = st.active.len();
-        // A string input is one message: nothing to window, forwarded as is.
-        let window = if self.settings.tideline_enabled && synthetic.is_none() {
+        let window = if self.settings.tideline_enabled && !stateful && synthetic.is_none() {
             self.render(&st, &parsed)
         } else {
             Window {
