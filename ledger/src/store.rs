@@ -38,7 +38,7 @@ use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -51,6 +51,14 @@ pub const SCHEMA_VERSION: i64 = 2;
 pub const LAG_WINDOW: usize = 1024;
 /// Sessions whose newest turn / turn index the writer keeps in memory.
 const CACHE_SESSIONS: usize = 64;
+/// Longest a deferred write (a session's `index.md`, the full-text index of
+/// new rows) waits behind the events; `settle`, jobs and shutdown flush it
+/// at once.
+const DEFER_MAX: Duration = Duration::from_millis(1000);
+/// Rows waiting for the full-text index that force a flush.
+const FTS_BATCH: usize = 1024;
+/// Sessions whose facts the writer keeps (beyond it, the map starts over).
+const KNOWN_SESSIONS: usize = 100_000;
 /// Idle read connections kept for reuse.
 const READER_POOL: usize = 4;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -446,6 +454,9 @@ impl Store {
             batch_max: opts.batch_max.max(1),
             caches: HashMap::new(),
             tick: 0,
+            fts_pending: Vec::new(),
+            deferred_since: None,
+            known: HashMap::new(),
         };
         let handle = std::thread::Builder::new()
             .name("oceancode-writer".into())
@@ -944,6 +955,17 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     if (1..2).contains(&found) {
         // Version 2 added the search index: fill it from the existing rows.
         backfill_row_text(&tx)?;
+    } else if found >= 2 {
+        // The writer indexes new rows a moment after committing them (see
+        // `Writer::flush_deferred`): rows a crash left unindexed are indexed now.
+        let (rows, texts): (i64, i64) = tx.query_row(
+            "SELECT (SELECT COUNT(*) FROM rows), (SELECT COUNT(*) FROM row_text)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        if rows != texts {
+            backfill_row_text(&tx)?;
+        }
     }
     if found < SCHEMA_VERSION {
         tx.execute("DELETE FROM schema_version", [])?;
@@ -1230,6 +1252,8 @@ struct SessionCache {
     page: Option<Page>,
     /// Hash of the last `SESSION.md` written.
     page_hash: Option<u64>,
+    /// `index.md` is behind (written at the next flush of deferred writes).
+    index_dirty: bool,
 }
 
 struct Writer {
@@ -1240,12 +1264,43 @@ struct Writer {
     batch_max: usize,
     caches: HashMap<String, SessionCache>,
     tick: u64,
+    /// Committed rows not yet in the full-text index.
+    fts_pending: Vec<FtsJob>,
+    /// Since when something deferred waits (`index.md`, `fts_pending`).
+    deferred_since: Option<Instant>,
+    /// What the writer knows of sessions it has seen, so a step does not
+    /// query for it.
+    known: HashMap<String, Known>,
+}
+
+/// Facts of a session the writer has committed events for.
+#[derive(Clone, Copy, Default)]
+struct Known {
+    dialect: Option<Dialect>,
+    /// The seq the next `Rows` event must start at (None = ask the database).
+    next_seq: Option<u64>,
 }
 
 impl Writer {
     fn run(mut self) {
         loop {
-            let Ok(first) = self.rx.recv() else { break };
+            let first = match self.deferred_since {
+                None => match self.rx.recv() {
+                    Ok(cmd) => cmd,
+                    Err(_) => break,
+                },
+                Some(since) => {
+                    let wait = (since + DEFER_MAX).saturating_duration_since(Instant::now());
+                    match self.rx.recv_timeout(wait) {
+                        Ok(cmd) => cmd,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.flush_deferred();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            };
             let mut batch = vec![first];
             while batch.len() < self.batch_max {
                 match self.rx.try_recv() {
@@ -1261,15 +1316,24 @@ impl Writer {
                     Cmd::Event { ev, id, at } => events.push((ev, id, at)),
                     Cmd::Settle(r) => replies.push(r),
                     Cmd::Job(job) => {
-                        // Everything queued before the job is committed first.
+                        // Everything queued before the job is committed and
+                        // written first; what the job changes is read afresh.
                         self.process(&events);
                         events.clear();
+                        self.flush_deferred();
                         job(&mut self);
+                        self.known.clear();
                     }
                     Cmd::Shutdown => stop = true,
                 }
             }
             self.process(&events);
+            let due = self
+                .deferred_since
+                .is_some_and(|since| since.elapsed() >= DEFER_MAX);
+            if stop || due || !replies.is_empty() || self.fts_pending.len() >= FTS_BATCH {
+                self.flush_deferred();
+            }
             for r in replies {
                 r.send();
             }
@@ -1277,7 +1341,53 @@ impl Writer {
                 break;
             }
         }
+        self.flush_deferred();
         debug!("ledger writer stopped");
+    }
+
+    /// Write what waits: the `index.md` of sessions whose turns did not
+    /// change since it was last written, and the full-text index of new rows.
+    fn flush_deferred(&mut self) {
+        self.deferred_since = None;
+        let dirty: Vec<String> = self
+            .caches
+            .iter()
+            .filter(|(_, c)| c.index_dirty)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for session in dirty {
+            if let Err(e) = self.write_index(&session) {
+                warn!("ledger index of session {session}: {e}");
+                self.shared
+                    .transcript_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                self.caches.remove(&session);
+            }
+        }
+        if self.fts_pending.is_empty() {
+            return;
+        }
+        let jobs = std::mem::take(&mut self.fts_pending);
+        if let Err(e) = self.index_text(&jobs) {
+            // The rows are committed; the next open indexes what is missing.
+            warn!("ledger search index of {} rows: {e}", jobs.len());
+        }
+    }
+
+    /// Index rows for full-text search, in one transaction.
+    fn index_text(&mut self, jobs: &[FtsJob]) -> Result<(), rusqlite::Error> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for job in jobs {
+            let known = self.known.entry(job.session.clone()).or_default();
+            let dialect = match known.dialect {
+                Some(d) => d,
+                None => *known.dialect.insert(session_dialect(&tx, &job.session)?),
+            };
+            index_row_text(&tx, &job.session, job.seq, dialect, &job.raw)?;
+        }
+        tx.commit()
     }
 
     fn process(&mut self, events: &[(Event, u64, Instant)]) {
@@ -1343,18 +1453,38 @@ impl Writer {
         &mut self,
         events: &[(Event, u64, Instant)],
     ) -> Result<(BTreeMap<String, Touch>, u64), rusqlite::Error> {
+        let fts_mark = self.fts_pending.len();
+        let result = self.apply_events(events);
+        if result.is_err() {
+            // Rolled back: forget what this attempt queued or learned.
+            self.fts_pending.truncate(fts_mark);
+            self.known.clear();
+        } else if self.fts_pending.len() > fts_mark {
+            self.deferred_since.get_or_insert_with(Instant::now);
+        }
+        result
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn apply_events(
+        &mut self,
+        events: &[(Event, u64, Instant)],
+    ) -> Result<(BTreeMap<String, Touch>, u64), rusqlite::Error> {
+        if self.known.len() > KNOWN_SESSIONS {
+            self.known.clear();
+        }
         let mut tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut touched: BTreeMap<String, Touch> = BTreeMap::new();
         let mut refused = 0;
-        let mut fts: Vec<FtsJob> = Vec::new();
         for (ev, _, _) in events {
             let sp = tx.savepoint()?;
-            let mark = fts.len();
-            match apply_event(&sp, ev, &mut fts) {
+            let mark = self.fts_pending.len();
+            match apply_event(&sp, ev, &mut self.fts_pending, &self.known) {
                 Ok(Outcome::Applied(effect, turns, index)) => {
                     sp.commit()?;
+                    learn(&mut self.known, ev);
                     let t = touched.entry(ev.session().to_string()).or_default();
                     t.effects.extend(effect);
                     t.turns.extend(turns);
@@ -1362,28 +1492,16 @@ impl Writer {
                     t.page |= !matches!(ev, Event::Session(_) | Event::Step { .. });
                 }
                 Ok(Outcome::Refused(why)) => {
-                    fts.truncate(mark);
+                    self.fts_pending.truncate(mark);
                     warn!("ledger event refused (session {}): {why}", ev.session());
                     refused += 1;
                 }
                 Err(e) => {
-                    fts.truncate(mark);
+                    self.fts_pending.truncate(mark);
                     warn!("ledger event failed (session {}): {e}", ev.session());
                     refused += 1;
                 }
             }
-        }
-        let mut dialects: HashMap<String, Dialect> = HashMap::new();
-        for job in &fts {
-            let dialect = match dialects.get(&job.session) {
-                Some(d) => *d,
-                None => {
-                    let d = session_dialect(&tx, &job.session)?;
-                    dialects.insert(job.session.clone(), d);
-                    d
-                }
-            };
-            index_row_text(&tx, &job.session, job.seq, dialect, &job.raw)?;
         }
         tx.commit()?;
         Ok((touched, refused))
@@ -1403,6 +1521,11 @@ impl Writer {
                     .min_by_key(|(_, c)| c.last_used)
                     .map(|(k, _)| k.clone())
                 {
+                    if self.caches.get(&old).is_some_and(|c| c.index_dirty) {
+                        if let Err(e) = self.write_index(&old) {
+                            warn!("ledger index of session {old}: {e}");
+                        }
+                    }
                     self.caches.remove(&old);
                 }
             }
@@ -1416,6 +1539,7 @@ impl Writer {
                     last_used: 0,
                     page: None,
                     page_hash: None,
+                    index_dirty: false,
                 },
             );
         }
@@ -1423,12 +1547,13 @@ impl Writer {
             return Ok(());
         };
         cache.last_used = self.tick;
+        let meta_changed = touch.effects.iter().any(|e| matches!(e, Effect::Meta(_)));
         for effect in touch.effects {
             apply_effect(cache, effect);
         }
         // The page after the transcripts: a reader who follows the page to
         // a transcript finds it written.
-        let result = self.write_transcripts(session, touch.turns, touch.index);
+        let result = self.write_transcripts(session, touch.turns, touch.index, meta_changed);
         if touch.page {
             return result.and(self.write_page(session));
         }
@@ -1456,12 +1581,15 @@ impl Writer {
         Ok(())
     }
 
-    /// Rewrite the given turns' transcript files and the index.
+    /// Rewrite the given turns' transcript files, and the index when the
+    /// session's facts or its list of turns changed (a step that only grows
+    /// the newest turn leaves the index to the next deferred flush).
     fn write_transcripts(
         &mut self,
         session: &str,
         touched_turns: BTreeSet<u32>,
         index: bool,
+        meta_changed: bool,
     ) -> Result<(), StoreError> {
         if touched_turns.is_empty() && !index {
             return Ok(());
@@ -1475,8 +1603,10 @@ impl Writer {
             cache.dir_ready = true;
         }
         let dialect = cache.meta.dialect;
+        let mut turns_changed = meta_changed;
         if cache.summaries.is_none() {
             cache.summaries = Some(turn_summaries(&self.conn, session, dialect)?);
+            turns_changed = true;
         }
         for turn in touched_turns {
             let (rows, mut sections) = match cache.newest.take() {
@@ -1489,10 +1619,11 @@ impl Writer {
             let path = self.dir.turn_file(session, turn);
             let summary = transcript::summarize_turn(dialect, turn, &rows);
             if let Some(s) = cache.summaries.as_mut() {
-                match &summary {
+                let before = match &summary {
                     Some(sum) => s.insert(turn, sum.clone()),
                     None => s.remove(&turn),
                 };
+                turns_changed |= before.is_none() != summary.is_none();
             }
             let written = if rows.is_empty() {
                 paths::remove_if_exists(&path)
@@ -1519,6 +1650,25 @@ impl Writer {
             }
             written.map_err(io_err(&path))?;
         }
+        if !(index || turns_changed) {
+            return Ok(());
+        }
+        if !turns_changed {
+            cache.index_dirty = true;
+            self.deferred_since.get_or_insert_with(Instant::now);
+            return Ok(());
+        }
+        self.write_index(session)
+    }
+
+    /// Write a session's `index.md` from the cached turn summaries.
+    fn write_index(&mut self, session: &str) -> Result<(), StoreError> {
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        if cache.summaries.is_none() {
+            cache.summaries = Some(turn_summaries(&self.conn, session, cache.meta.dialect)?);
+        }
         let turns: Vec<TurnSummary> = cache
             .summaries
             .as_ref()
@@ -1529,7 +1679,9 @@ impl Writer {
             &path,
             transcript::render_index(&cache.meta, &turns).as_bytes(),
         )
-        .map_err(io_err(&path))
+        .map_err(io_err(&path))?;
+        cache.index_dirty = false;
+        Ok(())
     }
 }
 
@@ -1595,8 +1747,29 @@ struct FtsJob {
     raw: Arc<str>,
 }
 
-fn apply_event(c: &Connection, ev: &Event, fts: &mut Vec<FtsJob>) -> rusqlite::Result<Outcome> {
-    if !matches!(ev, Event::Session(_)) && !session_exists(c, ev.session())? {
+/// What a committed event teaches the writer about its session.
+fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
+    match ev {
+        Event::Session(m) => {
+            known.entry(m.id.clone()).or_default().dialect = Some(m.dialect);
+        }
+        Event::Rows { session, rows } => {
+            if let Some(last) = rows.last() {
+                known.entry(session.clone()).or_default().next_seq = Some(last.seq + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn apply_event(
+    c: &Connection,
+    ev: &Event,
+    fts: &mut Vec<FtsJob>,
+    known: &HashMap<String, Known>,
+) -> rusqlite::Result<Outcome> {
+    let k = known.get(ev.session());
+    if !matches!(ev, Event::Session(_)) && k.is_none() && !session_exists(c, ev.session())? {
         return Ok(Outcome::Refused("unknown session".into()));
     }
     match ev {
@@ -1637,10 +1810,17 @@ fn apply_event(c: &Connection, ev: &Event, fts: &mut Vec<FtsJob>) -> rusqlite::R
             let Some(first) = rows.first() else {
                 return Ok(Outcome::Applied(None, Vec::new(), false));
             };
-            let max: i64 = c
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM rows WHERE session = ?1")?
-                .query_row([session], |r| r.get(0))?;
-            let expected = max as u64 + 1;
+            let expected = match k.and_then(|k| k.next_seq) {
+                Some(n) => n,
+                None => {
+                    let max: i64 = c
+                        .prepare_cached(
+                            "SELECT COALESCE(MAX(seq), 0) FROM rows WHERE session = ?1",
+                        )?
+                        .query_row([session], |r| r.get(0))?;
+                    max as u64 + 1
+                }
+            };
             if first.seq != expected {
                 return Ok(Outcome::Refused(format!(
                     "rows start at seq {} but the ledger expects {expected}",

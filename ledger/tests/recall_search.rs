@@ -141,3 +141,31 @@ fn recall_search_follows_confirm_and_rebuild() {
     store.rebuild(&s.id, None).expect("rebuild");
     assert_eq!(store.search(&["final".into()], 5).expect("search").len(), 1);
 }
+
+#[test]
+fn rows_left_unindexed_by_a_crash_are_indexed_at_the_next_open() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let id = {
+        let store = open(tmp.path());
+        let mut s = Sim::new(&store, "sess-heal", T0);
+        s.prompt("the zeppelin manifest is missing");
+        s.say("Looking for the zeppelin manifest.");
+        s.end_step(1, 1, 0, 0);
+        s.settle();
+        assert_eq!(
+            store.search(&["zeppelin".into()], 5).expect("search").len(),
+            2
+        );
+        store.shutdown().expect("shutdown");
+        s.id.clone()
+    };
+    // What a crash between the rows' commit and the deferred indexing leaves.
+    let db = tmp.path().join("oceancode.db");
+    let conn = rusqlite::Connection::open(&db).expect("db");
+    conn.execute("DELETE FROM row_text WHERE session = ?1 AND seq = 2", [&id])
+        .expect("delete");
+    drop(conn);
+    let store = open(tmp.path());
+    let hits = store.search(&["zeppelin".into()], 5).expect("search");
+    assert_eq!(hits.iter().map(|h| h.seq).collect::<Vec<_>>(), vec![2, 1]);
+}

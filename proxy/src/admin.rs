@@ -202,6 +202,11 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         m.requests.load(Ordering::Relaxed),
     );
     counter(
+        "oceancode_prepare_microseconds_total",
+        "Time spent preparing provider requests (parse, match, tideline, render), µs.",
+        m.prepare_us.load(Ordering::Relaxed),
+    );
+    counter(
         "oceancode_passthrough_total",
         "Requests passed through untouched.",
         m.passthrough.load(Ordering::Relaxed),

@@ -130,15 +130,16 @@ pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>) -> bool {
     if d != Dialect::Anthropic {
         return false;
     }
-    let no_tools = match body.get_as::<serde_json::Value>("tools") {
-        None => true,
-        Some(serde_json::Value::Array(a)) => a.is_empty(),
-        Some(_) => false,
-    };
+    // `output_config` first: it is small and usually absent, while `tools`
+    // (tens of KB of schemas on a main request) is only looked at then.
     let has_format = body
         .get_as::<serde_json::Value>("output_config")
         .is_some_and(|o| o.get("format").is_some());
-    no_tools && has_format
+    has_format
+        && match body.get_as::<Vec<serde::de::IgnoredAny>>("tools") {
+            None => body.get("tools").is_none(),
+            Some(a) => a.is_empty(),
+        }
 }
 
 #[cfg(test)]
@@ -216,5 +217,19 @@ mod tests {
             Dialect::Anthropic,
             &ParsedBody::parse(m, "messages").unwrap()
         ));
+        let side = |b: &[u8]| {
+            is_side_request(
+                Dialect::Anthropic,
+                &ParsedBody::parse(b, "messages").unwrap(),
+            )
+        };
+        assert!(side(br#"{"messages":[],"output_config":{"format":{}}}"#));
+        assert!(!side(
+            br#"{"messages":[],"tools":[{"name":"Bash"}],"output_config":{"format":{}}}"#
+        ));
+        assert!(!side(
+            br#"{"messages":[],"tools":null,"output_config":{"format":{}}}"#
+        ));
+        assert!(!side(br#"{"messages":[],"tools":[]}"#));
     }
 }

@@ -165,6 +165,9 @@ pub async fn handle(
     }))
 }
 
+/// Bodies from this size on are prepared with [`cpu`] (`block_in_place`).
+const CPU_INLINE_MAX: usize = 1 << 20;
+
 /// Run CPU-bound work: `block_in_place` on the multi-threaded runtime (so the
 /// reactor keeps serving other connections), inline elsewhere.
 fn cpu<T>(f: impl FnOnce() -> T) -> T {
@@ -288,7 +291,9 @@ async fn provider_request(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let t_read = Instant::now();
     let body = read_body(app, body, declared).await?;
+    let read_us = t_read.elapsed().as_micros() as u64;
     // A content-encoded request body is forwarded as is: never rewritten.
     let encoded = parts
         .headers
@@ -300,8 +305,17 @@ async fn provider_request(
     } else {
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
-        // CPU work (hashing, parsing new rows, rendering) off the reactor.
-        cpu(|| sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body))
+        let big = body.len() >= CPU_INLINE_MAX;
+        let work =
+            move || sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body);
+        // CPU work (hashing, parsing new rows, rendering): a large body's
+        // moves off the reactor; a small one's (well under a millisecond)
+        // costs less than handing the worker's other tasks to another thread.
+        if big {
+            cpu(work)
+        } else {
+            work()
+        }
     };
     let prepare_us = t0.elapsed().as_micros() as u64;
     app.metrics
@@ -310,9 +324,13 @@ async fn provider_request(
     let Prepared { body, ticket } = prepared;
     let len = body.len();
     let up = upstream_request(&parts, uri.clone(), full_up(body), Some(len));
+    let t_up = Instant::now();
     let resp = app.upstream.send(up, &base).await?;
+    let upstream_us = t_up.elapsed().as_micros() as u64;
     let status = resp.status();
     tracing::debug!(
+        read_us,
+        upstream_us,
         path = %uri.path(),
         status = status.as_u16(),
         session = ticket.as_ref().map(|t| t.session.id.as_str()).unwrap_or("-"),

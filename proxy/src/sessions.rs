@@ -107,6 +107,10 @@ struct RowMem {
 /// The live state of one ledger session.
 pub struct State {
     meta: SessionMeta,
+    /// The facts last handed to the ledger (None = never): a request only
+    /// re-sends them when something other than `last_ms` changed (the
+    /// ledger's `Step` keeps the activity time).
+    recorded_meta: Option<SessionMeta>,
     dialect: Dialect,
     /// All rows ever recorded, index = seq − 1.
     rows: Vec<RowMem>,
@@ -282,6 +286,7 @@ impl State {
     fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64) -> Self {
         State {
             meta,
+            recorded_meta: None,
             dialect,
             rows: Vec::new(),
             active: Vec::new(),
@@ -785,7 +790,16 @@ impl SessionManager {
         let mut st = session.state.lock();
         st.meta.model.clone_from(&model);
         st.meta.last_ms = now_ms();
-        events.push(Event::Session(st.meta.clone()));
+        let same = st.recorded_meta.as_ref().is_some_and(|r| {
+            SessionMeta {
+                last_ms: st.meta.last_ms,
+                ..r.clone()
+            } == st.meta
+        });
+        if !same {
+            events.push(Event::Session(st.meta.clone()));
+            st.recorded_meta = Some(st.meta.clone());
+        }
         st.step += 1;
         let boundary = st.active.last().copied().unwrap_or(0);
         // Responses with `previous_response_id`: the provider holds the
@@ -1175,6 +1189,7 @@ impl State {
     fn restore(l: LoadedSession) -> Self {
         let dialect = l.meta.dialect;
         let mut st = State::new(l.meta, dialect, 0);
+        st.recorded_meta = Some(st.meta.clone());
         st.branch = l.branch;
         st.step = l.steps;
         let hidden: std::collections::HashSet<u64> = l.hidden.into_iter().collect();

@@ -8,7 +8,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 
 use oceancode_ledger::{Dialect, RowKind, Usage};
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -18,8 +18,9 @@ use std::fmt;
 /// that unchanged parts are forwarded byte for byte.
 #[derive(Debug)]
 pub struct ParsedBody<'a> {
-    /// Top-level members in their original order.
-    pub fields: Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// Top-level members in their original order; the conversation array's
+    /// value is `None` (its elements are in `messages`).
+    pub fields: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
     /// Index in `fields` of the conversation array (`messages` / `input`).
     pub conv_field: Option<usize>,
     /// The conversation's elements, raw.
@@ -28,16 +29,26 @@ pub struct ParsedBody<'a> {
 
 impl<'a> ParsedBody<'a> {
     /// Parse a body; `conv_key` names the conversation array.
+    ///
+    /// One pass over the bytes: the conversation array is split into its raw
+    /// elements while the top level is split into raw members (a 200 KB body
+    /// is scanned once, not twice). A conversation value that is not an
+    /// array (a Responses `input` string) is kept raw.
     pub fn parse(bytes: &'a [u8], conv_key: &str) -> Result<Self, serde_json::Error> {
-        let fields: OrderedRaw<'a> = serde_json::from_slice(bytes)?;
-        let fields = fields.0;
-        let conv_field = fields.iter().position(|(k, _)| k == conv_key);
-        let messages = match conv_field {
-            Some(i) if fields[i].1.get().trim_start().starts_with('[') => {
-                serde_json::from_str::<Vec<&'a RawValue>>(fields[i].1.get())?
-            }
-            _ => Vec::new(),
-        };
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let top = TopSeed { conv_key }.deserialize(&mut de)?;
+        de.end()?;
+        let Top {
+            mut fields,
+            conv_field,
+            messages,
+            conv_is_array,
+        } = top;
+        if let (Some(i), false) = (conv_field, conv_is_array) {
+            // Rare: re-read the one member whose raw bytes the scan skipped.
+            let all: OrderedRaw<'a> = serde_json::from_slice(bytes)?;
+            fields[i].1 = all.0.into_iter().nth(i).map(|(_, v)| v);
+        }
         Ok(ParsedBody {
             fields,
             conv_field,
@@ -47,7 +58,10 @@ impl<'a> ParsedBody<'a> {
 
     /// A top-level member, raw.
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| *v)
     }
 
     /// A top-level member parsed as `T` (None when absent or of another shape).
@@ -72,7 +86,7 @@ impl<'a> ParsedBody<'a> {
         let cap = self
             .fields
             .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .map(|(k, v)| k.len() + v.map_or(4, |v| v.get().len()) + 4)
             .sum::<usize>()
             + parts.iter().map(|p| p.len() + 1).sum::<usize>();
         let mut out = Vec::with_capacity(cap + 16);
@@ -96,12 +110,114 @@ impl<'a> ParsedBody<'a> {
                     out.extend_from_slice(p.as_bytes());
                 }
                 out.push(b']');
-            } else {
+            } else if let Some(v) = v {
                 out.extend_from_slice(v.get().as_bytes());
+            } else {
+                out.extend_from_slice(b"null");
             }
         }
         out.push(b'}');
         out
+    }
+}
+
+/// What the one-pass top-level scan yields.
+struct Top<'a> {
+    fields: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
+    conv_field: Option<usize>,
+    messages: Vec<&'a RawValue>,
+    conv_is_array: bool,
+}
+
+/// Splits the top level into raw members and, in the same pass, the member
+/// named `conv_key` into raw elements.
+struct TopSeed<'k> {
+    conv_key: &'k str,
+}
+
+impl<'de> DeserializeSeed<'de> for TopSeed<'_> {
+    type Value = Top<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TopSeed<'_> {
+    type Value = Top<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut top = Top {
+            fields: Vec::with_capacity(map.size_hint().unwrap_or(16)),
+            conv_field: None,
+            messages: Vec::new(),
+            conv_is_array: false,
+        };
+        while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+            if top.conv_field.is_none() && k == self.conv_key {
+                top.conv_field = Some(top.fields.len());
+                match map.next_value_seed(ConvSeed)? {
+                    Some(elements) => {
+                        top.messages = elements;
+                        top.conv_is_array = true;
+                    }
+                    None => top.conv_is_array = false,
+                }
+                top.fields.push((k, None));
+            } else {
+                let v: &'de RawValue = map.next_value()?;
+                top.fields.push((k, Some(v)));
+            }
+        }
+        Ok(top)
+    }
+}
+
+/// The conversation member: `Some(elements)` for an array, `None` (value
+/// skipped) for anything else.
+struct ConvSeed;
+
+impl<'de> DeserializeSeed<'de> for ConvSeed {
+    type Value = Option<Vec<&'de RawValue>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ConvSeed {
+    type Value = Option<Vec<&'de RawValue>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+        while let Some(v) = seq.next_element::<&'de RawValue>()? {
+            out.push(v);
+        }
+        Ok(Some(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }
 
@@ -476,5 +592,37 @@ mod tests {
     fn non_object_bodies_are_errors() {
         assert!(ParsedBody::parse(b"[1,2]", "messages").is_err());
         assert!(ParsedBody::parse(b"{\"a\":", "messages").is_err());
+        assert!(ParsedBody::parse(br#"{"messages":[{"a":1},]}"#, "messages").is_err());
+        assert!(ParsedBody::parse(br#"{"messages":[1]} x"#, "messages").is_err());
+    }
+
+    #[test]
+    fn a_conversation_that_is_not_an_array_stays_raw() {
+        for (src, key) in [
+            (
+                &br#"{"model":"m","input":"hi \"there\"","stream":false}"#[..],
+                "input",
+            ),
+            (br#"{"input":{"a":[1,2]},"z":1}"#, "input"),
+            (br#"{"messages":null}"#, "messages"),
+            (br#"{"messages":42,"m":"x"}"#, "messages"),
+        ] {
+            let p = ParsedBody::parse(src, key).unwrap();
+            assert!(p.messages.is_empty());
+            assert!(p.conv_field.is_some());
+            let raw: Value = serde_json::from_slice(src).unwrap();
+            let got: Value = serde_json::from_str(p.get(key).unwrap().get()).unwrap();
+            assert_eq!(got, raw[key]);
+        }
+        let p = ParsedBody::parse(br#"{"input":"hi","messages":[1]}"#, "input").unwrap();
+        assert_eq!(p.get_as::<String>("input").as_deref(), Some("hi"));
+        assert_eq!(p.get("messages").unwrap().get(), "[1]");
+        // The conversation array itself is only reachable as elements.
+        let p = ParsedBody::parse(br#"{"messages":[ 1 , {"b":2} ]}"#, "messages").unwrap();
+        assert!(p.get("messages").is_none());
+        assert_eq!(
+            p.messages.iter().map(|m| m.get()).collect::<Vec<_>>(),
+            ["1", r#"{"b":2}"#]
+        );
     }
 }
