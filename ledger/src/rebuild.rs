@@ -7,7 +7,7 @@
 use crate::model::{Dialect, Row};
 use crate::page::{Note, Page};
 use crate::paths::{self, DataDir};
-use crate::store::{index_row_text, io_err, read_row, session_meta, to_i64, StoreError, ROW_COLS};
+use crate::store::{io_err, read_row, session_meta, to_i64, StoreError, TextBatch, ROW_COLS};
 use crate::transcript;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::collections::BTreeMap;
@@ -181,9 +181,10 @@ pub(crate) fn rebuild_session(
                 "SELECT {ROW_COLS} FROM rows WHERE session = ?1 ORDER BY seq"
             ))?;
             let mut rows = stmt.query([session])?;
+            let mut text = TextBatch::default();
             while let Some(r) = rows.next()? {
                 let (row, hidden) = read_row(r)?;
-                index_row_text(&tx, session, row.seq, dialect, &row.raw)?;
+                text.push(&tx, session, row.seq, dialect, &row.raw)?;
                 report.rows += 1;
                 if report.rows & 0xff == 0 {
                     tick(report.rows / 2);
@@ -192,6 +193,7 @@ pub(crate) fn rebuild_session(
                     visible.entry(row.turn).or_default().push(row);
                 }
             }
+            text.flush(&tx)?;
         }
         tx.commit()?;
     }

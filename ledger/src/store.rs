@@ -984,7 +984,7 @@ fn backfill_row_text(c: &Connection) -> Result<(), StoreError> {
         "SELECT r.session, r.seq, r.raw, s.dialect FROM rows r JOIN sessions s ON s.id = r.session
          WHERE NOT EXISTS (SELECT 1 FROM row_text t WHERE t.session = r.session AND t.seq = r.seq)",
     )?;
-    let mut ins = c.prepare("INSERT INTO row_text (session, seq, text) VALUES (?1, ?2, ?3)")?;
+    let mut batch = TextBatch::default();
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let session: String = r.get(0)?;
@@ -992,29 +992,64 @@ fn backfill_row_text(c: &Connection) -> Result<(), StoreError> {
         let raw: String = r.get(2)?;
         let dialect: String = r.get(3)?;
         let dialect = Dialect::parse(&dialect).unwrap_or(Dialect::Anthropic);
-        ins.execute(params![session, seq, parts::plain_text(dialect, &raw)])?;
+        batch.push(c, &session, seq as u64, dialect, &raw)?;
     }
+    batch.flush(c)?;
     Ok(())
 }
 
-/// Index one row's text for search (replacing what was there).
-pub(crate) fn index_row_text(
-    c: &Connection,
-    session: &str,
-    seq: u64,
-    dialect: Dialect,
-    raw: &str,
-) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "INSERT INTO row_text (session, seq, text) VALUES (?1, ?2, ?3)
-         ON CONFLICT(session, seq) DO UPDATE SET text = excluded.text",
-    )?
-    .execute(params![
-        session,
-        to_i64(seq),
-        parts::plain_text(dialect, raw)
-    ])?;
-    Ok(())
+/// Rows' plain text for the search index, written in bulk.
+///
+/// FTS5 writes its pending in-memory segment out at every statement
+/// savepoint, and an upsert through `row_text`'s triggers takes one per
+/// statement: a statement per row wrote (and then merged) a segment per row,
+/// most of the writer's time on a cold 2,000-row session. Here one statement
+/// carries up to [`TextBatch::CHUNK`] bytes of rows as a JSON array.
+#[derive(Default)]
+pub(crate) struct TextBatch {
+    json: String,
+    rows: usize,
+}
+
+impl TextBatch {
+    /// Bytes of JSON per statement.
+    const CHUNK: usize = 4 << 20;
+
+    /// Queue one row's text (replacing what was indexed for it).
+    pub(crate) fn push(
+        &mut self,
+        c: &Connection,
+        session: &str,
+        seq: u64,
+        dialect: Dialect,
+        raw: &str,
+    ) -> rusqlite::Result<()> {
+        self.json.push(if self.rows == 0 { '[' } else { ',' });
+        let item = serde_json::json!([session, seq, parts::plain_text(dialect, raw)]);
+        self.json.push_str(&item.to_string());
+        self.rows += 1;
+        if self.json.len() >= Self::CHUNK {
+            self.flush(c)?;
+        }
+        Ok(())
+    }
+
+    /// Write what is queued.
+    pub(crate) fn flush(&mut self, c: &Connection) -> rusqlite::Result<()> {
+        if self.rows == 0 {
+            return Ok(());
+        }
+        self.json.push(']');
+        c.prepare_cached(
+            "INSERT INTO row_text (session, seq, text)
+             SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2 FROM json_each(?1) AS j WHERE 1
+             ON CONFLICT(session, seq) DO UPDATE SET text = excluded.text",
+        )?
+        .execute([&self.json])?;
+        self.json.clear();
+        self.rows = 0;
+        Ok(())
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -1379,14 +1414,16 @@ impl Writer {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut batch = TextBatch::default();
         for job in jobs {
             let known = self.known.entry(job.session.clone()).or_default();
             let dialect = match known.dialect {
                 Some(d) => d,
                 None => *known.dialect.insert(session_dialect(&tx, &job.session)?),
             };
-            index_row_text(&tx, &job.session, job.seq, dialect, &job.raw)?;
+            batch.push(&tx, &job.session, job.seq, dialect, &job.raw)?;
         }
+        batch.flush(&tx)?;
         tx.commit()
     }
 

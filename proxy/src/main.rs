@@ -13,6 +13,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// mimalloc: large request bodies (up to tens of MB, many at once) are reused
+/// from its segments instead of being mapped, faulted in and unmapped per
+/// request as with the system allocator; see docs/benchmarks.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A transparent proxy between coding agents and their model APIs that keeps
 /// the context under the tideline and a verbatim ledger on the side.
 #[derive(Parser, Debug)]
