@@ -160,12 +160,12 @@ pub(crate) fn analyze(
         .tools
         .as_ref()
         .filter(|t| !matches!(t, Ov::Null) && !tools_empty);
-    let items = |v: &Option<Ov>| -> Vec<Ov> {
+    fn items(v: &Option<Ov>) -> &[Ov] {
         match v {
-            Some(Ov::Arr(items)) => items.clone(),
-            _ => Vec::new(),
+            Some(Ov::Arr(items)) => items.as_slice(),
+            _ => &[],
         }
-    };
+    }
     match dialect {
         Dialect::Anthropic => {
             if let Some(t) = tools_seg {
@@ -175,7 +175,7 @@ pub(crate) fn analyze(
                 push(Seg::System, s);
             }
             for m in items(&parts.messages) {
-                push(Seg::Message, &m);
+                push(Seg::Message, m);
             }
         }
         Dialect::Chat => {
@@ -183,7 +183,7 @@ pub(crate) fn analyze(
                 push(Seg::Json, t);
             }
             for m in items(&parts.messages) {
-                push(Seg::Message, &m);
+                push(Seg::Message, m);
             }
         }
         Dialect::Responses => {

@@ -8,6 +8,11 @@ use std::path::PathBuf;
 use clap::Parser;
 use oceancode_fakeup::{FakeConfig, FakeUpstream, Script};
 
+/// The same allocator as `oceancode-proxy` (the fake parses every body into
+/// a DOM: with the system allocator half its CPU went to malloc/free).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "oceancode-fakeup",

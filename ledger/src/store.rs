@@ -50,7 +50,10 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// How many recent commit lags the lag summary keeps.
 pub const LAG_WINDOW: usize = 1024;
 /// Sessions whose newest turn / turn index the writer keeps in memory.
-const CACHE_SESSIONS: usize = 64;
+const CACHE_SESSIONS: usize = 1024;
+/// Bytes of cached newest-turn rows and rendered sections across sessions
+/// beyond which the least recently used session's cache is dropped.
+const CACHE_BYTES: usize = 256 << 20;
 /// Longest a deferred write (a session's `index.md`, the full-text index of
 /// new rows) waits behind the events; `settle`, jobs and shutdown flush it
 /// at once.
@@ -1278,6 +1281,8 @@ struct TurnCache {
 }
 
 struct SessionCache {
+    /// Approximate bytes held by `newest` (rows and rendered sections).
+    newest_bytes: usize,
     meta: SessionMeta,
     summaries: Option<BTreeMap<u32, TurnSummary>>,
     newest: Option<TurnCache>,
@@ -1544,6 +1549,32 @@ impl Writer {
         Ok((touched, refused))
     }
 
+    /// Drop the least recently used session caches until one more fits
+    /// (at most [`CACHE_SESSIONS`], about [`CACHE_BYTES`]).
+    fn evict_caches(&mut self) {
+        let mut bytes: usize = self.caches.values().map(SessionCache::bytes).sum();
+        while self.caches.len() >= CACHE_SESSIONS
+            || (bytes > CACHE_BYTES && !self.caches.is_empty())
+        {
+            let Some(old) = self
+                .caches
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(k, _)| k.clone())
+            else {
+                return;
+            };
+            if self.caches.get(&old).is_some_and(|c| c.index_dirty) {
+                if let Err(e) = self.write_index(&old) {
+                    warn!("ledger index of session {old}: {e}");
+                }
+            }
+            if let Some(c) = self.caches.remove(&old) {
+                bytes = bytes.saturating_sub(c.bytes());
+            }
+        }
+    }
+
     /// Bring a session's transcript files up to date after a commit.
     fn write_files(&mut self, session: &str, touch: Touch) -> Result<(), StoreError> {
         self.tick += 1;
@@ -1551,24 +1582,11 @@ impl Writer {
             let Some(meta) = session_meta(&self.conn, session)? else {
                 return Ok(());
             };
-            if self.caches.len() >= CACHE_SESSIONS {
-                if let Some(old) = self
-                    .caches
-                    .iter()
-                    .min_by_key(|(_, c)| c.last_used)
-                    .map(|(k, _)| k.clone())
-                {
-                    if self.caches.get(&old).is_some_and(|c| c.index_dirty) {
-                        if let Err(e) = self.write_index(&old) {
-                            warn!("ledger index of session {old}: {e}");
-                        }
-                    }
-                    self.caches.remove(&old);
-                }
-            }
+            self.evict_caches();
             self.caches.insert(
                 session.to_string(),
                 SessionCache {
+                    newest_bytes: 0,
                     meta,
                     summaries: None,
                     newest: None,
@@ -1679,6 +1697,8 @@ impl Writer {
                 paths::write_atomic(&path, text.as_bytes())
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
+                cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
+                    + sections.values().map(|(_, s)| s.len()).sum::<usize>();
                 cache.newest = Some(TurnCache {
                     turn,
                     rows,
@@ -1719,6 +1739,16 @@ impl Writer {
         .map_err(io_err(&path))?;
         cache.index_dirty = false;
         Ok(())
+    }
+}
+
+impl SessionCache {
+    fn bytes(&self) -> usize {
+        if self.newest.is_some() {
+            self.newest_bytes
+        } else {
+            0
+        }
     }
 }
 
