@@ -207,6 +207,11 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         m.prepare_us.load(Ordering::Relaxed),
     );
     counter(
+        "oceancode_bodies_spliced_total",
+        "Request bodies split against the client's previous body (shared prefix hashed, not parsed).",
+        s.bodies_spliced.load(Ordering::Relaxed),
+    );
+    counter(
         "oceancode_passthrough_total",
         "Requests passed through untouched.",
         m.passthrough.load(Ordering::Relaxed),

@@ -7,6 +7,7 @@
 //! recorded ones are parsed. Writes go to the single ledger writer through a
 //! queue; the request path never waits on disk.
 
+use crate::dialect::splice::{self, Layout};
 use crate::dialect::{self, ParsedBody};
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
@@ -15,7 +16,6 @@ use oceancode_ledger::store::LoadedSession;
 use oceancode_ledger::tideline::{self, Observation, Params, RowInfo, Tideline};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use parking_lot::Mutex;
-use serde_json::value::RawValue;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -71,6 +71,9 @@ pub struct SessionMetrics {
     pub rewritten: AtomicU64,
     /// Retries after a too-long error.
     pub too_long_retries: AtomicU64,
+    /// Bodies split against a previous body of the same client (its shared
+    /// prefix hashed, not scanned).
+    pub bodies_spliced: AtomicU64,
 }
 
 /// The tool calls a row makes and answers (hashed ids).
@@ -208,7 +211,17 @@ pub struct SessionManager {
     restorer: Option<Restorer>,
     /// Line overrides of sessions that left memory (restored with them).
     parked_overrides: Mutex<HashMap<String, LineSpec>>,
+    /// The layouts of each client's latest bodies (by the client key its
+    /// headers give; a few per key, since a main loop and its sub-agents
+    /// share one), so the next body is split without rescanning what it
+    /// shares with one of them (`dialect::splice`).
+    layouts: Mutex<HashMap<String, Vec<Arc<Layout>>>>,
 }
+
+/// Client keys whose layouts are kept (the map starts over beyond it).
+const MAX_LAYOUT_KEYS: usize = 4096;
+/// Layouts kept per client key (most recently used first).
+const LAYOUTS_PER_KEY: usize = 4;
 
 #[derive(Default)]
 struct Index {
@@ -253,22 +266,19 @@ struct Parsed {
 /// only hashed; this counter proves it in tests and benchmarks).
 pub static FULL_PARSES: AtomicU64 = AtomicU64::new(0);
 
-fn parse_msg(d: Dialect, raw: &RawValue) -> Parsed {
+fn parse_msg(d: Dialect, raw: &str) -> Parsed {
     FULL_PARSES.fetch_add(1, Ordering::Relaxed);
-    match serde_json::from_str::<Value>(raw.get()) {
+    match serde_json::from_str::<Value>(raw) {
         Ok(v) => Parsed {
             info: dialect::classify(d, &v),
             norm: dialect::normalized_hash(&v),
         },
-        Err(_) => unparsed(raw.get()),
+        Err(_) => unparsed(raw),
     }
 }
 
 fn parse_str(d: Dialect, raw: &str) -> Parsed {
-    match serde_json::from_str::<&RawValue>(raw) {
-        Ok(rv) => parse_msg(d, rv),
-        Err(_) => unparsed(raw),
-    }
+    parse_msg(d, raw)
 }
 
 /// A message that is not JSON: kept verbatim, compared by bytes.
@@ -314,7 +324,7 @@ impl State {
 
     /// Length of the common prefix between the active line and `msgs`
     /// (read-only: compares raw hashes, then normalized hashes).
-    fn lcp(&self, msgs: &[&RawValue], hashes: &[u64]) -> usize {
+    fn lcp(&self, msgs: &[&str], hashes: &[u64]) -> usize {
         let mut p = 0;
         while p < msgs.len() && p < self.active.len() {
             let r = self.row(self.active[p]);
@@ -371,7 +381,7 @@ impl State {
 
     /// Map the client's history onto the active line: confirm echoes, record
     /// a branch when it diverges, append what is new.
-    fn absorb(&mut self, msgs: &[&RawValue], hashes: &[u64], events: &mut Vec<Event>) {
+    fn absorb(&mut self, msgs: &[&str], hashes: &[u64], events: &mut Vec<Event>) {
         let id = self.meta.id.clone();
         let mut p = 0;
         while p < msgs.len() && p < self.active.len() {
@@ -419,7 +429,7 @@ impl State {
                 events.push(Event::Confirm {
                     session: id.clone(),
                     seq,
-                    raw: Arc::from(m.get()),
+                    raw: Arc::from(*m),
                 });
                 self.rows[idx].raw_hash = hashes[p];
                 self.rows[idx].norm_hash = parsed.norm;
@@ -430,7 +440,7 @@ impl State {
         let mut rows = Vec::new();
         for m in &msgs[p..] {
             let parsed = parse_msg(self.dialect, m);
-            let seq = self.push_row(m.get(), parsed, false, &mut rows);
+            let seq = self.push_row(m, parsed, false, &mut rows);
             self.pending_est += u64::from(self.row(seq).tokens);
             self.active.push(seq);
         }
@@ -441,13 +451,13 @@ impl State {
 
     /// Append every message as new (server-side conversation state): the
     /// previous response's rows are taken as confirmed.
-    fn append_stateful(&mut self, msgs: &[&RawValue], events: &mut Vec<Event>) {
+    fn append_stateful(&mut self, msgs: &[&str], events: &mut Vec<Event>) {
         let pending = std::mem::take(&mut self.pending);
         self.active.extend(pending);
         let mut rows = Vec::new();
         for m in msgs {
             let parsed = parse_msg(self.dialect, m);
-            let seq = self.push_row(m.get(), parsed, false, &mut rows);
+            let seq = self.push_row(m, parsed, false, &mut rows);
             self.active.push(seq);
         }
         if !rows.is_empty() {
@@ -511,6 +521,7 @@ impl SessionManager {
             counter: AtomicU64::new(0),
             restorer: None,
             parked_overrides: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -699,7 +710,7 @@ impl SessionManager {
         ident: &Identity,
         body: Bytes,
     ) -> Prepared {
-        self.prepare_with(dialect, kind, body, |_| ident.clone())
+        self.prepare_with(dialect, kind, body, None, |_| ident.clone())
     }
 
     /// [`SessionManager::prepare`] for a request as it arrived: the body is
@@ -713,7 +724,12 @@ impl SessionManager {
         headers: &http::HeaderMap,
         body: Bytes,
     ) -> Prepared {
-        self.prepare_with(dialect, kind, body, |parsed| {
+        // Only a key the headers (or path) give: it is known before the body
+        // is read, which is what lets the body be split against the last one.
+        let layout_key = crate::identity::identify(prefix, headers, None)
+            .client_key
+            .map(|k| format!("{}|{k}", dialect.as_str()));
+        self.prepare_with(dialect, kind, body, layout_key, |parsed| {
             crate::identity::identify(prefix, headers, parsed)
         })
     }
@@ -723,33 +739,47 @@ impl SessionManager {
         dialect: Dialect,
         kind: ReqKind,
         body: Bytes,
+        layout_key: Option<String>,
         ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Identity,
     ) -> Prepared {
         if kind == ReqKind::Side {
             return Prepared { body, ticket: None };
         }
-        // Responses accepts `input` as a plain string: one user message.
-        let mut parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
-                return Prepared { body, ticket: None };
+        let conv_key = dialect::conv_key(dialect);
+        let candidates = layout_key
+            .as_ref()
+            .and_then(|k| self.layouts.lock().get(k).cloned())
+            .unwrap_or_default();
+        let spliced = candidates.iter().enumerate().find_map(|(i, l)| {
+            (l.conv_key() == conv_key)
+                .then(|| splice::parse(&body, l))
+                .flatten()
+                .map(|(p, n)| (p, n, i))
+        });
+        let (mut parsed, reused, used) = match spliced {
+            Some((p, n, i)) => {
+                self.metrics.bodies_spliced.fetch_add(1, Ordering::Relaxed);
+                (p, n, Some(i))
             }
+            None => match ParsedBody::parse(&body, conv_key) {
+                Ok(p) => (p, 0, None),
+                Err(e) => {
+                    tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
+                    return Prepared { body, ticket: None };
+                }
+            },
         };
         if crate::identity::is_side_request(dialect, &parsed) {
             return Prepared { body, ticket: None };
         }
         let ident = &ident_of(Some(&parsed));
-        let synthetic: Option<Box<RawValue>> = (dialect == Dialect::OpenaiResponses
+        let synthetic: Option<String> = (dialect == Dialect::OpenaiResponses
             && parsed.messages.is_empty())
         .then(|| parsed.get_as::<String>("input"))
         .flatten()
-        .and_then(|text| {
-            RawValue::from_string(serde_json::json!({"role": "user", "content": text}).to_string())
-                .ok()
-        });
+        .map(|text| serde_json::json!({"role": "user", "content": text}).to_string());
         if let Some(m) = &synthetic {
-            parsed.messages = vec![&**m];
+            parsed.messages = vec![m.as_str()];
         }
         if parsed.messages.is_empty() {
             return Prepared { body, ticket: None };
@@ -757,19 +787,34 @@ impl SessionManager {
         let hashes: Vec<u64> = parsed
             .messages
             .iter()
-            .map(|m| dialect::raw_hash(m.get()))
+            .enumerate()
+            .map(|(i, m)| match used {
+                Some(u) if i < reused => candidates[u].hash(i),
+                _ => dialect::raw_hash(m),
+            })
             .collect();
+        if let Some(k) = layout_key {
+            if let Some(l) = Layout::of(&body, &parsed, &hashes) {
+                let mut layouts = self.layouts.lock();
+                if layouts.len() >= MAX_LAYOUT_KEYS && !layouts.contains_key(&k) {
+                    layouts.clear();
+                }
+                let list = layouts.entry(k).or_default();
+                if let Some(u) = used.filter(|&u| u < list.len()) {
+                    list.remove(u);
+                }
+                list.insert(0, Arc::new(l));
+                list.truncate(LAYOUTS_PER_KEY);
+            }
+        }
         let model = parsed.model().unwrap_or_default();
         let max_tokens: Option<u64> = parsed
             .get_as("max_tokens")
             .or_else(|| parsed.get_as("max_output_tokens"))
             .or_else(|| parsed.get_as("max_completion_tokens"));
-        let tools_fp = parsed
-            .get("tools")
-            .map(|t| dialect::raw_hash(t.get()))
-            .unwrap_or(0);
+        let tools_fp = parsed.get("tools").map(dialect::raw_hash).unwrap_or(0);
         let key = ident.client_key.clone().unwrap_or_else(|| {
-            let sys = parsed.get("system").map(|s| s.get()).unwrap_or("");
+            let sys = parsed.get("system").unwrap_or("");
             let first = parsed
                 .messages
                 .first()
@@ -1073,7 +1118,7 @@ impl SessionManager {
             .filter_map(|i| {
                 let r = st.row(st.active[i]);
                 if matches!(r.kind, RowKind::System | RowKind::Other) {
-                    Some(parsed.messages[i].get())
+                    Some(parsed.messages[i])
                 } else {
                     kept_out += u64::from(r.tokens);
                     None
@@ -1088,9 +1133,9 @@ impl SessionManager {
             parts.push(&stub_msg);
         }
         if let Some(i) = plan.pinned_prompt {
-            parts.push(parsed.messages[i].get());
+            parts.push(parsed.messages[i]);
         }
-        parts.extend(parsed.messages[plan.start..].iter().map(|m| m.get()));
+        parts.extend(parsed.messages[plan.start..].iter().copied());
         let rows = parts.len();
         Window {
             body: Some(parsed.render_with(&parts)),

@@ -95,6 +95,7 @@ async fn a_2000_row_session_parses_only_new_messages_and_the_writer_keeps_up() {
     let mut answer = got.json();
     let mut per_step_parses = Vec::new();
     let prep1 = app.metrics.prepare_us.load(Ordering::Relaxed);
+    let spliced0 = app.sessions.metrics.bodies_spliced.load(Ordering::Relaxed);
     let t1 = Instant::now();
     for step in 0..INCREMENTS {
         let content = answer["content"].clone();
@@ -119,6 +120,11 @@ async fn a_2000_row_session_parses_only_new_messages_and_the_writer_keeps_up() {
         answer = got.json();
     }
     let inc_wall = t1.elapsed();
+    // Each follow-up starts like the previous body: split against its layout.
+    assert_eq!(
+        app.sessions.metrics.bodies_spliced.load(Ordering::Relaxed) - spliced0,
+        INCREMENTS as u64
+    );
     let inc_prepare_us = app.metrics.prepare_us.load(Ordering::Relaxed) - prep1;
     for (step, n) in per_step_parses.iter().enumerate() {
         assert!(

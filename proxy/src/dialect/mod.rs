@@ -6,6 +6,7 @@
 pub mod anthropic;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod splice;
 
 use oceancode_ledger::{Dialect, RowKind, Usage};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -14,17 +15,18 @@ use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
 
-/// A request body split at the top level, every value kept as raw JSON so
-/// that unchanged parts are forwarded byte for byte.
+/// A request body split at the top level, every value kept as raw JSON (a
+/// slice of the body's own bytes) so that unchanged parts are forwarded byte
+/// for byte.
 #[derive(Debug)]
 pub struct ParsedBody<'a> {
     /// Top-level members in their original order; the conversation array's
     /// value is `None` (its elements are in `messages`).
-    pub fields: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
+    pub fields: Vec<(Cow<'a, str>, Option<&'a str>)>,
     /// Index in `fields` of the conversation array (`messages` / `input`).
     pub conv_field: Option<usize>,
-    /// The conversation's elements, raw.
-    pub messages: Vec<&'a RawValue>,
+    /// The conversation's elements, raw JSON.
+    pub messages: Vec<&'a str>,
 }
 
 impl<'a> ParsedBody<'a> {
@@ -47,7 +49,7 @@ impl<'a> ParsedBody<'a> {
         if let (Some(i), false) = (conv_field, conv_is_array) {
             // Rare: re-read the one member whose raw bytes the scan skipped.
             let all: OrderedRaw<'a> = serde_json::from_slice(bytes)?;
-            fields[i].1 = all.0.into_iter().nth(i).map(|(_, v)| v);
+            fields[i].1 = all.0.into_iter().nth(i).map(|(_, v)| v.get());
         }
         Ok(ParsedBody {
             fields,
@@ -57,7 +59,7 @@ impl<'a> ParsedBody<'a> {
     }
 
     /// A top-level member, raw.
-    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub fn get(&self, key: &str) -> Option<&'a str> {
         self.fields
             .iter()
             .find(|(k, _)| k == key)
@@ -66,8 +68,7 @@ impl<'a> ParsedBody<'a> {
 
     /// A top-level member parsed as `T` (None when absent or of another shape).
     pub fn get_as<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
-        self.get(key)
-            .and_then(|v| serde_json::from_str(v.get()).ok())
+        self.get(key).and_then(|v| serde_json::from_str(v).ok())
     }
 
     /// `model` as a string.
@@ -86,7 +87,7 @@ impl<'a> ParsedBody<'a> {
         let cap = self
             .fields
             .iter()
-            .map(|(k, v)| k.len() + v.map_or(4, |v| v.get().len()) + 4)
+            .map(|(k, v)| k.len() + v.map_or(4, str::len) + 4)
             .sum::<usize>()
             + parts.iter().map(|p| p.len() + 1).sum::<usize>();
         let mut out = Vec::with_capacity(cap + 16);
@@ -111,7 +112,7 @@ impl<'a> ParsedBody<'a> {
                 }
                 out.push(b']');
             } else if let Some(v) = v {
-                out.extend_from_slice(v.get().as_bytes());
+                out.extend_from_slice(v.as_bytes());
             } else {
                 out.extend_from_slice(b"null");
             }
@@ -123,9 +124,9 @@ impl<'a> ParsedBody<'a> {
 
 /// What the one-pass top-level scan yields.
 struct Top<'a> {
-    fields: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
+    fields: Vec<(Cow<'a, str>, Option<&'a str>)>,
     conv_field: Option<usize>,
-    messages: Vec<&'a RawValue>,
+    messages: Vec<&'a str>,
     conv_is_array: bool,
 }
 
@@ -167,7 +168,7 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
                 top.fields.push((k, None));
             } else {
                 let v: &'de RawValue = map.next_value()?;
-                top.fields.push((k, Some(v)));
+                top.fields.push((k, Some(v.get())));
             }
         }
         Ok(top)
@@ -179,21 +180,21 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
 struct ConvSeed;
 
 impl<'de> DeserializeSeed<'de> for ConvSeed {
-    type Value = Option<Vec<&'de RawValue>>;
+    type Value = Option<Vec<&'de str>>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for ConvSeed {
-    type Value = Option<Vec<&'de RawValue>>;
+    type Value = Option<Vec<&'de str>>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
         while let Some(v) = seq.next_element::<&'de RawValue>()? {
-            out.push(v);
+            out.push(v.get());
         }
         Ok(Some(out))
     }
@@ -547,7 +548,7 @@ mod tests {
         assert_eq!(p.messages.len(), 2);
         assert_eq!(p.model().as_deref(), Some("m"));
         assert!(p.stream());
-        let parts: Vec<&str> = p.messages.iter().map(|m| m.get()).collect();
+        let parts: Vec<&str> = p.messages.clone();
         let out = p.render_with(&parts);
         let expect = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"stream":true,"we\"ird":1}"#;
         assert_eq!(
@@ -611,18 +612,15 @@ mod tests {
             assert!(p.messages.is_empty());
             assert!(p.conv_field.is_some());
             let raw: Value = serde_json::from_slice(src).unwrap();
-            let got: Value = serde_json::from_str(p.get(key).unwrap().get()).unwrap();
+            let got: Value = serde_json::from_str(p.get(key).unwrap()).unwrap();
             assert_eq!(got, raw[key]);
         }
         let p = ParsedBody::parse(br#"{"input":"hi","messages":[1]}"#, "input").unwrap();
         assert_eq!(p.get_as::<String>("input").as_deref(), Some("hi"));
-        assert_eq!(p.get("messages").unwrap().get(), "[1]");
+        assert_eq!(p.get("messages").unwrap(), "[1]");
         // The conversation array itself is only reachable as elements.
         let p = ParsedBody::parse(br#"{"messages":[ 1 , {"b":2} ]}"#, "messages").unwrap();
         assert!(p.get("messages").is_none());
-        assert_eq!(
-            p.messages.iter().map(|m| m.get()).collect::<Vec<_>>(),
-            ["1", r#"{"b":2}"#]
-        );
+        assert_eq!(p.messages.clone(), ["1", r#"{"b":2}"#]);
     }
 }
