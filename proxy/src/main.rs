@@ -122,6 +122,10 @@ struct StatusArgs {
     /// Print JSON instead of the meter.
     #[arg(long)]
     json: bool,
+    /// Admin URL of a running proxy whose live line (runtime overrides
+    /// included) is shown when it answers (default: http://<listen>).
+    #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
+    proxy: Option<String>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -734,12 +738,21 @@ fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     let summary = store.session_summary(&id)?;
     let context = config::context_window(&meta.model, cfg, &config::process_env, None);
     let spec = cfg.ledger.line_spec();
-    let calc = tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
-    let spec_label = match spec {
-        LineSpec::Percent(p) => format!("{p}%"),
-        LineSpec::Tokens(0) => "ceiling".to_string(),
-        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
-    };
+    let mut calc =
+        tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
+    let mut spec_label = line_label(spec);
+    let url = a
+        .proxy
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", cfg.listen));
+    if let Some((line, over)) = live_line(&url, &id) {
+        // The running proxy's line for this session (a `tideline` override,
+        // a learned ceiling) wins over the configured one.
+        calc.line = line;
+        if let Some(o) = over {
+            spec_label = o;
+        }
+    }
     let price = pricer(cfg);
     let st = oceancode_ledger::status::Status::new(
         &meta,
@@ -759,6 +772,55 @@ fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     }
     let _ = store.shutdown();
     Ok(0)
+}
+
+fn line_label(spec: LineSpec) -> String {
+    match spec {
+        LineSpec::Percent(p) => format!("{p}%"),
+        LineSpec::Tokens(0) => "ceiling".to_string(),
+        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
+    }
+}
+
+/// The line a running proxy applies to a session (from its last request) and
+/// the session's override, if any; `None` when no proxy answers at `url`
+/// within half a second or it does not hold the session in memory.
+fn live_line(url: &str, id: &str) -> Option<(u64, Option<String>)> {
+    use http_body_util::{BodyExt, Empty};
+    let uri: http::Uri = format!("{}/_oceancode/sessions/{id}", url.trim_end_matches('/'))
+        .parse()
+        .ok()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let v: serde_json::Value = rt.block_on(async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Empty<bytes::Bytes>>();
+        let wait = std::time::Duration::from_millis(500);
+        let resp = tokio::time::timeout(wait, client.get(uri))
+            .await
+            .ok()?
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = tokio::time::timeout(wait, resp.into_body().collect())
+            .await
+            .ok()?
+            .ok()?;
+        serde_json::from_slice(&body.to_bytes()).ok()
+    })?;
+    let line = v.pointer("/meter/line")?.as_u64().filter(|&l| l > 0)?;
+    let over = v
+        .get("override")
+        .and_then(|o| o.as_str())
+        .map(|o| match o.parse::<u64>() {
+            Ok(t) => oceancode_ledger::status::tokens(t),
+            Err(_) => o.to_string(),
+        });
+    Some((line, over))
 }
 
 /// `ledger rebuild --merge`: the optional model merge of `SESSION.md`.

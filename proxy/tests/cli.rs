@@ -272,6 +272,21 @@ async fn tideline_command_against_a_running_proxy() {
     assert_eq!(s["override"], "30%", "{s}");
     chat(&c, &url, "tl", 6).await;
     assert_eq!(latest(&c, &url).await["meter"]["line"], 30000);
+    // `status` shows the running proxy's line for the session, not the
+    // configured one; without a proxy answering, the configured one.
+    for (proxy, line, spec) in [
+        (url.as_str(), 30000, "30%"),
+        ("http://127.0.0.1:9", 40000, "40%"),
+    ] {
+        let mut cmd = proxy_cmd(home);
+        cmd.env("OCEANCODE_CONTEXT_TOKENS", "100000")
+            .args(["status", "--json", "--proxy", proxy, &id])
+            .arg("--data-dir")
+            .arg(&data);
+        let st = json_ok(&output(cmd), "status");
+        assert_eq!(st["line"], line, "{proxy}: {st}");
+        assert_eq!(st["line_spec"], spec, "{proxy}: {st}");
+    }
 
     // Cut now.
     let before = latest(&c, &url).await["meter"]["cuts"].as_u64().unwrap();
