@@ -277,10 +277,6 @@ fn parse_msg(d: Dialect, raw: &str) -> Parsed {
     }
 }
 
-fn parse_str(d: Dialect, raw: &str) -> Parsed {
-    parse_msg(d, raw)
-}
-
 /// A message that is not JSON: kept verbatim, compared by bytes.
 fn unparsed(raw: &str) -> Parsed {
     Parsed {
@@ -1198,7 +1194,7 @@ impl SessionManager {
             let mut rows = Vec::new();
             let mut pending = Vec::new();
             for raw in &collected.rows {
-                let parsed = parse_str(st.dialect, raw);
+                let parsed = parse_msg(st.dialect, raw);
                 pending.push(st.push_row(raw, parsed, true, &mut rows));
             }
             st.pending = pending;
@@ -1239,7 +1235,7 @@ impl State {
         st.step = l.steps;
         let hidden: std::collections::HashSet<u64> = l.hidden.into_iter().collect();
         for r in &l.rows {
-            let p = parse_str(dialect, &r.raw);
+            let p = parse_msg(dialect, &r.raw);
             if p.info.kind == RowKind::Prompt {
                 if let Some(line) = &p.info.first_line {
                     st.turn_lines.insert(r.turn, (r.seq, line.clone()));

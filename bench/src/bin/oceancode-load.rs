@@ -341,8 +341,9 @@ fn lag_sampler(
     })
 }
 
-/// POST `/_oceancode/settle`; its duration in ms.
-async fn settle(admin: &str) -> Option<u64> {
+/// `POST /_oceancode/settle` on the proxy's admin URL, if there is one: ms it took.
+async fn settle(admin: Option<&str>) -> Option<u64> {
+    let admin = admin?;
     let http: Client<HttpConnector, http_body_util::Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let req = Request::post(format!("{admin}/_oceancode/settle"))
@@ -458,10 +459,7 @@ async fn run(a: RunArgs) -> Result<()> {
     // The ledger records every cold history (2,001 rows each) behind the
     // responses: let it catch up so the measured steps see the steady state
     // (the cold cost is reported on its own: cold latency and this settle).
-    let cold_settle_ms = match &c.admin {
-        Some(admin) => settle(admin).await,
-        None => None,
-    };
+    let cold_settle_ms = settle(c.admin.as_deref()).await;
     let sampler = lag_sampler(c.admin.clone(), stop.clone());
     let cpu0 = cpu_now(&pids);
     // Warm: the measured steps.
@@ -502,10 +500,7 @@ async fn run(a: RunArgs) -> Result<()> {
     let warm_secs = t_warm.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let lag = sampler.await.ok().flatten();
-    let settle_ms = match &c.admin {
-        Some(admin) => settle(admin).await,
-        None => None,
-    };
+    let settle_ms = settle(c.admin.as_deref()).await;
     let (cpu_ms, writer_ms) = cpu_per_request(cpu0, cpu_now(&pids), warm.len());
     let r = RunResult {
         kind: "run".into(),
@@ -577,10 +572,7 @@ async fn scale(a: ScaleArgs) -> Result<()> {
         convs.push((tag, conv));
     }
     let rss_after_cold = procfs::sum(&pids, procfs::rss);
-    let cold_settle_ms = match &c.admin {
-        Some(admin) => settle(admin).await,
-        None => None,
-    };
+    let cold_settle_ms = settle(c.admin.as_deref()).await;
     // Steps in lockstep buckets so that every session has the same length
     // while a bucket is measured; RSS read at each bucket's end.
     let buckets = a.buckets.clamp(1, a.steps.max(1));
@@ -633,10 +625,7 @@ async fn scale(a: ScaleArgs) -> Result<()> {
     let warm_secs = t_warm.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let lag = sampler.await.ok().flatten();
-    let settle_ms = match &c.admin {
-        Some(admin) => settle(admin).await,
-        None => None,
-    };
+    let settle_ms = settle(c.admin.as_deref()).await;
     let all: Vec<u64> = Vec::new();
     let r = RunResult {
         kind: "scale".into(),
