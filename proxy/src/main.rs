@@ -286,7 +286,8 @@ fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             models,
             tideline_enabled: cfg.ledger.enabled,
         },
-        store: Some(StoreOptions {
+        // `ledger.enabled: false`: nothing is recorded, nothing on disk.
+        store: cfg.ledger.enabled.then_some(StoreOptions {
             queue_capacity: cfg.writer.queue_capacity,
             batch_max: cfg.writer.batch_max,
         }),
@@ -404,16 +405,24 @@ async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
             }
         });
     }
-    tracing::info!(addr = %running.addr, data_dir = %data_dir.display(), "oceancode-proxy listening");
+    let ledger = ledger_label(&running, &data_dir);
+    tracing::info!(addr = %running.addr, ledger = %ledger, "oceancode-proxy listening");
     eprintln!(
-        "oceancode-proxy listening on http://{} (ledger: {})",
-        running.addr,
-        data_dir.display()
+        "oceancode-proxy listening on http://{} (ledger: {ledger})",
+        running.addr
     );
     shutdown_signal().await;
     tracing::info!("shutting down: draining requests and the ledger writer");
     running.shutdown().await;
     Ok(0)
+}
+
+/// Where the ledger is, or `off` (`ledger.enabled: false`).
+fn ledger_label(running: &runtime::Running, data_dir: &Path) -> String {
+    match running.app.store {
+        Some(_) => data_dir.display().to_string(),
+        None => "off".to_string(),
+    }
 }
 
 async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
@@ -444,12 +453,11 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .iter()
         .map(|s| s.id.clone())
         .collect();
+    let ledger = ledger_label(&running, &data_dir);
     running.shutdown().await;
-    if sessions.is_empty() {
-        eprintln!(
-            "oceancode-proxy: no session was recorded (ledger: {})",
-            data_dir.display()
-        );
+    if sessions.is_empty() || ledger == "off" {
+        eprintln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
+        return Ok(exit_code(status));
     }
     for id in sessions {
         eprintln!(

@@ -286,6 +286,12 @@ async fn provider_request(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     app.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
+    if !app.sessions.enabled() {
+        // Ledger off: a plain relay whose answer is still read for /metrics.
+        let up = upstream_request(&parts, uri, body.boxed(), None);
+        let resp = app.upstream.send(up, &base).await?;
+        return Ok(tap_response(app, dialect, None, resp));
+    }
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)

@@ -506,6 +506,12 @@ struct Window {
 }
 
 impl SessionManager {
+    /// Whether sessions are recorded and windowed (`ledger.enabled`); when
+    /// not, the front relays provider requests as they are.
+    pub fn enabled(&self) -> bool {
+        self.settings.tideline_enabled
+    }
+
     /// A manager writing ledger events to `sink`.
     pub fn new(settings: Settings, sink: EventSink) -> Self {
         SessionManager {

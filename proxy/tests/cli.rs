@@ -508,4 +508,21 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("ledger.low")).collect();
     assert_eq!(warnings.len(), 1, "one warning naming ledger.low:\n{log}");
     assert!(warnings[0].contains("WARN"), "{log}");
+
+    // `ledger.enabled: false`: a plain relay, nothing on disk.
+    let off = home.join("off.json");
+    std::fs::write(&off, r#"{"ledger": {"enabled": false}}"#).unwrap();
+    let off_data = home.join("off-data");
+    let mut p = serve(
+        home,
+        &off_data,
+        &fake.url(),
+        &["--config", off.to_str().unwrap()],
+        &[],
+    );
+    chat(&c, &p.url, "off", 2).await;
+    sigterm_and_wait(&mut p);
+    let log = p.stderr.lock().unwrap().clone();
+    assert!(log.contains("(ledger: off)"), "{log}");
+    assert!(!off_data.exists(), "no data dir with the ledger off");
 }

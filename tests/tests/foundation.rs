@@ -380,3 +380,47 @@ async fn expect_continue_is_not_forwarded_with_a_body_already_read() {
     assert_eq!(got.status, 200, "{}", got.text());
     assert_eq!(h.fake.requests()[0].header("expect"), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_ledger_off_requests_are_relayed_as_sent_and_nothing_is_written() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.sessions.tideline_enabled = false;
+        o.store = None;
+        // A line every request crosses: had the tideline run, it would cut.
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await;
+    let big = "x ".repeat(60_000);
+    let mut msgs = Vec::new();
+    for i in 0..6 {
+        msgs.push(serde_json::json!({"role": "user", "content": format!("ask {i}: {big}")}));
+        msgs.push(serde_json::json!({"role": "assistant", "content": format!("answer {i}")}));
+    }
+    msgs.push(serde_json::json!({"role": "user", "content": "last ask"}));
+    // Odd spacing the proxy would normalise if it re-rendered the body.
+    let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": true, "messages": msgs})
+        .to_string()
+        .replacen("{", "{ ", 1);
+    let got = h
+        .post("/v1/messages", &[("x-api-key", SECRET_KEY)], body.clone())
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let seen = h.fake.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body,
+        Bytes::from(body),
+        "the body is relayed unchanged"
+    );
+    let app = h.proxy().app.clone();
+    assert!(app.store.is_none());
+    assert!(
+        app.metrics
+            .input_tokens
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "the answer's usage still reaches /metrics"
+    );
+    let written: Vec<_> = std::fs::read_dir(h.data.path()).unwrap().collect();
+    assert!(written.is_empty(), "nothing on disk: {written:?}");
+}
