@@ -255,23 +255,31 @@ async fn passthrough(
         .map_err(|e| ProxyError::BadTarget(e.to_string()))
 }
 
-async fn read_body(app: &App, body: Incoming, declared: Option<u64>) -> Result<Bytes, ProxyError> {
+/// Read a request body whole, into one buffer sized by `Content-Length`.
+/// Each frame is copied as it arrives and dropped, so the connection's read
+/// buffer is reused instead of growing by the body's size (collecting the
+/// frames and then joining them touched twice the body's size in fresh
+/// memory: a third of an 8 MB request's CPU was the kernel zeroing pages).
+async fn read_body(
+    app: &App,
+    mut body: Incoming,
+    declared: Option<u64>,
+) -> Result<Bytes, ProxyError> {
     let limit = app.cfg.max_body_bytes;
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit as usize).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(ProxyError::BodyTooLarge { limit })
-            } else {
-                Err(ProxyError::BadRequestBody(e.to_string()))
+    let mut buf: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ProxyError::BadRequestBody(e.to_string()))?;
+        if let Ok(data) = frame.into_data() {
+            if (buf.len() + data.len()) as u64 > limit {
+                return Err(ProxyError::BodyTooLarge { limit });
             }
+            buf.extend_from_slice(&data);
         }
     }
+    Ok(Bytes::from(buf))
 }
 
 #[allow(clippy::too_many_arguments)]
