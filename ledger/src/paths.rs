@@ -145,12 +145,24 @@ pub fn make_private(path: &Path) -> io::Result<()> {
 
 /// Create the database file `0600` if it is missing and fix the mode of an
 /// existing one (and of its `-wal`/`-shm` companions) to `0600`.
+///
+/// An existing database is never opened here: POSIX record locks belong to
+/// the process, so closing any descriptor of the file drops the locks
+/// SQLite holds on it through its own. A proxy that lost its shared lock
+/// this way let the next CLI command that closed the database take it for
+/// itself, checkpoint and delete the WAL the proxy was still writing to.
 pub fn prepare_db_file(db: &Path) -> io::Result<()> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(FILE_MODE)
-        .open(db)?;
+    if !db.exists() {
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(db)
+        {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
     make_private(db)?;
     for suffix in ["-wal", "-shm"] {
         let mut p = db.as_os_str().to_owned();

@@ -526,3 +526,61 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     assert!(log.contains("(ledger: off)"), "{log}");
     assert!(!off_data.exists(), "no data dir with the ledger off");
 }
+
+/// Session ids in `ledger list` (header skipped).
+fn listed(home: &Path, data: &Path) -> Vec<String> {
+    let o = ledger_cmd(home, data, &["list"]);
+    assert!(o.status.success(), "{o:?}");
+    text(&o.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let mut p = serve(home, &data, &fake.url(), &[], &[]);
+    let c = http();
+    chat(&c, &p.url, "beside-1", 1).await;
+    let (status, _) = request(
+        &c,
+        "POST",
+        &format!("{}/_oceancode/settle", p.url),
+        &[],
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Commands that open the ledger and close it again, failing or not:
+    // none may take the database (and its WAL) from under the proxy.
+    for args in [
+        &["status", "no-such-session"][..],
+        &["ledger", "path", "no-such-session"][..],
+        &["ledger", "vacuum"][..],
+        &["ledger", "list"][..],
+    ] {
+        let mut cmd = proxy_cmd(home);
+        cmd.args(args).arg("--data-dir").arg(&data);
+        let _ = output(cmd);
+    }
+    chat(&c, &p.url, "beside-2", 1).await;
+    let (status, _) = request(
+        &c,
+        "POST",
+        &format!("{}/_oceancode/settle", p.url),
+        &[],
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Another process sees the second session while the proxy still runs…
+    assert_eq!(listed(home, &data).len(), 2, "{:?}", listed(home, &data));
+    sigterm_and_wait(&mut p);
+    // …and after it stopped.
+    assert_eq!(listed(home, &data).len(), 2);
+}
