@@ -205,13 +205,41 @@ struct TidelineArgs {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Run(_)) {
+        // A report piped into `head` ends quietly, as other command-line
+        // tools do, instead of panicking on the closed stdout. (The proxy
+        // itself keeps SIGPIPE ignored: a closed socket is an error to
+        // handle, not a reason to exit.)
+        // SAFETY: called before any thread is started; SIG_DFL is a valid
+        // disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match real_main(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("oceancode-proxy: {e:#}");
+            eprintln!("oceancode-proxy: {}", error_chain(&e));
             std::process::exit(2);
         }
     }
+}
+
+/// An error and its causes, `: `-joined, each cause once: the crates'
+/// errors already name their source in their own message.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
 }
 
 fn parse_line(s: &str) -> Result<Option<LineSpec>> {
@@ -635,6 +663,20 @@ fn progress_bar(rows: u64, what: &str) -> Option<(indicatif::ProgressBar, Progre
     Some((bar, progress))
 }
 
+/// Create (or truncate) an export file readable by its owner only: it holds
+/// the whole conversation.
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(f)
+}
+
 fn pricer(cfg: &Config) -> impl Fn(&str) -> Option<config::Price> + '_ {
     move |model: &str| config::price(model, cfg)
 }
@@ -647,7 +689,9 @@ fn export(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
     let mut out: Box<dyn std::io::Write> = if a.out == "-" {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(std::fs::File::create(&a.out).with_context(|| format!("cannot create {}", a.out))?)
+        Box::new(
+            private_file(Path::new(&a.out)).with_context(|| format!("cannot create {}", a.out))?,
+        )
     };
     let bar = progress_bar(session_rows(&store, &id), "export");
     if a.md {

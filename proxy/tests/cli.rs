@@ -583,4 +583,27 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
     sigterm_and_wait(&mut p);
     // …and after it stopped.
     assert_eq!(listed(home, &data).len(), 2);
+
+    // A report piped into a reader that has gone (`| head`) ends quietly.
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["ledger", "list", "--data-dir"])
+        .arg(&data)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_ne!(o.status.code(), Some(101), "{err}");
+
+    // Errors name their cause once.
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["ledger", "list"])
+        .env("OCEANCODE_CONFIG", home.join("missing.json"));
+    let o = output(cmd);
+    let err = text(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
