@@ -751,6 +751,20 @@ impl Config {
         if let Some(v) = env_value(env, vars::LOG) {
             self.log = Some(v);
         }
+        // Read where a model's window is needed; checked here so a bad value
+        // stops the start instead of being ignored at every request.
+        if let Some(v) = env_value(env, vars::CONTEXT_TOKENS) {
+            match v.parse::<crate::Amount>() {
+                Ok(crate::Amount::Tokens(t)) if t > 0 => {}
+                _ => {
+                    return Err(ConfigError::env(
+                        vars::CONTEXT_TOKENS,
+                        &v,
+                        "expected a token count such as 200000 or 1m",
+                    ))
+                }
+            }
+        }
         Ok(())
     }
 

@@ -274,7 +274,8 @@ pub fn builtin_models() -> impl Iterator<Item = (&'static str, ModelInfo)> {
 }
 
 /// `OCEANCODE_CONTEXT_TOKENS` as a token count (`"1m"`, `"200000"`); invalid
-/// or zero values are ignored with a warning.
+/// or zero values are ignored with a warning (`Config::apply_env` refuses
+/// them at start, so only a value changed behind the process gets here).
 fn env_context_tokens(env: &dyn Fn(&str) -> Option<String>) -> Option<u64> {
     let raw = env(vars::CONTEXT_TOKENS)?;
     let v = raw.trim();

@@ -326,6 +326,9 @@ fn bad_env_values_name_the_variable() {
         ("OCEANCODE_RETENTION_DAYS", "-1"),
         ("OCEANCODE_ANTHROPIC_UPSTREAM", "http://example.com"),
         ("OCEANCODE_OPENAI_UPSTREAM", "api.openai.com"),
+        ("OCEANCODE_CONTEXT_TOKENS", "lots"),
+        ("OCEANCODE_CONTEXT_TOKENS", "40%"),
+        ("OCEANCODE_CONTEXT_TOKENS", "0"),
     ] {
         let err = Config::load(None, &env_of(&[(var, value)])).unwrap_err();
         match &err {

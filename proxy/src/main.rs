@@ -273,6 +273,22 @@ fn load(
         tideline,
     };
     let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
+    // The log filter is checked here, where a bad one can still stop the
+    // command with an error that names where it came from.
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(loaded.config.log_filter()) {
+        let from = if std::env::var_os("OCEANCODE_LOG").is_some_and(|v| !v.is_empty()) {
+            "environment variable OCEANCODE_LOG"
+        } else {
+            "log"
+        };
+        bail!("config: {from}={:?}: {e}", loaded.config.log_filter());
+    }
+    if !matches!(cli.command, Command::Serve(_)) {
+        // `serve` logs them once its log is set up.
+        for w in &loaded.warnings {
+            eprintln!("oceancode-proxy: {w}");
+        }
+    }
     Ok(loaded)
 }
 

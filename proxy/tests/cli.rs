@@ -508,6 +508,22 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("ledger.low")).collect();
     assert_eq!(warnings.len(), 1, "one warning naming ledger.low:\n{log}");
     assert!(warnings[0].contains("WARN"), "{log}");
+    // Other commands reading the same file warn too.
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["ledger", "list", "--data-dir"])
+        .arg(&data)
+        .args(["--config", old.to_str().unwrap()]);
+    let o = output(cmd);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(text(&o.stderr).matches("ledger.low").count(), 1, "{o:?}");
+    // A log filter that does not parse is an error naming its source.
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .env("OCEANCODE_LOG", "[[[");
+    let o = output(cmd);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(text(&o.stderr).contains("OCEANCODE_LOG"), "{o:?}");
 
     // `ledger.enabled: false`: a plain relay, nothing on disk.
     let off = home.join("off.json");
