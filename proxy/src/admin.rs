@@ -84,6 +84,28 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 None => not_found(&format!("no live session {id:?}")),
             }
         }
+        (Method::GET, p) if p == "/_oceancode/meter" || p.starts_with("/_oceancode/meter/") => {
+            // The context meter alone: `/meter` (latest session) or `/meter/<id>`.
+            let id = p
+                .strip_prefix("/_oceancode/meter/")
+                .filter(|id| !id.is_empty())
+                .unwrap_or("latest");
+            let s = if id == "latest" {
+                app.sessions.latest()
+            } else {
+                app.sessions.get(id)
+            };
+            match s {
+                Some(s) => {
+                    let meter = s.state.lock().meter.clone();
+                    json_response(
+                        StatusCode::OK,
+                        json!({"session": s.id, "meter": meter}).to_string(),
+                    )
+                }
+                None => not_found(&format!("no live session {id:?}")),
+            }
+        }
         (Method::POST, "/_oceancode/settle") => {
             if let Some(store) = &app.store {
                 if let Err(e) = store.settle().await {

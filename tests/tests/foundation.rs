@@ -424,3 +424,29 @@ async fn with_the_ledger_off_requests_are_relayed_as_sent_and_nothing_is_written
     let written: Vec<_> = std::fs::read_dir(h.data.path()).unwrap().collect();
     assert!(written.is_empty(), "nothing on disk: {written:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_meter_endpoint_shows_the_sessions_meter() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "metered")],
+            anthropic_body(false, "hi"),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let latest = h.admin("/_oceancode/sessions/latest").await;
+    let id = latest["id"].as_str().unwrap().to_string();
+    for path in [
+        "/_oceancode/meter".to_string(),
+        format!("/_oceancode/meter/{id}"),
+    ] {
+        let m = h.admin(&path).await;
+        assert_eq!(m["session"], id.as_str(), "{path}: {m}");
+        assert_eq!(m["meter"], latest["meter"], "{path}: {m}");
+        assert!(m["meter"]["line"].as_u64().unwrap() > 0, "{path}: {m}");
+    }
+    let missing = h.admin("/_oceancode/meter/no-such-session").await;
+    assert_eq!(missing["type"], "error", "{missing}");
+}
