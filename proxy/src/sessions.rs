@@ -277,6 +277,25 @@ fn parse_msg(d: Dialect, raw: &str) -> Parsed {
     }
 }
 
+/// The key of a request no header names: its system prompt (the `system`
+/// or `instructions` field) and every message up to and including the first
+/// user prompt, normalized. Chat Completions and Responses carry the system
+/// prompt as leading messages, so the first message alone would put every
+/// conversation with the same system prompt into one session.
+fn fingerprint(d: Dialect, sys: &str, msgs: &[&str]) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(sys.as_bytes());
+    for m in msgs {
+        let p = parse_msg(d, m);
+        h.update(b"|");
+        h.update(&p.norm.to_le_bytes());
+        if p.info.kind == RowKind::Prompt {
+            break;
+        }
+    }
+    format!("fp:{:016x}", h.digest())
+}
+
 /// A message that is not JSON: kept verbatim, compared by bytes.
 fn unparsed(raw: &str) -> Parsed {
     Parsed {
@@ -330,6 +349,16 @@ impl State {
             p += 1;
         }
         p
+    }
+
+    /// How many rows of the active line a request must share to continue
+    /// this conversation: everything up to and including its first prompt
+    /// (the whole line when it has none).
+    fn root_len(&self) -> usize {
+        self.active
+            .iter()
+            .position(|&seq| self.row(seq).kind == RowKind::Prompt)
+            .map_or(self.active.len(), |i| i + 1)
     }
 
     fn next_seq(&self) -> u64 {
@@ -394,7 +423,9 @@ impl State {
             p += 1;
         }
         if p < self.active.len() {
-            let hidden = self.active.split_off(p);
+            let mut hidden = self.active.split_off(p);
+            // The last answer, never echoed, ends the abandoned line too.
+            hidden.append(&mut self.pending);
             self.branch += 1;
             events.push(Event::Branch {
                 session: id.clone(),
@@ -816,23 +847,26 @@ impl SessionManager {
             .or_else(|| parsed.get_as("max_completion_tokens"));
         let tools_fp = parsed.get("tools").map(dialect::raw_hash).unwrap_or(0);
         let key = ident.client_key.clone().unwrap_or_else(|| {
-            let sys = parsed.get("system").unwrap_or("");
-            let first = parsed
-                .messages
-                .first()
-                .map(|m| parse_msg(dialect, m).norm)
-                .unwrap_or(0);
-            format!(
-                "fp:{:016x}",
-                xxhash_rust::xxh3::xxh3_64(format!("{sys}|{first}").as_bytes())
-            )
+            let sys = parsed
+                .get("system")
+                .or_else(|| parsed.get("instructions"))
+                .unwrap_or("");
+            fingerprint(dialect, sys, &parsed.messages)
         });
 
         if kind == ReqKind::CountTokens {
             return self.prepare_count(dialect, &key, &parsed, &hashes, &model, max_tokens, &body);
         }
 
-        let session = self.find_or_create(dialect, &key, ident, &parsed, &hashes, tools_fp, &model);
+        // Responses with `previous_response_id`: the provider holds the
+        // history; the input is only what is new. Record it, never window it.
+        let stateful = dialect == Dialect::OpenaiResponses
+            && parsed
+                .get_as::<Value>("previous_response_id")
+                .is_some_and(|v| !v.is_null());
+        let session = self.find_or_create(
+            dialect, &key, ident, &parsed, &hashes, tools_fp, stateful, &model,
+        );
         let mut events = Vec::new();
         let mut st = session.state.lock();
         st.meta.model.clone_from(&model);
@@ -849,12 +883,6 @@ impl SessionManager {
         }
         st.step += 1;
         let boundary = st.active.last().copied().unwrap_or(0);
-        // Responses with `previous_response_id`: the provider holds the
-        // history; the input is only what is new. Record it, never window it.
-        let stateful = dialect == Dialect::OpenaiResponses
-            && parsed
-                .get_as::<Value>("previous_response_id")
-                .is_some_and(|v| !v.is_null());
         if stateful {
             st.append_stateful(&parsed.messages, &mut events);
         } else {
@@ -1009,6 +1037,7 @@ impl SessionManager {
         parsed: &ParsedBody<'_>,
         hashes: &[u64],
         tools_fp: u64,
+        stateful: bool,
         model: &str,
     ) -> Arc<Session> {
         let mut idx = self.index.lock();
@@ -1016,29 +1045,38 @@ impl SessionManager {
             self.restore_key(&mut idx, key);
         }
         let cands = idx.by_key.get(key).cloned().unwrap_or_default();
+        // A request continues (or rewinds) the session it shares the longest
+        // prefix with, but only if that prefix reaches the session's root
+        // (its first user prompt): a request with another first prompt is
+        // another conversation — a sub-agent, or the client's own fresh start
+        // — and becomes a new session linked to the first one, never a branch
+        // hiding the root.
         let mut best: Option<(usize, Arc<Session>)> = None;
-        for s in &cands {
+        for s in cands.iter().filter(|_| !stateful) {
             let st = s.state.lock();
             if st.dialect != dialect {
                 continue;
             }
             let p = st.lcp(&parsed.messages, hashes);
-            if p > 0 && best.as_ref().is_none_or(|(bp, _)| p > *bp) {
+            if p > 0 && p >= st.root_len() && best.as_ref().is_none_or(|(bp, _)| p > *bp) {
                 best = Some((p, s.clone()));
             }
         }
-        let chosen = best.map(|(_, s)| s).or_else(|| {
-            // No shared prefix: the same tools mean the client rewound or
-            // compacted its own conversation (a branch at 0); other tools mean
-            // a sub-agent (a new, linked session).
+        let chosen = if stateful {
+            // Only what is new is sent: it continues the client's latest
+            // conversation of this dialect (the one with the same tools first).
             cands
                 .iter()
-                .find(|s| {
+                .filter_map(|s| {
                     let st = s.state.lock();
-                    st.dialect == dialect && st.tools_fp == tools_fp
+                    (st.dialect == dialect)
+                        .then(|| ((st.tools_fp == tools_fp, st.meta.last_ms), s.clone()))
                 })
-                .cloned()
-        });
+                .max_by_key(|(k, _)| *k)
+                .map(|(_, s)| s)
+        } else {
+            best.map(|(_, s)| s)
+        };
         let session = match chosen {
             Some(s) => s,
             None => {
@@ -1303,6 +1341,30 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fingerprint_covers_the_system_and_the_first_user_prompt() {
+        let sys = r#"{"role":"system","content":"You are helpful."}"#;
+        let apples = r#"{"role":"user","content":"apples"}"#;
+        let rockets = r#"{"role":"user","content":"rockets"}"#;
+        let answer = r#"{"role":"assistant","content":"sure"}"#;
+        let more = r#"{"role":"user","content":"more"}"#;
+        let chat = |m: &[&str]| fingerprint(Dialect::OpenaiChat, "", m);
+        assert_ne!(chat(&[sys, apples]), chat(&[sys, rockets]));
+        assert_eq!(
+            chat(&[sys, apples]),
+            chat(&[sys, apples, answer, more]),
+            "later turns keep the key"
+        );
+        let other_sys = r#"{"role":"system","content":"You are terse."}"#;
+        assert_ne!(chat(&[sys, apples]), chat(&[other_sys, apples]));
+        // Anthropic: the system field, and string ≡ one text block.
+        let block = r#"{"role":"user","content":[{"type":"text","text":"apples","cache_control":{"type":"ephemeral"}}]}"#;
+        let ant = |s: &str, m: &[&str]| fingerprint(Dialect::Anthropic, s, m);
+        assert_eq!(ant("\"S\"", &[apples]), ant("\"S\"", &[block, answer]));
+        assert_ne!(ant("\"S\"", &[apples]), ant("\"T\"", &[apples]));
+        assert_ne!(ant("\"S\"", &[apples]), ant("\"S\"", &[rockets]));
+    }
 
     #[test]
     fn civil_dates() {

@@ -423,3 +423,186 @@ async fn a_relative_data_dir_becomes_absolute_for_the_stub() {
     h.stop().await;
     let _ = std::fs::remove_dir_all(&rel);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_conversations_without_headers_are_told_apart_by_their_first_user_message() {
+    let h = harness().await;
+    let body = |first: &str| {
+        serde_json::json!({"model":"gpt-4o","messages":[
+            {"role":"system","content":"You are helpful."},
+            {"role":"user","content":first},
+        ]})
+        .to_string()
+    };
+    for first in [
+        "first conversation about apples",
+        "second unrelated conversation about rockets",
+    ] {
+        let got = h.post("/v1/chat/completions", &[], body(first)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 2, "two conversations, two sessions: {list:?}");
+    for meta in &list {
+        let s = h.store().load_session(&meta.id).unwrap().unwrap();
+        assert_eq!(s.branch, 0, "no branch");
+        assert!(s.hidden.is_empty());
+        let prompts: Vec<&str> = s
+            .rows
+            .iter()
+            .filter(|r| r.kind == RowKind::Prompt)
+            .map(|r| &*r.raw)
+            .collect();
+        assert_eq!(prompts.len(), 1, "one prompt per session: {prompts:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_started_before_the_first_echo_is_its_own_session_not_a_rewind() {
+    use oceancode_fakeup::{Reply, Script};
+    // (The title request is answered by the fake without using the script.)
+    let fake = FakeConfig::default()
+        .with_validate(false)
+        .with_script(Script::replies([
+            Reply::tool_call("Task", serde_json::json!({"prompt":"look at the tests"})),
+            Reply::text("sub-agent findings"),
+            Reply::text("main done"),
+        ]));
+    let h = Harness::start(fake, |_| {}).await;
+    let hdr = [("x-claude-code-session-id", "sub-early")];
+    // The sub-agent has the same tools: only its system and first message differ.
+    let tools = serde_json::json!([{"name":"Task","input_schema":{"type":"object"}}]);
+    let main = |msgs: &[serde_json::Value]| {
+        serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":1000,
+            "system":"You are Claude Code, Anthropic's official CLI for Claude.",
+            "tools":tools,"messages":msgs})
+        .to_string()
+    };
+    let mut history = vec![serde_json::json!({"role":"user","content":"fix the failing tests"})];
+    let got = h.post("/v1/messages", &hdr, main(&history)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let answer = got.json();
+    let title = serde_json::json!({"model":"claude-haiku-4-5","max_tokens":100,
+        "system":"Generate a title.","tools":[],
+        "output_config":{"format":{"type":"json_schema"}},
+        "messages":[{"role":"user","content":"fix the failing tests"}]});
+    assert_eq!(
+        h.post("/v1/messages", &hdr, title.to_string()).await.status,
+        200
+    );
+    let sub = serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":1000,
+        "system":"You are a sub-agent. Answer the task.","tools":tools,
+        "messages":[{"role":"user","content":"look at the tests"}]});
+    assert_eq!(
+        h.post("/v1/messages", &hdr, sub.to_string()).await.status,
+        200
+    );
+    oceancode_tests::push_tool_step(&mut history, &answer["content"], "the tests fail on x");
+    let got = h.post("/v1/messages", &hdr, main(&history)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 2, "main and sub-agent: {list:?}");
+    let loaded: Vec<_> = list
+        .iter()
+        .map(|m| h.store().load_session(&m.id).unwrap().unwrap())
+        .collect();
+    let (main_s, sub_s): (Vec<_>, Vec<_>) =
+        loaded.into_iter().partition(|s| s.meta.parent.is_none());
+    let (main_s, sub_s) = (&main_s[0], &sub_s[0]);
+    assert_eq!(sub_s.meta.parent.as_deref(), Some(main_s.meta.id.as_str()));
+    for s in [main_s, sub_s] {
+        assert_eq!(s.branch, 0, "no branch in {}", s.meta.id);
+        assert!(s.hidden.is_empty(), "nothing hidden in {}", s.meta.id);
+    }
+    // Main: prompt, the Task call (echoed), its result, the final answer.
+    let kinds: Vec<RowKind> = main_s.rows.iter().map(|r| r.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            RowKind::Prompt,
+            RowKind::Assistant,
+            RowKind::ToolResult,
+            RowKind::Assistant
+        ]
+    );
+    assert!(main_s.rows[0].raw.contains("fix the failing tests"));
+    assert!(main_s.rows[1].raw.contains("Task"));
+    assert_eq!(
+        main_s
+            .rows
+            .iter()
+            .filter(|r| r.raw.contains("fix the failing tests"))
+            .count(),
+        1,
+        "the main prompt is recorded once"
+    );
+    // Sub-agent: its prompt and its answer.
+    assert_eq!(sub_s.rows.len(), 2);
+    assert!(sub_s.rows[0].raw.contains("look at the tests"));
+    assert!(
+        sub_s.rows[1].raw.contains("sub-agent findings"),
+        "{}",
+        sub_s.rows[1].raw
+    );
+    // The main transcript's first turn opens with its prompt.
+    let t1 = h
+        .store()
+        .session_dir(&main_s.meta.id)
+        .join("transcript")
+        .join("0001.md");
+    let text = std::fs::read_to_string(&t1).unwrap();
+    assert!(text.contains("fix the failing tests"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_hides_the_abandoned_lines_unechoed_last_answer() {
+    use oceancode_fakeup::{Reply, Script};
+    let fake = FakeConfig::default().with_script(
+        Script::replies([
+            Reply::text("answer one"),
+            Reply::text("answer two"),
+            Reply::text("answer three"),
+        ])
+        .then(Reply::text("answer to the edit")),
+    );
+    let h = Harness::start(fake, |_| {}).await;
+    let hdr = [("x-oceancode-session", "rewind-tail")];
+    let body = |msgs: &[serde_json::Value]| {
+        serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":100,"messages":msgs})
+            .to_string()
+    };
+    let mut history = Vec::new();
+    for q in ["question one", "question two", "question three"] {
+        history.push(serde_json::json!({"role":"user","content":q}));
+        let got = h.post("/v1/messages", &hdr, body(&history)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        history.push(serde_json::json!({"role":"assistant","content":got.json()["content"]}));
+    }
+    // Back to after the first answer, with the second question edited.
+    history.truncate(2);
+    history.push(serde_json::json!({"role":"user","content":"question two EDITED"}));
+    let got = h.post("/v1/messages", &hdr, body(&history)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+
+    let id = h.store().latest_session().unwrap().expect("a session");
+    let s = h.store().load_session(&id).unwrap().unwrap();
+    assert_eq!(s.branch, 1);
+    assert!(s.rows[5].from_response && s.rows[5].raw.contains("answer three"));
+    assert_eq!(
+        s.hidden,
+        [3, 4, 5, 6],
+        "the whole abandoned line, its last answer too"
+    );
+    let atif = tokio::task::block_in_place(|| {
+        oceancode_ledger::atif::trajectory(h.store(), &id, &|_: &str| None)
+    })
+    .unwrap();
+    let text = atif.to_string();
+    assert!(!text.contains("answer three"), "{text}");
+    assert!(!text.contains("question three"));
+    assert!(text.contains("answer to the edit"), "{text}");
+}
