@@ -133,6 +133,9 @@ pub struct State {
     override_line: Option<LineSpec>,
     learned_ceiling: Option<u64>,
     tools_fp: u64,
+    /// [`root_hash`] without the prompt: the system prompt (and what comes
+    /// before the first prompt) the conversation started with; 0 = unknown.
+    system_fp: u64,
     /// Bytes of request JSON per real input token, learned from usage
     /// (row estimates on the request path are `bytes / bytes_per_token`).
     bytes_per_token: f64,
@@ -283,17 +286,27 @@ fn parse_msg(d: Dialect, raw: &str) -> Parsed {
 /// prompt as leading messages, so the first message alone would put every
 /// conversation with the same system prompt into one session.
 fn fingerprint(d: Dialect, sys: &str, msgs: &[&str]) -> String {
+    format!("fp:{:016x}", root_hash(d, sys, msgs, true))
+}
+
+/// Hash of a conversation's root: its system prompt and the messages before
+/// its first user prompt, and with `with_prompt` that prompt too.
+fn root_hash(d: Dialect, sys: &str, msgs: &[&str], with_prompt: bool) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(sys.as_bytes());
     for m in msgs {
         let p = parse_msg(d, m);
+        let prompt = p.info.kind == RowKind::Prompt;
+        if prompt && !with_prompt {
+            break;
+        }
         h.update(b"|");
         h.update(&p.norm.to_le_bytes());
-        if p.info.kind == RowKind::Prompt {
+        if prompt {
             break;
         }
     }
-    format!("fp:{:016x}", h.digest())
+    h.digest()
 }
 
 /// A message that is not JSON: kept verbatim, compared by bytes.
@@ -308,7 +321,7 @@ fn unparsed(raw: &str) -> Parsed {
 }
 
 impl State {
-    fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64) -> Self {
+    fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64, system_fp: u64) -> Self {
         State {
             meta,
             recorded_meta: None,
@@ -327,6 +340,7 @@ impl State {
             override_line: None,
             learned_ceiling: None,
             tools_fp,
+            system_fp,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             totals: Usage::default(),
             meter: Meter::default(),
@@ -527,6 +541,14 @@ impl State {
             .map(|&s| (s, u64::from(self.row(s).tokens)))
             .collect()
     }
+}
+
+/// What a request's conversation started with, to tell the client's own
+/// fresh start (compaction, `/clear`) from a sub-agent.
+#[derive(Clone, Copy)]
+struct Shape {
+    tools: u64,
+    system: u64,
 }
 
 /// A rendered window.
@@ -846,13 +868,18 @@ impl SessionManager {
             .or_else(|| parsed.get_as("max_output_tokens"))
             .or_else(|| parsed.get_as("max_completion_tokens"));
         let tools_fp = parsed.get("tools").map(dialect::raw_hash).unwrap_or(0);
-        let key = ident.client_key.clone().unwrap_or_else(|| {
-            let sys = parsed
-                .get("system")
-                .or_else(|| parsed.get("instructions"))
-                .unwrap_or("");
-            fingerprint(dialect, sys, &parsed.messages)
-        });
+        let sys = parsed
+            .get("system")
+            .or_else(|| parsed.get("instructions"))
+            .unwrap_or("");
+        let key = ident
+            .client_key
+            .clone()
+            .unwrap_or_else(|| fingerprint(dialect, sys, &parsed.messages));
+        let shape = Shape {
+            tools: tools_fp,
+            system: root_hash(dialect, sys, &parsed.messages, false),
+        };
 
         if kind == ReqKind::CountTokens {
             return self.prepare_count(dialect, &key, &parsed, &hashes, &model, max_tokens, &body);
@@ -865,7 +892,7 @@ impl SessionManager {
                 .get_as::<Value>("previous_response_id")
                 .is_some_and(|v| !v.is_null());
         let session = self.find_or_create(
-            dialect, &key, ident, &parsed, &hashes, tools_fp, stateful, &model,
+            dialect, &key, ident, &parsed, &hashes, shape, stateful, &model,
         );
         let mut events = Vec::new();
         let mut st = session.state.lock();
@@ -1036,10 +1063,11 @@ impl SessionManager {
         ident: &Identity,
         parsed: &ParsedBody<'_>,
         hashes: &[u64],
-        tools_fp: u64,
+        shape: Shape,
         stateful: bool,
         model: &str,
     ) -> Arc<Session> {
+        let tools_fp = shape.tools;
         let mut idx = self.index.lock();
         if !idx.by_key.contains_key(key) {
             self.restore_key(&mut idx, key);
@@ -1075,7 +1103,24 @@ impl SessionManager {
                 .max_by_key(|(k, _)| *k)
                 .map(|(_, s)| s)
         } else {
-            best.map(|(_, s)| s)
+            best.map(|(_, s)| s).or_else(|| {
+                // Nothing shared up to a root, but the system prompt and the
+                // tools the conversation started with: the client compacted
+                // or cleared its own conversation — a branch at 0 of it
+                // (spec §2). A sub-agent comes with its own system prompt.
+                cands
+                    .iter()
+                    .filter_map(|s| {
+                        let st = s.state.lock();
+                        (st.dialect == dialect
+                            && st.system_fp != 0
+                            && st.system_fp == shape.system
+                            && st.tools_fp == shape.tools)
+                            .then(|| (st.meta.last_ms, s.clone()))
+                    })
+                    .max_by_key(|(last, _)| *last)
+                    .map(|(_, s)| s)
+            })
         };
         let session = match chosen {
             Some(s) => s,
@@ -1094,7 +1139,7 @@ impl SessionManager {
                     created_ms: now,
                     last_ms: now,
                 };
-                let mut st = State::new(meta, dialect, tools_fp);
+                let mut st = State::new(meta, dialect, tools_fp, shape.system);
                 st.override_line = inherited;
                 let s = Arc::new(Session {
                     id: id.clone(),
@@ -1273,7 +1318,7 @@ impl State {
     /// Rebuild the live state of a recorded session (parses every row once).
     fn restore(l: LoadedSession) -> Self {
         let dialect = l.meta.dialect;
-        let mut st = State::new(l.meta, dialect, 0);
+        let mut st = State::new(l.meta, dialect, 0, 0);
         st.recorded_meta = Some(st.meta.clone());
         st.branch = l.branch;
         st.step = l.steps;

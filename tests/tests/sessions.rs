@@ -606,3 +606,50 @@ async fn a_rewind_hides_the_abandoned_lines_unechoed_last_answer() {
     assert!(!text.contains("question three"));
     assert!(text.contains("answer to the edit"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_own_compaction_is_a_branch_of_its_session_not_a_new_one() {
+    use oceancode_fakeup::{Reply, Script};
+    let fake = FakeConfig::default()
+        .with_validate(false)
+        .with_script(Script::always(Reply::text("ok")));
+    let h = Harness::start(fake, |_| {}).await;
+    let hdr = [("x-claude-code-session-id", "compacting")];
+    let tools = serde_json::json!([{"name":"Bash","input_schema":{"type":"object"}}]);
+    let main = |msgs: &[serde_json::Value]| {
+        serde_json::json!({"model":"claude-sonnet-4-5","max_tokens":1000,
+            "system":"You are Claude Code, Anthropic's official CLI for Claude.",
+            "tools":tools,"messages":msgs})
+        .to_string()
+    };
+    let mut history = vec![serde_json::json!({"role":"user","content":"first task"})];
+    for ask in ["second task", "third task"] {
+        let got = h.post("/v1/messages", &hdr, main(&history)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        history.push(serde_json::json!({"role":"assistant","content": got.json()["content"]}));
+        history.push(serde_json::json!({"role":"user","content": ask}));
+    }
+    // The client compacts: same system prompt and tools, the history
+    // replaced by its summary.
+    let compacted = vec![serde_json::json!({"role":"user",
+        "content":"This session is being continued from a previous conversation. Summary: two tasks done. Continue with the third task."})];
+    let got = h.post("/v1/messages", &hdr, main(&compacted)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "one session: {list:?}");
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.branch, 1, "the compaction is recorded as a branch");
+    // Nothing deleted: the first task is still in the ledger, hidden.
+    let first = s
+        .rows
+        .iter()
+        .find(|r| r.raw.contains("first task"))
+        .expect("the first task is kept");
+    assert!(s.hidden.contains(&first.seq), "hidden: {:?}", s.hidden);
+    assert!(s
+        .rows
+        .iter()
+        .any(|r| r.raw.contains("Summary: two tasks done")));
+}
