@@ -301,7 +301,7 @@ pub fn trajectory(
             Step {
                 source: "system",
                 message: format!(
-                    "Tideline cut: every row up to seq {} left the context window (gauge {} ≥ line {}). The verbatim record stays in the ledger.",
+                    "Tideline cut: every row up to seq {} left the context window, except system messages and the ask of a turn cut midway, which stay (gauge {} ≥ line {}). The verbatim record stays in the ledger.",
                     c.upto_seq, c.gauge, c.line
                 ),
                 reasoning: Vec::new(),

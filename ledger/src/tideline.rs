@@ -480,7 +480,12 @@ pub struct WindowPlan {
 ///   while rows are appended (prompt cache).
 /// * pinned_prompt = the last Prompt row before start, when the window starts
 ///   mid-turn (rows\[start\] is not a Prompt) and that row is `starts_ok`; this
-///   covers "the newest ask is never cut" and stays stable between cuts.
+///   covers "the newest ask is never cut" and stays stable between cuts. A
+///   pinned row right before start becomes the start instead (nothing between
+///   them was cut), so `effective_upto_seq` is always the last row that left.
+/// * effective_upto_seq = the seq of the row before start: the last row that
+///   actually left the window (at most `cut_upto`). Every row up to it left,
+///   except the pinned prompt and the system rows the renderer keeps.
 pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
     let none = WindowPlan {
         start: 0,
@@ -506,6 +511,15 @@ pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
             .rposition(|r| r.kind == RowKind::Prompt)
             .filter(|&i| rows[i].starts_ok)
     };
+    // A pinned ask right before the start is simply where the window starts:
+    // then every row before it left, and the stub can say so.
+    let (start, pinned_prompt) = match pinned_prompt {
+        Some(p) if p + 1 == start => (p, None),
+        other => (start, other),
+    };
+    if start == 0 {
+        return none;
+    }
     WindowPlan {
         start,
         effective_upto_seq: rows[start - 1].seq,
@@ -526,12 +540,31 @@ pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
 /// cut to at most [`STUB_TURN_LINE_CHARS`] characters in all (ending in `…`).
 /// Lines are joined by `\n`, no trailing newline.
 pub fn stub_text<S: AsRef<str>>(upto_seq: u64, dir: &str, cut_turns: &[(u32, S)]) -> String {
+    stub_text_kept(upto_seq, None, dir, cut_turns)
+}
+
+/// [`stub_text`] for a window that pins an ask from before its start
+/// ([`WindowPlan::pinned_prompt`]): `kept_ask = Some((seq, turn))` names it as
+/// the one row up to `upto_seq` still in the window: `every row up to seq N
+/// except seq P (the ask of tNN, kept below) left this window.`
+pub fn stub_text_kept<S: AsRef<str>>(
+    upto_seq: u64,
+    kept_ask: Option<(u64, u32)>,
+    dir: &str,
+    cut_turns: &[(u32, S)],
+) -> String {
     let dir = dir
         .strip_suffix('/')
         .filter(|d| !d.is_empty())
         .unwrap_or(dir);
+    let except = match kept_ask {
+        Some((seq, turn)) if seq <= upto_seq => {
+            format!(" except seq {seq} (the ask of t{turn:02}, kept below)")
+        }
+        _ => String::new(),
+    };
     let mut out = format!(
-        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
+        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq}{except} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
     );
     let skip = cut_turns.len().saturating_sub(STUB_MAX_TURNS);
     for (turn, text) in &cut_turns[skip..] {
@@ -891,13 +924,17 @@ mod tests {
         let rows = line();
         assert_eq!(plan_window(&rows, 0), plan(0, 0, None));
         assert_eq!(plan_window(&[], 5), plan(0, 0, None));
-        // Seq 3 is a tool result: the window keeps its call (seq 2), pins the ask.
-        assert_eq!(plan_window(&rows, 2), plan(1, 1, Some(0)));
+        // Seq 3 is a tool result: the window keeps its call (seq 2), and the
+        // ask right before it: nothing left the window at all.
+        assert_eq!(plan_window(&rows, 2), plan(0, 0, None));
+        // Seqs 2 and 3 left; the ask (seq 1) is pinned.
         assert_eq!(plan_window(&rows, 3), plan(3, 3, Some(0)));
         // Starting at a prompt: nothing to pin.
         assert_eq!(plan_window(&rows, 5), plan(5, 5, None));
-        // The newest row is never cut, and the newest ask is pinned.
-        assert_eq!(plan_window(&rows, 100), plan(6, 6, Some(5)));
+        // The newest row is never cut, and the newest ask right before it is
+        // where the window starts: the stub names seq 5, the last row that left.
+        assert_eq!(plan_window(&rows, 100), plan(5, 5, None));
+        assert_eq!(plan_window(&rows, 6), plan(5, 5, None));
     }
 
     #[test]
@@ -933,6 +970,19 @@ mod tests {
     }
 
     const HEAD: &str = "[Earlier content of this session is past the tideline: every row up to seq 42 left this window. The verbatim record is /d/s1/transcript/ (one file per turn) and /d/s1/SESSION.md carries the merged state. Read them when you need what was said.]";
+
+    #[test]
+    fn stub_names_a_kept_ask() {
+        let none: &[(u32, String)] = &[];
+        assert_eq!(
+            stub_text_kept(42, Some((37, 4)), "/d/s1", none),
+            HEAD.replace(
+                "up to seq 42 left",
+                "up to seq 42 except seq 37 (the ask of t04, kept below) left"
+            )
+        );
+        assert_eq!(stub_text_kept(42, None, "/d/s1", none), HEAD);
+    }
 
     #[test]
     fn stub_exact() {

@@ -373,7 +373,7 @@ proptest! {
             prop_assert!(plan.effective_upto_seq <= cut);
         }
         if let Some(p) = plan.pinned_prompt {
-            prop_assert!(p < plan.start && rows[p].kind == RowKind::Prompt && rows[p].starts_ok);
+            prop_assert!(p + 1 < plan.start && rows[p].kind == RowKind::Prompt && rows[p].starts_ok);
         }
         // Appending rows never moves a plan whose first kept row already existed.
         if rows.iter().any(|r| r.seq > cut) {

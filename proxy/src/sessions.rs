@@ -127,6 +127,9 @@ pub struct State {
     /// First line of each turn's prompt, by turn.
     turn_lines: HashMap<u32, (u64, String)>,
     tideline: Tideline,
+    /// The last row the rendered window left out, as last recorded in a
+    /// `Cut` event (what the stub names; at most `tideline.cut_upto()`).
+    recorded_cut: u64,
     needs_seed: bool,
     last_usage: Option<Usage>,
     pending_est: u64,
@@ -152,6 +155,10 @@ pub struct Meter {
     pub gauge: u64,
     /// The line in force.
     pub line: u64,
+    /// The spec `line` was computed from at the last request (a change
+    /// applies from the next one).
+    #[serde(skip)]
+    pub spec: Option<LineSpec>,
     /// Block size.
     pub block: u64,
     /// The model's context window, if known.
@@ -334,6 +341,7 @@ impl State {
             turn: 0,
             turn_lines: HashMap::new(),
             tideline: Tideline::default(),
+            recorded_cut: 0,
             needs_seed: true,
             last_usage: None,
             pending_est: 0,
@@ -556,6 +564,8 @@ struct Window {
     body: Option<Vec<u8>>,
     rows: usize,
     kept_out: u64,
+    /// The last row that left the window (what its stub names; 0 = none).
+    upto: u64,
 }
 
 impl SessionManager {
@@ -671,6 +681,14 @@ impl SessionManager {
             .and_then(|id| idx.by_id.get(id).cloned())
     }
 
+    /// The line spec in force for a session: its override, else the global
+    /// override, else the configured line (`serve --tideline`, config).
+    pub fn line_spec_of(&self, s: &Session) -> LineSpec {
+        let own = s.state.lock().override_line;
+        own.or(*self.global_override.lock())
+            .unwrap_or(self.settings.line)
+    }
+
     /// Set (or clear) the line for one session, or for all when `session` is None.
     /// Sub-agent sessions follow their parent's override.
     pub fn set_override(
@@ -699,16 +717,18 @@ impl SessionManager {
         }
     }
 
-    /// `tideline now`: cut at the next request of the session.
+    /// `tideline now`: cut at the next request of the session, which
+    /// records it (a `Cut` event) like any other. Returns the last row the
+    /// next window leaves out.
     pub fn cut_now(&self, id: &str) -> Result<u64, String> {
         let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
         let mut st = s.state.lock();
         let boundary = st.active.last().copied().unwrap_or(0);
-        let cut = st
-            .tideline
+        st.tideline
             .cut_now(boundary)
             .ok_or_else(|| "nothing to cut yet".to_string())?;
-        Ok(cut.upto_seq)
+        let plan = tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
+        Ok(plan.effective_upto_seq.max(st.recorded_cut))
     }
 
     fn new_id(&self, client: &str) -> String {
@@ -740,7 +760,7 @@ impl SessionManager {
         st: &State,
         model: &str,
         max_tokens: Option<u64>,
-    ) -> (Params, tideline::LineCalc) {
+    ) -> (Params, tideline::LineCalc, LineSpec) {
         let limits = (self.settings.models)(model, st.learned_ceiling);
         let spec = st
             .override_line
@@ -754,6 +774,7 @@ impl SessionManager {
                 block,
             },
             calc,
+            spec,
         )
     }
 
@@ -933,12 +954,14 @@ impl SessionManager {
         } else {
             model.clone()
         };
-        let (params, calc) = self.params(&st, &limits_model, max_tokens);
+        let (params, calc, spec) = self.params(&st, &limits_model, max_tokens);
         if calc.clamped && st.meter.line != calc.line {
             tracing::info!(session = %st.meta.id, line = calc.line, "tideline clamped to the model's context minus the output allowance");
         }
         // A conversation held by the provider (`previous_response_id`) is
         // never windowed; a string input is one message, recorded but not cut.
+        // The gauge before this request's cut, if it made one.
+        let mut cut_gauge = None;
         if self.settings.tideline_enabled && !stateful {
             let last_seq = st.active.last().copied().unwrap_or(0);
             let cut_before = st.tideline.cut_upto();
@@ -960,18 +983,11 @@ impl SessionManager {
             };
             st.meter.gauge = decision.gauge;
             if let Some(cut) = decision.cut.filter(|c| c.upto_seq > cut_before) {
-                self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
-                st.meter.cuts += 1;
-                events.push(Event::Cut {
-                    session: st.meta.id.clone(),
-                    upto_seq: cut.upto_seq,
-                    gauge: cut.gauge_before,
-                    line: params.line,
-                    ts_ms: now_ms(),
-                });
+                cut_gauge = Some(cut.gauge_before);
             }
         }
         st.meter.line = params.line;
+        st.meter.spec = Some(spec);
         st.meter.block = params.block;
         st.meter.context = calc.context;
         st.meter.steps = st.step;
@@ -983,9 +999,15 @@ impl SessionManager {
                 body: None,
                 rows: parsed.messages.len(),
                 kept_out: 0,
+                upto: 0,
             }
         };
-        st.meter.cut_upto = st.tideline.cut_upto();
+        // A cut is recorded when the window it renders leaves out more rows:
+        // by this request's tideline, or by an earlier `tideline now`.
+        if window.upto > st.recorded_cut {
+            let gauge = cut_gauge.unwrap_or(st.meter.gauge);
+            events.push(self.record_cut(&mut st, window.upto, gauge, params.line));
+        }
         st.meter.window_rows = window.rows;
         let step = st.step;
         drop(st);
@@ -1168,6 +1190,7 @@ impl SessionManager {
                 body: None,
                 rows: n,
                 kept_out: 0,
+                upto: 0,
             };
         }
         let infos = st.row_infos();
@@ -1177,6 +1200,7 @@ impl SessionManager {
                 body: None,
                 rows: n,
                 kept_out: 0,
+                upto: 0,
             };
         }
         let dir =
@@ -1194,7 +1218,16 @@ impl SessionManager {
         for (seq, line) in turns {
             lines.push((st.row(*seq).turn, line.as_str()));
         }
-        let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+        let kept_ask = plan.pinned_prompt.map(|i| {
+            let seq = st.active[i];
+            (seq, st.row(seq).turn)
+        });
+        let stub = tideline::stub_text_kept(
+            plan.effective_upto_seq,
+            kept_ask,
+            &dir.display().to_string(),
+            &lines,
+        );
         let stub_msg = dialect::stub_message(st.dialect, &stub);
         let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
         let mut kept_out = 0u64;
@@ -1226,6 +1259,23 @@ impl SessionManager {
             body: Some(parsed.render_with(&parts)),
             rows,
             kept_out,
+            upto: plan.effective_upto_seq,
+        }
+    }
+
+    /// The `Cut` event for a window that now leaves out every row up to
+    /// `upto` (counted in the meter and the metrics).
+    fn record_cut(&self, st: &mut State, upto: u64, gauge: u64, line: u64) -> Event {
+        self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
+        st.meter.cuts += 1;
+        st.recorded_cut = upto;
+        st.meter.cut_upto = upto;
+        Event::Cut {
+            session: st.meta.id.clone(),
+            upto_seq: upto,
+            gauge,
+            line,
+            ts_ms: now_ms(),
         }
     }
 
@@ -1246,18 +1296,13 @@ impl SessionManager {
         self.metrics
             .too_long_retries
             .fetch_add(1, Ordering::Relaxed);
-        self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
-        st.meter.cuts += 1;
-        st.meter.cut_upto = st.tideline.cut_upto();
-        let ev = Event::Cut {
-            session: st.meta.id.clone(),
-            upto_seq: upto,
-            gauge: st.meter.gauge,
-            line: st.meter.line,
-            ts_ms: now_ms(),
-        };
+        let mut events = Vec::new();
+        if w.upto > st.recorded_cut {
+            let (gauge, line) = (st.meter.gauge, st.meter.line);
+            events.push(self.record_cut(&mut st, w.upto, gauge, line));
+        }
         drop(st);
-        (self.sink)(vec![ev]);
+        (self.sink)(events);
         w.body.map(Bytes::from)
     }
 
@@ -1354,6 +1399,8 @@ impl State {
         // rows are gap-free (the store guarantees an in-order prefix).
         st.last_usage = l.last_usage;
         st.tideline = Tideline::resume(l.cut_upto);
+        st.recorded_cut = l.cut_upto;
+        st.meter.cut_upto = l.cut_upto;
         st.needs_seed = true;
         st
     }
@@ -1381,6 +1428,15 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// How a line spec reads to a person: `40%`, `20k`, `ceiling`.
+pub fn line_label(spec: LineSpec) -> String {
+    match spec {
+        LineSpec::Percent(p) => format!("{p}%"),
+        LineSpec::Tokens(0) => "ceiling".to_string(),
+        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
+    }
 }
 
 #[cfg(test)]

@@ -392,11 +392,21 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
         200
     );
     let msgs = upstream_messages(&h.fake.requests()[0]);
-    assert!(
-        stub_seq(&msgs[0]).is_some(),
-        "a stub opens the window: {}",
-        msgs[0]
+    let named = stub_seq(&msgs[0]);
+    assert!(named.is_some(), "a stub opens the window: {}", msgs[0]);
+    // The forced cut is recorded like any other: cuts table, the session's
+    // cut_upto, the meter.
+    h.settle().await;
+    let cuts = h.store().cuts(&main_id).unwrap();
+    assert_eq!(
+        cuts.iter().map(|c| c.upto_seq).collect::<Vec<_>>(),
+        vec![named.unwrap()]
     );
+    let loaded = h.store().load_session(&main_id).unwrap().unwrap();
+    assert_eq!(Some(loaded.cut_upto), named);
+    let s = h.admin(&format!("/_oceancode/sessions/{main_id}")).await;
+    assert_eq!(s["meter"]["cuts"], 1);
+    assert_eq!(s["meter"]["cut_upto"], named.unwrap());
 
     // `default` restores the configured line.
     assert_eq!(
@@ -504,4 +514,158 @@ async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
         }
     }
     assert!(cuts > 3, "the line was crossed: {cuts}");
+}
+
+/// 8 turns of 3 tool calls each at a fixed 20k line, as QA ran them. For
+/// every request that carries a stub naming seq N: no conversation row with
+/// seq <= N is sent (system/developer rows aside), and what the stub names is
+/// what the ledger records (cuts table, `sessions.cut_upto`, the meter).
+async fn stub_names_only_rows_that_left(d: &str) {
+    let fake = FakeConfig::default().with_script(Script::replies((0..8).flat_map(|_| {
+        [
+            Reply::tool_call("Bash", json!({"command": "ls"})),
+            Reply::tool_call("Bash", json!({"command": "cat a"})),
+            Reply::tool_call("Bash", json!({"command": "cat b"})),
+            Reply::text("done with this turn"),
+        ]
+    })));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(CONTEXT),
+            max_output: Some(32_000),
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await;
+    let (path, key) = match d {
+        "anthropic" => ("/v1/messages", "messages"),
+        "chat" => ("/v1/chat/completions", "messages"),
+        _ => ("/v1/responses", "input"),
+    };
+    let mut history: Vec<Value> = match d {
+        "anthropic" => vec![],
+        "chat" => vec![json!({"role":"system","content":"You are a coding agent."})],
+        _ => vec![
+            json!({"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]}),
+        ],
+    };
+    let hdr = [("x-oceancode-session", "qa-8x3")];
+    let mut stubs = Vec::new();
+    let mut step = 0usize;
+    for turn in 1..=8 {
+        let ask = format!("turn {turn}: inspect part {turn} of the repo");
+        history.push(match d {
+            "responses" => {
+                json!({"type":"message","role":"user","content":[{"type":"input_text","text":ask}]})
+            }
+            _ => json!({"role":"user","content":ask}),
+        });
+        for k in 0..4 {
+            step += 1;
+            let mut body = json!({"model":"m","max_tokens":4096,"stream":false});
+            body[key] = Value::Array(history.clone());
+            if d == "anthropic" {
+                body["system"] = json!("You are a coding agent.");
+            }
+            let got = h.post(path, &hdr, body.to_string()).await;
+            assert_eq!(got.status, 200, "{d} step {step}: {}", got.text());
+            let sent = h.fake.requests().last().unwrap().json().unwrap();
+            let items = sent[key].as_array().unwrap().clone();
+            // (N, the seq it excepts as a kept ask, if any)
+            let stub = items.iter().find_map(|m| {
+                let t = m["content"][0]["text"].as_str().or(m["content"].as_str())?;
+                let rest = t.strip_prefix(
+                    "[Earlier content of this session is past the tideline: every row up to seq ",
+                )?;
+                let mut words = rest.split_whitespace();
+                let n = words.next()?.parse::<u64>().ok()?;
+                let kept = (words.next() == Some("except"))
+                    .then(|| words.nth(1).and_then(|w| w.parse::<u64>().ok()))
+                    .flatten();
+                Some((n, kept))
+            });
+            if let Some((n, kept)) = stub {
+                // Sent items map to seqs in order (history index + 1): the
+                // window is a subsequence of the history.
+                let mut still_sent = Vec::new();
+                let mut from = 0;
+                for m in &items {
+                    if let Some(i) = history[from..].iter().position(|x| x == m) {
+                        let seq = (from + i) as u64 + 1;
+                        from += i + 1;
+                        let sys = matches!(m["role"].as_str(), Some("system" | "developer"));
+                        if seq <= n && !sys && Some(seq) != kept {
+                            still_sent.push(seq);
+                        }
+                    }
+                }
+                if let Some(k) = kept {
+                    assert!(k <= n, "{d} step {step}: kept ask {k} after {n}");
+                }
+                stubs.push((step, n, still_sent));
+            }
+            let v = got.json();
+            match d {
+                "anthropic" => {
+                    let content = v["content"].clone();
+                    history.push(json!({"role":"assistant","content":content}));
+                    if k < 3 {
+                        oceancode_tests::push_tool_step(&mut history, &content, &tool_output(step));
+                        history.remove(history.len() - 2);
+                    }
+                }
+                "chat" => {
+                    let msg = v["choices"][0]["message"].clone();
+                    history.push(msg.clone());
+                    for c in msg["tool_calls"].as_array().cloned().unwrap_or_default() {
+                        history.push(json!({"role":"tool","tool_call_id":c["id"],"content":tool_output(step)}));
+                    }
+                }
+                _ => {
+                    let out = v["output"].as_array().unwrap().clone();
+                    history.extend(out.iter().cloned());
+                    for c in out.iter().filter(|i| i["type"] == "function_call") {
+                        history.push(json!({"type":"function_call_output","call_id":c["call_id"],"output":tool_output(step)}));
+                    }
+                }
+            }
+        }
+    }
+    h.settle().await;
+    let id = h.admin("/_oceancode/sessions/latest").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cuts = h.store().cuts(&id).unwrap();
+    let meter = h.admin(&format!("/_oceancode/sessions/{id}")).await["meter"].clone();
+    assert!(!stubs.is_empty(), "{d}: the line was crossed");
+    for (step, n, still) in &stubs {
+        assert!(
+            still.is_empty(),
+            "{d} step {step}: stub says up to seq {n} but rows {still:?} were sent"
+        );
+    }
+    let mut named: Vec<u64> = stubs.iter().map(|s| s.1).collect();
+    named.dedup();
+    let recorded: Vec<u64> = cuts.iter().map(|c| c.upto_seq).collect();
+    assert_eq!(
+        named, recorded,
+        "{d}: the stub and the cuts table name the same rows"
+    );
+    assert_eq!(meter["cut_upto"], *named.last().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stub_names_only_rows_that_left_anthropic() {
+    stub_names_only_rows_that_left("anthropic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stub_names_only_rows_that_left_chat() {
+    stub_names_only_rows_that_left("chat").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stub_names_only_rows_that_left_responses() {
+    stub_names_only_rows_that_left("responses").await;
 }
