@@ -100,6 +100,9 @@ pub struct Status {
     pub line: u64,
     /// How the line was set (`40%`, `500k`, `ceiling`).
     pub line_spec: String,
+    /// True when `line`/`line_spec` are the running proxy's live line; false
+    /// when they are the configured one (no proxy answered).
+    pub line_live: bool,
     /// The model's context window, if known.
     pub context: Option<u64>,
     /// Last seq past the tideline (0 = never cut).
@@ -140,6 +143,7 @@ impl Status {
             window,
             line,
             line_spec,
+            line_live: false,
             context,
             cut_upto: cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0),
             cuts: cuts.len() as u32,
@@ -200,9 +204,14 @@ impl Status {
                 tokens(self.window - self.line)
             )
         };
+        let source = if self.line_live {
+            ""
+        } else {
+            ", configured: no running proxy answered"
+        };
         let _ = writeln!(
             out,
-            "         tideline @{} ({}): {to_go}",
+            "         tideline @{} ({}{source}): {to_go}",
             self.line_spec,
             tokens(self.line)
         );

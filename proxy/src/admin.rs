@@ -32,8 +32,12 @@ fn not_found(msg: &str) -> Response<ProxyBody> {
     )
 }
 
-fn session_json(s: &crate::sessions::Session) -> serde_json::Value {
+fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
+    let in_force = app.sessions.line_spec_of(s);
     let st = s.state.lock();
+    // What `meter.line` was computed from; before the first request, what
+    // the next one will use.
+    let line_spec = crate::sessions::line_label(st.meter.spec.unwrap_or(in_force));
     let m = st.meta();
     json!({
         "id": s.id,
@@ -44,6 +48,7 @@ fn session_json(s: &crate::sessions::Session) -> serde_json::Value {
         "parent": m.parent,
         "last_ms": m.last_ms,
         "override": st.override_line().map(|l| match l { LineSpec::Percent(p) => format!("{p}%"), LineSpec::Tokens(t) => t.to_string() }),
+        "line_spec": line_spec,
         "meter": st.meter,
         "totals": st.totals,
     })
@@ -64,7 +69,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 .sessions
                 .sessions()
                 .iter()
-                .map(|s| session_json(s))
+                .map(|s| session_json(&app, s))
                 .collect();
             list.sort_by_key(|v| std::cmp::Reverse(v["last_ms"].as_i64().unwrap_or(0)));
             json_response(
@@ -80,7 +85,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 app.sessions.get(id)
             };
             match s {
-                Some(s) => json_response(StatusCode::OK, session_json(&s).to_string()),
+                Some(s) => json_response(StatusCode::OK, session_json(&app, &s).to_string()),
                 None => not_found(&format!("no live session {id:?}")),
             }
         }
@@ -189,21 +194,26 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
                 .as_deref()
                 .and_then(|id| app.sessions.get(id))
                 .or_else(|| app.sessions.latest());
-            let note = match action {
-                TidelineAction::Show => "current state".to_string(),
-                _ => "applies from the next request".to_string(),
+            let (name, note) = match action {
+                TidelineAction::Show => ("show", "current state"),
+                TidelineAction::Set(_) => ("set", "applies from the next request"),
+                TidelineAction::Default => ("default", "applies from the next request"),
+                TidelineAction::Now => ("now", "the next request cuts"),
             };
-            json_response(
-                StatusCode::OK,
-                json!({
-                    "action": format!("{action:?}"),
-                    "scope": session.unwrap_or_else(|| "all sessions".into()),
-                    "note": note,
-                    "cut_upto": cut,
-                    "session": s.map(|s| session_json(&s)),
-                })
-                .to_string(),
-            )
+            let mut v = json!({
+                "action": name,
+                "scope": session.unwrap_or_else(|| "all sessions".into()),
+                "note": note,
+                "session": s.map(|s| session_json(app, &s)),
+            });
+            if let TidelineAction::Set(l) = action {
+                v["value"] = json!(crate::sessions::line_label(l));
+            }
+            if let Some(upto) = cut {
+                // `now`: the last row the next window leaves out.
+                v["cut_upto"] = json!(upto);
+            }
+            json_response(StatusCode::OK, v.to_string())
         }
     }
 }

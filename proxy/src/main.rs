@@ -7,7 +7,7 @@ use oceancode_ledger::rebuild::Progress;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_proxy::runtime::{self, ProxyOptions};
 use oceancode_proxy::server::FrontConfig;
-use oceancode_proxy::sessions::{ModelLimits, ModelResolver, Settings};
+use oceancode_proxy::sessions::{line_label, ModelLimits, ModelResolver, Settings};
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -201,6 +201,9 @@ struct TidelineArgs {
     proxy: Option<String>,
     /// `50%`, `500k`, `now` or `default`; none shows the state.
     value: Vec<String>,
+    /// Print the admin API's JSON answer instead of one line.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
@@ -389,7 +392,12 @@ fn real_main(cli: Cli) -> Result<i32> {
                 .proxy
                 .clone()
                 .unwrap_or_else(|| format!("http://{}", loaded.config.listen));
-            runtime_block(tideline(url, parsed.session, a.value.first().cloned()))
+            runtime_block(tideline(
+                url,
+                parsed.session,
+                a.value.first().cloned(),
+                a.json,
+            ))
         }
     }
 }
@@ -620,7 +628,12 @@ fn ledger(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
     Ok(0)
 }
 
-async fn tideline(url: String, session: Option<String>, value: Option<String>) -> Result<i32> {
+async fn tideline(
+    url: String,
+    session: Option<String>,
+    value: Option<String>,
+    json: bool,
+) -> Result<i32> {
     use http_body_util::{BodyExt, Full};
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<bytes::Bytes>>();
@@ -643,8 +656,51 @@ async fn tideline(url: String, session: Option<String>, value: Option<String>) -
         eprintln!("{msg}");
         return Ok(2);
     }
-    println!("{}", serde_json::to_string_pretty(&v)?);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("{}", tideline_line(&v));
+    }
     Ok(0)
+}
+
+/// The `tideline` answer for a person: what changed, then the session's
+/// line, gauge, window and cut, e.g. `session S: line 50% (100k) · gauge 43k ·
+/// window 31 rows · cut up to seq 25`.
+fn tideline_line(v: &serde_json::Value) -> String {
+    use oceancode_ledger::status::tokens;
+    let scope = v["scope"].as_str().unwrap_or("all sessions");
+    let head = match v["action"].as_str().unwrap_or("show") {
+        "set" => format!(
+            "line set to {} for {scope} (from the next request)\n",
+            v["value"].as_str().unwrap_or("?")
+        ),
+        "default" => {
+            format!("line back to the configured one for {scope} (from the next request)\n")
+        }
+        "now" => format!(
+            "the next request cuts up to seq {}\n",
+            v["cut_upto"].as_u64().unwrap_or(0)
+        ),
+        _ => String::new(),
+    };
+    let s = &v["session"];
+    let Some(id) = s["id"].as_str() else {
+        return format!("{head}no session yet");
+    };
+    let m = &s["meter"];
+    let n = |k: &str| m[k].as_u64().unwrap_or(0);
+    let cut = match n("cut_upto") {
+        0 => "never cut".to_string(),
+        c => format!("cut up to seq {c}"),
+    };
+    format!(
+        "{head}session {id}: line {} ({}) · gauge {} · window {} rows · {cut}",
+        s["line_spec"].as_str().unwrap_or("?"),
+        tokens(n("line")),
+        tokens(n("gauge")),
+        n("window_rows"),
+    )
 }
 
 /// Rows of a session on the active line (0 if unknown).
@@ -813,13 +869,12 @@ fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         .proxy
         .clone()
         .unwrap_or_else(|| format!("http://{}", cfg.listen));
-    if let Some((line, over)) = live_line(&url, &id) {
-        // The running proxy's line for this session (a `tideline` override,
-        // a learned ceiling) wins over the configured one.
-        calc.line = line;
-        if let Some(o) = over {
-            spec_label = o;
-        }
+    let live = live_line(&url, &id);
+    if let Some((line, label)) = &live {
+        // The running proxy's line for this session (`serve --tideline`, a
+        // `tideline` override, a learned ceiling) wins over the configured one.
+        calc.line = *line;
+        spec_label.clone_from(label);
     }
     let price = pricer(cfg);
     let st = oceancode_ledger::status::Status::new(
@@ -833,6 +888,10 @@ fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         context,
         &price,
     );
+    let st = oceancode_ledger::status::Status {
+        line_live: live.is_some(),
+        ..st
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&st)?);
     } else {
@@ -842,18 +901,11 @@ fn status(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn line_label(spec: LineSpec) -> String {
-    match spec {
-        LineSpec::Percent(p) => format!("{p}%"),
-        LineSpec::Tokens(0) => "ceiling".to_string(),
-        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
-    }
-}
-
 /// The line a running proxy applies to a session (from its last request) and
-/// the session's override, if any; `None` when no proxy answers at `url`
-/// within half a second or it does not hold the session in memory.
-fn live_line(url: &str, id: &str) -> Option<(u64, Option<String>)> {
+/// the spec it comes from (`20k`, `50%`: the session's override, else the
+/// proxy's own line); `None` when no proxy answers at `url` within half a
+/// second or it does not hold the session in memory.
+fn live_line(url: &str, id: &str) -> Option<(u64, String)> {
     use http_body_util::{BodyExt, Empty};
     let uri: http::Uri = format!("{}/_oceancode/sessions/{id}", url.trim_end_matches('/'))
         .parse()
@@ -881,14 +933,8 @@ fn live_line(url: &str, id: &str) -> Option<(u64, Option<String>)> {
         serde_json::from_slice(&body.to_bytes()).ok()
     })?;
     let line = v.pointer("/meter/line")?.as_u64().filter(|&l| l > 0)?;
-    let over = v
-        .get("override")
-        .and_then(|o| o.as_str())
-        .map(|o| match o.parse::<u64>() {
-            Ok(t) => oceancode_ledger::status::tokens(t),
-            Err(_) => o.to_string(),
-        });
-    Some((line, over))
+    let label = v.get("line_spec")?.as_str()?.to_string();
+    Some((line, label))
 }
 
 /// `ledger rebuild --merge`: the optional model merge of `SESSION.md`.

@@ -186,7 +186,9 @@ async fn ledger_list_and_path_after_a_served_session() {
 
 fn tideline_cmd(home: &Path, url: &str, args: &[&str]) -> Output {
     let mut c = proxy_cmd(home);
-    c.arg("tideline").args(args).args(["--proxy", url]);
+    c.arg("tideline")
+        .args(args)
+        .args(["--json", "--proxy", url]);
     output(c)
 }
 
@@ -201,6 +203,82 @@ async fn latest(c: &Http, url: &str) -> Value {
     .await;
     assert_eq!(status, 200, "{v}");
     v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_tideline_show_the_live_line_of_serve() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let mut p = serve(
+        home,
+        &data,
+        &fake.url(),
+        &["--tideline", "20k"],
+        &[("OCEANCODE_CONTEXT_TOKENS", "200000")],
+    );
+    let url = p.url.clone();
+    let c = http();
+    chat(&c, &url, "live", 2).await;
+    let id = latest(&c, &url).await["id"].as_str().unwrap().to_string();
+    let status = |proxy: &str, json: bool| {
+        let mut cmd = proxy_cmd(home);
+        cmd.env("OCEANCODE_CONTEXT_TOKENS", "200000")
+            .args(["status", "--proxy", proxy, &id])
+            .arg("--data-dir")
+            .arg(&data);
+        if json {
+            cmd.arg("--json");
+        }
+        let o = output(cmd);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    // The live line is the fixed 20k of `serve --tideline`, labelled as such.
+    let st: Value = serde_json::from_str(&status(&url, true)).unwrap();
+    assert_eq!(st["line"], 20000, "{st}");
+    assert_eq!(st["line_spec"], "20k", "{st}");
+    assert_eq!(st["line_live"], true, "{st}");
+    let human = status(&url, false);
+    assert!(human.contains("tideline @20k (20k):"), "{human}");
+    // No proxy answering: the configured line, said to be the configured one.
+    let human = status("http://127.0.0.1:9", false);
+    assert!(
+        human.contains("tideline @40% (80k, configured: no running proxy answered)"),
+        "{human}"
+    );
+
+    // `tideline` prints one line for a person; JSON only with --json, clean.
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["tideline", "--proxy", &url]);
+    let o = output(cmd);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.starts_with(&format!("session {id}: line 20k (20k) · gauge ")),
+        "{out}"
+    );
+    assert!(out.contains(" rows · never cut"), "{out}");
+    assert_eq!(out.trim_end().lines().count(), 1, "{out}");
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["tideline", "--proxy", &url, "50%"]);
+    let o = output(cmd);
+    let out = text(&o.stdout);
+    assert!(
+        out.starts_with("line set to 50% for all sessions (from the next request)\n"),
+        "{out}"
+    );
+    let v = json_of(&tideline_cmd(home, &url, &["500k"]));
+    assert_eq!(v["action"], "set", "{v}");
+    assert_eq!(v["value"], "500k", "{v}");
+    assert!(!v.to_string().contains("Set("), "no Rust debug text: {v}");
+    sigterm_and_wait(&mut p);
+}
+
+fn json_of(o: &Output) -> Value {
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,13 +319,15 @@ async fn tideline_command_against_a_running_proxy() {
 
     // Show.
     let v = json_ok(&tideline_cmd(home, &url, &[]), "show");
-    assert_eq!(v["action"], "Show", "{v}");
+    assert_eq!(v["action"], "show", "{v}");
+    assert!(v.get("cut_upto").is_none(), "only `now` names a cut: {v}");
     assert_eq!(v["session"]["id"], id.as_str(), "{v}");
     assert_eq!(v["session"]["meter"]["line"], 40000, "{v}");
 
     // A share of the context, for all sessions: applies from the next request.
     let v = json_ok(&tideline_cmd(home, &url, &["50%"]), "50%");
-    assert!(v["action"].as_str().unwrap().starts_with("Set"), "{v}");
+    assert_eq!(v["action"], "set", "{v}");
+    assert_eq!(v["value"], "50%", "{v}");
     assert_eq!(v["scope"], "all sessions", "{v}");
     assert_eq!(
         latest(&c, &url).await["meter"]["line"],
