@@ -207,7 +207,7 @@ impl Status {
         let source = if self.line_live {
             ""
         } else {
-            ", configured: no running proxy answered"
+            ", as configured: no proxy answered"
         };
         let _ = writeln!(
             out,

@@ -102,7 +102,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             };
             match s {
                 Some(s) => {
-                    let meter = s.state.lock().meter.clone();
+                    let meter = s.state.lock().meter;
                     json_response(
                         StatusCode::OK,
                         json!({"session": s.id, "meter": meter}).to_string(),

@@ -245,7 +245,7 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     // No proxy answering: the configured line, said to be the configured one.
     let human = status("http://127.0.0.1:9", false);
     assert!(
-        human.contains("tideline @40% (80k, configured: no running proxy answered)"),
+        human.contains("tideline @40% (80k, as configured: no proxy answered)"),
         "{human}"
     );
 

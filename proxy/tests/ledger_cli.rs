@@ -360,7 +360,10 @@ fn cli_status_meter_and_vacuum() {
         out.contains("window 33k · line 400k · context 1.0M"),
         "{out}"
     );
-    assert!(out.contains("tideline @40% (400k): 368k to go"), "{out}");
+    assert!(
+        out.contains("tideline @40% (400k, as configured: no proxy answered): 368k to go"),
+        "{out}"
+    );
     assert!(out.contains("┃"));
     assert!(out.contains("cache    hit ratio 93.5%"), "{out}");
     assert!(out.contains("spend    $0.0"), "{out}");
