@@ -539,32 +539,17 @@ pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
 /// non-blank line of `text` with whitespace runs collapsed (`(no text)` if none),
 /// cut to at most [`STUB_TURN_LINE_CHARS`] characters in all (ending in `…`).
 /// Lines are joined by `\n`, no trailing newline.
+///
+/// The wording is the spec's, exactly (clients and tests match it). The
+/// newest ask, pinned right after the stub when its turn is cut midway, is
+/// the one row up to N a reader sees again below it, as the spec intends.
 pub fn stub_text<S: AsRef<str>>(upto_seq: u64, dir: &str, cut_turns: &[(u32, S)]) -> String {
-    stub_text_kept(upto_seq, None, dir, cut_turns)
-}
-
-/// [`stub_text`] for a window that pins an ask from before its start
-/// ([`WindowPlan::pinned_prompt`]): `kept_ask = Some((seq, turn))` names it as
-/// the one row up to `upto_seq` still in the window: `every row up to seq N
-/// except seq P (the ask of tNN, kept below) left this window.`
-pub fn stub_text_kept<S: AsRef<str>>(
-    upto_seq: u64,
-    kept_ask: Option<(u64, u32)>,
-    dir: &str,
-    cut_turns: &[(u32, S)],
-) -> String {
     let dir = dir
         .strip_suffix('/')
         .filter(|d| !d.is_empty())
         .unwrap_or(dir);
-    let except = match kept_ask {
-        Some((seq, turn)) if seq <= upto_seq => {
-            format!(" except seq {seq} (the ask of t{turn:02}, kept below)")
-        }
-        _ => String::new(),
-    };
     let mut out = format!(
-        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq}{except} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
+        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
     );
     let skip = cut_turns.len().saturating_sub(STUB_MAX_TURNS);
     for (turn, text) in &cut_turns[skip..] {
@@ -970,19 +955,6 @@ mod tests {
     }
 
     const HEAD: &str = "[Earlier content of this session is past the tideline: every row up to seq 42 left this window. The verbatim record is /d/s1/transcript/ (one file per turn) and /d/s1/SESSION.md carries the merged state. Read them when you need what was said.]";
-
-    #[test]
-    fn stub_names_a_kept_ask() {
-        let none: &[(u32, String)] = &[];
-        assert_eq!(
-            stub_text_kept(42, Some((37, 4)), "/d/s1", none),
-            HEAD.replace(
-                "up to seq 42 left",
-                "up to seq 42 except seq 37 (the ask of t04, kept below) left"
-            )
-        );
-        assert_eq!(stub_text_kept(42, None, "/d/s1", none), HEAD);
-    }
 
     #[test]
     fn stub_exact() {

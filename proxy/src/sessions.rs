@@ -1218,16 +1218,7 @@ impl SessionManager {
         for (seq, line) in turns {
             lines.push((st.row(*seq).turn, line.as_str()));
         }
-        let kept_ask = plan.pinned_prompt.map(|i| {
-            let seq = st.active[i];
-            (seq, st.row(seq).turn)
-        });
-        let stub = tideline::stub_text_kept(
-            plan.effective_upto_seq,
-            kept_ask,
-            &dir.display().to_string(),
-            &lines,
-        );
+        let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
         let stub_msg = dialect::stub_message(st.dialect, &stub);
         let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
         let mut kept_out = 0u64;
