@@ -167,7 +167,7 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
     };
     let session = match session.as_deref() {
         Some("latest") => app.sessions.latest().map(|s| s.id.clone()),
-        other => other.map(str::to_string),
+        other => other.map(|id| app.sessions.resolve(id).unwrap_or_else(|| id.to_string())),
     };
     let result = match &action {
         TidelineAction::Show => Ok(None),

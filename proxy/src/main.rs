@@ -295,6 +295,14 @@ fn load(
     Ok(loaded)
 }
 
+/// The data directory, absolute: the paths the commands print and export
+/// (`ledger path`, ATIF's `transcript_dir`) must work from anywhere, as the
+/// stub's do.
+fn data_dir(cfg: &Config) -> PathBuf {
+    let dir = cfg.resolved_data_dir(&config::process_env);
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
 fn init_tracing(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OCEANCODE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
@@ -362,22 +370,22 @@ fn real_main(cli: Cli) -> Result<i32> {
         }
         Command::Ledger(cmd) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
-            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            let dir = data_dir(&loaded.config);
             ledger(&dir, &loaded.config, cmd)
         }
         Command::Export(a) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
-            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            let dir = data_dir(&loaded.config);
             export(&dir, &loaded.config, a)
         }
         Command::Recall(a) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
-            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            let dir = data_dir(&loaded.config);
             recall(&dir, a)
         }
         Command::Status(a) => {
             let loaded = load(&cli, None, &UpstreamFlags::default(), None)?;
-            let dir = loaded.config.resolved_data_dir(&config::process_env);
+            let dir = data_dir(&loaded.config);
             status(&dir, &loaded.config, a)
         }
         Command::Tideline(a) => {

@@ -673,6 +673,20 @@ impl SessionManager {
         self.index.lock().by_id.get(id).cloned()
     }
 
+    /// A live session's full id from its id or a unique prefix of it (as the
+    /// ledger commands accept).
+    pub fn resolve(&self, id: &str) -> Option<String> {
+        let idx = self.index.lock();
+        if idx.by_id.contains_key(id) {
+            return Some(id.to_string());
+        }
+        let mut found = idx.by_id.keys().filter(|k| k.starts_with(id));
+        match (found.next(), found.next()) {
+            (Some(k), None) => Some(k.clone()),
+            _ => None,
+        }
+    }
+
     /// The most recently used session.
     pub fn latest(&self) -> Option<Arc<Session>> {
         let idx = self.index.lock();

@@ -168,6 +168,18 @@ async fn ledger_list_and_path_after_a_served_session() {
         "an ISO time: {out}"
     );
 
+    // A relative --data-dir still prints an absolute path.
+    let mut cmd = proxy_cmd(home);
+    cmd.current_dir(home)
+        .args(["ledger", "path", "--data-dir", "data"]);
+    let o = output(cmd);
+    assert!(o.status.success(), "{o:?}");
+    let path = PathBuf::from(text(&o.stdout).trim());
+    assert!(path.is_absolute(), "{path:?}");
+    assert_eq!(
+        path.canonicalize().unwrap(),
+        data.join("sessions").join(id).canonicalize().unwrap()
+    );
     for args in [&["path"][..], &["path", id][..]] {
         let o = ledger_cmd(home, &data, args);
         assert!(o.status.success(), "{args:?}: {o:?}");
@@ -384,11 +396,14 @@ async fn tideline_command_against_a_running_proxy() {
     let first = last["messages"][0]["content"].to_string();
     assert!(first.contains("past the tideline"), "stub first: {first}");
 
-    // Back to the configured line (the session override, then the global one).
-    json_ok(
-        &tideline_cmd(home, &url, &["--session", &id, "default"]),
+    // Back to the configured line (the session override, then the global
+    // one); a unique prefix of the id names the session, as elsewhere.
+    let prefix = &id[..id.len() - 2];
+    let v = json_ok(
+        &tideline_cmd(home, &url, &["--session", prefix, "default"]),
         "--session default",
     );
+    assert_eq!(v["scope"], id.as_str(), "{v}");
     json_ok(&tideline_cmd(home, &url, &["default"]), "default");
     assert_eq!(latest(&c, &url).await["override"], Value::Null);
     chat(&c, &url, "tl", 8).await;
