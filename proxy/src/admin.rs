@@ -165,6 +165,9 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
         Ok(a) => a,
         Err(e) => return bad(&e.to_string()),
     };
+    if !app.sessions.enabled() {
+        return bad("the ledger is off (ledger.enabled: false): requests are relayed as sent and no tideline applies");
+    }
     let session = match session.as_deref() {
         Some("latest") => app.sessions.latest().map(|s| s.id.clone()),
         other => other.map(|id| app.sessions.resolve(id).unwrap_or_else(|| id.to_string())),

@@ -358,6 +358,9 @@ fn real_main(cli: Cli) -> Result<i32> {
             for w in &loaded.warnings {
                 tracing::warn!("{w}");
             }
+            if !loaded.config.ledger.enabled && line.is_some() {
+                tracing::warn!("--tideline is ignored: the ledger is off (ledger.enabled: false)");
+            }
             let opts = proxy_options(&loaded.config, loaded.config.listen);
             runtime_block(serve(opts, loaded.config.retention.days))
         }

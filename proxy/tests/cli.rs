@@ -632,6 +632,9 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
         &[],
     );
     chat(&c, &p.url, "off", 2).await;
+    let t = tideline_cmd(home, &p.url, &["30%"]);
+    assert!(!t.status.success(), "{t:?}");
+    assert!(text(&t.stderr).contains("the ledger is off"), "{t:?}");
     sigterm_and_wait(&mut p);
     let log = p.stderr.lock().unwrap().clone();
     assert!(log.contains("(ledger: off)"), "{log}");
