@@ -690,7 +690,9 @@ fn tideline_line(v: &serde_json::Value) -> String {
             format!("line back to the configured one for {scope} (from the next request)\n")
         }
         "now" => format!(
-            "the next request cuts up to seq {}\n",
+            // The rows the next request adds can move the start of a valid
+            // window (a tool call waits for its result): at least this far.
+            "the next request cuts up to seq {} or a little past it\n",
             v["cut_upto"].as_u64().unwrap_or(0)
         ),
         _ => String::new(),
