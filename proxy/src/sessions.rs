@@ -151,7 +151,9 @@ pub struct State {
 /// What the meter shows for a session.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Meter {
-    /// Gauge (tokens) at the last request.
+    /// Gauge (tokens): the last answer's real window (input, cache read and
+    /// write, output); between a request and its answer, the request's
+    /// estimate.
     pub gauge: u64,
     /// The line in force.
     pub line: u64,
@@ -1325,6 +1327,9 @@ impl SessionManager {
                 }
                 st.last_usage = Some(u);
                 st.pending_est = 0;
+                // The meter follows the real window once the answer tells it
+                // (after a forced cut the request's estimate was the old one).
+                st.meter.gauge = u.window_total();
                 st.totals.input += u.input;
                 st.totals.output += u.output;
                 st.totals.cache_read += u.cache_read;

@@ -438,6 +438,19 @@ async fn the_meter_endpoint_shows_the_sessions_meter() {
     assert_eq!(got.status, 200, "{}", got.text());
     let latest = h.admin("/_oceancode/sessions/latest").await;
     let id = latest["id"].as_str().unwrap().to_string();
+    // The gauge is the answer's real window.
+    let u = &got.json()["usage"];
+    let window: u64 = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens",
+    ]
+    .iter()
+    .map(|k| u[*k].as_u64().unwrap_or(0))
+    .sum();
+    assert!(window > 0, "{u}");
+    assert_eq!(latest["meter"]["gauge"], window, "{latest}");
     for path in [
         "/_oceancode/meter".to_string(),
         format!("/_oceancode/meter/{id}"),
