@@ -54,6 +54,15 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
     })
 }
 
+/// A live session by id, or the most recent one for `latest`.
+fn live_session(app: &App, id: &str) -> Option<Arc<crate::sessions::Session>> {
+    if id == "latest" {
+        app.sessions.latest()
+    } else {
+        app.sessions.get(id)
+    }
+}
+
 /// Handle an admin request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody> {
     let path = req.uri().path().to_string();
@@ -79,12 +88,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
         }
         (Method::GET, p) if p.starts_with("/_oceancode/sessions/") => {
             let id = &p["/_oceancode/sessions/".len()..];
-            let s = if id == "latest" {
-                app.sessions.latest()
-            } else {
-                app.sessions.get(id)
-            };
-            match s {
+            match live_session(&app, id) {
                 Some(s) => json_response(StatusCode::OK, session_json(&app, &s).to_string()),
                 None => not_found(&format!("no live session {id:?}")),
             }
@@ -95,12 +99,7 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 .strip_prefix("/_oceancode/meter/")
                 .filter(|id| !id.is_empty())
                 .unwrap_or("latest");
-            let s = if id == "latest" {
-                app.sessions.latest()
-            } else {
-                app.sessions.get(id)
-            };
-            match s {
+            match live_session(&app, id) {
                 Some(s) => {
                     let meter = s.state.lock().meter;
                     json_response(

@@ -517,8 +517,9 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .map(|s| s.id.clone())
         .collect();
     let ledger = ledger_label(&running, &data_dir);
+    let off = running.app.store.is_none();
     running.shutdown().await;
-    if sessions.is_empty() || ledger == "off" {
+    if sessions.is_empty() || off {
         eprintln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
         return Ok(exit_code(status));
     }

@@ -136,8 +136,8 @@ pub struct State {
     override_line: Option<LineSpec>,
     learned_ceiling: Option<u64>,
     tools_fp: u64,
-    /// [`root_hash`] without the prompt: the system prompt (and what comes
-    /// before the first prompt) the conversation started with; 0 = unknown.
+    /// [`RootHashes::system`] of the request that opened the conversation;
+    /// 0 = unknown.
     system_fp: u64,
     /// Bytes of request JSON per real input token, learned from usage
     /// (row estimates on the request path are `bytes / bytes_per_token`).
@@ -289,33 +289,40 @@ fn parse_msg(d: Dialect, raw: &str) -> Parsed {
     }
 }
 
-/// The key of a request no header names: its system prompt (the `system`
-/// or `instructions` field) and every message up to and including the first
-/// user prompt, normalized. Chat Completions and Responses carry the system
-/// prompt as leading messages, so the first message alone would put every
-/// conversation with the same system prompt into one session.
-fn fingerprint(d: Dialect, sys: &str, msgs: &[&str]) -> String {
-    format!("fp:{:016x}", root_hash(d, sys, msgs, true))
+/// Hashes of a conversation's root, from one pass over its messages up to
+/// the first user prompt.
+struct RootHashes {
+    /// The system prompt (the `system` or `instructions` field) and the
+    /// messages before the first prompt: what a client's own compaction
+    /// keeps.
+    system: u64,
+    /// That and the first prompt too: the session key of a request no header
+    /// names. Chat Completions and Responses carry the system prompt as
+    /// leading messages, so the first message alone would put every
+    /// conversation with the same system prompt into one session.
+    key: u64,
 }
 
-/// Hash of a conversation's root: its system prompt and the messages before
-/// its first user prompt, and with `with_prompt` that prompt too.
-fn root_hash(d: Dialect, sys: &str, msgs: &[&str], with_prompt: bool) -> u64 {
+fn root_hashes(d: Dialect, sys: &str, msgs: &[&str]) -> RootHashes {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(sys.as_bytes());
     for m in msgs {
         let p = parse_msg(d, m);
-        let prompt = p.info.kind == RowKind::Prompt;
-        if prompt && !with_prompt {
-            break;
-        }
+        let before = h.digest();
         h.update(b"|");
         h.update(&p.norm.to_le_bytes());
-        if prompt {
-            break;
+        if p.info.kind == RowKind::Prompt {
+            return RootHashes {
+                system: before,
+                key: h.digest(),
+            };
         }
     }
-    h.digest()
+    let all = h.digest();
+    RootHashes {
+        system: all,
+        key: all,
+    }
 }
 
 /// A message that is not JSON: kept verbatim, compared by bytes.
@@ -909,13 +916,14 @@ impl SessionManager {
             .get("system")
             .or_else(|| parsed.get("instructions"))
             .unwrap_or("");
+        let root = root_hashes(dialect, sys, &parsed.messages);
         let key = ident
             .client_key
             .clone()
-            .unwrap_or_else(|| fingerprint(dialect, sys, &parsed.messages));
+            .unwrap_or_else(|| format!("fp:{:016x}", root.key));
         let shape = Shape {
             tools: tools_fp,
-            system: root_hash(dialect, sys, &parsed.messages, false),
+            system: root.system,
         };
 
         if kind == ReqKind::CountTokens {
@@ -1105,7 +1113,6 @@ impl SessionManager {
         stateful: bool,
         model: &str,
     ) -> Arc<Session> {
-        let tools_fp = shape.tools;
         let mut idx = self.index.lock();
         if !idx.by_key.contains_key(key) {
             self.restore_key(&mut idx, key);
@@ -1136,7 +1143,7 @@ impl SessionManager {
                 .filter_map(|s| {
                     let st = s.state.lock();
                     (st.dialect == dialect)
-                        .then(|| ((st.tools_fp == tools_fp, st.meta.last_ms), s.clone()))
+                        .then(|| ((st.tools_fp == shape.tools, st.meta.last_ms), s.clone()))
                 })
                 .max_by_key(|(k, _)| *k)
                 .map(|(_, s)| s)
@@ -1177,7 +1184,7 @@ impl SessionManager {
                     created_ms: now,
                     last_ms: now,
                 };
-                let mut st = State::new(meta, dialect, tools_fp, shape.system);
+                let mut st = State::new(meta, dialect, shape.tools, shape.system);
                 st.override_line = inherited;
                 let s = Arc::new(Session {
                     id: id.clone(),
@@ -1460,6 +1467,7 @@ mod tests {
         let rockets = r#"{"role":"user","content":"rockets"}"#;
         let answer = r#"{"role":"assistant","content":"sure"}"#;
         let more = r#"{"role":"user","content":"more"}"#;
+        let fingerprint = |d: Dialect, s: &str, m: &[&str]| root_hashes(d, s, m).key;
         let chat = |m: &[&str]| fingerprint(Dialect::OpenaiChat, "", m);
         assert_ne!(chat(&[sys, apples]), chat(&[sys, rockets]));
         assert_eq!(

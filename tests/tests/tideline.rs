@@ -428,6 +428,19 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
     assert_eq!(s["meter"]["line"], 80_000);
 }
 
+/// A proxy whose models all have a `CONTEXT` window (32k output) and a
+/// fixed 20k line.
+async fn harness_20k(fake: FakeConfig) -> Harness {
+    Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(CONTEXT),
+            max_output: Some(32_000),
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
     let fake = FakeConfig::default().with_script(Script::always(
@@ -436,14 +449,7 @@ async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
             .with_tool_call("shell", json!({"cmd": "cat b"}))
             .with_thinking("look around"),
     ));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(CONTEXT),
-            max_output: Some(32_000),
-        });
-        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
-    })
-    .await;
+    let h = harness_20k(fake).await;
     let mut input: Vec<Value> = vec![
         json!({"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]}),
         json!({"type":"message","role":"user","content":[{"type":"input_text","text":"inspect the repo"}]}),
@@ -529,14 +535,7 @@ async fn stub_names_only_rows_that_left(d: &str) {
             Reply::text("done with this turn"),
         ]
     })));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(CONTEXT),
-            max_output: Some(32_000),
-        });
-        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
-    })
-    .await;
+    let h = harness_20k(fake).await;
     let (path, key) = match d {
         "anthropic" => ("/v1/messages", "messages"),
         "chat" => ("/v1/chat/completions", "messages"),
