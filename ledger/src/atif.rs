@@ -17,7 +17,7 @@
 use crate::export::ExportError;
 use crate::model::{Row, RowKind};
 use crate::parts::{self, Part};
-use crate::store::{Store, StoreError};
+use crate::store::{LedgerStore, StoreError};
 use crate::transcript::utc_iso;
 use oceancode_config::Price;
 use serde_json::{json, Map, Value};
@@ -113,7 +113,7 @@ impl Step {
 
 /// Build the trajectory of `session` as JSON.
 pub fn trajectory(
-    store: &Store,
+    store: &dyn LedgerStore,
     session: &str,
     pricer: &dyn Fn(&str) -> Option<Price>,
 ) -> Result<Value, ExportError> {
@@ -272,7 +272,7 @@ pub fn trajectory(
     }
 
     // Cuts go before the first agent step whose response came after them.
-    let dir = store.session_dir(session);
+    let dir = store.data_dir().session_dir(session);
     let agent_times: Vec<(usize, i64)> = steps
         .iter()
         .enumerate()
@@ -397,7 +397,7 @@ fn result(source: Option<String>, call_id: Option<String>, is_error: bool, text:
 
 /// Write the ATIF export of `session` (pretty JSON, newline-terminated).
 pub fn write(
-    store: &Store,
+    store: &dyn LedgerStore,
     session: &str,
     pricer: &dyn Fn(&str) -> Option<Price>,
     out: &mut dyn Write,

@@ -5,7 +5,7 @@
 
 use crate::model::{Row, RowKind};
 use crate::rebuild::Progress;
-use crate::store::{Store, StoreError};
+use crate::store::{LedgerStore, StoreError};
 use crate::transcript::{self, cell, utc_iso};
 use oceancode_config::Price;
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +32,7 @@ fn yaml_str(s: &str) -> String {
 
 /// Write the Markdown export of `session` to `out`.
 pub fn markdown(
-    store: &Store,
+    store: &dyn LedgerStore,
     session: &str,
     pricer: &dyn Fn(&str) -> Option<Price>,
     out: &mut dyn Write,

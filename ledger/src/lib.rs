@@ -1,11 +1,15 @@
-//! The ledger of oceancode-proxy: the session model, the pure tideline window
-//! logic, and the single-writer SQLite store with per-turn transcripts, the
-//! living `SESSION.md` page, search and recall, export (Markdown, ATIF),
-//! rebuild and retention.
+//! The ledger of oceancode-proxy: the store behind a backend trait
+//! ([`store::LedgerStore`]) with its SQLite engine ([`store::Store`]: one
+//! writer thread, per-turn transcripts, the living `SESSION.md` page, search),
+//! and what reads the record back (recall, export as Markdown or ATIF,
+//! status, rebuild and retention reports).
+//!
+//! The session model and the pure tideline live in `oceancode-window` and
+//! are re-exported here under their old paths.
 
-pub mod model;
+pub use oceancode_window::{model, tideline};
+pub use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 
-pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 pub mod atif;
 pub mod export;
 pub mod merge;
@@ -17,5 +21,4 @@ pub mod recall;
 pub mod retention;
 pub mod status;
 pub mod store;
-pub mod tideline;
 pub mod transcript;

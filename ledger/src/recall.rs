@@ -1,20 +1,20 @@
 //! Recall: read the verbatim record back, hidden branches included.
 //!
-//! - [`Store::recall_log`]: one session's rows, oldest first, bodies clipped
-//!   to [`BODY_MAX`] characters; `pattern` is SQL `LIKE` over the row's text
+//! - `recall_log`: one session's rows, oldest first, bodies clipped to
+//!   [`BODY_MAX`] characters; `pattern` is SQL `LIKE` over the row's text
 //!   (`%` and `_` are wildcards); `before` keeps seqs below it; `limit` keeps
 //!   the newest matches (so `--before <first seq shown>` pages back).
-//! - [`Store::recall_entry`]: one row, whole.
-//! - [`Store::search`]: every session, newest first; every word must appear
-//!   (SQLite FTS5 over the rows' text).
+//! - `recall_entry`: one row, whole.
+//! - `search`: every session, newest first; every word must appear (SQLite
+//!   FTS5 over the rows' text).
 //!
-//! Callers settle the store first.
+//! They are methods of [`LedgerRead`](crate::store::LedgerRead) (the SQLite
+//! queries are in `store::reads`); this module holds the hit and its
+//! formatting. Callers settle the store first.
 
-use crate::model::{Row, RowKind};
-use crate::store::{read_row, to_i64, Store, StoreError, ROW_COLS};
-use rusqlite::{params, OptionalExtension};
+use crate::model::RowKind;
 
-/// Longest body shown by [`Store::recall_log`] (characters).
+/// Longest body shown by `recall_log` (characters).
 pub const BODY_MAX: usize = 200;
 
 /// One line of a recall.
@@ -72,101 +72,6 @@ pub fn fts_query(words: &[String]) -> Option<String> {
         .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
         .collect();
     (!terms.is_empty()).then(|| terms.join(" AND "))
-}
-
-impl Store {
-    /// One session's rows (hidden ones too), oldest first: the newest
-    /// `limit` rows with `seq < before` whose text is `LIKE %pattern%`.
-    pub fn recall_log(
-        &self,
-        session: &str,
-        pattern: Option<&str>,
-        before: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<RecallHit>, StoreError> {
-        self.with_reader(|c| {
-            let mut stmt = c.prepare(
-                "SELECT r.seq, r.turn, r.role, r.kind, r.hidden, COALESCE(t.text, r.raw)
-                 FROM rows r LEFT JOIN row_text t ON t.session = r.session AND t.seq = r.seq
-                 WHERE r.session = ?1 AND r.seq < ?2
-                   AND (?3 IS NULL OR COALESCE(t.text, r.raw) LIKE '%' || ?3 || '%')
-                 ORDER BY r.seq DESC LIMIT ?4",
-            )?;
-            let mut hits = stmt
-                .query_map(
-                    params![
-                        session,
-                        before.map_or(i64::MAX, to_i64),
-                        pattern,
-                        i64::try_from(limit).unwrap_or(i64::MAX)
-                    ],
-                    |r| {
-                        Ok(RecallHit {
-                            session: session.to_string(),
-                            seq: r.get::<_, i64>(0)? as u64,
-                            turn: r.get::<_, i64>(1)? as u32,
-                            role: r.get(2)?,
-                            kind: RowKind::parse(&r.get::<_, String>(3)?).unwrap_or(RowKind::Other),
-                            hidden: r.get(4)?,
-                            body: clip_body(&r.get::<_, String>(5)?, BODY_MAX),
-                        })
-                    },
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            hits.reverse();
-            Ok(hits)
-        })
-    }
-
-    /// The row at `seq`, whole, with its `hidden` flag.
-    pub fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError> {
-        self.with_reader(|c| {
-            Ok(c.query_row(
-                &format!("SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq = ?2"),
-                params![session, to_i64(seq)],
-                read_row,
-            )
-            .optional()?)
-        })
-    }
-
-    /// Rows of every session containing every word, newest session first
-    /// (then newest row first), at most `limit`.
-    pub fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
-        let Some(query) = fts_query(words) else {
-            return Ok(Vec::new());
-        };
-        self.with_reader(|c| {
-            let mut stmt = c.prepare(
-                "SELECT t.session, t.seq, r.turn, r.role, r.kind, r.hidden,
-                        snippet(row_fts, 0, '[', ']', '…', 16)
-                 FROM row_fts
-                 JOIN row_text t ON t.id = row_fts.rowid
-                 JOIN rows r ON r.session = t.session AND r.seq = t.seq
-                 JOIN sessions s ON s.id = t.session
-                 WHERE row_fts MATCH ?1
-                 ORDER BY s.last_ms DESC, s.rowid DESC, t.seq DESC
-                 LIMIT ?2",
-            )?;
-            let hits = stmt
-                .query_map(
-                    params![query, i64::try_from(limit).unwrap_or(i64::MAX)],
-                    |r| {
-                        Ok(RecallHit {
-                            session: r.get(0)?,
-                            seq: r.get::<_, i64>(1)? as u64,
-                            turn: r.get::<_, i64>(2)? as u32,
-                            role: r.get(3)?,
-                            kind: RowKind::parse(&r.get::<_, String>(4)?).unwrap_or(RowKind::Other),
-                            hidden: r.get(5)?,
-                            body: clip_body(&r.get::<_, String>(6)?, BODY_MAX),
-                        })
-                    },
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(hits)
-        })
-    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //!   context window the provider answers "prompt is too long"; the client then
 //!   does what Claude Code does on that error: it compacts (a summary, as below).
 //! * `tideline 40%`: oceancode-proxy's window, with the very same
-//!   `oceancode_ledger::tideline::{Tideline, plan_window, stub_text}` calls and
+//!   `oceancode_window::tideline::{Tideline, plan_window, stub_text}` calls and
 //!   gauge arithmetic as `proxy/src/sessions.rs` (seed on the first request,
 //!   then `observe(last real usage + estimate of the new rows)`; stub + pinned
 //!   ask + retained rows).
@@ -32,10 +32,10 @@ use oceancode_bench::conv::Rng;
 use oceancode_bench::stats::Table;
 use oceancode_bench::svg::{line_chart, HLine, Series};
 use oceancode_config::{BlockSpec, Config, LineSpec, Price};
-use oceancode_ledger::tideline::{
+use oceancode_window::tideline::{
     block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
 };
-use oceancode_ledger::RowKind;
+use oceancode_window::RowKind;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

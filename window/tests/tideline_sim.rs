@@ -3,10 +3,10 @@
 //! tideline only ever sees the numbers a proxy would see.
 
 use oceancode_config::{BlockSpec, LineSpec};
-use oceancode_ledger::tideline::{
+use oceancode_window::tideline::{
     effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline, WindowPlan,
 };
-use oceancode_ledger::RowKind;
+use oceancode_window::RowKind;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

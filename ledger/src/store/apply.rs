@@ -1,0 +1,294 @@
+//! Applying one event inside the writer's transaction: the SQL of each
+//! [`Event`], the gap-free check of `Rows`, and what a committed event
+//! changes in the writer's caches and files.
+
+use super::sql::{now_ms, session_exists, to_i64};
+use crate::model::{Dialect, Event, Row, SessionMeta};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// What a committed event changes in the writer's caches.
+pub(super) enum Effect {
+    Meta(SessionMeta),
+    Append(Vec<Row>),
+    Confirm { seq: u64, turn: u32, raw: Arc<str> },
+    Invalidate,
+}
+
+/// What a batch changed of one session: caches to update, files to write.
+#[derive(Default)]
+pub(super) struct Touch {
+    pub(super) effects: Vec<Effect>,
+    pub(super) turns: BTreeSet<u32>,
+    pub(super) index: bool,
+    /// Rows, cuts, branches or confirms: `SESSION.md` may change.
+    pub(super) page: bool,
+}
+
+/// What applying one event did.
+pub(super) enum Outcome {
+    /// Applied: its cache effect, the turns it touched, whether the index changes.
+    Applied(Option<Effect>, Vec<u32>, bool),
+    /// Refused (nothing written), and why.
+    Refused(String),
+}
+
+/// Facts of a session the writer has committed events for.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Known {
+    pub(super) dialect: Option<Dialect>,
+    /// The seq the next `Rows` event must start at (None = ask the database).
+    pub(super) next_seq: Option<u64>,
+}
+
+/// Full-text indexing deferred to the end of a batch: FTS5 flushes its
+/// pending segment at every savepoint, so indexing inside the per-event
+/// savepoints made every event a flush (and merges). Indexed once per batch,
+/// in the same transaction, it flushes once.
+pub(super) struct FtsJob {
+    pub(super) session: String,
+    pub(super) seq: u64,
+    pub(super) raw: Arc<str>,
+}
+
+/// What a committed event teaches the writer about its session.
+pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
+    match ev {
+        Event::Session(m) => {
+            known.entry(m.id.clone()).or_default().dialect = Some(m.dialect);
+        }
+        Event::Rows { session, rows } => {
+            if let Some(last) = rows.last() {
+                known.entry(session.clone()).or_default().next_seq = Some(last.seq + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Apply one event (inside the batch's savepoint for it).
+pub(super) fn apply_event(
+    c: &Connection,
+    ev: &Event,
+    fts: &mut Vec<FtsJob>,
+    known: &HashMap<String, Known>,
+) -> rusqlite::Result<Outcome> {
+    let k = known.get(ev.session());
+    if !matches!(ev, Event::Session(_)) && k.is_none() && !session_exists(c, ev.session())? {
+        return Ok(Outcome::Refused("unknown session".into()));
+    }
+    match ev {
+        Event::Session(m) => {
+            let json = serde_json::to_string(m).unwrap_or_default();
+            c.prepare_cached(
+                "INSERT INTO sessions (id, client, client_session, dialect, model, parent,
+                                       created_ms, last_ms, meta_json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT(id) DO UPDATE SET
+                    client = excluded.client, client_session = excluded.client_session,
+                    dialect = excluded.dialect, model = excluded.model, parent = excluded.parent,
+                    last_ms = MAX(last_ms, excluded.last_ms), meta_json = excluded.meta_json",
+            )?
+            .execute(params![
+                m.id,
+                m.client,
+                m.client_session,
+                m.dialect.as_str(),
+                m.model,
+                m.parent,
+                m.created_ms,
+                m.last_ms,
+                json
+            ])?;
+            // Read back: created_ms is kept from the first upsert.
+            let meta = SessionMeta {
+                created_ms: c.query_row(
+                    "SELECT created_ms FROM sessions WHERE id = ?1",
+                    [&m.id],
+                    |r| r.get(0),
+                )?,
+                ..m.clone()
+            };
+            Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))
+        }
+        Event::Rows { session, rows } => {
+            let Some(first) = rows.first() else {
+                return Ok(Outcome::Applied(None, Vec::new(), false));
+            };
+            let expected = match k.and_then(|k| k.next_seq) {
+                Some(n) => n,
+                None => {
+                    let max: i64 = c
+                        .prepare_cached(
+                            "SELECT COALESCE(MAX(seq), 0) FROM rows WHERE session = ?1",
+                        )?
+                        .query_row([session], |r| r.get(0))?;
+                    max as u64 + 1
+                }
+            };
+            if first.seq != expected {
+                return Ok(Outcome::Refused(format!(
+                    "rows start at seq {} but the ledger expects {expected}",
+                    first.seq
+                )));
+            }
+            if let Some(w) = rows.windows(2).find(|w| w[1].seq != w[0].seq + 1) {
+                return Ok(Outcome::Refused(format!(
+                    "rows jump from seq {} to {}",
+                    w[0].seq, w[1].seq
+                )));
+            }
+            let mut stmt = c.prepare_cached(
+                "INSERT INTO rows (session, seq, branch, role, kind, turn, step, tokens, raw,
+                                   from_response)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?;
+            let mut turns = Vec::new();
+            for r in rows {
+                stmt.execute(params![
+                    session,
+                    to_i64(r.seq),
+                    r.branch,
+                    r.role,
+                    r.kind.as_str(),
+                    r.turn,
+                    r.step,
+                    r.tokens,
+                    &*r.raw,
+                    r.from_response
+                ])?;
+                fts.push(FtsJob {
+                    session: session.clone(),
+                    seq: r.seq,
+                    raw: r.raw.clone(),
+                });
+                if turns.last() != Some(&r.turn) {
+                    turns.push(r.turn);
+                }
+            }
+            Ok(Outcome::Applied(
+                Some(Effect::Append(rows.clone())),
+                turns,
+                true,
+            ))
+        }
+        Event::Confirm { session, seq, raw } => {
+            let hit: Option<(i64, bool)> = c
+                .prepare_cached(
+                    "UPDATE rows SET raw = ?3, from_response = 0 WHERE session = ?1 AND seq = ?2
+                     RETURNING turn, hidden",
+                )?
+                .query_row(params![session, to_i64(*seq), &**raw], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            let Some((turn, hidden)) = hit else {
+                return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
+            };
+            fts.push(FtsJob {
+                session: session.clone(),
+                seq: *seq,
+                raw: raw.clone(),
+            });
+            let turn = turn as u32;
+            let turns = if hidden { Vec::new() } else { vec![turn] };
+            Ok(Outcome::Applied(
+                Some(Effect::Confirm {
+                    seq: *seq,
+                    turn,
+                    raw: raw.clone(),
+                }),
+                turns,
+                false,
+            ))
+        }
+        Event::Branch {
+            session,
+            at_seq,
+            branch,
+            hidden,
+        } => {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO branches (session, branch, at_seq, hidden, created_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                session,
+                branch,
+                to_i64(*at_seq),
+                hidden.len() as i64,
+                now_ms()
+            ])?;
+            let mut stmt = c.prepare_cached(
+                "UPDATE rows SET hidden = 1 WHERE session = ?1 AND seq = ?2 RETURNING turn",
+            )?;
+            let mut turns = BTreeSet::new();
+            for seq in hidden {
+                if let Some(t) = stmt
+                    .query_row(params![session, to_i64(*seq)], |r| r.get::<_, i64>(0))
+                    .optional()?
+                {
+                    turns.insert(t as u32);
+                }
+            }
+            Ok(Outcome::Applied(
+                Some(Effect::Invalidate),
+                turns.into_iter().collect(),
+                true,
+            ))
+        }
+        Event::Step {
+            session,
+            step,
+            model,
+            status,
+            usage,
+            window_rows,
+            ts_ms,
+        } => {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO steps (session, step, model, status, input, output,
+                    cache_read, cache_write, window_rows, ts_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            )?
+            .execute(params![
+                session,
+                step,
+                model,
+                status,
+                to_i64(usage.input),
+                to_i64(usage.output),
+                to_i64(usage.cache_read),
+                to_i64(usage.cache_write),
+                window_rows,
+                ts_ms
+            ])?;
+            c.prepare_cached("UPDATE sessions SET last_ms = MAX(last_ms, ?2) WHERE id = ?1")?
+                .execute(params![session, ts_ms])?;
+            Ok(Outcome::Applied(None, Vec::new(), false))
+        }
+        Event::Cut {
+            session,
+            upto_seq,
+            gauge,
+            line,
+            ts_ms,
+        } => {
+            c.prepare_cached(
+                "INSERT INTO cuts (session, upto_seq, gauge, line, ts_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                session,
+                to_i64(*upto_seq),
+                to_i64(*gauge),
+                to_i64(*line),
+                ts_ms
+            ])?;
+            c.prepare_cached("UPDATE sessions SET cut_upto = ?2 WHERE id = ?1")?
+                .execute(params![session, to_i64(*upto_seq)])?;
+            Ok(Outcome::Applied(None, Vec::new(), false))
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The files the writer keeps in step with the database after each commit:
+//! per-turn transcripts (atomic replace, each row rendered once while its
+//! turn is the newest), `index.md`, and `SESSION.md` once a turn came wholly
+//! past the tideline. The caches that make a step cheap live here too.
+
+use super::apply::{Effect, Touch};
+use super::error::{io_err, StoreError};
+use super::page_io;
+use super::sql::{session_meta, turn_rows, turn_summaries};
+use super::writer::{Writer, CACHE_BYTES, CACHE_SESSIONS};
+use crate::model::{Row, SessionMeta};
+use crate::page::Page;
+use crate::paths;
+use crate::transcript::{self, TurnSummary};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::warn;
+
+/// The newest turn of a session, kept so a step does not re-read the session.
+struct TurnCache {
+    turn: u32,
+    rows: Vec<Row>,
+    /// Rendered sections by seq, with the bytes they were rendered from: a
+    /// long turn is re-written each step but each row is rendered once.
+    sections: HashMap<u64, (Arc<str>, String)>,
+}
+
+pub(super) struct SessionCache {
+    /// Approximate bytes held by `newest` (rows and rendered sections).
+    newest_bytes: usize,
+    meta: SessionMeta,
+    summaries: Option<BTreeMap<u32, TurnSummary>>,
+    newest: Option<TurnCache>,
+    dir_ready: bool,
+    last_used: u64,
+    /// The folded `SESSION.md` (None = fold again from the database).
+    page: Option<Page>,
+    /// Hash of the last `SESSION.md` written.
+    page_hash: Option<u64>,
+    /// `index.md` is behind (written at the next flush of deferred writes).
+    pub(super) index_dirty: bool,
+}
+
+impl Writer {
+    /// Drop the least recently used session caches until one more fits
+    /// (at most [`CACHE_SESSIONS`], about [`CACHE_BYTES`]).
+    pub(super) fn evict_caches(&mut self) {
+        let mut bytes: usize = self.caches.values().map(SessionCache::bytes).sum();
+        while self.caches.len() >= CACHE_SESSIONS
+            || (bytes > CACHE_BYTES && !self.caches.is_empty())
+        {
+            let Some(old) = self
+                .caches
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(k, _)| k.clone())
+            else {
+                return;
+            };
+            if self.caches.get(&old).is_some_and(|c| c.index_dirty) {
+                if let Err(e) = self.write_index(&old) {
+                    warn!("ledger index of session {old}: {e}");
+                }
+            }
+            if let Some(c) = self.caches.remove(&old) {
+                bytes = bytes.saturating_sub(c.bytes());
+            }
+        }
+    }
+
+    /// Bring a session's transcript files up to date after a commit.
+    pub(super) fn write_files(&mut self, session: &str, touch: Touch) -> Result<(), StoreError> {
+        self.tick += 1;
+        if !self.caches.contains_key(session) {
+            let Some(meta) = session_meta(&self.conn, session)? else {
+                return Ok(());
+            };
+            self.evict_caches();
+            self.caches.insert(
+                session.to_string(),
+                SessionCache {
+                    newest_bytes: 0,
+                    meta,
+                    summaries: None,
+                    newest: None,
+                    dir_ready: false,
+                    last_used: 0,
+                    page: None,
+                    page_hash: None,
+                    index_dirty: false,
+                },
+            );
+        }
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        cache.last_used = self.tick;
+        let meta_changed = touch.effects.iter().any(|e| matches!(e, Effect::Meta(_)));
+        for effect in touch.effects {
+            apply_effect(cache, effect);
+        }
+        // The page after the transcripts: a reader who follows the page to
+        // a transcript finds it written.
+        let result = self.write_transcripts(session, touch.turns, touch.index, meta_changed);
+        if touch.page {
+            return result.and(self.write_page(session));
+        }
+        result
+    }
+
+    /// Fold newly merged turns into the session's page and write it if it changed.
+    pub(super) fn write_page(&mut self, session: &str) -> Result<(), StoreError> {
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        let dialect = cache.meta.dialect;
+        let fresh = cache.page.is_none();
+        let page = match &mut cache.page {
+            Some(p) => p,
+            None => cache.page.insert(page_io::new_page(&self.conn, session)?),
+        };
+        let changed = page_io::advance_page(&self.conn, session, dialect, page)?;
+        if !(changed || fresh) {
+            return Ok(());
+        }
+        if page_io::write_page(&self.dir, session, page, &mut cache.page_hash)? {
+            self.shared.pages_written.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Rewrite the given turns' transcript files, and the index when the
+    /// session's facts or its list of turns changed (a step that only grows
+    /// the newest turn leaves the index to the next deferred flush).
+    pub(super) fn write_transcripts(
+        &mut self,
+        session: &str,
+        touched_turns: BTreeSet<u32>,
+        index: bool,
+        meta_changed: bool,
+    ) -> Result<(), StoreError> {
+        if touched_turns.is_empty() && !index {
+            return Ok(());
+        }
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        if !cache.dir_ready {
+            let dir = self.dir.transcript_dir(session);
+            paths::create_private_dir_all(&dir).map_err(io_err(&dir))?;
+            cache.dir_ready = true;
+        }
+        let dialect = cache.meta.dialect;
+        let mut turns_changed = meta_changed;
+        if cache.summaries.is_none() {
+            cache.summaries = Some(turn_summaries(&self.conn, session, dialect)?);
+            turns_changed = true;
+        }
+        for turn in touched_turns {
+            let (rows, mut sections) = match cache.newest.take() {
+                Some(n) if n.turn == turn => (n.rows, n.sections),
+                other => {
+                    cache.newest = other;
+                    (turn_rows(&self.conn, session, turn)?, HashMap::new())
+                }
+            };
+            let path = self.dir.turn_file(session, turn);
+            let summary = transcript::summarize_turn(dialect, turn, &rows);
+            if let Some(s) = cache.summaries.as_mut() {
+                let before = match &summary {
+                    Some(sum) => s.insert(turn, sum.clone()),
+                    None => s.remove(&turn),
+                };
+                turns_changed |= before.is_none() != summary.is_none();
+            }
+            let written = if rows.is_empty() {
+                paths::remove_if_exists(&path)
+            } else {
+                let mut text = transcript::render_turn_head(turn);
+                for row in &rows {
+                    match sections.get(&row.seq) {
+                        Some((raw, s)) if *raw == row.raw => text.push_str(s),
+                        _ => {
+                            let s = transcript::render_row(dialect, row);
+                            text.push_str(&s);
+                            sections.insert(row.seq, (row.raw.clone(), s));
+                        }
+                    }
+                }
+                paths::write_atomic(&path, text.as_bytes())
+            };
+            if !matches!(&cache.newest, Some(n) if turn < n.turn) {
+                cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
+                    + sections.values().map(|(_, s)| s.len()).sum::<usize>();
+                cache.newest = Some(TurnCache {
+                    turn,
+                    rows,
+                    sections,
+                });
+            }
+            written.map_err(io_err(&path))?;
+        }
+        if !(index || turns_changed) {
+            return Ok(());
+        }
+        if !turns_changed {
+            cache.index_dirty = true;
+            self.deferred_since.get_or_insert_with(Instant::now);
+            return Ok(());
+        }
+        self.write_index(session)
+    }
+
+    /// Write a session's `index.md` from the cached turn summaries.
+    pub(super) fn write_index(&mut self, session: &str) -> Result<(), StoreError> {
+        let Some(cache) = self.caches.get_mut(session) else {
+            return Ok(());
+        };
+        if cache.summaries.is_none() {
+            cache.summaries = Some(turn_summaries(&self.conn, session, cache.meta.dialect)?);
+        }
+        let turns: Vec<TurnSummary> = cache
+            .summaries
+            .as_ref()
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
+        let path = self.dir.index_file(session);
+        paths::write_atomic(
+            &path,
+            transcript::render_index(&cache.meta, &turns).as_bytes(),
+        )
+        .map_err(io_err(&path))?;
+        cache.index_dirty = false;
+        Ok(())
+    }
+}
+
+impl SessionCache {
+    fn bytes(&self) -> usize {
+        if self.newest.is_some() {
+            self.newest_bytes
+        } else {
+            0
+        }
+    }
+}
+
+/// Update a session's cache for what a committed event changed.
+fn apply_effect(cache: &mut SessionCache, effect: Effect) {
+    match effect {
+        Effect::Meta(meta) => cache.meta = meta,
+        Effect::Append(rows) => {
+            for row in rows {
+                let Some(n) = cache.newest.as_mut() else {
+                    continue;
+                };
+                if n.turn == row.turn {
+                    if !matches!(n.rows.last(), Some(l) if l.seq >= row.seq) {
+                        n.rows.push(row);
+                    } else {
+                        cache.newest = None;
+                    }
+                }
+                // Other turns are read from the database when rendered.
+            }
+        }
+        Effect::Confirm { seq, turn, raw } => {
+            if matches!(&cache.page, Some(p) if seq <= p.merged_upto_seq()) {
+                cache.page = None;
+            }
+            if let Some(n) = cache.newest.as_mut().filter(|n| n.turn == turn) {
+                match n.rows.binary_search_by_key(&seq, |r| r.seq) {
+                    Ok(i) => {
+                        n.rows[i].raw = raw;
+                        n.rows[i].from_response = false;
+                    }
+                    Err(_) => cache.newest = None,
+                }
+            }
+        }
+        Effect::Invalidate => {
+            cache.newest = None;
+            cache.summaries = None;
+            cache.page = None;
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Jobs: work run on the writer thread after everything queued before it
+//! (rebuild, the retention sweep, vacuum, model-merged page notes, the page
+//! backlog), each waited for by its caller.
+
+use super::error::StoreError;
+use super::page_io::{advance_page, new_page, write_page};
+use super::queue::Cmd;
+use super::sql::{now_ms, session_meta};
+use super::writer::Writer;
+use super::{rebuild, retention, Store};
+use crate::page::Note;
+use crate::rebuild::{Progress, RebuildReport};
+use crate::retention::{SweepReport, VacuumReport};
+use rusqlite::params;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+impl Store {
+    /// Run `f` on the writer thread after everything queued before it, and
+    /// wait for its result (blocking; from async code use a blocking thread).
+    pub(super) fn run_job<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Job(Box::new(move |w: &mut Writer| {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
+                .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
+            let _ = tx.send(result);
+        })))?;
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Rebuild a session's transcripts, `index.md`, `SESSION.md` and search
+    /// index from the database (settles first: it runs on the writer thread
+    /// after everything queued before it). No model call.
+    pub fn rebuild(
+        &self,
+        session: &str,
+        progress: Option<Progress>,
+    ) -> Result<RebuildReport, StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            w.caches.remove(&session);
+            rebuild::rebuild_session(&mut w.conn, &w.dir, &session, progress.as_ref())
+        })
+    }
+
+    /// Remove every session idle for `days` days or more (`0` = keep all):
+    /// its rows, steps, cuts, branches, notes, search text and directory,
+    /// together. Runs on the writer thread after everything queued before it.
+    pub fn sweep(&self, days: u32) -> Result<SweepReport, StoreError> {
+        self.sweep_at(days, now_ms())
+    }
+
+    /// [`Store::sweep`] with an explicit "now" (Unix ms), for tests.
+    pub fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError> {
+        self.run_job(move |w| {
+            let report = retention::sweep(&mut w.conn, &w.dir, days, now_ms)?;
+            for id in &report.removed {
+                w.caches.remove(id);
+            }
+            w.shared
+                .sessions_removed
+                .fetch_add(report.removed.len() as u64, Ordering::Relaxed);
+            Ok(report)
+        })
+    }
+
+    /// Compact the database (`VACUUM`, search index optimized, WAL truncated).
+    pub fn vacuum(&self) -> Result<VacuumReport, StoreError> {
+        self.run_job(|w| retention::vacuum(&mut w.conn, &w.dir))
+    }
+
+    /// Store model-merged lines for a session's `SESSION.md` and rewrite the page.
+    pub fn add_page_notes(&self, session: &str, notes: Vec<Note>) -> Result<(), StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            {
+                let tx = w.conn.transaction()?;
+                {
+                    let mut stmt = tx.prepare(
+                        "INSERT INTO page_notes (session, turn, section, text, created_ms)
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )?;
+                    for n in &notes {
+                        stmt.execute(params![session, n.turn, n.section, n.text, now_ms()])?;
+                    }
+                }
+                tx.commit()?;
+            }
+            w.caches.remove(&session);
+            let Some(meta) = session_meta(&w.conn, &session)? else {
+                return Err(StoreError::UnknownSession(session));
+            };
+            let mut page = new_page(&w.conn, &session)?;
+            advance_page(&w.conn, &session, meta.dialect, &mut page)?;
+            write_page(&w.dir, &session, &page, &mut None)?;
+            Ok(())
+        })
+    }
+
+    /// The model-merge backlog of a session: `(from, to)` turns wholly past
+    /// the tideline that no model merge has covered yet (`from > to` = none).
+    pub fn page_backlog(&self, session: &str) -> Result<(u32, u32), StoreError> {
+        let session = session.to_string();
+        self.run_job(move |w| {
+            let meta = session_meta(&w.conn, &session)?
+                .ok_or_else(|| StoreError::UnknownSession(session.clone()))?;
+            let mut page = new_page(&w.conn, &session)?;
+            advance_page(&w.conn, &session, meta.dialect, &mut page)?;
+            let noted: i64 = w.conn.query_row(
+                "SELECT COALESCE(MAX(turn), 0) FROM page_notes WHERE session = ?1 AND section = ?2",
+                params![session, crate::merge::MARKER_SECTION],
+                |r| r.get(0),
+            )?;
+            Ok((noted.max(0) as u32 + 1, page.merged_through()))
+        })
+    }
+}

@@ -1,0 +1,325 @@
+//! The read side of the SQLite engine: read-only connections (a small pool)
+//! that see committed state — session lists and lookups, rows, steps, cuts,
+//! whole sessions, and recall (log, entry, full-text search).
+
+use super::backend::{CutRecord, LoadedSession, SessionSummary, StepRecord};
+use super::error::StoreError;
+use super::schema::open_reader;
+use super::sql::{self, read_row, session_exists, stored_dialect, to_i64, ROW_COLS};
+use super::{Store, BUSY_TIMEOUT, READER_POOL};
+use crate::model::{Row, RowKind, SessionMeta, Usage};
+use crate::recall::{clip_body, fts_query, RecallHit, BODY_MAX};
+use rusqlite::{params, Connection, OptionalExtension};
+use tracing::warn;
+
+impl Store {
+    /// Run `f` on a pooled read-only connection.
+    pub(crate) fn with_reader<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = self.inner.readers.lock().pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => open_reader(&self.inner.db, BUSY_TIMEOUT)?,
+        };
+        let result = f(&conn);
+        if result.is_ok() {
+            let mut pool = self.inner.readers.lock();
+            if pool.len() < READER_POOL {
+                pool.push(conn);
+            }
+        }
+        result
+    }
+
+    /// Every session, most recent activity first. Reads committed state
+    /// (does not settle).
+    pub fn list_sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.summaries(None)
+    }
+
+    /// One line of [`Store::list_sessions`] (committed state).
+    pub fn session_summary(&self, id: &str) -> Result<Option<SessionSummary>, StoreError> {
+        Ok(self.summaries(Some(id))?.into_iter().next())
+    }
+
+    fn summaries(&self, only: Option<&str>) -> Result<Vec<SessionSummary>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
+                   (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
+                   (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND r.hidden = 0)
+                 FROM sessions s WHERE ?1 IS NULL OR s.id = ?1
+                 ORDER BY s.last_ms DESC, s.rowid DESC",
+            )?;
+            let rows = stmt.query_map([only], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, Option<String>>(5)?,
+                    r.get::<_, i64>(6)?,
+                    r.get::<_, i64>(7)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, client, model, dialect, last_ms, parent, turns, nrows) = row?;
+                let dialect = match stored_dialect(&id, &dialect) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        warn!("{e}; not listed");
+                        continue;
+                    }
+                };
+                out.push(SessionSummary {
+                    id,
+                    client,
+                    model,
+                    dialect,
+                    turns: turns as u32,
+                    rows: nrows as u64,
+                    last_ms,
+                    parent,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Ids of the sessions recorded for a client key (`cc:…`, `codex:…`,
+    /// `name:…`, `fp:…`), oldest first (the root session first). Reads
+    /// committed state (does not settle).
+    pub fn sessions_for_client(&self, key: &str) -> Result<Vec<String>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id FROM sessions WHERE client_session = ?1 ORDER BY created_ms, rowid",
+            )?;
+            let ids = stmt
+                .query_map([key], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ids)
+        })
+    }
+
+    /// The most recently active session, if any. Reads committed state
+    /// (does not settle).
+    pub fn latest_session(&self) -> Result<Option<String>, StoreError> {
+        self.with_reader(|c| {
+            Ok(c.query_row(
+                "SELECT id FROM sessions ORDER BY last_ms DESC, rowid DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+
+    /// The session `spec` names: `None` = the most recent; an exact id; else
+    /// a unique id prefix. Reads committed state (does not settle).
+    pub fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
+        let Some(spec) = spec else {
+            return self.latest_session()?.ok_or(StoreError::NoSessions);
+        };
+        self.with_reader(|c| {
+            if session_exists(c, spec)? {
+                return Ok(spec.to_string());
+            }
+            let mut stmt = c.prepare(
+                "SELECT id FROM sessions WHERE substr(id, 1, length(?1)) = ?1 ORDER BY last_ms DESC",
+            )?;
+            let ids = stmt
+                .query_map([spec], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            match ids.len() {
+                0 => Err(StoreError::UnknownSession(spec.to_string())),
+                1 => Ok(ids.into_iter().next().unwrap_or_default()),
+                n => Err(StoreError::AmbiguousSession(spec.to_string(), n)),
+            }
+        })
+    }
+
+    /// A session's facts (committed state).
+    pub fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+        self.with_reader(|c| sql::session_meta(c, id))
+    }
+
+    /// A session's rows in seq order with their `hidden` flag; hidden rows
+    /// only when `include_hidden`. Committed state (call `settle` first).
+    pub fn session_rows(
+        &self,
+        id: &str,
+        include_hidden: bool,
+    ) -> Result<Vec<(Row, bool)>, StoreError> {
+        self.with_reader(|c| {
+            let filter = if include_hidden {
+                ""
+            } else {
+                " AND hidden = 0"
+            };
+            let mut stmt = c.prepare(&format!(
+                "SELECT {ROW_COLS} FROM rows WHERE session = ?1{filter} ORDER BY seq"
+            ))?;
+            let rows = stmt
+                .query_map([id], read_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+    }
+
+    /// A session's steps in order.
+    pub fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms
+                 FROM steps WHERE session = ?1 ORDER BY step",
+            )?;
+            let steps = stmt
+                .query_map([id], |r| {
+                    Ok(StepRecord {
+                        step: r.get::<_, i64>(0)? as u32,
+                        model: r.get(1)?,
+                        status: r.get::<_, i64>(2)? as u16,
+                        usage: Usage {
+                            input: r.get::<_, i64>(3)?.max(0) as u64,
+                            output: r.get::<_, i64>(4)?.max(0) as u64,
+                            cache_read: r.get::<_, i64>(5)?.max(0) as u64,
+                            cache_write: r.get::<_, i64>(6)?.max(0) as u64,
+                        },
+                        window_rows: r.get::<_, i64>(7)? as u32,
+                        ts_ms: r.get(8)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(steps)
+        })
+    }
+
+    /// A session's tideline cuts in order.
+    pub fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT upto_seq, gauge, line, ts_ms FROM cuts WHERE session = ?1
+                 ORDER BY ts_ms, rowid",
+            )?;
+            let cuts = stmt
+                .query_map([id], |r| {
+                    Ok(CutRecord {
+                        upto_seq: r.get::<_, i64>(0)?.max(0) as u64,
+                        gauge: r.get::<_, i64>(1)?.max(0) as u64,
+                        line: r.get::<_, i64>(2)?.max(0) as u64,
+                        ts_ms: r.get(3)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(cuts)
+        })
+    }
+
+    /// Read a whole session back (after a restart, or when an idle session
+    /// left memory). SETTLES FIRST (blocking), so it sees every write queued
+    /// before the call; from async code run it on a blocking thread.
+    pub fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError> {
+        match self.settle_blocking() {
+            Ok(()) | Err(StoreError::Closed) => {}
+            Err(e) => return Err(e),
+        }
+        self.with_reader(|c| sql::load_session(c, id))
+    }
+
+    /// One session's rows (hidden ones too), oldest first: the newest
+    /// `limit` rows with `seq < before` whose text is `LIKE %pattern%`.
+    pub fn recall_log(
+        &self,
+        session: &str,
+        pattern: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<RecallHit>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT r.seq, r.turn, r.role, r.kind, r.hidden, COALESCE(t.text, r.raw)
+                 FROM rows r LEFT JOIN row_text t ON t.session = r.session AND t.seq = r.seq
+                 WHERE r.session = ?1 AND r.seq < ?2
+                   AND (?3 IS NULL OR COALESCE(t.text, r.raw) LIKE '%' || ?3 || '%')
+                 ORDER BY r.seq DESC LIMIT ?4",
+            )?;
+            let mut hits = stmt
+                .query_map(
+                    params![
+                        session,
+                        before.map_or(i64::MAX, to_i64),
+                        pattern,
+                        i64::try_from(limit).unwrap_or(i64::MAX)
+                    ],
+                    |r| {
+                        Ok(RecallHit {
+                            session: session.to_string(),
+                            seq: r.get::<_, i64>(0)? as u64,
+                            turn: r.get::<_, i64>(1)? as u32,
+                            role: r.get(2)?,
+                            kind: RowKind::parse(&r.get::<_, String>(3)?).unwrap_or(RowKind::Other),
+                            hidden: r.get(4)?,
+                            body: clip_body(&r.get::<_, String>(5)?, BODY_MAX),
+                        })
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            hits.reverse();
+            Ok(hits)
+        })
+    }
+
+    /// The row at `seq`, whole, with its `hidden` flag.
+    pub fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError> {
+        self.with_reader(|c| {
+            Ok(c.query_row(
+                &format!("SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq = ?2"),
+                params![session, to_i64(seq)],
+                read_row,
+            )
+            .optional()?)
+        })
+    }
+
+    /// Rows of every session containing every word, newest session first
+    /// (then newest row first), at most `limit`.
+    pub fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
+        let Some(query) = fts_query(words) else {
+            return Ok(Vec::new());
+        };
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT t.session, t.seq, r.turn, r.role, r.kind, r.hidden,
+                        snippet(row_fts, 0, '[', ']', '…', 16)
+                 FROM row_fts
+                 JOIN row_text t ON t.id = row_fts.rowid
+                 JOIN rows r ON r.session = t.session AND r.seq = t.seq
+                 JOIN sessions s ON s.id = t.session
+                 WHERE row_fts MATCH ?1
+                 ORDER BY s.last_ms DESC, s.rowid DESC, t.seq DESC
+                 LIMIT ?2",
+            )?;
+            let hits = stmt
+                .query_map(
+                    params![query, i64::try_from(limit).unwrap_or(i64::MAX)],
+                    |r| {
+                        Ok(RecallHit {
+                            session: r.get(0)?,
+                            seq: r.get::<_, i64>(1)? as u64,
+                            turn: r.get::<_, i64>(2)? as u32,
+                            role: r.get(3)?,
+                            kind: RowKind::parse(&r.get::<_, String>(4)?).unwrap_or(RowKind::Other),
+                            hidden: r.get(5)?,
+                            body: clip_body(&r.get::<_, String>(6)?, BODY_MAX),
+                        })
+                    },
+                )?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(hits)
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! The session model (rows, events) and the pure tideline window logic of
+//! oceancode-proxy: the gauge and block state machine, window planning and
+//! the stub line. No I/O, no clock, no SQLite, so the simulator and the fuzz
+//! targets link it alone; `oceancode-ledger` re-exports it under its old
+//! paths (`oceancode_ledger::tideline`, `oceancode_ledger::{Row, Event, ...}`).
+
+pub mod model;
+pub mod tideline;
+
+pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
