@@ -148,6 +148,7 @@ fn page_schema_v1_migrates_to_v2() {
         c.execute_batch(
             "DROP TRIGGER row_text_ai; DROP TRIGGER row_text_ad; DROP TRIGGER row_text_au;
              DROP TABLE row_fts; DROP TABLE row_text; DROP TABLE page_notes;
+             DROP INDEX sessions_client; ALTER TABLE steps DROP COLUMN error;
              UPDATE schema_version SET version = 1;",
         )
         .expect("downgrade");
@@ -157,7 +158,7 @@ fn page_schema_v1_migrates_to_v2() {
     let v: i64 = c
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
-    assert_eq!(v, 2);
+    assert_eq!(v, oceancode_ledger::store::SCHEMA_VERSION);
     let n: i64 = c
         .query_row("SELECT COUNT(*) FROM row_text", [], |r| r.get(0))
         .expect("count");

@@ -313,6 +313,7 @@ fn store_reopen_loads_same_session() {
                 usage,
                 window_rows: 5,
                 ts_ms: m.last_ms + 10,
+                error: None,
             })
             .expect("step");
         store
@@ -334,6 +335,7 @@ fn store_reopen_loads_same_session() {
                 usage: Usage::default(),
                 window_rows: 9,
                 ts_ms: m.last_ms + 20,
+                error: None,
             })
             .expect("step");
         store

@@ -145,14 +145,8 @@ pub async fn start_on(
         sessions: Arc::new(match &store {
             Some(st) => {
                 let st = st.clone();
-                SessionManager::new(opts.sessions.clone(), sink).with_restorer(Arc::new(
-                    move |key: &str| {
-                        let ids = st.sessions_for_client(key).unwrap_or_default();
-                        ids.iter()
-                            .filter_map(|id| st.load_session(id).ok().flatten())
-                            .collect()
-                    },
-                ))
+                SessionManager::new(opts.sessions.clone(), sink)
+                    .with_restorer(Arc::new(move |key: &str| st.restore_client(key)))
             }
             None => SessionManager::new(opts.sessions.clone(), sink),
         }),

@@ -12,7 +12,7 @@ use crate::dialect::{self, ParsedBody};
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
 use oceancode_config::{BlockSpec, LineSpec};
-use oceancode_ledger::store::LoadedSession;
+use oceancode_ledger::store::{LoadedSession, StoreError};
 use oceancode_ledger::tideline::{self, Observation, Params, RowInfo, Tideline};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use parking_lot::Mutex;
@@ -39,7 +39,7 @@ pub type ModelResolver = Arc<dyn Fn(&str, Option<u64>) -> ModelLimits + Send + S
 pub type EventSink = Arc<dyn Fn(Vec<Event>) + Send + Sync>;
 
 /// Reads back the recorded sessions of a client key (after a restart).
-pub type Restorer = Arc<dyn Fn(&str) -> Vec<LoadedSession> + Send + Sync>;
+pub type Restorer = Arc<dyn Fn(&str) -> Result<Vec<LoadedSession>, StoreError> + Send + Sync>;
 
 /// Tideline and ledger settings the manager runs with.
 #[derive(Clone)]
@@ -649,7 +649,11 @@ impl SessionManager {
 
     fn restore_key(&self, idx: &mut Index, key: &str) {
         let Some(r) = &self.restorer else { return };
-        for loaded in r(key) {
+        let restored = r(key).unwrap_or_else(|e| {
+            tracing::error!(key, error = %e, "cannot read the client's sessions back from the ledger; its next request starts a new session");
+            Vec::new()
+        });
+        for loaded in restored {
             if idx.by_id.contains_key(&loaded.meta.id) {
                 continue;
             }
@@ -1370,6 +1374,7 @@ impl SessionManager {
             usage: collected.usage.unwrap_or_default(),
             window_rows: ticket.window_rows as u32,
             ts_ms: now_ms(),
+            error: None,
         });
         drop(st);
         (self.sink)(events);

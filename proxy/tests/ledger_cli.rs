@@ -147,6 +147,7 @@ impl Builder {
                 },
                 window_rows: self.seq as u32,
                 ts_ms: self.ts,
+                error: None,
             })
             .expect("step");
         self.step += 1;

@@ -204,6 +204,9 @@ pub enum Event {
         window_rows: u32,
         /// Unix milliseconds.
         ts_ms: i64,
+        /// Why the step failed, when it did (`upstream_timeout`,
+        /// `upstream_unreachable`, `stream_cut`, ...; None = it completed).
+        error: Option<String>,
     },
     /// The tideline moved: every row up to `upto_seq` left the window.
     Cut {

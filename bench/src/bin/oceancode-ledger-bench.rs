@@ -246,6 +246,7 @@ fn main() -> Result<()> {
                 },
                 window_rows: next_seq as u32 + 1,
                 ts_ms: 1_790_000_000_000 + st as i64,
+                error: None,
             });
         }
         next_seq += 2;
@@ -384,6 +385,7 @@ fn main() -> Result<()> {
                 usage: Usage::default(),
                 window_rows: 100,
                 ts_ms: 1_790_000_000_000 + st as i64,
+                error: None,
             })?;
             store.settle_blocking()?;
             times.push(t0.elapsed().as_micros() as u64);
@@ -436,6 +438,7 @@ fn main() -> Result<()> {
             },
             window_rows: 100,
             ts_ms: 1_790_000_000_000 + step as i64,
+            error: None,
         })?;
     }
     store.settle_blocking()?;

@@ -246,11 +246,12 @@ pub(super) fn apply_event(
             usage,
             window_rows,
             ts_ms,
+            error,
         } => {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO steps (session, step, model, status, input, output,
-                    cache_read, cache_write, window_rows, ts_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    cache_read, cache_write, window_rows, ts_ms, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?
             .execute(params![
                 session,
@@ -262,7 +263,8 @@ pub(super) fn apply_event(
                 to_i64(usage.cache_read),
                 to_i64(usage.cache_write),
                 window_rows,
-                ts_ms
+                ts_ms,
+                error
             ])?;
             c.prepare_cached("UPDATE sessions SET last_ms = MAX(last_ms, ?2) WHERE id = ?1")?
                 .execute(params![session, ts_ms])?;

@@ -92,6 +92,8 @@ pub struct StepRecord {
     pub window_rows: u32,
     /// Unix milliseconds.
     pub ts_ms: i64,
+    /// Why the step failed (None = it completed).
+    pub error: Option<String>,
 }
 
 /// One recorded tideline cut.

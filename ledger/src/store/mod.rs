@@ -365,9 +365,13 @@ impl Store {
     /// The recorded sessions of a client key, root first, as committed
     /// (see [`LedgerWrite::restore_client`]).
     pub fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError> {
+        match self.settle_blocking() {
+            Ok(()) | Err(StoreError::Closed) => {}
+            Err(e) => return Err(e),
+        }
         let mut out = Vec::new();
         for id in self.sessions_for_client(key)? {
-            if let Some(s) = self.load_session(&id)? {
+            if let Some(s) = self.with_reader(|c| sql::load_session(c, &id))? {
                 out.push(s);
             }
         }

@@ -174,7 +174,8 @@ impl Store {
     pub fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
-                "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms
+                "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms,
+                        error
                  FROM steps WHERE session = ?1 ORDER BY step",
             )?;
             let steps = stmt
@@ -191,6 +192,7 @@ impl Store {
                         },
                         window_rows: r.get::<_, i64>(7)? as u32,
                         ts_ms: r.get(8)?,
+                        error: r.get(9)?,
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -102,6 +102,12 @@ CREATE TABLE page_notes (
     created_ms INTEGER NOT NULL
 );
 CREATE INDEX page_notes_session ON page_notes(session, id);
+"#,
+    // 3: the restorer looks sessions up by client key; a failed step keeps
+    // why it failed.
+    r#"
+CREATE INDEX sessions_client ON sessions(client_session);
+ALTER TABLE steps ADD COLUMN error TEXT;
 "#,
 ];
 

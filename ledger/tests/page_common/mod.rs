@@ -159,6 +159,7 @@ impl Sim {
                 },
                 window_rows: self.seq as u32,
                 ts_ms: self.ts,
+                error: None,
             })
             .expect("submit step");
         self.step += 1;

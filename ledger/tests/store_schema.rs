@@ -1,0 +1,183 @@
+//! Schema version 3 (the client-key index, a failed step's error kind), the
+//! migration from version 2, the restorer API and the one policy for a
+//! stored dialect this build does not know.
+
+mod store_common;
+
+use oceancode_ledger::store::{Store, StoreError, SCHEMA_VERSION};
+use oceancode_ledger::{Dialect, Event, RowKind, Usage};
+use store_common::*;
+
+fn step(session: &str, step: u32, status: u16, error: Option<&str>) -> Event {
+    Event::Step {
+        session: session.into(),
+        step,
+        model: "claude-opus-5-5".into(),
+        status,
+        usage: Usage::default(),
+        window_rows: 1,
+        ts_ms: 1_796_000_000_100,
+        error: error.map(str::to_string),
+    }
+}
+
+fn plan(c: &rusqlite::Connection, sql: &str) -> String {
+    let mut stmt = c
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("plan");
+    let rows = stmt
+        .query_map([], |r| r.get::<_, String>(3))
+        .expect("query")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("rows");
+    rows.join("; ")
+}
+
+#[test]
+fn the_restorer_lookup_uses_an_index() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    store.settle_blocking().expect("settle");
+    let c = rusqlite::Connection::open(store.db_path()).expect("open");
+    let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
+    assert!(p.contains("USING INDEX sessions_client"), "{p}");
+}
+
+#[test]
+fn a_failed_step_keeps_its_error_kind() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    store
+        .submit(Event::Session(meta("f", Dialect::Anthropic)))
+        .expect("session");
+    store.submit(step("f", 1, 200, None)).expect("step");
+    store
+        .submit(step("f", 2, 504, Some("upstream_timeout")))
+        .expect("step");
+    store.settle_blocking().expect("settle");
+    let steps = store.steps("f").expect("steps");
+    let got: Vec<(u16, Option<&str>)> = steps
+        .iter()
+        .map(|s| (s.status, s.error.as_deref()))
+        .collect();
+    assert_eq!(got, vec![(200, None), (504, Some("upstream_timeout"))]);
+}
+
+/// A version-2 database (no index, no `steps.error`) is brought to version 3
+/// with its data.
+#[test]
+fn version_2_is_migrated() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let store = open(tmp.path());
+        store
+            .submit(Event::Session(meta("old", Dialect::Anthropic)))
+            .expect("session");
+        store.submit(step("old", 1, 200, None)).expect("step");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch(
+            "DROP INDEX sessions_client;
+             ALTER TABLE steps DROP COLUMN error;
+             UPDATE schema_version SET version = 2;",
+        )
+        .expect("back to version 2");
+    }
+    let store = open(tmp.path());
+    store
+        .submit(step("old", 2, 502, Some("bad_gateway")))
+        .expect("step");
+    store.settle_blocking().expect("settle");
+    let c = rusqlite::Connection::open(store.db_path()).expect("open");
+    let v: i64 = c
+        .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(SCHEMA_VERSION, 3);
+    let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
+    assert!(p.contains("USING INDEX sessions_client"), "{p}");
+    let errors: Vec<Option<String>> = store
+        .steps("old")
+        .expect("steps")
+        .into_iter()
+        .map(|s| s.error)
+        .collect();
+    assert_eq!(errors, vec![None, Some("bad_gateway".to_string())]);
+}
+
+#[test]
+fn restore_client_reads_a_keys_sessions_root_first() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut root = meta("root", Dialect::Anthropic);
+    root.client_session = Some("cc:k".into());
+    let mut sub = meta("sub", Dialect::Anthropic);
+    sub.client_session = Some("cc:k".into());
+    sub.created_ms += 5;
+    sub.parent = Some("root".into());
+    store.submit(Event::Session(sub)).expect("sub first");
+    store.submit(Event::Session(root)).expect("root");
+    store
+        .submit(rows_event(
+            "root",
+            vec![text_row(1, 1, RowKind::Prompt, "ask")],
+        ))
+        .expect("rows");
+    // No settle: restoring sees what is queued for the key.
+    let got = store.restore_client("cc:k").expect("restore");
+    let ids: Vec<&str> = got.iter().map(|s| s.meta.id.as_str()).collect();
+    assert_eq!(ids, vec!["root", "sub"]);
+    assert_eq!(got[0].rows.len(), 1);
+    assert!(store.restore_client("cc:none").expect("none").is_empty());
+}
+
+/// A dialect this build does not know: the session is skipped where sessions
+/// are listed, an error where it is asked for (the restorer's error is
+/// visible, not an empty answer).
+#[test]
+fn an_unknown_stored_dialect_is_one_policy() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut odd = meta("odd", Dialect::Anthropic);
+    odd.client_session = Some("cc:odd".into());
+    store.submit(Event::Session(odd)).expect("odd");
+    store
+        .submit(Event::Session(meta("fine", Dialect::OpenaiChat)))
+        .expect("fine");
+    store.settle_blocking().expect("settle");
+    let c = rusqlite::Connection::open(store.db_path()).expect("open");
+    c.execute(
+        "UPDATE sessions SET dialect = 'gemini' WHERE id = 'odd'",
+        [],
+    )
+    .expect("edit");
+    drop(c);
+    let ids: Vec<String> = store
+        .list_sessions()
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, vec!["fine"]);
+    assert!(matches!(
+        store.session_meta("odd"),
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        store.restore_client("cc:odd"),
+        Err(StoreError::Corrupt(_))
+    ));
+    // The writer's indexing of a new row of it is refused the same way, and
+    // the store keeps serving the other sessions.
+    store
+        .submit(rows_event(
+            "fine",
+            vec![text_row(1, 1, RowKind::Prompt, "still fine")],
+        ))
+        .expect("rows");
+    store.settle_blocking().expect("settle");
+    assert_eq!(store.session_rows("fine", false).expect("rows").len(), 1);
+    let _: &Store = &store;
+}
