@@ -147,10 +147,11 @@ pub async fn start_on(
                 let st = st.clone();
                 SessionManager::new(opts.sessions.clone(), sink).with_restorer(Arc::new(
                     move |key: &str| {
-                        let ids = st.sessions_for_client(key).unwrap_or_default();
-                        ids.iter()
-                            .filter_map(|id| st.load_session(id).ok().flatten())
-                            .collect()
+                        let mut loaded = Vec::new();
+                        for id in st.sessions_for_client(key)? {
+                            loaded.extend(st.load_session(&id)?);
+                        }
+                        Ok(loaded)
                     },
                 ))
             }

@@ -73,13 +73,28 @@ impl SessionManager {
         n
     }
 
-    fn restore_key(&self, idx: &mut Index, key: &str) {
-        let Some(r) = &self.restorer else { return };
-        for loaded in r(key) {
-            if idx.by_id.contains_key(&loaded.meta.id) {
+    /// Read a client key's recorded sessions back (SQLite, and a wait for
+    /// the writer to drain): called with no lock held. A failure is logged
+    /// and the request goes on as the key's first.
+    fn load_key(&self, key: &str) -> Vec<State> {
+        let Some(r) = &self.restorer else {
+            return Vec::new();
+        };
+        match r(key) {
+            Ok(loaded) => loaded.into_iter().map(State::restore).collect(),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot read the client's recorded sessions back; its request starts a new session");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Put restored sessions into the index under `key` (none already live).
+    fn adopt(&self, idx: &mut Index, key: &str, restored: Vec<State>) {
+        for mut st in restored {
+            if idx.by_id.contains_key(&st.meta.id) {
                 continue;
             }
-            let mut st = State::restore(loaded);
             st.override_line = self.parked_overrides.lock().remove(&st.meta.id);
             let s = Arc::new(Session {
                 id: st.meta.id.clone(),
@@ -134,8 +149,16 @@ impl SessionManager {
     /// The session a request continues, or a new one.
     pub(super) fn find_or_create(&self, req: &Request<'_>) -> Arc<Session> {
         let mut idx = self.index.lock();
-        if !idx.by_key.contains_key(&req.key) {
-            self.restore_key(&mut idx, &req.key);
+        if self.restorer.is_some() && !idx.by_key.contains_key(&req.key) {
+            // The key's first request since a start or an eviction: read its
+            // sessions back without holding the index (other clients go on),
+            // then look again — a concurrent request may have been first.
+            drop(idx);
+            let restored = self.load_key(&req.key);
+            idx = self.index.lock();
+            if !idx.by_key.contains_key(&req.key) {
+                self.adopt(&mut idx, &req.key, restored);
+            }
         }
         let cands = idx.by_key.get(&req.key).cloned().unwrap_or_default();
         let session = match choose(&cands, req) {

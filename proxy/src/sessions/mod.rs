@@ -62,8 +62,10 @@ pub type ModelResolver = Arc<dyn Fn(&str, Option<u64>) -> ModelLimits + Send + S
 /// Where ledger events go (the store in production, a vector in tests).
 pub type EventSink = Arc<dyn Fn(Vec<Event>) + Send + Sync>;
 
-/// Reads back the recorded sessions of a client key (after a restart).
-pub type Restorer = Arc<dyn Fn(&str) -> Vec<LoadedSession> + Send + Sync>;
+/// Reads back the recorded sessions of a client key (after a restart, or
+/// after they left memory). Called outside every lock of the manager.
+pub type Restorer =
+    Arc<dyn Fn(&str) -> Result<Vec<LoadedSession>, crate::error::BoxError> + Send + Sync>;
 
 /// Tideline and ledger settings the manager runs with.
 #[derive(Clone)]

@@ -200,3 +200,76 @@ fn side_and_count_requests_record_nothing() {
     assert!(p.ticket.is_none());
     assert!(take(&seen).is_empty());
 }
+
+#[test]
+fn a_slow_restore_holds_up_no_other_client() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    let gate = Mutex::new(gate_rx);
+    let entered = Mutex::new(entered_tx);
+    // The restorer of `slow` blocks as a ledger behind a busy writer would.
+    let restorer: Restorer = Arc::new(move |key: &str| {
+        if key == "name:slow" {
+            let _ = entered.lock().send(());
+            let _ = gate.lock().recv_timeout(Duration::from_secs(20));
+        }
+        Ok(Vec::new())
+    });
+    let m = Arc::new(manager().0.with_restorer(restorer));
+    let slow = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            m.prepare(
+                Dialect::Anthropic,
+                ReqKind::Main,
+                &ident("slow"),
+                body(&[HELLO]),
+            )
+            .ticket
+            .is_some()
+        })
+    };
+    entered_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the slow restore started");
+    let (done_tx, done_rx) = mpsc::channel::<bool>();
+    let fast = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let p = m.prepare(
+                Dialect::Anthropic,
+                ReqKind::Main,
+                &ident("fast"),
+                body(&[HELLO]),
+            );
+            let _ = done_tx.send(p.ticket.is_some());
+        })
+    };
+    // Another client's request goes through while the restore is blocked.
+    let fast_done = done_rx.recv_timeout(Duration::from_secs(5));
+    gate_tx.send(()).expect("release the restore");
+    assert!(slow.join().expect("slow thread"));
+    fast.join().expect("fast thread");
+    assert_eq!(
+        fast_done,
+        Ok(true),
+        "the fast client waited for the slow restore"
+    );
+    assert_eq!(m.sessions().len(), 2);
+}
+
+#[test]
+fn a_failing_restore_still_records_the_request() {
+    let (m, seen) = manager();
+    let m = m.with_restorer(Arc::new(|_: &str| Err("database is locked".into())));
+    let p = m.prepare(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        &ident("r"),
+        body(&[HELLO]),
+    );
+    assert!(p.ticket.is_some());
+    assert_eq!(row_seqs(&take(&seen)), vec![1]);
+}
