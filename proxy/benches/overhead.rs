@@ -47,6 +47,7 @@ fn request(m: &SessionManager, session: &str, body: Bytes) -> Prepared {
     );
     // What the server does: one parse for side-request check, identity and window.
     m.prepare_request(Dialect::Anthropic, ReqKind::Main, None, &headers, body)
+        .expect("a valid session name")
 }
 
 /// The step ended with real usage (what the tap reports).

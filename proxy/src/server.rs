@@ -150,6 +150,10 @@ pub async fn handle(
         Some(q) => format!("{rest}?{q}"),
         None => rest.clone(),
     };
+    let prefix = match prefix {
+        Ok(p) => p,
+        Err(e) => return Ok(ProxyError::from(e).into_response(envelope)),
+    };
     let uri = match upstream::join(&base, &pq) {
         Ok(u) => u,
         Err(e) => return Ok(e.into_response(envelope)),
@@ -326,9 +330,9 @@ async fn provider_request(
         // moves off the reactor; a small one's (well under a millisecond)
         // costs less than handing the worker's other tasks to another thread.
         if big {
-            cpu(work)
+            cpu(work)?
         } else {
-            work()
+            work()?
         }
     };
     let prepare_us = t0.elapsed().as_micros() as u64;

@@ -10,7 +10,7 @@ use super::step::{Prepared, Ticket};
 use super::window::{self, Window};
 use super::{now_ms, SessionManager};
 use crate::dialect::{self, ParsedBody};
-use crate::identity::{self, Identity, ReqKind};
+use crate::identity::{self, Identity, NameError, ReqKind};
 use bytes::Bytes;
 use oceancode_config::LineSpec;
 use oceancode_ledger::tideline::{self, Observation, Params};
@@ -112,12 +112,18 @@ impl SessionManager {
         ident: &Identity,
         body: Bytes,
     ) -> Prepared {
-        self.prepare_with(dialect, kind, body, None, |_| ident.clone())
+        let given = |_: Option<&ParsedBody<'_>>| Ok::<_, std::convert::Infallible>(ident.clone());
+        match self.prepare_with(dialect, kind, body, None, given) {
+            Ok(p) => p,
+            Err(never) => match never {},
+        }
     }
 
     /// [`SessionManager::prepare`] for a request as it arrived: the body is
     /// parsed once, to tell side requests (titles) apart, to read the
-    /// identity (`metadata.user_id`), and to record and window it.
+    /// identity (`metadata.user_id`), and to record and window it. A session
+    /// name that breaks [`identity::session_name`]'s rule refuses the
+    /// request.
     pub fn prepare_request(
         &self,
         dialect: Dialect,
@@ -125,10 +131,10 @@ impl SessionManager {
         prefix: Option<&str>,
         headers: &http::HeaderMap,
         body: Bytes,
-    ) -> Prepared {
+    ) -> Result<Prepared, NameError> {
         // Only a key the headers (or path) give: it is known before the body
         // is read, which is what lets the body be split against the last one.
-        let layout_key = identity::identify(prefix, headers, None)
+        let layout_key = identity::identify(prefix, headers, None)?
             .client_key
             .map(|k| format!("{}|{k}", dialect.as_str()));
         self.prepare_with(dialect, kind, body, layout_key, |parsed| {
@@ -136,16 +142,16 @@ impl SessionManager {
         })
     }
 
-    fn prepare_with(
+    fn prepare_with<E>(
         &self,
         dialect: Dialect,
         kind: ReqKind,
         body: Bytes,
         layout_key: Option<String>,
-        ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Identity,
-    ) -> Prepared {
+        ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Result<Identity, E>,
+    ) -> Result<Prepared, E> {
         if kind == ReqKind::Side {
-            return Prepared::forward(body);
+            return Ok(Prepared::forward(body));
         }
         // 1. Split the body.
         let candidates = self.layouts.candidates(layout_key.as_deref());
@@ -153,23 +159,23 @@ impl SessionManager {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
-                return Prepared::forward(body);
+                return Ok(Prepared::forward(body));
             }
         };
         if split.spliced() {
             self.metrics.bodies_spliced.fetch_add(1, Ordering::Relaxed);
         }
         if identity::is_side_request(dialect, &split.parsed) {
-            return Prepared::forward(body);
+            return Ok(Prepared::forward(body));
         }
         // 2. Describe it: who, which conversation, what shape.
-        let ident = ident_of(Some(&split.parsed));
+        let ident = ident_of(Some(&split.parsed))?;
         let synthetic = synthetic_input(dialect, &split.parsed);
         if let Some(m) = &synthetic {
             split.parsed.messages = vec![m.as_str()];
         }
         if split.parsed.messages.is_empty() {
-            return Prepared::forward(body);
+            return Ok(Prepared::forward(body));
         }
         let hashes = split.hashes(&candidates);
         if let Some(k) = &layout_key {
@@ -178,7 +184,7 @@ impl SessionManager {
         let parsed = &split.parsed;
         let req = Request::describe(dialect, parsed, &ident, hashes, synthetic.is_some());
         if kind == ReqKind::CountTokens {
-            return self.prepare_count(&req, parsed, &body);
+            return Ok(self.prepare_count(&req, parsed, &body));
         }
         // 3. Record it on its session.
         let session = self.find_or_create(&req);
@@ -216,10 +222,10 @@ impl SessionManager {
             body_len,
             self.recorder(),
         );
-        Prepared {
+        Ok(Prepared {
             body: out,
             ticket: Some(ticket),
-        }
+        })
     }
 
     /// Phase 3: the session's facts, a new step, and the request's history
