@@ -1,6 +1,7 @@
 //! `export --md | --atif [SESSION] [--out FILE]`: one session as a Markdown
 //! document or an ATIF-v1.8 trajectory (files 0600).
 
+use super::out::errln;
 use super::progress::{progress_bar, session_rows};
 use super::{open_store, pricer};
 use anyhow::{Context, Result};
@@ -46,7 +47,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
     let id = store.resolve_session(a.session.as_deref())?;
     let price = pricer(cfg);
     let mut out: Box<dyn std::io::Write> = if a.out == "-" {
-        Box::new(std::io::stdout().lock())
+        super::out::stdout_writer()
     } else {
         Box::new(
             private_file(Path::new(&a.out)).with_context(|| format!("cannot create {}", a.out))?,
@@ -73,7 +74,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
     }
     out.flush()?;
     if a.out != "-" {
-        eprintln!("exported {id} to {}", a.out);
+        errln!("exported {id} to {}", a.out);
     }
     let _ = store.shutdown();
     Ok(0)

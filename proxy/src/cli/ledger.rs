@@ -1,5 +1,6 @@
 //! `ledger path | list | rebuild | vacuum`.
 
+use super::out::outln;
 use super::progress::{progress_bar, session_rows};
 use super::{merge, open_store};
 use anyhow::Result;
@@ -43,7 +44,7 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
     match cmd {
         LedgerCmd::Path { session } => {
             let id = store.resolve_session(session.as_deref())?;
-            println!("{}", store.session_dir(&id).display());
+            outln!("{}", store.session_dir(&id).display());
         }
         LedgerCmd::Rebuild {
             session,
@@ -65,7 +66,7 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 if let Some((b, _)) = bar {
                     b.finish_and_clear();
                 }
-                println!(
+                outln!(
                     "rebuilt {}: {} rows, {} turn files{}, index.md, {}search index ({} ms)",
                     r.session,
                     r.rows,
@@ -88,10 +89,10 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
         LedgerCmd::Vacuum => {
             let swept = store.sweep(cfg.retention.days)?;
             for id in &swept.removed {
-                println!("removed idle session {id}");
+                outln!("removed idle session {id}");
             }
             let v = store.vacuum()?;
-            println!(
+            outln!(
                 "retention: {} session{} removed ({} rows; retention.days = {}); database {} → {} bytes",
                 swept.removed.len(),
                 if swept.removed.len() == 1 { "" } else { "s" },
@@ -103,12 +104,16 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
         }
         LedgerCmd::List => {
             let list = store.list_sessions()?;
-            println!(
+            outln!(
                 "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
-                "id", "client", "model", "turns", "rows"
+                "id",
+                "client",
+                "model",
+                "turns",
+                "rows"
             );
             for s in list {
-                println!(
+                outln!(
                     "{:<34} {:<13} {:<26} {:>6} {:>7}  {}",
                     s.id,
                     s.client,

@@ -1,5 +1,6 @@
 //! `ledger rebuild --merge`: the optional model merge of `SESSION.md`.
 
+use super::out::{err, errln, outln};
 use anyhow::{bail, Context, Result};
 use http_body_util::{BodyExt, Full};
 use oceancode_config::Config;
@@ -10,7 +11,7 @@ use std::io::BufRead;
 
 /// Ask y/N on stderr; anything but `y`/`yes` (EOF included) is no.
 fn confirm(question: &str) -> bool {
-    eprint!("{question} [y/N] ");
+    err!("{question} [y/N] ");
     let mut line = String::new();
     match std::io::stdin().lock().read_line(&mut line) {
         Ok(_) => matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
@@ -34,7 +35,7 @@ pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32
         }
     }
     if work.is_empty() {
-        println!("merge: no backlog (every turn past the tideline is merged)");
+        outln!("merge: no backlog (every turn past the tideline is merged)");
         return Ok(0);
     }
     let turns: u32 = work.iter().map(|(_, _, f, t)| t - f + 1).sum();
@@ -46,7 +47,7 @@ pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32
             if work.len() == 1 { "" } else { "s" },
         ))
     {
-        eprintln!("merge: cancelled, nothing sent");
+        errln!("merge: cancelled, nothing sent");
         return Ok(1);
     }
     let up =
@@ -74,7 +75,7 @@ pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32
         let n = notes.len();
         notes.push(m::marker(to));
         store.add_page_notes(&id, notes)?;
-        println!(
+        outln!(
             "merged {id}: t{from:02}–t{to:02} → {n} line{} in SESSION.md",
             if n == 1 { "" } else { "s" }
         );

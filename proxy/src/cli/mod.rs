@@ -17,6 +17,7 @@ mod admin_client;
 mod export;
 mod ledger;
 mod merge;
+mod out;
 mod progress;
 mod recall;
 mod run;
@@ -28,6 +29,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use oceancode_config::{self as config, Config, LineSpec, Overrides};
 use oceancode_ledger::store::{Store, StoreOptions};
+use out::errln;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -98,7 +100,7 @@ pub fn main() {
     match real_main(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("oceancode-proxy: {}", error_chain(&e));
+            errln!("oceancode-proxy: {}", error_chain(&e));
             std::process::exit(2);
         }
     }
@@ -168,7 +170,7 @@ fn load(
     if !matches!(cli.command, Command::Serve(_)) {
         // `serve` logs them once its log is set up.
         for w in &loaded.warnings {
-            eprintln!("oceancode-proxy: {w}");
+            errln!("oceancode-proxy: {w}");
         }
     }
     Ok(loaded)

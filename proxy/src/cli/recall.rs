@@ -2,6 +2,7 @@
 //! `recall search WORDS…`: the verbatim record read back.
 
 use super::open_store;
+use super::out::{errln, out, outln};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use std::path::Path;
@@ -59,10 +60,10 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
             let id = store.resolve_session(a.session.as_deref())?;
             let hits = store.recall_log(&id, a.pattern.as_deref(), a.before, a.limit)?;
             for h in &hits {
-                println!("{}", h.line(false));
+                outln!("{}", h.line(false));
             }
             if hits.is_empty() {
-                eprintln!("no rows matched in {id}");
+                errln!("no rows matched in {id}");
             }
         }
         Some(RecallCmd::Entry { seq, session, raw }) => {
@@ -74,9 +75,9 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
                 bail!("session {id} has no seq {seq}");
             };
             if *raw {
-                println!("{}", row.raw);
+                outln!("{}", row.raw);
             } else {
-                println!(
+                outln!(
                     "<!-- {id} · seq {} · turn {} · step {} · {}{} -->",
                     row.seq,
                     row.turn,
@@ -84,7 +85,7 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
                     row.kind.as_str(),
                     if hidden { " · hidden by a rewind" } else { "" }
                 );
-                print!(
+                out!(
                     "{}",
                     oceancode_ledger::transcript::render_turn(
                         meta.dialect,
@@ -97,10 +98,10 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
         Some(RecallCmd::Search { words, limit }) => {
             let hits = store.search(words, *limit)?;
             for h in &hits {
-                println!("{}", h.line(true));
+                outln!("{}", h.line(true));
             }
             if hits.is_empty() {
-                eprintln!("no row contains every word");
+                errln!("no row contains every word");
             }
         }
     }

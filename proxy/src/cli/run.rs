@@ -1,6 +1,7 @@
 //! `run -- CMD`: a private proxy on a free loopback port around one child
 //! command (its `*_BASE_URL`s point at it); exits with the child's code.
 
+use super::out::errln;
 use super::serve::{ledger_label, proxy_options};
 use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
 use anyhow::{bail, Context, Result};
@@ -62,11 +63,11 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
     let off = running.app.store.is_none();
     running.shutdown().await;
     if sessions.is_empty() || off {
-        eprintln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
+        errln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
         return Ok(exit_code(status));
     }
     for id in sessions {
-        eprintln!(
+        errln!(
             "oceancode-proxy: ledger {}",
             data_dir.join("sessions").join(&id).display()
         );

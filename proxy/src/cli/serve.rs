@@ -1,6 +1,7 @@
 //! `serve`: the proxy itself, until SIGINT/SIGTERM (then requests and the
 //! ledger writer drain); also the options `run` starts its private proxy with.
 
+use super::out::errln;
 use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
 use anyhow::Result;
 use clap::Args;
@@ -126,7 +127,7 @@ async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
     }
     let ledger = ledger_label(&running, &data_dir);
     tracing::info!(addr = %running.addr, ledger = %ledger, "oceancode-proxy listening");
-    eprintln!(
+    errln!(
         "oceancode-proxy listening on http://{} (ledger: {ledger})",
         running.addr
     );

@@ -2,6 +2,7 @@
 //! running proxy when one answers.
 
 use super::admin_client::AdminClient;
+use super::out::{out, outln};
 use super::{admin_client, open_store, pricer};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -65,9 +66,9 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         ..st
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&st)?);
+        outln!("{}", serde_json::to_string_pretty(&st)?);
     } else {
-        print!("{}", st.render());
+        out!("{}", st.render());
     }
     let _ = store.shutdown();
     Ok(0)

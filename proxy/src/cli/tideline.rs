@@ -2,6 +2,7 @@
 //! running proxy's line through its admin API.
 
 use super::admin_client::AdminClient;
+use super::out::{errln, outln};
 use super::{admin_client, runtime_block};
 use anyhow::Result;
 use clap::Args;
@@ -49,13 +50,13 @@ async fn tideline(
     let body = serde_json::json!({"session": session, "value": value});
     let answer = client.post_json("/_oceancode/tideline", &body).await?;
     if !answer.status.is_success() {
-        eprintln!("{}", answer.error_message());
+        errln!("{}", answer.error_message());
         return Ok(2);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&answer.json)?);
+        outln!("{}", serde_json::to_string_pretty(&answer.json)?);
     } else {
-        println!("{}", tideline_line(&answer.json));
+        outln!("{}", tideline_line(&answer.json));
     }
     Ok(0)
 }
