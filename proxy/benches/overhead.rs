@@ -47,11 +47,12 @@ fn request(m: &SessionManager, session: &str, body: Bytes) -> Prepared {
     );
     // What the server does: one parse for side-request check, identity and window.
     m.prepare_request(Dialect::Anthropic, ReqKind::Main, None, &headers, body)
+        .expect("a valid session name")
 }
 
 /// The step ended with real usage (what the tap reports).
-fn complete(m: &SessionManager, p: &Prepared, window_tokens: u64) {
-    if let Some(t) = &p.ticket {
+fn complete(p: Prepared, window_tokens: u64) {
+    if let Some(t) = p.ticket {
         let collected = Collected {
             usage: Some(Usage {
                 input: 3,
@@ -61,7 +62,7 @@ fn complete(m: &SessionManager, p: &Prepared, window_tokens: u64) {
             }),
             ..Collected::default()
         };
-        m.complete(t, 200, true, &collected);
+        t.complete(200, true, &collected);
     }
 }
 
@@ -123,7 +124,7 @@ fn warm_steps(c: &mut Criterion) {
                 let tag = format!("warm-{round}");
                 let mut conv = base.retag(&tag);
                 let p = request(&m, &tag, Bytes::from(conv.body()));
-                complete(&m, &p, (bytes / 4) as u64);
+                complete(p, (bytes / 4) as u64);
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     conv.step();
@@ -131,7 +132,7 @@ fn warm_steps(c: &mut Criterion) {
                     let t = Instant::now();
                     let p = black_box(request(&m, &tag, body));
                     total += t.elapsed();
-                    complete(&m, &p, (bytes / 4) as u64);
+                    complete(p, (bytes / 4) as u64);
                 }
                 total
             })
@@ -169,7 +170,7 @@ fn prepare_only(c: &mut Criterion) {
                     &ident,
                     Bytes::from(conv.body()),
                 );
-                complete(&m, &p, (bytes / 4) as u64);
+                complete(p, (bytes / 4) as u64);
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     conv.step();
@@ -177,7 +178,7 @@ fn prepare_only(c: &mut Criterion) {
                     let t = Instant::now();
                     let p = black_box(m.prepare(Dialect::Anthropic, ReqKind::Main, &ident, body));
                     total += t.elapsed();
-                    complete(&m, &p, (bytes / 4) as u64);
+                    complete(p, (bytes / 4) as u64);
                 }
                 total
             })
@@ -202,7 +203,7 @@ fn session_length(c: &mut Criterion) {
                 let tag = format!("len-{round}");
                 let mut conv = base.retag(&tag);
                 let p = request(&m, &tag, Bytes::from(conv.body()));
-                complete(&m, &p, 50_000);
+                complete(p, 50_000);
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     conv.step();
@@ -210,7 +211,7 @@ fn session_length(c: &mut Criterion) {
                     let t = Instant::now();
                     let p = black_box(request(&m, &tag, body));
                     total += t.elapsed();
-                    complete(&m, &p, 50_000);
+                    complete(p, 50_000);
                 }
                 total
             })

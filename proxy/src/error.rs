@@ -63,6 +63,9 @@ pub enum ProxyError {
     /// The upstream URL or the request target is not usable.
     #[error("oceancode-proxy: {0}")]
     BadTarget(String),
+    /// A session name the request declares breaks the naming rule.
+    #[error("oceancode-proxy: {0}")]
+    BadSessionName(#[from] crate::identity::NameError),
 }
 
 impl ProxyError {
@@ -72,7 +75,9 @@ impl ProxyError {
             ProxyError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadRequestBody(_) | ProxyError::BadTarget(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadRequestBody(_)
+            | ProxyError::BadTarget(_)
+            | ProxyError::BadSessionName(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -82,9 +87,9 @@ impl ProxyError {
             ProxyError::Unreachable { .. } => ("api_error", "upstream_unreachable"),
             ProxyError::Timeout { .. } => ("timeout_error", "upstream_timeout"),
             ProxyError::BodyTooLarge { .. } => ("request_too_large", "request_too_large"),
-            ProxyError::BadRequestBody(_) | ProxyError::BadTarget(_) => {
-                ("invalid_request_error", "invalid_request")
-            }
+            ProxyError::BadRequestBody(_)
+            | ProxyError::BadTarget(_)
+            | ProxyError::BadSessionName(_) => ("invalid_request_error", "invalid_request"),
         }
     }
 

@@ -28,27 +28,67 @@ pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
     }
 }
 
-/// Split `/s/<name>/rest` into (`name`, `/rest`). Names are 1–128 chars of
-/// `[A-Za-z0-9._-]` starting with a letter or digit.
-pub fn strip_session_prefix(path: &str) -> (Option<String>, &str) {
-    if let Some(rest) = path.strip_prefix("/s/") {
-        let (name, tail) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        if name
-            .as_bytes()
-            .first()
-            .is_some_and(u8::is_ascii_alphanumeric)
-            && name.len() <= 128
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        {
-            return (Some(name.to_string()), tail);
-        }
+/// The longest session name, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// A session name that cannot be used (answered with a 400 in the
+/// provider's error format).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid session name in {from}: {reason}")]
+pub struct NameError {
+    /// Where the name came from (`the /s/<name>/ path`, a header's name,
+    /// `metadata.user_id`).
+    pub from: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The one rule for every session name a request declares — the
+/// `/s/<name>/` path prefix, `x-oceancode-session`, Claude Code's session
+/// id (header or `metadata.user_id`) and Codex's `session-id`: valid UTF-8,
+/// no control characters, 1 to [`MAX_NAME_BYTES`] bytes.
+pub fn session_name<'a>(from: &'static str, raw: &'a [u8]) -> Result<&'a str, NameError> {
+    let bad = |reason: String| NameError { from, reason };
+    let name = std::str::from_utf8(raw).map_err(|_| bad("not valid UTF-8".into()))?;
+    if name.is_empty() {
+        return Err(bad("empty".into()));
     }
-    (None, path)
+    if name.len() > MAX_NAME_BYTES {
+        return Err(bad(format!(
+            "{} bytes, the most is {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(bad(format!(
+            "contains the control character U+{:04X}",
+            u32::from(c)
+        )));
+    }
+    Ok(name)
+}
+
+/// Split `/s/<name>/rest` into (`name`, `/rest`); the name is
+/// percent-decoded and must follow [`session_name`] (and not be a dot
+/// segment). A path without the prefix is `(Ok(None), path)`.
+pub fn strip_session_prefix(path: &str) -> (Result<Option<String>, NameError>, &str) {
+    let Some(rest) = path.strip_prefix("/s/") else {
+        return (Ok(None), path);
+    };
+    let (raw, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    const FROM: &str = "the /s/<name>/ path";
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+    let name = session_name(FROM, &decoded).and_then(|n| match n {
+        "." | ".." => Err(NameError {
+            from: FROM,
+            reason: "a dot segment is not a name".into(),
+        }),
+        n => Ok(n.to_string()),
+    });
+    (name.map(Some), tail)
 }
 
 /// The identity a request declares.
@@ -70,14 +110,31 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|s| !s.is_empty())
 }
 
-/// Read the identity: path prefix, `x-oceancode-session`, Claude Code's
-/// `X-Claude-Code-Session-Id` / `metadata.user_id.session_id`, Codex
-/// `session-id`; otherwise the caller fingerprints the conversation.
+/// A session name header, trimmed (absent or blank = None), checked by
+/// [`session_name`].
+fn name_header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, NameError> {
+    match h.get(name) {
+        None => Ok(None),
+        Some(v) => {
+            let v = v.as_bytes().trim_ascii();
+            if v.is_empty() {
+                return Ok(None);
+            }
+            session_name(name, v).map(Some)
+        }
+    }
+}
+
+/// Read the identity: path prefix (checked by [`strip_session_prefix`]),
+/// `x-oceancode-session`, Claude Code's `X-Claude-Code-Session-Id` /
+/// `metadata.user_id.session_id`, Codex `session-id`; otherwise the caller
+/// fingerprints the conversation. The name used must follow
+/// [`session_name`].
 pub fn identify(
     prefix: Option<&str>,
     headers: &HeaderMap,
     body: Option<&ParsedBody<'_>>,
-) -> Identity {
+) -> Result<Identity, NameError> {
     let ua = header(headers, "user-agent").unwrap_or("");
     let client = if ua.starts_with("claude-cli") || headers.contains_key("x-claude-code-session-id")
     {
@@ -95,33 +152,42 @@ pub fn identify(
     };
     let key = if let Some(p) = prefix {
         Some(format!("name:{p}"))
-    } else if let Some(s) = header(headers, "x-oceancode-session") {
+    } else if let Some(s) = name_header(headers, "x-oceancode-session")? {
         Some(format!("name:{s}"))
-    } else if let Some(s) = header(headers, "x-claude-code-session-id") {
+    } else if let Some(s) = name_header(headers, "x-claude-code-session-id")? {
         Some(format!("cc:{s}"))
-    } else if let Some(s) = body.and_then(metadata_session_id) {
+    } else if let Some(s) = body.map(metadata_session_id).transpose()?.flatten() {
         Some(format!("cc:{s}"))
     } else {
-        header(headers, "session-id").map(|s| format!("codex:{s}"))
+        name_header(headers, "session-id")?.map(|s| format!("codex:{s}"))
     };
     let context_1m = headers
         .get_all("anthropic-beta")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.split(',').any(|b| b.trim().starts_with("context-1m")));
-    Identity {
+    Ok(Identity {
         client_key: key,
         client,
         context_1m,
-    }
+    })
 }
 
 /// Claude Code's `metadata.user_id` is a JSON string carrying `session_id`.
-fn metadata_session_id(body: &ParsedBody<'_>) -> Option<String> {
-    let meta: serde_json::Value = body.get_as("metadata")?;
-    let uid = meta.get("user_id")?.as_str()?;
-    let inner: serde_json::Value = serde_json::from_str(uid).ok()?;
-    inner.get("session_id")?.as_str().map(str::to_string)
+fn metadata_session_id(body: &ParsedBody<'_>) -> Result<Option<String>, NameError> {
+    let id = || {
+        let meta: serde_json::Value = body.get_as("metadata")?;
+        let uid = meta.get("user_id")?.as_str()?;
+        let inner: serde_json::Value = serde_json::from_str(uid).ok()?;
+        inner.get("session_id")?.as_str().map(str::to_string)
+    };
+    match id() {
+        Some(s) if !s.is_empty() => {
+            session_name("metadata.user_id", s.as_bytes())?;
+            Ok(Some(s))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Title generation and similar side requests: Anthropic requests without
@@ -164,10 +230,70 @@ mod tests {
         assert_eq!(route("/v1/models"), None);
         assert_eq!(
             strip_session_prefix("/s/my-run.1/v1/messages"),
-            (Some("my-run.1".into()), "/v1/messages")
+            (Ok(Some("my-run.1".into())), "/v1/messages")
         );
-        assert_eq!(strip_session_prefix("/s/../v1"), (None, "/s/../v1"));
-        assert_eq!(strip_session_prefix("/v1/messages"), (None, "/v1/messages"));
+        assert!(strip_session_prefix("/s/../v1").0.is_err());
+        assert_eq!(
+            strip_session_prefix("/v1/messages"),
+            (Ok(None), "/v1/messages")
+        );
+    }
+
+    fn hdr(name: &'static str, value: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_bytes(value).unwrap());
+        h
+    }
+
+    fn key(h: &HeaderMap, body: Option<&ParsedBody<'_>>) -> Result<Option<String>, NameError> {
+        identify(None, h, body).map(|i| i.client_key)
+    }
+
+    #[test]
+    fn one_naming_rule_for_the_path_the_headers_and_the_body() {
+        // UTF-8 is a name in every form, and the same name.
+        assert_eq!(
+            strip_session_prefix("/s/caf%C3%A9/v1/messages"),
+            (Ok(Some("café".into())), "/v1/messages")
+        );
+        assert_eq!(
+            key(&hdr("x-oceancode-session", "café".as_bytes()), None),
+            Ok(Some("name:café".into()))
+        );
+        // Control characters are refused wherever they come from.
+        assert!(strip_session_prefix("/s/a%00b/v1/messages").0.is_err());
+        assert!(strip_session_prefix("/s/a%1B%5D52/v1/messages").0.is_err());
+        for name in [
+            "x-oceancode-session",
+            "x-claude-code-session-id",
+            "session-id",
+        ] {
+            let e = key(&hdr(name, "a\u{9b}b".as_bytes()), None).unwrap_err();
+            assert_eq!(e.from, name);
+            assert!(e.reason.contains("U+009B"), "{e}");
+            assert!(key(&hdr(name, b"a\tb"), None).is_err(), "{name}: a tab");
+            assert!(
+                key(&hdr(name, &[0xe9, b't', 0xe9]), None).is_err(),
+                "{name}: Latin-1"
+            );
+        }
+        let nul = br#"{"metadata":{"user_id":"{\"session_id\":\"a\\u0000b\"}"},"messages":[]}"#;
+        let p = ParsedBody::parse(nul, "messages").unwrap();
+        let e = key(&HeaderMap::new(), Some(&p)).unwrap_err();
+        assert_eq!(e.from, "metadata.user_id");
+        // At most 128 bytes, in every form.
+        let long = "n".repeat(MAX_NAME_BYTES + 1);
+        assert!(key(&hdr("x-oceancode-session", long.as_bytes()), None).is_err());
+        assert!(strip_session_prefix(&format!("/s/{long}/v1/messages"))
+            .0
+            .is_err());
+        let most = "é".repeat(MAX_NAME_BYTES / 2);
+        assert!(key(&hdr("x-oceancode-session", most.as_bytes()), None).is_ok());
+        let over = format!("{most}x");
+        assert!(key(&hdr("x-oceancode-session", over.as_bytes()), None).is_err());
+        // A blank header is no name; an empty path name is refused.
+        assert_eq!(key(&hdr("x-oceancode-session", b"  "), None), Ok(None));
+        assert!(strip_session_prefix("/s//v1/messages").0.is_err());
     }
 
     #[test]
@@ -179,30 +305,36 @@ mod tests {
             "user-agent",
             HeaderValue::from_static("claude-cli/2.1.332 (external, sdk-cli)"),
         );
-        let id = identify(None, &h, Some(&p));
+        let id = identify(None, &h, Some(&p)).unwrap();
         assert_eq!(id.client_key.as_deref(), Some("cc:abc"));
         assert_eq!(id.client, "claude-code");
         h.insert("x-claude-code-session-id", HeaderValue::from_static("hdr"));
         assert_eq!(
-            identify(None, &h, Some(&p)).client_key.as_deref(),
+            identify(None, &h, Some(&p)).unwrap().client_key.as_deref(),
             Some("cc:hdr")
         );
         h.insert("x-oceancode-session", HeaderValue::from_static("mine"));
         assert_eq!(
-            identify(None, &h, Some(&p)).client_key.as_deref(),
+            identify(None, &h, Some(&p)).unwrap().client_key.as_deref(),
             Some("name:mine")
         );
         assert_eq!(
-            identify(Some("pfx"), &h, Some(&p)).client_key.as_deref(),
+            identify(Some("pfx"), &h, Some(&p))
+                .unwrap()
+                .client_key
+                .as_deref(),
             Some("name:pfx")
         );
         let mut h = HeaderMap::new();
         h.insert("session-id", HeaderValue::from_static("0199"));
         h.insert("originator", HeaderValue::from_static("codex_exec"));
-        let id = identify(None, &h, None);
+        let id = identify(None, &h, None).unwrap();
         assert_eq!(id.client_key.as_deref(), Some("codex:0199"));
         assert_eq!(id.client, "codex");
-        assert_eq!(identify(None, &HeaderMap::new(), None).client_key, None);
+        assert_eq!(
+            identify(None, &HeaderMap::new(), None).unwrap().client_key,
+            None
+        );
     }
 
     #[test]

@@ -145,8 +145,9 @@ pub async fn start_on(
         sessions: Arc::new(match &store {
             Some(st) => {
                 let st = st.clone();
-                SessionManager::new(opts.sessions.clone(), sink)
-                    .with_restorer(Arc::new(move |key: &str| st.restore_client(key)))
+                SessionManager::new(opts.sessions.clone(), sink).with_restorer(Arc::new(
+                    move |key: &str| st.restore_client(key).map_err(Into::into),
+                ))
             }
             None => SessionManager::new(opts.sessions.clone(), sink),
         }),

@@ -150,6 +150,10 @@ pub async fn handle(
         Some(q) => format!("{rest}?{q}"),
         None => rest.clone(),
     };
+    let prefix = match prefix {
+        Ok(p) => p,
+        Err(e) => return Ok(ProxyError::from(e).into_response(envelope)),
+    };
     let uri = match upstream::join(&base, &pq) {
         Ok(u) => u,
         Err(e) => return Ok(e.into_response(envelope)),
@@ -326,9 +330,9 @@ async fn provider_request(
         // moves off the reactor; a small one's (well under a millisecond)
         // costs less than handing the worker's other tasks to another thread.
         if big {
-            cpu(work)
+            cpu(work)?
         } else {
-            work()
+            work()?
         }
     };
     let prepare_us = t0.elapsed().as_micros() as u64;
@@ -407,7 +411,7 @@ async fn too_long_path(
     uri: http::Uri,
     base: String,
     resp: Response<Incoming>,
-    ticket: Ticket,
+    mut ticket: Ticket,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let head = relay_head(&resp);
     let status = resp.status().as_u16();
@@ -431,16 +435,14 @@ async fn too_long_path(
         too_long_ceiling(ticket.dialect, &bytes)
     };
     let Some(ceiling) = ceiling else {
-        app.sessions
-            .complete(&ticket, status, true, &Collected::default());
+        ticket.complete(status, true, &Collected::default());
         return relay(bytes);
     };
     let sessions = app.sessions.clone();
-    let retry = cpu(|| sessions.too_long(&ticket, ceiling));
+    let retry = cpu(|| sessions.too_long(&mut ticket, ceiling));
     let Some(new_body) = retry else {
         tracing::info!(session = %ticket.session.id, "too long, and nothing left to cut: relaying the error");
-        app.sessions
-            .complete(&ticket, status, true, &Collected::default());
+        ticket.complete(status, true, &Collected::default());
         return relay(bytes);
     };
     tracing::info!(session = %ticket.session.id, ?ceiling, "too long: cut every closed block, retrying once");
@@ -468,7 +470,6 @@ fn tap_response(
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let sessions = app.sessions.clone();
     let metrics = app.metrics.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
         if let Some(u) = o.collected.usage {
@@ -490,7 +491,7 @@ fn tap_response(
             let whole =
                 o.end == TapEnd::Complete || (o.end == TapEnd::Cancelled && o.collected.terminal);
             let ok = whole && o.collected.error.is_none();
-            sessions.complete(&t, status, ok, &o.collected);
+            t.complete(status, ok, &o.collected);
         }
     });
     let body = TapBody::new(

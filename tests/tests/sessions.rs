@@ -653,3 +653,61 @@ async fn the_clients_own_compaction_is_a_branch_of_its_session_not_a_new_one() {
         .iter()
         .any(|r| r.raw.contains("Summary: two tasks done")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_names_follow_one_rule_and_a_bad_one_is_refused_in_the_providers_format() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let ant = |meta: Option<&str>| {
+        let mut v = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64,
+            "messages": [{"role": "user", "content": "name me"}]});
+        if let Some(id) = meta {
+            let uid = serde_json::json!({"session_id": id}).to_string();
+            v["metadata"] = serde_json::json!({"user_id": uid});
+        }
+        v.to_string()
+    };
+    let chat = serde_json::json!({"model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "name me"}]})
+    .to_string();
+    // A NUL in Claude Code's metadata session id: Anthropic's error envelope.
+    let got = h.post("/v1/messages", &[], ant(Some("a\u{0}b"))).await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert_eq!(got.json()["type"], "error");
+    assert_eq!(got.json()["error"]["type"], "invalid_request_error");
+    assert!(got.text().contains("metadata.user_id"), "{}", got.text());
+    // A header name over 128 bytes: OpenAI's envelope.
+    let long = "n".repeat(129);
+    let got = h
+        .post(
+            "/v1/chat/completions",
+            &[("x-oceancode-session", &long)],
+            chat.clone(),
+        )
+        .await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert_eq!(got.json()["error"]["code"], "invalid_request");
+    // An escape sequence in the path's name.
+    let got = h.post("/s/x%1B%5D0%3Bt/v1/messages", &[], ant(None)).await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert_eq!(h.fake.requests().len(), 0, "nothing refused went upstream");
+    // UTF-8 is a name, the same in the header and the path.
+    let req = http::Request::post(format!("{}/v1/messages", h.url()))
+        .header("content-type", "application/json")
+        .header(
+            "x-oceancode-session",
+            http::HeaderValue::from_bytes("café".as_bytes()).unwrap(),
+        )
+        .body(Full::new(Bytes::from(ant(None))))
+        .unwrap();
+    let got = oceancode_tests::collect(oceancode_tests::client().request(req).await.unwrap()).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let got = h.post("/s/caf%C3%A9/v1/messages", &[], ant(None)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let meta = h.store().session_meta(&list[0].id).unwrap().unwrap();
+    assert_eq!(meta.client_session.as_deref(), Some("name:café"));
+}

@@ -1,0 +1,130 @@
+//! `ledger path | list | rebuild | vacuum`.
+
+use super::out::outln;
+use super::progress::{progress_bar, session_rows};
+use super::{merge, open_store};
+use anyhow::Result;
+use clap::Subcommand;
+use oceancode_config::Config;
+use std::path::Path;
+
+/// `ledger`'s subcommands.
+#[derive(Subcommand, Debug)]
+pub enum LedgerCmd {
+    /// Print a session's ledger directory (default: the most recent session).
+    Path {
+        /// Session id.
+        session: Option<String>,
+    },
+    /// List sessions: id, client, model, turns, rows, last activity.
+    List,
+    /// Rebuild transcripts, index.md, SESSION.md and the search index from
+    /// the database alone (no model call; byte-identical to the live writer).
+    Rebuild {
+        /// Session id or unique prefix (default: the most recent session).
+        session: Option<String>,
+        /// Rebuild every session.
+        #[arg(long, conflicts_with = "session")]
+        all: bool,
+        /// Also fold the merge backlog into SESSION.md with the model of
+        /// `ledger.merge.model` (model calls; asks y/N).
+        #[arg(long)]
+        merge: bool,
+        /// Do not ask before the model calls of `--merge`.
+        #[arg(long, requires = "merge")]
+        yes: bool,
+    },
+    /// Apply `retention.days` now, then compact the database.
+    Vacuum,
+}
+
+/// `ledger …`.
+pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
+    let store = open_store(dir)?;
+    match cmd {
+        LedgerCmd::Path { session } => {
+            let id = store.resolve_session(session.as_deref())?;
+            outln!("{}", store.session_dir(&id).display());
+        }
+        LedgerCmd::Rebuild {
+            session,
+            all,
+            merge,
+            yes,
+        } => {
+            store.settle_blocking()?;
+            let ids = if *all {
+                store.list_sessions()?.into_iter().map(|s| s.id).collect()
+            } else {
+                vec![store.resolve_session(session.as_deref())?]
+            };
+            for id in &ids {
+                let rows = session_rows(&store, id);
+                let bar = progress_bar(rows, "rebuild");
+                let started = std::time::Instant::now();
+                let r = store.rebuild(id, bar.as_ref().map(|(_, p)| p.clone()))?;
+                if let Some((b, _)) = bar {
+                    b.finish_and_clear();
+                }
+                outln!(
+                    "rebuilt {}: {} rows, {} turn files{}, index.md, {}search index ({} ms)",
+                    r.session,
+                    r.rows,
+                    r.turns,
+                    if r.removed > 0 {
+                        format!(" ({} stale removed)", r.removed)
+                    } else {
+                        String::new()
+                    },
+                    if r.page { "SESSION.md, " } else { "" },
+                    started.elapsed().as_millis()
+                );
+            }
+            if *merge {
+                let code = merge::run(&store, cfg, &ids, *yes)?;
+                let _ = store.shutdown();
+                return Ok(code);
+            }
+        }
+        LedgerCmd::Vacuum => {
+            let swept = store.sweep(cfg.retention.days)?;
+            for id in &swept.removed {
+                outln!("removed idle session {id}");
+            }
+            let v = store.vacuum()?;
+            outln!(
+                "retention: {} session{} removed ({} rows; retention.days = {}); database {} → {} bytes",
+                swept.removed.len(),
+                if swept.removed.len() == 1 { "" } else { "s" },
+                swept.rows,
+                cfg.retention.days,
+                v.bytes_before,
+                v.bytes_after
+            );
+        }
+        LedgerCmd::List => {
+            let list = store.list_sessions()?;
+            outln!(
+                "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
+                "id",
+                "client",
+                "model",
+                "turns",
+                "rows"
+            );
+            for s in list {
+                outln!(
+                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}",
+                    s.id,
+                    s.client,
+                    s.model,
+                    s.turns,
+                    s.rows,
+                    oceancode_ledger::transcript::utc_iso(s.last_ms)
+                );
+            }
+        }
+    }
+    let _ = store.shutdown();
+    Ok(0)
+}

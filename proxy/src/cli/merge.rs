@@ -1,0 +1,166 @@
+//! `ledger rebuild --merge`: the optional model merge of `SESSION.md`.
+
+use super::out::{err, errln, outln};
+use anyhow::{bail, Context, Result};
+use http_body_util::{BodyExt, Full};
+use oceancode_config::Config;
+use oceancode_ledger::merge as m;
+use oceancode_ledger::store::Store;
+use oceancode_ledger::Dialect;
+use std::io::BufRead;
+
+/// Ask y/N on stderr; anything but `y`/`yes` (EOF included) is no.
+fn confirm(question: &str) -> bool {
+    err!("{question} [y/N] ");
+    let mut line = String::new();
+    match std::io::stdin().lock().read_line(&mut line) {
+        Ok(_) => matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"),
+        Err(_) => false,
+    }
+}
+
+/// Fold each session's merge backlog with `ledger.merge.model`.
+pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32> {
+    let Some(model) = cfg.ledger.merge.model.clone() else {
+        bail!("the model merge is off: set ledger.merge.model in the config to use --merge");
+    };
+    let mut work = Vec::new();
+    for id in ids {
+        let (from, to) = store.page_backlog(id)?;
+        if from <= to {
+            let meta = store
+                .session_meta(id)?
+                .with_context(|| format!("no session {id}"))?;
+            work.push((id.clone(), meta.dialect, from, to));
+        }
+    }
+    if work.is_empty() {
+        outln!("merge: no backlog (every turn past the tideline is merged)");
+        return Ok(0);
+    }
+    let turns: u32 = work.iter().map(|(_, _, f, t)| t - f + 1).sum();
+    if !yes
+        && !confirm(&format!(
+            "--merge sends {turns} turn{} of {} session{} to {model} (model calls, billed to your API key). Continue?",
+            if turns == 1 { "" } else { "s" },
+            work.len(),
+            if work.len() == 1 { "" } else { "s" },
+        ))
+    {
+        errln!("merge: cancelled, nothing sent");
+        return Ok(1);
+    }
+    let up =
+        oceancode_proxy::upstream::Upstream::new(oceancode_proxy::upstream::UpstreamOptions {
+            connect_timeout: cfg.limits.connect_timeout(),
+            header_timeout: cfg.limits.response_header_timeout(),
+        })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    for (id, dialect, from, to) in work {
+        let dir = store.data_dir();
+        let page = std::fs::read_to_string(dir.session_md(&id)).unwrap_or_default();
+        let transcripts: Vec<(u32, String)> = (from..=to)
+            .filter_map(|t| {
+                std::fs::read_to_string(dir.turn_file(&id, t))
+                    .ok()
+                    .map(|s| (t, s))
+            })
+            .collect();
+        let prompt = m::prompt(&id, &page, &transcripts);
+        let answer = rt.block_on(ask(&up, cfg, dialect, &model, &prompt))?;
+        let mut notes = m::parse_notes(&answer, from, to);
+        let n = notes.len();
+        notes.push(m::marker(to));
+        store.add_page_notes(&id, notes)?;
+        outln!(
+            "merged {id}: t{from:02}–t{to:02} → {n} line{} in SESSION.md",
+            if n == 1 { "" } else { "s" }
+        );
+    }
+    Ok(0)
+}
+
+/// One non-streaming request to the provider of the session's dialect,
+/// with the credentials of this process's environment.
+async fn ask(
+    up: &oceancode_proxy::upstream::Upstream,
+    cfg: &Config,
+    dialect: Dialect,
+    model: &str,
+    prompt: &str,
+) -> Result<String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (base, path, body, headers): (&str, &str, serde_json::Value, Vec<(&str, String)>) =
+        match dialect {
+            Dialect::Anthropic => {
+                let mut h = vec![("anthropic-version", "2023-06-01".to_string())];
+                if let Some(k) = env("ANTHROPIC_API_KEY") {
+                    h.push(("x-api-key", k));
+                } else if let Some(t) = env("ANTHROPIC_AUTH_TOKEN") {
+                    h.push(("authorization", format!("Bearer {t}")));
+                } else {
+                    bail!("--merge needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) for an Anthropic session");
+                }
+                (
+                    cfg.anthropic_upstream(),
+                    "/v1/messages",
+                    serde_json::json!({"model": model, "max_tokens": 4096,
+                        "messages": [{"role": "user", "content": prompt}]}),
+                    h,
+                )
+            }
+            Dialect::OpenaiChat | Dialect::OpenaiResponses => {
+                let Some(k) = env("OPENAI_API_KEY") else {
+                    bail!("--merge needs OPENAI_API_KEY for an OpenAI session");
+                };
+                (
+                    cfg.openai_upstream(),
+                    "/v1/chat/completions",
+                    serde_json::json!({"model": model,
+                        "messages": [{"role": "user", "content": prompt}]}),
+                    vec![("authorization", format!("Bearer {k}"))],
+                )
+            }
+        };
+    let uri = oceancode_proxy::upstream::join(base, path)?;
+    let mut req = http::Request::post(uri).header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    let body = Full::new(bytes::Bytes::from(body.to_string()))
+        .map_err(|never| match never {})
+        .boxed();
+    let resp = up.send(req.body(body)?, base).await?;
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if !status.is_success() {
+        bail!(
+            "the merge model answered {status}: {}",
+            String::from_utf8_lossy(&bytes)
+                .chars()
+                .take(500)
+                .collect::<String>()
+        );
+    }
+    let text = match dialect {
+        Dialect::Anthropic => v["content"]
+            .as_array()
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .filter_map(|b| b["text"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default(),
+        _ => v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    Ok(text)
+}

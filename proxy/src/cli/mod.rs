@@ -1,0 +1,268 @@
+//! The `oceancode-proxy` command line: the argument tree, the shared steps
+//! (config layering, the data dir, the store, the runtime), and one module
+//! per command group. Every command that talks to a running proxy goes
+//! through [`admin_client::AdminClient`].
+//!
+//! | module | command |
+//! |---|---|
+//! | `serve` | `serve`: the proxy itself |
+//! | `run` | `run -- CMD`: a private proxy around a child command |
+//! | `ledger` | `ledger path/list/rebuild/vacuum` (`merge`: `rebuild --merge`) |
+//! | `export` | `export --md/--atif` |
+//! | `recall` | `recall`, `recall entry`, `recall search` |
+//! | `status` | `status`: the session meter |
+//! | `tideline` | `tideline`: show or change a running proxy's line |
+
+mod admin_client;
+mod export;
+mod ledger;
+mod merge;
+mod out;
+mod progress;
+mod recall;
+mod run;
+mod serve;
+mod status;
+mod tideline;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use oceancode_config::{self as config, Config, LineSpec, Overrides};
+use oceancode_ledger::store::{Store, StoreOptions};
+use out::errln;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// A transparent proxy between coding agents and their model APIs that keeps
+/// the context under the tideline and a verbatim ledger on the side.
+#[derive(Parser, Debug)]
+#[command(name = "oceancode-proxy", version, about)]
+pub struct Cli {
+    /// Config file (JSON). Default: $OCEANCODE_CONFIG, else
+    /// $XDG_CONFIG_HOME/oceancode-proxy/config.json if it exists.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory (ledger). Default: $OCEANCODE_DATA_DIR, else
+    /// $XDG_DATA_HOME/oceancode-proxy.
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the proxy.
+    Serve(serve::ServeArgs),
+    /// Run a command through a private proxy on a free port (CI wrapper).
+    Run(run::RunArgs),
+    /// Inspect the ledger.
+    #[command(subcommand)]
+    Ledger(ledger::LedgerCmd),
+    /// Show or change the tideline of a running proxy.
+    Tideline(tideline::TidelineArgs),
+    /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
+    Export(export::ExportArgs),
+    /// Read the verbatim record back: a session's log, one entry, or a search
+    /// across sessions (rows hidden by rewinds included).
+    Recall(recall::RecallArgs),
+    /// The session meter: context (window / line / model context), tokens
+    /// in/out, cache hit ratio, spend.
+    Status(status::StatusArgs),
+}
+
+/// Upstream URLs given on the command line (`serve`, `run`).
+#[derive(Args, Debug, Default)]
+struct UpstreamFlags {
+    /// Anthropic upstream base URL.
+    #[arg(long, value_name = "URL")]
+    anthropic_upstream: Option<String>,
+    /// OpenAI upstream base URL.
+    #[arg(long, value_name = "URL")]
+    openai_upstream: Option<String>,
+}
+
+/// Parse the command line, run the command, exit with its code (2 and one
+/// line on stderr for an error).
+pub fn main() {
+    let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Run(_)) {
+        // A report piped into `head` ends quietly, as other command-line
+        // tools do, instead of panicking on the closed stdout. (The proxy
+        // itself keeps SIGPIPE ignored: a closed socket is an error to
+        // handle, not a reason to exit.)
+        // SAFETY: called before any thread is started; SIG_DFL is a valid
+        // disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    match real_main(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            errln!("oceancode-proxy: {}", error_chain(&e));
+            std::process::exit(2);
+        }
+    }
+}
+
+/// An error and its causes, `: `-joined, each cause once: the crates'
+/// errors already name their source in their own message.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+/// A `--tideline` value of `serve`/`run`: `40%`, `500k`, `0`, `default` (None).
+fn parse_line(s: &str) -> Result<Option<LineSpec>> {
+    if s.trim().eq_ignore_ascii_case("default") {
+        return Ok(None);
+    }
+    match s.parse::<config::Amount>() {
+        Ok(config::Amount::Percent(p)) => Ok(Some(LineSpec::Percent(p))),
+        Ok(config::Amount::Tokens(t)) if t == 0 || t >= config::MIN_FIXED_LINE => {
+            Ok(Some(LineSpec::Tokens(t)))
+        }
+        Ok(config::Amount::Tokens(_)) => bail!(
+            "the smallest fixed tideline is 20k\n{}",
+            config::TIDELINE_USAGE
+        ),
+        Err(e) => bail!("{e}\n{}", config::TIDELINE_USAGE),
+    }
+}
+
+/// Resolve the config layers (file, env, these flags); warnings go to
+/// stderr except for `serve`, which logs them.
+fn load(
+    cli: &Cli,
+    listen: Option<SocketAddr>,
+    up: &UpstreamFlags,
+    tideline: Option<LineSpec>,
+) -> Result<config::Loaded> {
+    let overrides = Overrides {
+        listen,
+        data_dir: cli.data_dir.clone(),
+        anthropic_upstream: up.anthropic_upstream.clone(),
+        openai_upstream: up.openai_upstream.clone(),
+        tideline,
+    };
+    let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
+    // The log filter is checked here, where a bad one can still stop the
+    // command with an error that names where it came from.
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(loaded.config.log_filter()) {
+        let from = if std::env::var_os("OCEANCODE_LOG").is_some_and(|v| !v.is_empty()) {
+            "environment variable OCEANCODE_LOG"
+        } else {
+            "log"
+        };
+        bail!("config: {from}={:?}: {e}", loaded.config.log_filter());
+    }
+    if !matches!(cli.command, Command::Serve(_)) {
+        // `serve` logs them once its log is set up.
+        for w in &loaded.warnings {
+            errln!("oceancode-proxy: {w}");
+        }
+    }
+    Ok(loaded)
+}
+
+/// The data directory, absolute: the paths the commands print and export
+/// (`ledger path`, ATIF's `transcript_dir`) must work from anywhere, as the
+/// stub's do.
+fn data_dir(cfg: &Config) -> PathBuf {
+    let dir = cfg.resolved_data_dir(&config::process_env);
+    std::path::absolute(&dir).unwrap_or(dir)
+}
+
+/// The log on stderr (`OCEANCODE_LOG`, else `filter`).
+fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OCEANCODE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn real_main(cli: Cli) -> Result<i32> {
+    match &cli.command {
+        Command::Serve(a) => serve::run(&cli, a),
+        Command::Run(a) => run::run(&cli, a),
+        Command::Ledger(cmd) => {
+            let (cfg, dir) = reader(&cli)?;
+            ledger::run(&dir, &cfg, cmd)
+        }
+        Command::Export(a) => {
+            let (cfg, dir) = reader(&cli)?;
+            export::run(&dir, &cfg, a)
+        }
+        Command::Recall(a) => {
+            let (_, dir) = reader(&cli)?;
+            recall::run(&dir, a)
+        }
+        Command::Status(a) => {
+            let (cfg, dir) = reader(&cli)?;
+            status::run(&dir, &cfg, a)
+        }
+        Command::Tideline(a) => {
+            let (cfg, _) = reader(&cli)?;
+            tideline::run(&cfg, a)
+        }
+    }
+}
+
+/// The config and the absolute data dir of a command that reads the
+/// ledger or asks a running proxy (no flags of `serve`'s).
+fn reader(cli: &Cli) -> Result<(Config, PathBuf)> {
+    let loaded = load(cli, None, &UpstreamFlags::default(), None)?;
+    let dir = data_dir(&loaded.config);
+    Ok((loaded.config, dir))
+}
+
+/// The admin client of the proxy at `--proxy URL` (default: the configured
+/// listen address).
+fn admin_client(cfg: &Config, proxy: Option<&str>) -> admin_client::AdminClient {
+    let url = proxy
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("http://{}", cfg.listen));
+    admin_client::AdminClient::new(&url, None)
+}
+
+/// Run `f` on a multi-threaded runtime.
+fn runtime_block<F: std::future::Future<Output = Result<i32>>>(f: F) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("oceancode")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(f)
+}
+
+/// Open the ledger of `dir` for a command (never creates one).
+fn open_store(dir: &Path) -> Result<Store> {
+    if !dir.join("oceancode.db").exists() {
+        bail!(
+            "no ledger in {} yet (run `oceancode-proxy serve` first)",
+            dir.display()
+        );
+    }
+    Store::open(dir, StoreOptions::default())
+        .with_context(|| format!("cannot open the ledger in {}", dir.display()))
+}
+
+/// The configured price of a model.
+fn pricer(cfg: &Config) -> impl Fn(&str) -> Option<config::Price> + '_ {
+    move |model: &str| config::price(model, cfg)
+}

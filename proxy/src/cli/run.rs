@@ -1,0 +1,87 @@
+//! `run -- CMD`: a private proxy on a free loopback port around one child
+//! command (its `*_BASE_URL`s point at it); exits with the child's code.
+
+use super::out::errln;
+use super::serve::{ledger_label, proxy_options};
+use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use oceancode_proxy::runtime::{self, ProxyOptions};
+use std::net::SocketAddr;
+
+/// `run`'s flags.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Tideline for this run: `50%`, `500k`, `default`.
+    #[arg(long, value_name = "X")]
+    tideline: Option<String>,
+    #[command(flatten)]
+    upstreams: UpstreamFlags,
+    /// The command to run, after `--`.
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    cmd: Vec<String>,
+}
+
+/// `run`.
+pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32> {
+    let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
+    let loaded = load(cli, None, &a.upstreams, line)?;
+    init_tracing("warn");
+    let opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)));
+    runtime_block(run_child(opts, a.cmd.clone()))
+}
+
+async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
+    let data_dir = opts.front.data_dir.clone();
+    let running = runtime::start(opts).await?;
+    let url = running.url();
+    let Some((prog, args)) = cmd.split_first() else {
+        bail!("run needs a command after --");
+    };
+    let mut child = tokio::process::Command::new(prog)
+        .args(args)
+        .env("ANTHROPIC_BASE_URL", &url)
+        .env("OPENAI_BASE_URL", format!("{url}/v1"))
+        .env("OCEANCODE_PROXY_URL", &url)
+        .spawn()
+        .with_context(|| format!("cannot start {prog}"))?;
+    // The child gets Ctrl-C from the terminal itself; the proxy waits for it.
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break s.context("waiting for the child")?,
+            _ = tokio::signal::ctrl_c() => continue,
+        }
+    };
+    let sessions: Vec<String> = running
+        .app
+        .sessions
+        .sessions()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
+    let ledger = ledger_label(&running, &data_dir);
+    let off = running.app.store.is_none();
+    running.shutdown().await;
+    if sessions.is_empty() || off {
+        errln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
+        return Ok(exit_code(status));
+    }
+    for id in sessions {
+        errln!(
+            "oceancode-proxy: ledger {}",
+            data_dir.join("sessions").join(&id).display()
+        );
+    }
+    Ok(exit_code(status))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            return 128 + sig;
+        }
+    }
+    status.code().unwrap_or(1)
+}

@@ -1,0 +1,146 @@
+//! `serve`: the proxy itself, until SIGINT/SIGTERM (then requests and the
+//! ledger writer drain); also the options `run` starts its private proxy with.
+
+use super::out::errln;
+use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
+use anyhow::Result;
+use clap::Args;
+use oceancode_config::{self as config, Config};
+use oceancode_ledger::store::StoreOptions;
+use oceancode_proxy::runtime::{self, ProxyOptions};
+use oceancode_proxy::server::FrontConfig;
+use oceancode_proxy::sessions::{ModelLimits, ModelResolver, Settings};
+use oceancode_proxy::upstream::UpstreamOptions;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// `serve`'s flags.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (default 127.0.0.1:8787).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    #[command(flatten)]
+    upstreams: UpstreamFlags,
+    /// Tideline for all sessions: `40%`, `500k`, `0` (the model's ceiling).
+    #[arg(long, value_name = "X")]
+    tideline: Option<String>,
+}
+
+/// `serve`.
+pub fn run(cli: &Cli, a: &ServeArgs) -> Result<i32> {
+    let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
+    let loaded = load(cli, a.listen, &a.upstreams, line)?;
+    init_tracing(loaded.config.log_filter());
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    if !loaded.config.ledger.enabled && line.is_some() {
+        tracing::warn!("--tideline is ignored: the ledger is off (ledger.enabled: false)");
+    }
+    let opts = proxy_options(&loaded.config, loaded.config.listen);
+    runtime_block(serve(opts, loaded.config.retention.days))
+}
+
+/// What a proxy on `listen` starts with, from the config.
+pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
+    let data_dir = cfg.resolved_data_dir(&config::process_env);
+    let c = Arc::new(cfg.clone());
+    let models: ModelResolver = Arc::new(move |model: &str, learned: Option<u64>| ModelLimits {
+        context: config::context_window(model, &c, &config::process_env, learned),
+        max_output: config::max_output(model, &c),
+    });
+    ProxyOptions {
+        listen,
+        front: FrontConfig {
+            anthropic_upstream: cfg.anthropic_upstream().to_string(),
+            openai_upstream: cfg.openai_upstream().to_string(),
+            max_body_bytes: cfg.limits.max_body_bytes,
+            data_dir: data_dir.clone(),
+            idle_stream_timeout: cfg.limits.idle_stream_timeout(),
+        },
+        upstream: UpstreamOptions {
+            connect_timeout: cfg.limits.connect_timeout(),
+            header_timeout: cfg.limits.response_header_timeout(),
+        },
+        sessions: Settings {
+            data_dir,
+            line: cfg.ledger.line_spec(),
+            block: cfg.ledger.block_spec(),
+            models,
+            tideline_enabled: cfg.ledger.enabled,
+        },
+        // `ledger.enabled: false`: nothing is recorded, nothing on disk.
+        store: cfg.ledger.enabled.then_some(StoreOptions {
+            queue_capacity: cfg.writer.queue_capacity,
+            batch_max: cfg.writer.batch_max,
+        }),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// How often `serve` runs the retention sweep.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
+    let data_dir = opts.front.data_dir.clone();
+    let running = runtime::start(opts).await?;
+    if let (Some(store), true) = (running.app.store.clone(), retention_days > 0) {
+        tokio::spawn(async move {
+            loop {
+                let s = store.clone();
+                match tokio::task::spawn_blocking(move || s.sweep(retention_days)).await {
+                    Ok(Ok(r)) if !r.removed.is_empty() => tracing::info!(
+                        sessions = r.removed.len(),
+                        rows = r.rows,
+                        "retention sweep removed idle sessions"
+                    ),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(oceancode_ledger::store::StoreError::Closed)) | Err(_) => break,
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention sweep failed"),
+                }
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        });
+    }
+    let ledger = ledger_label(&running, &data_dir);
+    tracing::info!(addr = %running.addr, ledger = %ledger, "oceancode-proxy listening");
+    errln!(
+        "oceancode-proxy listening on http://{} (ledger: {ledger})",
+        running.addr
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining requests and the ledger writer");
+    running.shutdown().await;
+    Ok(0)
+}
+
+/// Where the ledger is, or `off` (`ledger.enabled: false`).
+pub(super) fn ledger_label(running: &runtime::Running, data_dir: &Path) -> String {
+    match running.app.store {
+        Some(_) => data_dir.display().to_string(),
+        None => "off".to_string(),
+    }
+}

@@ -1,0 +1,302 @@
+//! The index of live sessions (by client key and by id), the matching of a
+//! request onto one of its key's sessions, restoring a key's sessions from
+//! the ledger, and idle eviction.
+
+use super::prepare::Request;
+use super::state::State;
+use super::{now_ms, Session, SessionManager};
+use oceancode_ledger::SessionMeta;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Live sessions.
+#[derive(Default)]
+pub(super) struct Index {
+    pub(super) by_key: HashMap<String, Vec<Arc<Session>>>,
+    pub(super) by_id: HashMap<String, Arc<Session>>,
+    /// Most recently used session id.
+    pub(super) latest: Option<String>,
+}
+
+impl Index {
+    /// Add a session under `key`.
+    fn insert(&mut self, key: &str, s: Arc<Session>) {
+        self.by_key
+            .entry(key.to_string())
+            .or_default()
+            .push(s.clone());
+        self.by_id.insert(s.id.clone(), s);
+    }
+}
+
+impl SessionManager {
+    /// Let client sessions idle for longer than `idle_ms` leave memory (all
+    /// sessions of a client key together). They are read back from the
+    /// ledger on their next request. Needs a restorer (a ledger on disk).
+    pub fn evict_idle(&self, idle_ms: i64) -> usize {
+        if self.restorer.is_none() {
+            return 0;
+        }
+        let now = now_ms();
+        let mut idx = self.index.lock();
+        let idle_keys: Vec<String> = idx
+            .by_key
+            .iter()
+            .filter(|(_, list)| {
+                list.iter().all(|s| {
+                    s.state
+                        .try_lock()
+                        .is_some_and(|st| now - st.meta.last_ms > idle_ms)
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut n = 0;
+        for k in idle_keys {
+            for s in idx.by_key.remove(&k).unwrap_or_default() {
+                if let Some(l) = s.state.lock().override_line {
+                    self.parked_overrides.lock().insert(s.id.clone(), l);
+                }
+                idx.by_id.remove(&s.id);
+                n += 1;
+            }
+        }
+        if idx
+            .latest
+            .as_ref()
+            .is_some_and(|l| !idx.by_id.contains_key(l))
+        {
+            idx.latest = None;
+        }
+        n
+    }
+
+    /// Read a client key's recorded sessions back (SQLite, and a wait for
+    /// the writer to drain): called with no lock held. A failure is logged
+    /// and the request goes on as the key's first.
+    fn load_key(&self, key: &str) -> Vec<State> {
+        let Some(r) = &self.restorer else {
+            return Vec::new();
+        };
+        match r(key) {
+            Ok(loaded) => loaded.into_iter().map(State::restore).collect(),
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot read the client's recorded sessions back; its request starts a new session");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Put restored sessions into the index under `key` (none already live).
+    fn adopt(&self, idx: &mut Index, key: &str, restored: Vec<State>) {
+        for mut st in restored {
+            if idx.by_id.contains_key(&st.meta.id) {
+                continue;
+            }
+            st.override_line = self.parked_overrides.lock().remove(&st.meta.id);
+            let s = Arc::new(Session {
+                id: st.meta.id.clone(),
+                state: Mutex::new(st),
+            });
+            idx.insert(key, s);
+        }
+    }
+
+    /// Sessions known in memory, most recent last.
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.index.lock().by_id.values().cloned().collect()
+    }
+
+    /// A session by id.
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.index.lock().by_id.get(id).cloned()
+    }
+
+    /// A live session's full id from its id or a unique prefix of it (as the
+    /// ledger commands accept).
+    pub fn resolve(&self, id: &str) -> Option<String> {
+        let idx = self.index.lock();
+        if idx.by_id.contains_key(id) {
+            return Some(id.to_string());
+        }
+        let mut found = idx.by_id.keys().filter(|k| k.starts_with(id));
+        match (found.next(), found.next()) {
+            (Some(k), None) => Some(k.clone()),
+            _ => None,
+        }
+    }
+
+    /// The most recently used session.
+    pub fn latest(&self) -> Option<Arc<Session>> {
+        let idx = self.index.lock();
+        idx.latest
+            .as_ref()
+            .and_then(|id| idx.by_id.get(id).cloned())
+    }
+
+    /// The live sessions of a client key (none when the key is not in memory).
+    pub(super) fn candidates(&self, key: &str) -> Vec<Arc<Session>> {
+        self.index
+            .lock()
+            .by_key
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The session a request continues, or a new one.
+    pub(super) fn find_or_create(&self, req: &Request<'_>) -> Arc<Session> {
+        let mut idx = self.index.lock();
+        if self.restorer.is_some() && !idx.by_key.contains_key(&req.key) {
+            // The key's first request since a start or an eviction: read its
+            // sessions back without holding the index (other clients go on),
+            // then look again — a concurrent request may have been first.
+            drop(idx);
+            let restored = self.load_key(&req.key);
+            idx = self.index.lock();
+            if !idx.by_key.contains_key(&req.key) {
+                self.adopt(&mut idx, &req.key, restored);
+            }
+        }
+        let cands = idx.by_key.get(&req.key).cloned().unwrap_or_default();
+        let session = match choose(&cands, req) {
+            Some(s) => s,
+            None => {
+                let s = self.create(&cands, req);
+                idx.insert(&req.key, s.clone());
+                s
+            }
+        };
+        idx.latest = Some(session.id.clone());
+        session
+    }
+
+    /// A new session for `req` (linked to the key's first one, whose line
+    /// override it inherits).
+    fn create(&self, cands: &[Arc<Session>], req: &Request<'_>) -> Arc<Session> {
+        let id = self.new_id(req.ident.client);
+        let parent = cands.first().map(|p| p.id.clone());
+        let inherited = cands.first().and_then(|p| p.state.lock().override_line);
+        let now = now_ms();
+        let meta = SessionMeta {
+            id: id.clone(),
+            client: req.ident.client.to_string(),
+            client_session: Some(req.key.clone()),
+            dialect: req.dialect,
+            model: req.model.clone(),
+            parent,
+            created_ms: now,
+            last_ms: now,
+        };
+        let mut st = State::new(meta, req.dialect, req.shape.tools, req.shape.system);
+        st.override_line = inherited;
+        Arc::new(Session {
+            id,
+            state: Mutex::new(st),
+        })
+    }
+
+    fn new_id(&self, client: &str) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let ms = now_ms();
+        let secs = ms / 1000;
+        let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+        let rem = secs.rem_euclid(86_400);
+        let tag = match client {
+            "claude-code" => "cc",
+            "codex" => "codex",
+            "openai-sdk" => "oai",
+            "anthropic-sdk" => "ant",
+            _ => "s",
+        };
+        let salt =
+            xxhash_rust::xxh3::xxh3_64(format!("{ms}-{n}-{}", std::process::id()).as_bytes());
+        format!(
+            "{y:04}{mo:02}{d:02}-{:02}{:02}{:02}-{tag}-{:06x}",
+            rem / 3600,
+            (rem / 60) % 60,
+            rem % 60,
+            salt & 0xff_ffff
+        )
+    }
+}
+
+/// Which of a key's sessions a request continues, if any.
+///
+/// A request continues (or rewinds) the session it shares the longest prefix
+/// with, but only if that prefix reaches the session's root (its first user
+/// prompt): a request with another first prompt is another conversation — a
+/// sub-agent, or the client's own fresh start — and becomes a new session
+/// linked to the first one, never a branch hiding the root.
+fn choose(cands: &[Arc<Session>], req: &Request<'_>) -> Option<Arc<Session>> {
+    let (dialect, shape) = (req.dialect, req.shape);
+    if req.stateful {
+        // Only what is new is sent: it continues the client's latest
+        // conversation of this dialect (the one with the same tools first).
+        return cands
+            .iter()
+            .filter_map(|s| {
+                let st = s.state.lock();
+                (st.dialect == dialect)
+                    .then(|| ((st.tools_fp == shape.tools, st.meta.last_ms), s.clone()))
+            })
+            .max_by_key(|(k, _)| *k)
+            .map(|(_, s)| s);
+    }
+    let mut best: Option<(usize, Arc<Session>)> = None;
+    for s in cands {
+        let st = s.state.lock();
+        if st.dialect != dialect {
+            continue;
+        }
+        let p = st.lcp(req.messages, &req.hashes);
+        if p > 0 && p >= st.root_len() && best.as_ref().is_none_or(|(bp, _)| p > *bp) {
+            best = Some((p, s.clone()));
+        }
+    }
+    best.map(|(_, s)| s).or_else(|| {
+        // Nothing shared up to a root, but the system prompt and the tools
+        // the conversation started with: the client compacted or cleared its
+        // own conversation — a branch at 0 of it (spec §2). A sub-agent comes
+        // with its own system prompt.
+        cands
+            .iter()
+            .filter_map(|s| {
+                let st = s.state.lock();
+                (st.dialect == dialect
+                    && st.system_fp != 0
+                    && st.system_fp == shape.system
+                    && st.tools_fp == shape.tools)
+                    .then(|| (st.meta.last_ms, s.clone()))
+            })
+            .max_by_key(|(last, _)| *last)
+            .map(|(_, s)| s)
+    })
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
+    }
+}

@@ -1,0 +1,41 @@
+//! What the meter shows for a session, and how a line spec reads to a person.
+
+use oceancode_config::LineSpec;
+
+/// What the meter shows for a session.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Meter {
+    /// Gauge (tokens): the last answer's real window (input, cache read and
+    /// write, output); between a request and its answer, the request's
+    /// estimate.
+    pub gauge: u64,
+    /// The line in force.
+    pub line: u64,
+    /// The spec `line` was computed from at the last request (a change
+    /// applies from the next one).
+    #[serde(skip)]
+    pub spec: Option<LineSpec>,
+    /// Block size.
+    pub block: u64,
+    /// The model's context window, if known.
+    pub context: Option<u64>,
+    /// Last seq past the tideline.
+    pub cut_upto: u64,
+    /// Rows on the active line.
+    pub active_rows: usize,
+    /// Rows sent in the last window.
+    pub window_rows: usize,
+    /// Steps so far.
+    pub steps: u32,
+    /// Cuts so far.
+    pub cuts: u32,
+}
+
+/// How a line spec reads to a person: `40%`, `20k`, `ceiling`.
+pub fn line_label(spec: LineSpec) -> String {
+    match spec {
+        LineSpec::Percent(p) => format!("{p}%"),
+        LineSpec::Tokens(0) => "ceiling".to_string(),
+        LineSpec::Tokens(t) => oceancode_ledger::status::tokens(t),
+    }
+}

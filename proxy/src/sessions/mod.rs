@@ -1,0 +1,218 @@
+//! The session manager: maps each request onto a ledger session by
+//! longest-common-prefix over normalized messages, records new rows and
+//! branches, runs the tideline, and renders the window sent upstream.
+//!
+//! Everything here is in memory and cheap per request: old messages are only
+//! hashed (xxh3 over their raw bytes), and only messages that differ from the
+//! recorded ones are parsed. Writes go to the single ledger writer through a
+//! queue; the request path never waits on disk.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `prepare` | a request in named phases: split, describe, record, tideline, window |
+//! | `step` | the [`Ticket`] a prepared request carries until its step finishes, exactly once |
+//! | `index` | live sessions by client key and id, matching, restore, eviction |
+//! | `state` | one session's rows, active line and tideline; absorbing a history |
+//! | `window` | rendering the window for the current cut (pure) |
+//! | `layouts` | each client's latest body layouts, to split the next body fast |
+//! | `parse` | full parses of new messages, root hashes, token estimates |
+//! | `meter` | what the meter shows |
+
+mod index;
+mod layouts;
+mod meter;
+mod parse;
+mod prepare;
+mod state;
+mod step;
+#[cfg(test)]
+mod tests;
+mod window;
+
+pub use meter::{line_label, Meter};
+pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
+pub use state::State;
+pub use step::{Prepared, StepError, Ticket};
+
+use index::Index;
+use layouts::Layouts;
+use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_ledger::store::LoadedSession;
+use oceancode_ledger::tideline;
+use oceancode_ledger::Event;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Context window and output allowance of a model, as configured/known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Context window in tokens (None = unknown).
+    pub context: Option<u64>,
+    /// Output allowance in tokens.
+    pub max_output: Option<u64>,
+}
+
+/// Resolves a model's limits given a learned ceiling.
+pub type ModelResolver = Arc<dyn Fn(&str, Option<u64>) -> ModelLimits + Send + Sync>;
+
+/// Where ledger events go (the store in production, a vector in tests).
+pub type EventSink = Arc<dyn Fn(Vec<Event>) + Send + Sync>;
+
+/// Reads back the recorded sessions of a client key (after a restart, or
+/// after they left memory). Called outside every lock of the manager.
+pub type Restorer =
+    Arc<dyn Fn(&str) -> Result<Vec<LoadedSession>, crate::error::BoxError> + Send + Sync>;
+
+/// Tideline and ledger settings the manager runs with.
+#[derive(Clone)]
+pub struct Settings {
+    /// The data directory (stubs point into `<data>/sessions/<id>`).
+    pub data_dir: PathBuf,
+    /// Configured line.
+    pub line: LineSpec,
+    /// Configured block size.
+    pub block: BlockSpec,
+    /// Model limits lookup.
+    pub models: ModelResolver,
+    /// When false, nothing is windowed (pure passthrough + ledger).
+    pub tideline_enabled: bool,
+}
+
+/// Counters exported on `/metrics`.
+#[derive(Debug, Default)]
+pub struct SessionMetrics {
+    /// Cuts made.
+    pub cuts: AtomicU64,
+    /// Tokens (estimated) kept out of upstream windows, summed over requests.
+    pub tokens_kept_out: AtomicU64,
+    /// Rows recorded.
+    pub rows: AtomicU64,
+    /// Branches recorded.
+    pub branches: AtomicU64,
+    /// Requests whose body was rewritten.
+    pub rewritten: AtomicU64,
+    /// Retries after a too-long error.
+    pub too_long_retries: AtomicU64,
+    /// Bodies split against a previous body of the same client (its shared
+    /// prefix hashed, not scanned).
+    pub bodies_spliced: AtomicU64,
+}
+
+/// A ledger session shared between requests.
+pub struct Session {
+    /// Ledger id.
+    pub id: String,
+    /// Mutable state.
+    pub state: Mutex<State>,
+}
+
+/// The manager.
+pub struct SessionManager {
+    settings: Settings,
+    sink: EventSink,
+    index: Mutex<Index>,
+    global_override: Mutex<Option<LineSpec>>,
+    /// Counters.
+    pub metrics: Arc<SessionMetrics>,
+    counter: AtomicU64,
+    restorer: Option<Restorer>,
+    /// Line overrides of sessions that left memory (restored with them).
+    parked_overrides: Mutex<HashMap<String, LineSpec>>,
+    layouts: Layouts,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SessionManager {
+    /// A manager writing ledger events to `sink`.
+    pub fn new(settings: Settings, sink: EventSink) -> Self {
+        SessionManager {
+            settings,
+            sink,
+            index: Mutex::new(Index::default()),
+            global_override: Mutex::new(None),
+            metrics: Arc::default(),
+            counter: AtomicU64::new(0),
+            restorer: None,
+            parked_overrides: Mutex::new(HashMap::new()),
+            layouts: Layouts::default(),
+        }
+    }
+
+    /// Read recorded sessions back from the ledger when a client key is first
+    /// seen after a restart, so its next full resend continues (and heals) them.
+    pub fn with_restorer(mut self, r: Restorer) -> Self {
+        self.restorer = Some(r);
+        self
+    }
+
+    /// Whether sessions are recorded and windowed (`ledger.enabled`); when
+    /// not, the front relays provider requests as they are.
+    pub fn enabled(&self) -> bool {
+        self.settings.tideline_enabled
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The line spec in force for a session: its override, else the global
+    /// override, else the configured line (`serve --tideline`, config).
+    pub fn line_spec_of(&self, s: &Session) -> LineSpec {
+        let own = s.state.lock().override_line;
+        own.or(*self.global_override.lock())
+            .unwrap_or(self.settings.line)
+    }
+
+    /// Set (or clear) the line for one session, or for all when `session` is None.
+    /// Sub-agent sessions follow their parent's override.
+    pub fn set_override(
+        &self,
+        session: Option<&str>,
+        line: Option<LineSpec>,
+    ) -> Result<(), String> {
+        match session {
+            None => {
+                *self.global_override.lock() = line;
+                Ok(())
+            }
+            Some(id) => {
+                let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
+                s.state.lock().override_line = line;
+                let children: Vec<Arc<Session>> = self
+                    .sessions()
+                    .into_iter()
+                    .filter(|c| c.state.lock().meta.parent.as_deref() == Some(id))
+                    .collect();
+                for c in children {
+                    c.state.lock().override_line = line;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `tideline now`: cut at the next request of the session, which
+    /// records it (a `Cut` event) like any other. Returns the last row the
+    /// next window leaves out.
+    pub fn cut_now(&self, id: &str) -> Result<u64, String> {
+        let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
+        let mut st = s.state.lock();
+        let boundary = st.active.last().copied().unwrap_or(0);
+        st.tideline
+            .cut_now(boundary)
+            .ok_or_else(|| "nothing to cut yet".to_string())?;
+        let plan = tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
+        Ok(plan.effective_upto_seq.max(st.recorded_cut))
+    }
+}

@@ -1,0 +1,408 @@
+//! Preparing a request, in named phases: split the body (against the
+//! client's last layout when it can), describe the request (identity, key,
+//! shape), record it on its session, run the tideline, render the window,
+//! and hand back the body to forward with the step's [`Ticket`].
+
+use super::layouts::Layouts;
+use super::parse::root_hashes;
+use super::state::State;
+use super::step::{Prepared, Ticket};
+use super::window::{self, Window};
+use super::{now_ms, SessionManager};
+use crate::dialect::{self, ParsedBody};
+use crate::identity::{self, Identity, NameError, ReqKind};
+use bytes::Bytes;
+use oceancode_config::LineSpec;
+use oceancode_ledger::tideline::{self, Observation, Params};
+use oceancode_ledger::{Dialect, Event, SessionMeta};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+
+/// What a request's conversation started with, to tell the client's own
+/// fresh start (compaction, `/clear`) from a sub-agent.
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    /// Hash of the `tools` member (0 = none).
+    pub(super) tools: u64,
+    /// [`super::parse::RootHashes::system`].
+    pub(super) system: u64,
+}
+
+/// A request as the session matching and the tideline see it.
+pub(super) struct Request<'a> {
+    pub(super) dialect: Dialect,
+    pub(super) ident: &'a Identity,
+    /// The client key: the declared one, else `fp:` and the root hash.
+    pub(super) key: String,
+    /// The conversation's raw messages.
+    pub(super) messages: &'a [&'a str],
+    /// Their raw hashes.
+    pub(super) hashes: Vec<u64>,
+    pub(super) shape: Shape,
+    /// Responses with `previous_response_id`: the provider holds the
+    /// history; the input is only what is new. Recorded, never windowed.
+    pub(super) stateful: bool,
+    /// A Responses string `input`, taken as one message: recorded, not cut.
+    pub(super) synthetic: bool,
+    pub(super) model: String,
+    pub(super) max_tokens: Option<u64>,
+}
+
+impl<'a> Request<'a> {
+    fn describe(
+        dialect: Dialect,
+        parsed: &'a ParsedBody<'a>,
+        ident: &'a Identity,
+        hashes: Vec<u64>,
+        synthetic: bool,
+    ) -> Self {
+        let sys = parsed
+            .get("system")
+            .or_else(|| parsed.get("instructions"))
+            .unwrap_or("");
+        let root = root_hashes(dialect, sys, &parsed.messages);
+        let key = ident
+            .client_key
+            .clone()
+            .unwrap_or_else(|| format!("fp:{:016x}", root.key));
+        Request {
+            dialect,
+            ident,
+            key,
+            messages: &parsed.messages,
+            hashes,
+            shape: Shape {
+                tools: parsed.get("tools").map(dialect::raw_hash).unwrap_or(0),
+                system: root.system,
+            },
+            stateful: dialect == Dialect::OpenaiResponses
+                && parsed
+                    .get_as::<Value>("previous_response_id")
+                    .is_some_and(|v| !v.is_null()),
+            synthetic,
+            model: parsed.model().unwrap_or_default(),
+            max_tokens: parsed
+                .get_as("max_tokens")
+                .or_else(|| parsed.get_as("max_output_tokens"))
+                .or_else(|| parsed.get_as("max_completion_tokens")),
+        }
+    }
+
+    /// Whether the tideline may window this request.
+    fn windowed(&self, enabled: bool) -> bool {
+        enabled && !self.stateful && !self.synthetic
+    }
+}
+
+/// A Responses request whose `input` is a string: that string as one user
+/// message.
+fn synthetic_input(dialect: Dialect, parsed: &ParsedBody<'_>) -> Option<String> {
+    (dialect == Dialect::OpenaiResponses && parsed.messages.is_empty())
+        .then(|| parsed.get_as::<String>("input"))
+        .flatten()
+        .map(|text| serde_json::json!({"role": "user", "content": text}).to_string())
+}
+
+impl SessionManager {
+    /// Prepare a request: record it, run the tideline, render the window.
+    pub fn prepare(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        ident: &Identity,
+        body: Bytes,
+    ) -> Prepared {
+        let given = |_: Option<&ParsedBody<'_>>| Ok::<_, std::convert::Infallible>(ident.clone());
+        match self.prepare_with(dialect, kind, body, None, given) {
+            Ok(p) => p,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`SessionManager::prepare`] for a request as it arrived: the body is
+    /// parsed once, to tell side requests (titles) apart, to read the
+    /// identity (`metadata.user_id`), and to record and window it. A session
+    /// name that breaks [`identity::session_name`]'s rule refuses the
+    /// request.
+    pub fn prepare_request(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        prefix: Option<&str>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Result<Prepared, NameError> {
+        // Only a key the headers (or path) give: it is known before the body
+        // is read, which is what lets the body be split against the last one.
+        let layout_key = identity::identify(prefix, headers, None)?
+            .client_key
+            .map(|k| format!("{}|{k}", dialect.as_str()));
+        self.prepare_with(dialect, kind, body, layout_key, |parsed| {
+            identity::identify(prefix, headers, parsed)
+        })
+    }
+
+    fn prepare_with<E>(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        body: Bytes,
+        layout_key: Option<String>,
+        ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Result<Identity, E>,
+    ) -> Result<Prepared, E> {
+        if kind == ReqKind::Side {
+            return Ok(Prepared::forward(body));
+        }
+        // 1. Split the body.
+        let candidates = self.layouts.candidates(layout_key.as_deref());
+        let mut split = match Layouts::split(&candidates, &body, dialect::conv_key(dialect)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
+                return Ok(Prepared::forward(body));
+            }
+        };
+        if split.spliced() {
+            self.metrics.bodies_spliced.fetch_add(1, Ordering::Relaxed);
+        }
+        if identity::is_side_request(dialect, &split.parsed) {
+            return Ok(Prepared::forward(body));
+        }
+        // 2. Describe it: who, which conversation, what shape.
+        let ident = ident_of(Some(&split.parsed))?;
+        let synthetic = synthetic_input(dialect, &split.parsed);
+        if let Some(m) = &synthetic {
+            split.parsed.messages = vec![m.as_str()];
+        }
+        if split.parsed.messages.is_empty() {
+            return Ok(Prepared::forward(body));
+        }
+        let hashes = split.hashes(&candidates);
+        if let Some(k) = &layout_key {
+            self.layouts.remember(k, &body, &split, &hashes);
+        }
+        let parsed = &split.parsed;
+        let req = Request::describe(dialect, parsed, &ident, hashes, synthetic.is_some());
+        if kind == ReqKind::CountTokens {
+            return Ok(self.prepare_count(&req, parsed, &body));
+        }
+        // 3. Record it on its session.
+        let session = self.find_or_create(&req);
+        let mut st = session.state.lock();
+        let mut events = Vec::new();
+        let boundary = self.record(&mut st, &req, &mut events);
+        // 4. Run the tideline.
+        let (params, cut_gauge) = self.run_tideline(&mut st, &req, boundary);
+        // 5. Render the window.
+        let window = self.window(&mut st, &req, parsed, params, cut_gauge, &mut events);
+        let step = st.step;
+        drop(st);
+        // 6. Hand the events to the writer, the body and the ticket back.
+        if !events.is_empty() {
+            (self.sink)(events);
+        }
+        self.metrics
+            .tokens_kept_out
+            .fetch_add(window.kept_out, Ordering::Relaxed);
+        let out = match window.body {
+            Some(b) => {
+                self.metrics.rewritten.fetch_add(1, Ordering::Relaxed);
+                Bytes::from(b)
+            }
+            None => body.clone(),
+        };
+        let body_len = out.len();
+        let ticket = Ticket::new(
+            session,
+            step,
+            dialect,
+            body,
+            window.rows,
+            boundary,
+            body_len,
+            self.recorder(),
+        );
+        Ok(Prepared {
+            body: out,
+            ticket: Some(ticket),
+        })
+    }
+
+    /// Phase 3: the session's facts, a new step, and the request's history
+    /// mapped onto the active line (confirmed echoes, a branch, new rows).
+    /// Returns the last seq before this step's new rows.
+    fn record(&self, st: &mut State, req: &Request<'_>, events: &mut Vec<Event>) -> u64 {
+        st.meta.model.clone_from(&req.model);
+        st.meta.last_ms = now_ms();
+        let same = st.recorded_meta.as_ref().is_some_and(|r| {
+            SessionMeta {
+                last_ms: st.meta.last_ms,
+                ..r.clone()
+            } == st.meta
+        });
+        if !same {
+            events.push(Event::Session(st.meta.clone()));
+            st.recorded_meta = Some(st.meta.clone());
+        }
+        st.step += 1;
+        let boundary = st.active.last().copied().unwrap_or(0);
+        if req.stateful {
+            st.append_stateful(req.messages, events);
+        } else {
+            st.absorb(req.messages, &req.hashes, events);
+        }
+        for ev in events.iter() {
+            match ev {
+                Event::Branch { .. } => {
+                    self.metrics.branches.fetch_add(1, Ordering::Relaxed);
+                }
+                Event::Rows { rows, .. } => {
+                    self.metrics
+                        .rows
+                        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+        boundary
+    }
+
+    /// Phase 4: the line in force, and the tideline's decision on the
+    /// gauge (last real usage + the estimate of what was added since).
+    /// Returns the parameters and, when this request cut, the gauge before.
+    fn run_tideline(
+        &self,
+        st: &mut State,
+        req: &Request<'_>,
+        boundary: u64,
+    ) -> (Params, Option<u64>) {
+        let limits_model = if req.ident.context_1m && !req.model.contains("[1m]") {
+            format!("{}[1m]", req.model)
+        } else {
+            req.model.clone()
+        };
+        let (params, calc, spec) = self.params(st, &limits_model, req.max_tokens);
+        if calc.clamped && st.meter.line != calc.line {
+            tracing::info!(session = %st.meta.id, line = calc.line, "tideline clamped to the model's context minus the output allowance");
+        }
+        // A conversation held by the provider (`previous_response_id`) is
+        // never windowed; a string input is one message, recorded but not cut.
+        // The gauge before this request's cut, if it made one.
+        let mut cut_gauge = None;
+        if self.settings.tideline_enabled && !req.stateful {
+            let last_seq = st.active.last().copied().unwrap_or(0);
+            let cut_before = st.tideline.cut_upto();
+            // A restored session knows its last real usage; otherwise the row
+            // estimates are all there is (seeding).
+            let measured = st.last_usage.map(|u| u.window_total() + st.pending_est);
+            let obs = Observation {
+                gauge: measured.unwrap_or(0),
+                added: st.pending_est,
+                boundary_seq: boundary,
+                last_seq,
+            };
+            let decision = if st.needs_seed || measured.is_none() {
+                st.needs_seed = false;
+                let rows = st.seed_rows();
+                st.tideline.seed(&rows, obs, params)
+            } else {
+                st.tideline.observe(obs, params)
+            };
+            st.meter.gauge = decision.gauge;
+            if let Some(cut) = decision.cut.filter(|c| c.upto_seq > cut_before) {
+                cut_gauge = Some(cut.gauge_before);
+            }
+        }
+        st.meter.line = params.line;
+        st.meter.spec = Some(spec);
+        st.meter.block = params.block;
+        st.meter.context = calc.context;
+        st.meter.steps = st.step;
+        st.meter.active_rows = st.active.len();
+        (params, cut_gauge)
+    }
+
+    /// Phase 5: the window for the session's cut; a cut is recorded when the
+    /// window it renders leaves out more rows (by this request's tideline,
+    /// or by an earlier `tideline now`).
+    fn window(
+        &self,
+        st: &mut State,
+        req: &Request<'_>,
+        parsed: &ParsedBody<'_>,
+        params: Params,
+        cut_gauge: Option<u64>,
+        events: &mut Vec<Event>,
+    ) -> Window {
+        let window = if req.windowed(self.settings.tideline_enabled) {
+            window::render(&self.settings.data_dir, st, parsed)
+        } else {
+            Window::unchanged(parsed.messages.len())
+        };
+        if window.upto > st.recorded_cut {
+            let gauge = cut_gauge.unwrap_or(st.meter.gauge);
+            events.push(self.record_cut(st, window.upto, gauge, params.line));
+        }
+        st.meter.window_rows = window.rows;
+        window
+    }
+
+    /// The line and block for a session and model.
+    fn params(
+        &self,
+        st: &State,
+        model: &str,
+        max_tokens: Option<u64>,
+    ) -> (Params, tideline::LineCalc, LineSpec) {
+        let limits = (self.settings.models)(model, st.learned_ceiling);
+        let spec = st
+            .override_line
+            .or(*self.global_override.lock())
+            .unwrap_or(self.settings.line);
+        let calc = tideline::effective_line(spec, limits.context, limits.max_output, max_tokens);
+        let block = tideline::block_tokens(self.settings.block, calc.line);
+        (
+            Params {
+                line: calc.line,
+                block,
+            },
+            calc,
+            spec,
+        )
+    }
+
+    /// The `Cut` event for a window that now leaves out every row up to
+    /// `upto` (counted in the meter and the metrics).
+    pub(super) fn record_cut(&self, st: &mut State, upto: u64, gauge: u64, line: u64) -> Event {
+        self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
+        st.meter.cuts += 1;
+        st.recorded_cut = upto;
+        st.meter.cut_upto = upto;
+        Event::Cut {
+            session: st.meta.id.clone(),
+            upto_seq: upto,
+            gauge,
+            line,
+            ts_ms: now_ms(),
+        }
+    }
+
+    /// `count_tokens`: windowed like the conversation it counts (the
+    /// session whose whole active line it starts with), never recorded.
+    fn prepare_count(&self, req: &Request<'_>, parsed: &ParsedBody<'_>, body: &Bytes) -> Prepared {
+        for s in self.candidates(&req.key) {
+            let st = s.state.lock();
+            if st.dialect != req.dialect || req.messages.len() < 2 {
+                continue;
+            }
+            // The count may carry new messages after the recorded ones.
+            if !st.active.is_empty() && st.lcp(req.messages, &req.hashes) == st.active.len() {
+                let w = window::render(&self.settings.data_dir, &st, parsed);
+                if let Some(b) = w.body {
+                    return Prepared::forward(Bytes::from(b));
+                }
+            }
+        }
+        Prepared::forward(body.clone())
+    }
+}

@@ -1,0 +1,399 @@
+//! The live state of one ledger session: its rows (hashes, kinds and tool
+//! calls, never bytes), the active line, the pending answer, and the
+//! tideline; how a request's history maps onto it (confirm, branch, append),
+//! and how a recorded session is read back.
+
+use super::meter::Meter;
+use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
+use crate::dialect;
+use oceancode_config::LineSpec;
+use oceancode_ledger::store::LoadedSession;
+use oceancode_ledger::tideline::{RowInfo, Tideline};
+use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The tool calls a row makes and answers (hashed ids).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Calls {
+    pub(super) opens: Box<[u64]>,
+    pub(super) closes: Box<[u64]>,
+    pub(super) binds_next: bool,
+}
+
+impl Calls {
+    pub(super) fn of(i: &dialect::MessageInfo) -> Calls {
+        let h = |ids: &[String]| ids.iter().map(|s| dialect::raw_hash(s)).collect();
+        Calls {
+            opens: h(&i.opens),
+            closes: h(&i.closes),
+            binds_next: i.binds_next,
+        }
+    }
+}
+
+/// One row as the manager keeps it in memory (no bytes).
+#[derive(Debug, Clone)]
+pub(super) struct RowMem {
+    pub(super) raw_hash: u64,
+    pub(super) norm_hash: u64,
+    pub(super) kind: RowKind,
+    pub(super) starts_ok: bool,
+    pub(super) calls: Calls,
+    pub(super) tokens: u32,
+    pub(super) turn: u32,
+}
+
+/// The live state of one ledger session.
+pub struct State {
+    pub(super) meta: SessionMeta,
+    /// The facts last handed to the ledger (None = never): a request only
+    /// re-sends them when something other than `last_ms` changed (the
+    /// ledger's `Step` keeps the activity time).
+    pub(super) recorded_meta: Option<SessionMeta>,
+    pub(super) dialect: Dialect,
+    /// All rows ever recorded, index = seq − 1.
+    pub(super) rows: Vec<RowMem>,
+    /// Seqs on the active line, in order (what the client's history maps to).
+    pub(super) active: Vec<u64>,
+    /// Response rows not yet echoed by the client.
+    pub(super) pending: Vec<u64>,
+    pub(super) branch: u32,
+    pub(super) step: u32,
+    pub(super) turn: u32,
+    /// First line of each turn's prompt, by turn.
+    pub(super) turn_lines: HashMap<u32, (u64, String)>,
+    pub(super) tideline: Tideline,
+    /// The last row the rendered window left out, as last recorded in a
+    /// `Cut` event (what the stub names; at most `tideline.cut_upto()`).
+    pub(super) recorded_cut: u64,
+    pub(super) needs_seed: bool,
+    pub(super) last_usage: Option<Usage>,
+    pub(super) pending_est: u64,
+    pub(super) override_line: Option<LineSpec>,
+    pub(super) learned_ceiling: Option<u64>,
+    pub(super) tools_fp: u64,
+    /// [`RootHashes::system`] of the request that opened the conversation;
+    /// 0 = unknown.
+    pub(super) system_fp: u64,
+    /// Bytes of request JSON per real input token, learned from usage
+    /// (row estimates on the request path are `bytes / bytes_per_token`).
+    pub(super) bytes_per_token: f64,
+    /// Totals over the session's steps.
+    pub totals: Usage,
+    /// Last computed numbers, for the meter.
+    pub meter: Meter,
+}
+
+impl State {
+    pub(super) fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64, system_fp: u64) -> Self {
+        State {
+            meta,
+            recorded_meta: None,
+            dialect,
+            rows: Vec::new(),
+            active: Vec::new(),
+            pending: Vec::new(),
+            branch: 0,
+            step: 0,
+            turn: 0,
+            turn_lines: HashMap::new(),
+            tideline: Tideline::default(),
+            recorded_cut: 0,
+            needs_seed: true,
+            last_usage: None,
+            pending_est: 0,
+            override_line: None,
+            learned_ceiling: None,
+            tools_fp,
+            system_fp,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+            totals: Usage::default(),
+            meter: Meter::default(),
+        }
+    }
+
+    pub(super) fn row(&self, seq: u64) -> &RowMem {
+        &self.rows[(seq - 1) as usize]
+    }
+
+    /// Length of the common prefix between the active line and `msgs`
+    /// (read-only: compares raw hashes, then normalized hashes).
+    pub(super) fn lcp(&self, msgs: &[&str], hashes: &[u64]) -> usize {
+        let mut p = 0;
+        while p < msgs.len() && p < self.active.len() {
+            let r = self.row(self.active[p]);
+            if r.raw_hash != hashes[p] && parse_msg(self.dialect, msgs[p]).norm != r.norm_hash {
+                break;
+            }
+            p += 1;
+        }
+        p
+    }
+
+    /// How many rows of the active line a request must share to continue
+    /// this conversation: everything up to and including its first prompt
+    /// (the whole line when it has none).
+    pub(super) fn root_len(&self) -> usize {
+        self.active
+            .iter()
+            .position(|&seq| self.row(seq).kind == RowKind::Prompt)
+            .map_or(self.active.len(), |i| i + 1)
+    }
+
+    pub(super) fn next_seq(&self) -> u64 {
+        self.rows.len() as u64 + 1
+    }
+
+    pub(super) fn push_row(
+        &mut self,
+        raw: &str,
+        p: Parsed,
+        from_response: bool,
+        events: &mut Vec<Row>,
+    ) -> u64 {
+        let seq = self.next_seq();
+        if p.info.kind == RowKind::Prompt {
+            self.turn += 1;
+            if let Some(l) = &p.info.first_line {
+                self.turn_lines.insert(self.turn, (seq, l.clone()));
+            }
+        }
+        let turn = self.turn.max(1);
+        let tokens = (raw.len() as f64 / self.bytes_per_token).ceil() as u32;
+        self.rows.push(RowMem {
+            raw_hash: dialect::raw_hash(raw),
+            norm_hash: p.norm,
+            kind: p.info.kind,
+            starts_ok: p.info.starts_ok,
+            calls: Calls::of(&p.info),
+            tokens,
+            turn,
+        });
+        events.push(Row {
+            seq,
+            role: p.info.role,
+            kind: p.info.kind,
+            raw: Arc::from(raw),
+            tokens,
+            turn,
+            step: self.step,
+            branch: self.branch,
+            from_response,
+        });
+        seq
+    }
+
+    /// Map the client's history onto the active line: confirm echoes, record
+    /// a branch when it diverges, append what is new.
+    pub(super) fn absorb(&mut self, msgs: &[&str], hashes: &[u64], events: &mut Vec<Event>) {
+        let id = self.meta.id.clone();
+        let mut p = 0;
+        while p < msgs.len() && p < self.active.len() {
+            let idx = (self.active[p] - 1) as usize;
+            if self.rows[idx].raw_hash == hashes[p] {
+                p += 1;
+                continue;
+            }
+            let parsed = parse_msg(self.dialect, msgs[p]);
+            if parsed.norm != self.rows[idx].norm_hash {
+                break;
+            }
+            self.rows[idx].raw_hash = hashes[p];
+            p += 1;
+        }
+        if p < self.active.len() {
+            let mut hidden = self.active.split_off(p);
+            // The last answer, never echoed, ends the abandoned line too.
+            hidden.append(&mut self.pending);
+            self.branch += 1;
+            events.push(Event::Branch {
+                session: id.clone(),
+                at_seq: self.active.last().copied().unwrap_or(0),
+                branch: self.branch,
+                hidden,
+            });
+            self.tideline = Tideline::default();
+            self.needs_seed = true;
+            self.last_usage = None;
+            self.pending_est = 0;
+        }
+        // Echoes of the last response confirm its rows, in order.
+        let pending = std::mem::take(&mut self.pending);
+        if p == self.active.len() {
+            for seq in pending {
+                let Some(m) = msgs.get(p) else { break };
+                let parsed = parse_msg(self.dialect, m);
+                let idx = (seq - 1) as usize;
+                if parsed.info.kind != RowKind::Assistant
+                    || self.rows[idx].kind != RowKind::Assistant
+                {
+                    break;
+                }
+                // Confirm even a byte-identical echo: `from_response = 0` on
+                // disk is what tells a restart (`State::restore`) that the row
+                // is on the active line.
+                events.push(Event::Confirm {
+                    session: id.clone(),
+                    seq,
+                    raw: Arc::from(*m),
+                });
+                self.rows[idx].raw_hash = hashes[p];
+                self.rows[idx].norm_hash = parsed.norm;
+                self.active.push(seq);
+                p += 1;
+            }
+        }
+        let mut rows = Vec::new();
+        for m in &msgs[p..] {
+            let parsed = parse_msg(self.dialect, m);
+            let seq = self.push_row(m, parsed, false, &mut rows);
+            self.pending_est += u64::from(self.row(seq).tokens);
+            self.active.push(seq);
+        }
+        if !rows.is_empty() {
+            events.push(Event::Rows { session: id, rows });
+        }
+    }
+
+    /// Append every message as new (server-side conversation state): the
+    /// previous response's rows are taken as confirmed.
+    pub(super) fn append_stateful(&mut self, msgs: &[&str], events: &mut Vec<Event>) {
+        let pending = std::mem::take(&mut self.pending);
+        self.active.extend(pending);
+        let mut rows = Vec::new();
+        for m in msgs {
+            let parsed = parse_msg(self.dialect, m);
+            let seq = self.push_row(m, parsed, false, &mut rows);
+            self.active.push(seq);
+        }
+        if !rows.is_empty() {
+            events.push(Event::Rows {
+                session: self.meta.id.clone(),
+                rows,
+            });
+        }
+    }
+
+    /// The active line for window planning. A window may start at a row
+    /// only if the row allows it, no tool call made before it is still
+    /// unanswered (parallel calls answered one by one), and the row before it
+    /// does not bind to it (a reasoning item and its call).
+    pub(super) fn row_infos(&self) -> Vec<RowInfo> {
+        let mut open: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut prev_binds = false;
+        self.active
+            .iter()
+            .map(|&seq| {
+                let r = self.row(seq);
+                let starts_ok = r.starts_ok && open.is_empty() && !prev_binds;
+                for c in r.calls.closes.iter() {
+                    open.remove(c);
+                }
+                open.extend(r.calls.opens.iter().copied());
+                prev_binds = r.calls.binds_next;
+                RowInfo {
+                    seq,
+                    kind: r.kind,
+                    starts_ok,
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn seed_rows(&self) -> Vec<(u64, u64)> {
+        self.active
+            .iter()
+            .map(|&s| (s, u64::from(self.row(s).tokens)))
+            .collect()
+    }
+
+    /// A step's answer arrived whole: calibrate the byte estimate, take the
+    /// real usage into the gauge and the totals, and record the answer's
+    /// rows, pending until the client echoes them.
+    pub(super) fn take_answer(
+        &mut self,
+        collected: &dialect::Collected,
+        body_len: usize,
+    ) -> Vec<Row> {
+        if let Some(u) = collected.usage {
+            let input = u.input_total();
+            if input > 0 && body_len > 0 {
+                let measured = (body_len as f64 / input as f64).clamp(1.0, 16.0);
+                self.bytes_per_token = 0.5 * self.bytes_per_token + 0.5 * measured;
+            }
+            self.last_usage = Some(u);
+            self.pending_est = 0;
+            // The meter follows the real window once the answer tells it
+            // (after a forced cut the request's estimate was the old one).
+            self.meter.gauge = u.window_total();
+            self.totals.input += u.input;
+            self.totals.output += u.output;
+            self.totals.cache_read += u.cache_read;
+            self.totals.cache_write += u.cache_write;
+        }
+        let mut rows = Vec::new();
+        let mut pending = Vec::new();
+        for raw in &collected.rows {
+            let parsed = parse_msg(self.dialect, raw);
+            pending.push(self.push_row(raw, parsed, true, &mut rows));
+        }
+        self.pending = pending;
+        rows
+    }
+
+    /// Rebuild the live state of a recorded session (parses every row once).
+    pub(super) fn restore(l: LoadedSession) -> Self {
+        let dialect = l.meta.dialect;
+        let mut st = State::new(l.meta, dialect, 0, 0);
+        st.recorded_meta = Some(st.meta.clone());
+        st.branch = l.branch;
+        st.step = l.steps;
+        let hidden: std::collections::HashSet<u64> = l.hidden.into_iter().collect();
+        for r in &l.rows {
+            let p = parse_msg(dialect, &r.raw);
+            if p.info.kind == RowKind::Prompt {
+                if let Some(line) = &p.info.first_line {
+                    st.turn_lines.insert(r.turn, (r.seq, line.clone()));
+                }
+            }
+            st.turn = st.turn.max(r.turn);
+            st.rows.push(RowMem {
+                raw_hash: dialect::raw_hash(&r.raw),
+                norm_hash: p.norm,
+                kind: r.kind,
+                starts_ok: p.info.starts_ok,
+                calls: Calls::of(&p.info),
+                tokens: r.tokens,
+                turn: r.turn,
+            });
+            if !hidden.contains(&r.seq) {
+                if r.from_response {
+                    st.pending.push(r.seq);
+                } else {
+                    st.pending.clear();
+                    st.active.push(r.seq);
+                }
+            }
+        }
+        // A restored ledger may miss rows the crash lost: seq numbering must
+        // continue from what is on disk, which `rows.len()` does only if the
+        // rows are gap-free (the store guarantees an in-order prefix).
+        st.last_usage = l.last_usage;
+        st.tideline = Tideline::resume(l.cut_upto);
+        st.recorded_cut = l.cut_upto;
+        st.meter.cut_upto = l.cut_upto;
+        st.needs_seed = true;
+        st
+    }
+
+    /// Session facts.
+    pub fn meta(&self) -> &SessionMeta {
+        &self.meta
+    }
+
+    /// The line override, if any.
+    pub fn override_line(&self) -> Option<LineSpec> {
+        self.override_line
+    }
+}
