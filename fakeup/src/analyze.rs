@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::ordered::{collect_text, write_canon, Ov};
-use crate::tokens::TokenMemo;
+use crate::tokens::{count_tokens, TokenMemo};
 use crate::validate;
 
 /// API family of a request.
@@ -245,12 +245,12 @@ fn segment(kind: Seg, v: &Ov, memo: &TokenMemo) -> (u64, u64) {
     };
     write_canon(normalized.as_ref().unwrap_or(v), &mut buf, true);
     let h = xxh3_64(&buf);
-    let tokens = memo.get_or_count(h, || match kind {
-        Seg::Json => String::from_utf8_lossy(&buf[1..]).into_owned(),
+    let tokens = memo.get_or(h, || match kind {
+        Seg::Json => count_tokens(&String::from_utf8_lossy(&buf[1..])),
         _ => {
             let mut s = String::new();
-            collect_text(v, &mut s);
-            s
+            let media = collect_text(v, &mut s);
+            count_tokens(&s) + media
         }
     });
     (h, tokens + SEG_OVERHEAD)

@@ -19,7 +19,9 @@
 //! ```
 
 mod analyze;
+pub mod images;
 mod json;
+mod media;
 mod ordered;
 mod plan;
 mod render;

@@ -179,12 +179,18 @@ fn skip_text_key(k: &str) -> bool {
 }
 
 /// The model-visible text: string leaves (structural keys sorted), tool inputs as JSON.
-pub(crate) fn collect_text(v: &Ov, out: &mut String) {
+/// Images and documents are not text: what they cost is returned instead
+/// ([`crate::media`]).
+pub(crate) fn collect_text(v: &Ov, out: &mut String) -> u64 {
     match v {
         Ov::Obj(fields) => {
+            if let Some(t) = crate::media::tokens(v) {
+                return t;
+            }
             let mut refs: Vec<&(String, Ov)> =
                 fields.iter().filter(|(k, _)| !skip_text_key(k)).collect();
             refs.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut media = 0;
             for (k, child) in refs {
                 if k == "input" && matches!(child, Ov::Obj(_) | Ov::Arr(_)) {
                     let mut buf = Vec::new();
@@ -192,21 +198,27 @@ pub(crate) fn collect_text(v: &Ov, out: &mut String) {
                     out.push_str(&String::from_utf8_lossy(&buf));
                     out.push('\n');
                 } else {
-                    collect_text(child, out);
+                    media += collect_text(child, out);
                 }
             }
+            media
         }
-        Ov::Arr(items) => items.iter().for_each(|i| collect_text(i, out)),
+        Ov::Arr(items) => items.iter().map(|i| collect_text(i, out)).sum(),
         Ov::Str(s) => {
             out.push_str(s);
             out.push('\n');
+            0
         }
         Ov::Num(n) => {
             out.push_str(n);
             out.push('\n');
+            0
         }
-        Ov::Bool(b) => out.push_str(if *b { "true\n" } else { "false\n" }),
-        Ov::Null => {}
+        Ov::Bool(b) => {
+            out.push_str(if *b { "true\n" } else { "false\n" });
+            0
+        }
+        Ov::Null => 0,
     }
 }
 

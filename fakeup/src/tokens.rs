@@ -124,10 +124,15 @@ impl TokenMemo {
 
     /// Count for the content identified by `key`, computing `text()` only on a miss.
     pub(crate) fn get_or_count(&self, key: u64, text: impl FnOnce() -> String) -> u64 {
+        self.get_or(key, || count_tokens(&text()))
+    }
+
+    /// The memoized count for `key`, computing `count()` only on a miss.
+    pub(crate) fn get_or(&self, key: u64, count: impl FnOnce() -> u64) -> u64 {
         if let Some(n) = self.memo.lock().get(key) {
             return n;
         }
-        let n = count_tokens(&text());
+        let n = count();
         self.memo.lock().insert(key, n);
         n
     }

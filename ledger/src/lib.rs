@@ -12,6 +12,7 @@ pub use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 
 pub mod atif;
 pub mod export;
+pub mod media;
 pub mod merge;
 pub mod page;
 pub mod parts;
