@@ -121,8 +121,21 @@ impl Media {
         if let Some(p) = self.pages {
             s.push_str(&format!("{p} page{} · ", if p == 1 { "" } else { "s" }));
         }
-        s.push_str(&format!("~{} tokens", self.tokens));
+        let plural = if self.tokens == 1 { "" } else { "s" };
+        s.push_str(&format!("~{} token{plural}", self.tokens));
         s
+    }
+}
+
+/// A placeholder's text after `image: ` / `document: `: the part's name or
+/// type, then its [`Media::facts`] (None when there is nothing to say).
+pub fn label(detail: Option<&str>, m: Option<&Media>) -> Option<String> {
+    let facts = m.map(Media::facts).unwrap_or_default();
+    match (detail, facts.is_empty()) {
+        (Some(d), true) => Some(d.to_string()),
+        (Some(d), false) => Some(format!("{d} · {facts}")),
+        (None, false) => Some(facts),
+        (None, true) => None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! and tool results. Pure; used by `SESSION.md` facts, the ATIF export and
 //! the search index. (Transcripts keep their own renderer in `transcript`.)
 
+use crate::media;
 use crate::model::Dialect;
 use serde_json::{Map, Value};
 
@@ -31,7 +32,8 @@ pub enum Part {
         /// Its text (parts joined by newlines; media as placeholders).
         text: String,
     },
-    /// An image, document, file or audio part: a placeholder such as `[image: image/png]`.
+    /// An image, document, file or audio part: a placeholder such as
+    /// `[image: image/png · 1920×1080 · ~1568 tokens]`.
     Media(String),
     /// Anything not understood, as compact JSON.
     Other(String),
@@ -83,14 +85,18 @@ fn string_of(o: &Map<String, Value>, key: &str) -> Option<String> {
     str_of(o, key).map(str::to_string)
 }
 
+/// `[image: image/png · 1920×1080 · ~1568 tokens]`: what the part is, its
+/// size or pages and its estimated tokens ([`media`]), never its data.
 fn media(what: &str, o: &Map<String, Value>) -> String {
+    let m = media::block_of(o);
     let src = o.get("source").and_then(Value::as_object);
     let detail = str_of(o, "title")
         .or_else(|| str_of(o, "filename"))
         .or_else(|| src.and_then(|s| str_of(s, "media_type")))
+        .or_else(|| m.as_ref().and_then(|m| m.media_type.as_deref()))
         .or_else(|| src.and_then(|s| str_of(s, "type")));
-    match detail {
-        Some(d) => format!("[{what}: {d}]"),
+    match media::label(detail, m.as_ref()) {
+        Some(l) => format!("[{what}: {l}]"),
         None => format!("[{what}]"),
     }
 }
@@ -356,6 +362,29 @@ mod tests {
         assert!(matches!(&p[2], Part::ToolCall { name, .. } if name == "Bash"));
         let t = plain_text(Dialect::Anthropic, raw);
         assert!(t.contains("hm") && t.contains("Bash {\"command\":\"ls\"}"));
+    }
+
+    #[test]
+    fn media_parts_are_placeholders_with_size_and_tokens() {
+        // A 2×3 PNG header (IHDR only): enough for the size.
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAADCAIAAAA=";
+        let raw = format!(
+            r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t","content":[{{"type":"image","source":{{"type":"base64","media_type":"image/png","data":"{png}"}}}}]}}]}}"#
+        );
+        match &parts(Dialect::Anthropic, &raw)[0] {
+            Part::ToolResult { text, .. } => {
+                assert_eq!(text, "[image: image/png · 2×3 · ~1 token]")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!plain_text(Dialect::Anthropic, &raw).contains(png));
+        let chat = format!(
+            r#"{{"role":"user","content":[{{"type":"image_url","image_url":{{"url":"data:image/png;base64,{png}","detail":"low"}}}}]}}"#
+        );
+        assert_eq!(
+            parts(Dialect::OpenaiChat, &chat),
+            vec![Part::Media("[image: image/png · 2×3 · ~85 tokens]".into())]
+        );
     }
 
     #[test]

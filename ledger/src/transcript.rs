@@ -6,13 +6,15 @@
 //! section per row. Text is written as is; thinking/reasoning is a
 //! blockquote; tool inputs, arguments, results and outputs are fenced code
 //! blocks (the fence is longer than any backtick run inside); images and
-//! documents become placeholders; anything not understood is shown verbatim
+//! documents become placeholders with their size or pages and estimated
+//! tokens (never their data); anything not understood is shown verbatim
 //! in a ```` ```json ```` fence. Rows hidden by a branch are not passed in
 //! (transcripts show the active line; the database keeps the rest).
 //!
 //! `transcript/index.md` lists the session's facts and one table line per
 //! turn: link, seq range, tokens and the prompt's first line.
 
+use crate::media;
 use crate::model::{Dialect, Row, RowKind, SessionMeta};
 use crate::paths::{sanitize_session_id, turn_file_name};
 use serde_json::value::RawValue;
@@ -309,8 +311,8 @@ fn anthropic_block(block: &RawValue, out: &mut Vec<String>) {
             }
             out.push(s);
         }
-        "image" => out.push(media_placeholder("image", &b)),
-        "document" => out.push(media_placeholder("document", &b)),
+        "image" => out.push(media_placeholder("image", &b, block.get())),
+        "document" => out.push(media_placeholder("document", &b, block.get())),
         _ => out.push(fence("json", block.get())),
     }
 }
@@ -340,8 +342,12 @@ fn result_body(content: &RawValue, s: &mut String) {
             "text" | "input_text" | "output_text" => {
                 s.push_str(&fence("", &get_string(&p, "text").unwrap_or_default()))
             }
-            "image" | "input_image" | "image_url" => s.push_str(&media_placeholder("image", &p)),
-            "document" | "input_file" | "file" => s.push_str(&media_placeholder("file", &p)),
+            "image" | "input_image" | "image_url" => {
+                s.push_str(&media_placeholder("image", &p, part.get()))
+            }
+            "document" | "input_file" | "file" => {
+                s.push_str(&media_placeholder("file", &p, part.get()))
+            }
             _ => s.push_str(&fence("json", part.get())),
         }
     }
@@ -454,8 +460,10 @@ fn message_content(content: &RawValue, out: &mut Vec<String>) {
                 "*refusal:* {}",
                 get_string(&p, "refusal").unwrap_or_default()
             )),
-            "image_url" | "input_image" | "image" => out.push(media_placeholder("image", &p)),
-            "input_file" | "file" => out.push(media_placeholder("file", &p)),
+            "image_url" | "input_image" | "image" => {
+                out.push(media_placeholder("image", &p, part.get()))
+            }
+            "input_file" | "file" => out.push(media_placeholder("file", &p, part.get())),
             "input_audio" => out.push("*[audio]*".to_string()),
             _ => out.push(fence("json", part.get())),
         }
@@ -488,15 +496,21 @@ fn tool_header(kind: &str, name: Option<String>, id: Option<String>) -> String {
     s
 }
 
-/// `*[image: image/png]*`-style placeholder (never the data itself).
-fn media_placeholder(what: &str, o: &Obj<'_>) -> String {
+/// `*[image: image/png · 1920×1080 · ~1568 tokens]*`-style placeholder:
+/// what the part is, its size or pages and what it costs the provider
+/// ([`media`]), never the data itself. `raw` is the part's JSON.
+fn media_placeholder(what: &str, o: &Obj<'_>, raw: &str) -> String {
     let src = o.get("source").and_then(|v| as_object(v));
-    let detail = get_string(o, "title")
+    let declared = get_string(o, "title")
         .or_else(|| get_string(o, "filename"))
-        .or_else(|| src.as_ref().and_then(|s| get_string(s, "media_type")))
-        .or_else(|| src.as_ref().and_then(|s| get_string(s, "type")));
-    match detail {
-        Some(d) => format!("*[{what}: {}]*", one_line(&d)),
+        .or_else(|| src.as_ref().and_then(|s| get_string(s, "media_type")));
+    let m = media::block(raw);
+    let fallback = || src.as_ref().and_then(|s| get_string(s, "type"));
+    let detail = declared
+        .or_else(|| m.as_ref().and_then(|m| m.media_type.clone()))
+        .or_else(fallback);
+    match media::label(detail.as_deref(), m.as_ref()) {
+        Some(l) => format!("*[{what}: {}]*", one_line(&l)),
         None => format!("*[{what}]*"),
     }
 }

@@ -71,7 +71,7 @@ fn store_transcript_anthropic_shapes() {
     assert!(t2.contains("> *redacted thinking*\n"));
     // A backtick run inside the content makes the fence longer.
     assert!(t2.contains("````json\n{\"command\":\"ls | wc -l # ```fenced```\""));
-    assert!(t2.contains("**tool_result** · `toolu_synth_1` · error\n````\nbash: ```: command not found\n````\n*[image: image/png]*\n"));
+    assert!(t2.contains("**tool_result** · `toolu_synth_1` · error\n````\nbash: ```: command not found\n````\n*[image: image/png · 64×48 · ~6 tokens]*\n"));
     assert!(t2.contains("```json\n{\"type\":\"citations_delta_unknown\",\"x\":1}\n```\n"));
     assert!(!t2.contains("iVBORw0KGgo"), "image data never rendered");
 }
@@ -85,7 +85,11 @@ fn store_transcript_openai_shapes() {
         t.contains("**tool_call** `read_file` · `call_1`\n```json\n{\"path\":\"a.txt\"}\n```\n")
     );
     assert!(t.contains("## seq 4 · tool\n\n**tool_result** · `call_1`\n```\nhello\n```\n"));
-    assert!(t.contains("what is in this picture?\n\n*[image]*\n"));
+    // Size and estimated tokens from the JPEG's header, never the data.
+    assert!(
+        t.contains("what is in this picture?\n\n*[image: image/jpeg · 1280×720 · ~1105 tokens]*\n")
+    );
+    assert!(!t.contains("base64,"));
     assert!(t.contains("*refusal:* I can't see images.\n"));
 
     let resp = fixture_rows("openai_responses");
@@ -98,6 +102,8 @@ fn store_transcript_openai_shapes() {
     assert!(t.contains("> *reasoning*\n>\n> **Planning the patch**\n>\n> Edit a.txt.\n"));
     assert!(t.contains("> *reasoning (encrypted)*\n"));
     assert!(t.contains("**custom_tool_call** `apply_patch` · `call_patch`\n```\n*** Begin Patch\n"));
+    // An image inside a function_call_output's output list.
+    assert!(t.contains("screenshot saved\n```\n*[image: image/webp · 800×600 · ~85 tokens]*\n"));
     assert!(t.contains("**custom_tool_call_output** · `call_patch`\n```\nSuccess."));
     assert!(t.contains("## seq 12 · web_search_call\n\n```json\n{\"type\":\"web_search_call\""));
     assert!(t.contains("# Turn 3\n\n## seq 13 · user\n\nhi\n"));
