@@ -94,9 +94,10 @@ pub struct Row {
     /// The exact JSON bytes of the message as the client sent it (or as
     /// reassembled from the response, until the client echoes it).
     pub raw: Arc<str>,
-    /// Token estimate: the row's JSON bytes divided by the session's
+    /// Token estimate: the row's text bytes divided by the session's
     /// bytes-per-token, learned from the provider's real usage (see
-    /// `oceancode_proxy::sessions`).
+    /// `oceancode_proxy::sessions`), plus what its images and documents cost
+    /// by the provider's rules ([`crate::media`]).
     pub tokens: u32,
     /// 1-based turn number.
     pub turn: u32,

@@ -3,6 +3,7 @@
 //! the token estimates.
 
 use crate::dialect;
+use oceancode_ledger::media;
 use oceancode_ledger::{Dialect, RowKind};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,9 +16,14 @@ static BPE: OnceLock<Option<tiktoken_rs::CoreBPE>> = OnceLock::new();
 pub const DEFAULT_BYTES_PER_TOKEN: f64 = 3.0;
 
 /// Exact token count of a raw message (tiktoken `o200k_base`; bytes/4 for
-/// very large rows). About 5 MB/s: kept off the request path, which uses a
-/// per-session calibrated byte estimate instead.
+/// very large rows; images and documents by [`media`]). About 5 MB/s: kept
+/// off the request path, which uses a per-session calibrated byte estimate
+/// instead.
 pub fn estimate_tokens(raw: &str) -> u32 {
+    let binary = media::cost(raw);
+    if binary.bytes > 0 {
+        return media::row_tokens(raw.len(), binary, 4.0);
+    }
     if raw.len() > 256 * 1024 {
         return (raw.len() / 4) as u32;
     }

@@ -195,6 +195,7 @@ impl SessionManager {
         let (params, cut_gauge) = self.run_tideline(&mut st, &req, boundary);
         // 5. Render the window.
         let window = self.window(&mut st, &req, parsed, params, cut_gauge, &mut events);
+        let media = st.sent_media(parsed.messages.len(), window.media_out);
         let step = st.step;
         drop(st);
         // 6. Hand the events to the writer, the body and the ticket back.
@@ -220,6 +221,7 @@ impl SessionManager {
             window.rows,
             boundary,
             body_len,
+            media,
             self.recorder(),
         );
         Ok(Prepared {

@@ -7,6 +7,7 @@ use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
 use crate::dialect;
 use oceancode_config::LineSpec;
+use oceancode_ledger::media::{self, Cost};
 use oceancode_ledger::store::LoadedSession;
 use oceancode_ledger::tideline::{RowInfo, Tideline};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
@@ -41,6 +42,8 @@ pub(super) struct RowMem {
     pub(super) starts_ok: bool,
     pub(super) calls: Calls,
     pub(super) tokens: u32,
+    /// Binary parts (images, documents): bytes and estimated tokens.
+    pub(super) media: Cost,
     pub(super) turn: u32,
 }
 
@@ -77,7 +80,8 @@ pub struct State {
     /// 0 = unknown.
     pub(super) system_fp: u64,
     /// Bytes of request JSON per real input token, learned from usage
-    /// (row estimates on the request path are `bytes / bytes_per_token`).
+    /// (row estimates on the request path are text bytes / bytes_per_token
+    /// plus what their images and documents cost, [`media`]).
     pub(super) bytes_per_token: f64,
     /// Totals over the session's steps.
     pub totals: Usage,
@@ -160,7 +164,8 @@ impl State {
             }
         }
         let turn = self.turn.max(1);
-        let tokens = (raw.len() as f64 / self.bytes_per_token).ceil() as u32;
+        let media = media::cost(raw);
+        let tokens = media::row_tokens(raw.len(), media, self.bytes_per_token);
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
             norm_hash: p.norm,
@@ -168,6 +173,7 @@ impl State {
             starts_ok: p.info.starts_ok,
             calls: Calls::of(&p.info),
             tokens,
+            media,
             turn,
         });
         events.push(Row {
@@ -315,12 +321,14 @@ impl State {
         &mut self,
         collected: &dialect::Collected,
         body_len: usize,
+        body_media: Cost,
     ) -> Vec<Row> {
         if let Some(u) = collected.usage {
+            // Learned from text alone: images and documents are priced by
+            // their own rules, not by their bytes.
             let input = u.input_total();
-            if input > 0 && body_len > 0 {
-                let measured = (body_len as f64 / input as f64).clamp(1.0, 16.0);
-                self.bytes_per_token = 0.5 * self.bytes_per_token + 0.5 * measured;
+            if let Some(m) = media::text_bytes_per_token(body_len, input, body_media) {
+                self.bytes_per_token = 0.5 * self.bytes_per_token + 0.5 * m.clamp(1.0, 16.0);
             }
             self.last_usage = Some(u);
             self.pending_est = 0;
@@ -340,6 +348,16 @@ impl State {
         }
         self.pending = pending;
         rows
+    }
+
+    /// The images and documents of a body of `messages` messages mapped
+    /// onto the active line (its newest rows: all of them unless the
+    /// provider holds the history), less what its window left out.
+    pub(super) fn sent_media(&self, messages: usize, left_out: Cost) -> Cost {
+        self.active[self.active.len().saturating_sub(messages)..]
+            .iter()
+            .fold(Cost::default(), |c, &s| c.plus(self.row(s).media))
+            .minus(left_out)
     }
 
     /// Rebuild the live state of a recorded session (parses every row once).
@@ -365,6 +383,7 @@ impl State {
                 starts_ok: p.info.starts_ok,
                 calls: Calls::of(&p.info),
                 tokens: r.tokens,
+                media: media::cost(&r.raw),
                 turn: r.turn,
             });
             if !hidden.contains(&r.seq) {

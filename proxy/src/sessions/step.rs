@@ -7,6 +7,7 @@ use super::state::State;
 use super::{now_ms, window, EventSink, Session, SessionManager, SessionMetrics};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
+use oceancode_ledger::media::Cost;
 use oceancode_ledger::{Dialect, Event};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -91,6 +92,8 @@ pub struct Ticket {
     pub(super) boundary: u64,
     /// Bytes of the body sent upstream (calibrates the token estimate).
     body_len: usize,
+    /// Its images and documents (left out of the calibration).
+    media: Cost,
     recorder: Recorder,
     finished: bool,
 }
@@ -118,6 +121,7 @@ impl SessionManager {
             return None;
         }
         let w = window::render(&self.settings.data_dir, &st, &parsed);
+        let media = st.sent_media(parsed.messages.len(), w.media_out);
         self.metrics
             .too_long_retries
             .fetch_add(1, Ordering::Relaxed);
@@ -130,6 +134,7 @@ impl SessionManager {
         ticket.recorder.emit(events);
         let body = w.body.map(Bytes::from)?;
         ticket.body_len = body.len();
+        ticket.media = media;
         Some(body)
     }
 }
@@ -144,6 +149,7 @@ impl Ticket {
         window_rows: usize,
         boundary: u64,
         body_len: usize,
+        media: Cost,
         recorder: Recorder,
     ) -> Ticket {
         Ticket {
@@ -154,6 +160,7 @@ impl Ticket {
             original,
             boundary,
             body_len,
+            media,
             recorder,
             finished: false,
         }
@@ -179,7 +186,7 @@ impl Ticket {
         let mut st = self.session.state.lock();
         let mut events = Vec::new();
         if ok && (200..300).contains(&status) {
-            let rows = st.take_answer(collected, self.body_len);
+            let rows = st.take_answer(collected, self.body_len, self.media);
             if !rows.is_empty() {
                 self.recorder
                     .metrics

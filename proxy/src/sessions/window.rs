@@ -4,6 +4,7 @@
 
 use super::state::State;
 use crate::dialect::{self, ParsedBody};
+use oceancode_ledger::media::Cost;
 use oceancode_ledger::tideline;
 use oceancode_ledger::{Dialect, RowKind};
 use std::path::Path;
@@ -16,6 +17,8 @@ pub(super) struct Window {
     pub(super) rows: usize,
     /// Estimated tokens the window leaves out.
     pub(super) kept_out: u64,
+    /// Images and documents of the rows it leaves out.
+    pub(super) media_out: Cost,
     /// The last row that left the window (what its stub names; 0 = none).
     pub(super) upto: u64,
 }
@@ -27,6 +30,7 @@ impl Window {
             body: None,
             rows,
             kept_out: 0,
+            media_out: Cost::default(),
             upto: 0,
         }
     }
@@ -66,6 +70,7 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     let stub_msg = dialect::stub_message(st.dialect, &stub);
     let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
     let mut kept_out = 0u64;
+    let mut media_out = Cost::default();
     let kept: Vec<&str> = (0..plan.start)
         .filter(|&i| Some(i) != plan.pinned_prompt)
         .filter_map(|i| {
@@ -74,6 +79,7 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
                 Some(parsed.messages[i])
             } else {
                 kept_out += u64::from(r.tokens);
+                media_out = media_out.plus(r.media);
                 None
             }
         })
@@ -94,6 +100,7 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         body: Some(parsed.render_with(&parts)),
         rows,
         kept_out,
+        media_out,
         upto: plan.effective_upto_seq,
     }
 }
