@@ -35,6 +35,7 @@ use oceancode_config::{BlockSpec, Config, LineSpec, Price};
 use oceancode_window::tideline::{
     block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
 };
+use oceancode_ledger::media;
 use oceancode_window::RowKind;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -90,6 +91,19 @@ struct Args {
     /// Estimate error of the proxy's row estimates, ± percent (deterministic noise).
     #[arg(long, default_value_t = 10)]
     estimate_noise: i64,
+    /// Every Nth tool result is a screenshot (an image block) instead of text (0 = none).
+    #[arg(long, default_value_t = 0)]
+    screenshot_every: usize,
+    /// Screenshot size in pixels, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1920x1080", value_parser = parse_size)]
+    screenshot: (u32, u32),
+    /// Screenshot file size in bytes (its base64 is 4/3 of it).
+    #[arg(long, default_value_t = 1_000_000)]
+    screenshot_bytes: u64,
+    /// Estimate screenshots by their bytes, as the proxy did before it priced
+    /// images by the provider's rule (for comparison).
+    #[arg(long)]
+    bytes_for_media: bool,
     /// Random seed of the script.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -100,6 +114,40 @@ struct Args {
     #[arg(long)]
     csv: Option<PathBuf>,
 }
+
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s.split_once('x').ok_or("expected WIDTHxHEIGHT")?;
+    let n = |v: &str| v.trim().parse::<u32>().map_err(|e| e.to_string());
+    Ok((n(w)?, n(h)?))
+}
+
+/// A screenshot tool result: (real tokens, the proxy's estimate). The text
+/// around the image is ~20 tokens; the proxy prices the image by the
+/// provider's rule (`oceancode_ledger::media`) and the rest by bytes.
+fn screenshot_row(a: &Args) -> (u64, u64) {
+    let (w, h) = a.screenshot;
+    let rule = if a.model.starts_with("claude") {
+        media::Rule::Anthropic
+    } else {
+        media::Rule::OpenAi(media::Detail::Auto)
+    };
+    let image = rule.image_tokens(Some((w, h)));
+    let b64 = a.screenshot_bytes.div_ceil(3) * 4;
+    let row_bytes = b64 as usize + 200;
+    let est = if a.bytes_for_media {
+        (row_bytes as f64 / BYTES_PER_TOKEN).ceil() as u64
+    } else {
+        let cost = media::Cost {
+            bytes: b64,
+            tokens: image,
+        };
+        u64::from(media::row_tokens(row_bytes, cost, BYTES_PER_TOKEN))
+    };
+    (image + 20, est)
+}
+
+/// The proxy's bytes per token on text (its starting value).
+const BYTES_PER_TOKEN: f64 = 3.0;
 
 /// Tokens of the summarization instruction appended to the context.
 const SUMMARY_INSTRUCTION: u64 = 1_000;
@@ -138,13 +186,18 @@ fn script(a: &Args) -> Script {
         a.tool_max.max(a.tool_min + 1) as f64,
     );
     for i in 0..a.steps {
+        let shot = a.screenshot_every > 0 && i % a.screenshot_every == a.screenshot_every - 1;
         let (kind, tokens) = if i == 0 || (a.turn_every > 0 && i % a.turn_every == 0) {
             (RowKind::Prompt, rng.range(80, 400))
         } else {
             let t = (lo.ln() + rng.unit() * (hi.ln() - lo.ln())).exp();
             (RowKind::ToolResult, t.round() as u64)
         };
-        let est = noisy(&mut rng, tokens);
+        let (tokens, est) = if shot && kind == RowKind::ToolResult {
+            screenshot_row(a)
+        } else {
+            (tokens, noisy(&mut rng, tokens))
+        };
         user.push(UserRow { kind, tokens, est });
         let o = rng.range(a.assistant / 3, a.assistant * 5 / 3 + 1).max(1);
         out.push(o);
@@ -668,6 +721,17 @@ fn main() -> Result<()> {
         tok(script_tokens),
         a.seed
     );
+    if a.screenshot_every > 0 {
+        let (real, est) = screenshot_row(&a);
+        println!(
+            "Every {}th tool result is a {}×{} screenshot of {} KB: {real} tokens for the provider, estimated {est}{}.\n",
+            a.screenshot_every,
+            a.screenshot.0,
+            a.screenshot.1,
+            a.screenshot_bytes / 1000,
+            if a.bytes_for_media { " (by its bytes)" } else { "" }
+        );
+    }
     let mut table = Table::new([
         "strategy",
         "requests",
