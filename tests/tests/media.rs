@@ -336,3 +336,45 @@ async fn responses_screenshots_in_tool_outputs_do_not_wipe_the_window() {
         assert!((1_000..2_500).contains(&(w[1] - w[0])), "{windows:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_captured_claude_code_image_read_is_priced_by_its_size() {
+    // Claude Code's Read tool on an 800×500 PNG (clients/test_claude_code_image.py).
+    let reqs = oceancode_tests::captured("anthropic_12_read_png");
+    let body: Value = serde_json::from_slice(&reqs[0].body).unwrap();
+    let msgs = body["messages"].as_array().unwrap();
+    let shot = msgs.last().unwrap();
+    assert_eq!(shot["content"][0]["type"], "tool_result");
+    assert_eq!(shot["content"][0]["content"][0]["type"], "image");
+    let h = harness(FakeConfig::default(), None).await;
+    let got = h.replay(&reqs[0]).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+    let r = &model_requests(&h)[0];
+    assert!(!has_stub(r));
+    let store = h.store();
+    let id = store.latest_session().unwrap().unwrap();
+    let s = store.load_session(&id).unwrap().unwrap();
+    let row = s.rows.iter().find(|r| r.raw.contains("\"image\"")).unwrap();
+    let formula = oceancode_ledger::media::anthropic_image_tokens(800, 500);
+    assert_eq!(formula, 29 * 18);
+    assert!(
+        (formula as u32..formula as u32 + 100).contains(&row.tokens),
+        "row estimate {} for a {formula}-token image ({} bytes)",
+        row.tokens,
+        row.raw.len()
+    );
+    let md = std::fs::read_to_string(
+        h.data
+            .path()
+            .join("sessions")
+            .join(&id)
+            .join("transcript")
+            .join("0001.md"),
+    )
+    .unwrap();
+    assert!(
+        md.contains("*[image: image/png · 800×500 · ~522 tokens]*"),
+        "{md}"
+    );
+}
