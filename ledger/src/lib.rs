@@ -4,15 +4,14 @@
 //! and what reads the record back (recall, export as Markdown or ATIF,
 //! status, rebuild and retention reports).
 //!
-//! The session model and the pure tideline live in `oceancode-window` and
-//! are re-exported here under their old paths.
+//! The session model, the pure tideline and the media pricing live in
+//! `oceancode-window` and are re-exported here under their old paths.
 
-pub use oceancode_window::{model, tideline};
+pub use oceancode_window::{media, model, tideline};
 pub use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 
 pub mod atif;
 pub mod export;
-pub mod media;
 pub mod merge;
 pub mod page;
 pub mod parts;

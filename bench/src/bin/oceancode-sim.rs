@@ -35,8 +35,7 @@ use oceancode_config::{BlockSpec, Config, LineSpec, Price};
 use oceancode_window::tideline::{
     block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
 };
-use oceancode_ledger::media;
-use oceancode_window::RowKind;
+use oceancode_window::{media, RowKind};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

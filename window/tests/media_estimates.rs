@@ -3,7 +3,7 @@
 //! sizes, the providers' formulas, every place a binary part can sit.
 
 use oceancode_fakeup::images::{self, WebP};
-use oceancode_ledger::media::{self, Detail, Kind, Rule};
+use oceancode_window::media::{self, Detail, Kind, Rule};
 use proptest::prelude::*;
 use serde_json::json;
 
