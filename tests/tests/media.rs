@@ -378,3 +378,121 @@ async fn a_captured_claude_code_image_read_is_priced_by_its_size() {
         "{md}"
     );
 }
+
+/// The proxy's estimate (read from the header, never decoded) against what
+/// the fake upstream charges (the whole payload decoded, the documented rule
+/// applied by its own code), for images of several kinds and sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_estimates_match_what_the_upstream_charges() {
+    use oceancode_fakeup::images::WebP;
+    use oceancode_ledger::media;
+    let fake = oceancode_fakeup::FakeUpstream::start(
+        FakeConfig::default().with_script(Script::always(Reply::text("ok"))),
+    )
+    .await
+    .unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("png 200×200", images::png(200, 200, 0), "image/png"),
+        ("png 800×500", images::png(800, 500, 12_000), "image/png"),
+        ("png 1092×1092", images::png(1092, 1092, 0), "image/png"),
+        (
+            "png 1920×1080 (1 MB)",
+            images::png(1920, 1080, 1_000_000),
+            "image/png",
+        ),
+        ("png 2880×1800", images::png(2880, 1800, 0), "image/png"),
+        (
+            "jpeg 4032×3024",
+            images::jpeg(4032, 3024, 30_000, 200_000),
+            "image/jpeg",
+        ),
+        ("gif 640×480", images::gif(640, 480), "image/gif"),
+        (
+            "webp 1024×768",
+            images::webp(WebP::Lossy, 1024, 768),
+            "image/webp",
+        ),
+        (
+            "webp 300×3000",
+            images::webp(WebP::Lossless, 300, 3000),
+            "image/webp",
+        ),
+    ];
+    let post = |content: Value, chat: bool| {
+        let url = fake.url();
+        async move {
+            let (path, body) = if chat {
+                (
+                    "/v1/chat/completions",
+                    json!({"model": "gpt-test", "messages": [{"role": "user", "content": content}]}),
+                )
+            } else {
+                (
+                    "/v1/messages",
+                    json!({"model": "claude-test", "max_tokens": 10, "messages": [{"role": "user", "content": content}]}),
+                )
+            };
+            let got = oceancode_tests::collect(
+                oceancode_tests::client()
+                    .request(
+                        http::Request::post(format!("{url}{path}"))
+                            .header("content-type", "application/json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(
+                                body.to_string(),
+                            )))
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(got.status, 200, "{}", got.text());
+        }
+    };
+    let charged = |h: &oceancode_fakeup::FakeHandle| {
+        h.requests()
+            .last()
+            .and_then(|r| r.usage)
+            .unwrap()
+            .total_input_tokens
+    };
+    post(json!([{"type": "text", "text": "look"}]), false).await;
+    let base_a = charged(&fake);
+    post(json!([{"type": "text", "text": "look"}]), true).await;
+    let base_o = charged(&fake);
+    println!(
+        "| image | Anthropic charged | estimated | error | OpenAI charged | estimated | error |"
+    );
+    let mut worst = 0f64;
+    for (name, bytes, ty) in &cases {
+        let b64 = images::b64(bytes);
+        let a_block =
+            json!({"type": "image", "source": {"type": "base64", "media_type": ty, "data": b64}});
+        let o_block =
+            json!({"type": "image_url", "image_url": {"url": format!("data:{ty};base64,{b64}")}});
+        post(
+            json!([{"type": "text", "text": "look"}, a_block.clone()]),
+            false,
+        )
+        .await;
+        let a_real = charged(&fake) - base_a;
+        post(
+            json!([{"type": "text", "text": "look"}, o_block.clone()]),
+            true,
+        )
+        .await;
+        let o_real = charged(&fake) - base_o;
+        let a_est = media::block(&a_block.to_string()).unwrap().tokens;
+        let o_est = media::block(&o_block.to_string()).unwrap().tokens;
+        let err = |e: u64, r: u64| e as f64 / r as f64 - 1.0;
+        println!(
+            "| {name} | {a_real} | {a_est} | {:+.1}% | {o_real} | {o_est} | {:+.1}% |",
+            100.0 * err(a_est, a_real),
+            100.0 * err(o_est, o_real)
+        );
+        worst = worst
+            .max(err(a_est, a_real).abs())
+            .max(err(o_est, o_real).abs());
+    }
+    assert!(worst <= 0.02, "worst estimate error {:.1}%", 100.0 * worst);
+}
