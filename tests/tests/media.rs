@@ -67,6 +67,19 @@ fn screenshot(bytes: usize, n: usize) -> String {
     images::b64(&images::png(1920, 1080 - n as u32, bytes))
 }
 
+/// No request was cut, the text (~20k) was all there, and each screenshot
+/// step added about a screenshot.
+fn assert_never_cut(h: &Harness, windows: &[u64]) {
+    assert!(
+        model_requests(h).iter().all(|r| !has_stub(r)),
+        "a screenshot cut the window"
+    );
+    assert!(windows[0] > 19_000, "{windows:?}");
+    for w in windows.windows(2) {
+        assert!((1_000..2_500).contains(&(w[1] - w[0])), "{windows:?}");
+    }
+}
+
 async fn anthropic_step(h: &Harness, history: &[Value]) -> Value {
     let body = json!({
         "model": "claude-test-200k", "max_tokens": 8192,
@@ -273,15 +286,7 @@ async fn chat_screenshots_in_user_messages_do_not_wipe_the_window() {
         }
     }
     println!("chat windows after each 1 MB screenshot: {windows:?}");
-    let reqs = model_requests(&h);
-    assert!(
-        reqs.iter().all(|r| !has_stub(r)),
-        "a screenshot cut the window"
-    );
-    assert!(windows[0] > 19_000, "{windows:?}");
-    for w in windows.windows(2) {
-        assert!((1_000..2_500).contains(&(w[1] - w[0])), "{windows:?}");
-    }
+    assert_never_cut(&h, &windows);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,15 +331,7 @@ async fn responses_screenshots_in_tool_outputs_do_not_wipe_the_window() {
         input.push(json!({"type": "function_call_output", "call_id": call, "output": out}));
     }
     println!("responses windows after each 1 MB screenshot: {windows:?}");
-    let reqs = model_requests(&h);
-    assert!(
-        reqs.iter().all(|r| !has_stub(r)),
-        "a screenshot cut the window"
-    );
-    assert!(windows[0] > 19_000, "{windows:?}");
-    for w in windows.windows(2) {
-        assert!((1_000..2_500).contains(&(w[1] - w[0])), "{windows:?}");
-    }
+    assert_never_cut(&h, &windows);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
