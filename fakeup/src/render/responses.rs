@@ -305,3 +305,44 @@ pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
     let Items { done, .. } = items(p, ctx);
     response_obj(&resp_id, ctx, final_status(p), done, Some(&p.usage)).to_vec()
 }
+
+/// V2 compaction answer, streamed: one `compaction` output item, then `response.completed`.
+pub(crate) fn compaction_stream(item: J, ctx: &Ctx, u: &Usage) -> Vec<Bytes> {
+    let resp_id = format!("resp_{}", ctx.ids.hex(24));
+    let mut s = Seq {
+        n: 0,
+        out: Vec::new(),
+    };
+    let start = response_obj(&resp_id, ctx, "in_progress", Vec::new(), None);
+    s.emit("response.created", vec![("response", start.clone())]);
+    s.emit("response.in_progress", vec![("response", start)]);
+    s.emit(
+        "response.output_item.added",
+        vec![("output_index", J::U(0)), ("item", item.clone())],
+    );
+    s.emit(
+        "response.output_item.done",
+        vec![("output_index", J::U(0)), ("item", item.clone())],
+    );
+    let last = response_obj(&resp_id, ctx, "completed", vec![item], Some(u));
+    s.emit("response.completed", vec![("response", last)]);
+    s.out
+}
+
+/// V2 compaction answer as one JSON response.
+pub(crate) fn compaction_json(item: J, ctx: &Ctx, u: &Usage) -> Vec<u8> {
+    let resp_id = format!("resp_{}", ctx.ids.hex(24));
+    response_obj(&resp_id, ctx, "completed", vec![item], Some(u)).to_vec()
+}
+
+/// V1 `POST /v1/responses/compact`: the `response.compaction` object.
+pub(crate) fn compacted(output: Vec<J>, ctx: &Ctx, u: &Usage) -> Vec<u8> {
+    obj! {
+        "id": format!("resp_{}", ctx.ids.hex(24)),
+        "object": "response.compaction",
+        "created_at": ctx.created,
+        "output": output,
+        "usage": usage(u),
+    }
+    .to_vec()
+}
