@@ -750,9 +750,16 @@ mod remote_compaction {
         b.to_string()
     }
 
+    /// Codex's instructions item; re-injected after a compaction with a new
+    /// id and without its `create_time`.
     pub fn developer(id: &str) -> Value {
-        json!({"type": "message", "id": id, "role": "developer",
-            "content": [{"type": "input_text", "text": "Follow the repository's rules."}]})
+        let mut m = json!({"type": "message", "id": id, "role": "developer",
+            "content": [{"type": "input_text", "text": "Follow the repository's rules."}],
+            "internal_chat_message_metadata_passthrough": {"turn_id": "t1"}});
+        if id.ends_with("_1") {
+            m["internal_chat_message_metadata_passthrough"]["create_time"] = json!(1796153450.45);
+        }
+        m
     }
 
     /// One step: send `input`, append the answer's items and a big output.
@@ -878,10 +885,14 @@ async fn codex_remote_compaction_passes_through_untouched_and_is_a_branch_across
         .collect();
     assert_eq!(compactions.len(), 2, "each compaction item is a row");
     assert!(
-        s.rows[..rows_before]
+        s.rows[2..rows_before]
             .iter()
-            .all(|r| s.hidden.contains(&r.seq) || r.raw.contains("msg_dev_1")),
-        "the pre-compaction line is hidden (the instructions stay)"
+            .all(|r| s.hidden.contains(&r.seq)),
+        "the pre-compaction line is hidden"
+    );
+    assert!(
+        !s.hidden.contains(&1) && !s.hidden.contains(&2),
+        "the root (instructions, prompt) stays on the line: the branch is after it"
     );
     // The tideline goes on across both branches: cuts after each compaction,
     // every window valid (the fake validates), the compaction item kept.
