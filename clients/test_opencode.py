@@ -76,6 +76,9 @@ def config(base_url: str, provider: str = "anthropic", context: int | None = Non
         "autoupdate": False,
         "share": "disabled",
         "compaction": {"auto": True, "prune": prune},
+        # The git snapshot of the work tree at every step: prune needs it,
+        # the other runs are quicker without.
+        "snapshot": prune,
     }
     if provider == "anthropic":
         p = {"options": {"baseURL": base_url + "/v1", "apiKey": "sk-ant-test-not-a-real-key"}}
