@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Real clients end to end: Claude Code, Codex CLI and the Python anthropic/openai
-# SDKs talk to oceancode-proxy, which talks to the project's fake upstream.
+# Real clients end to end: Claude Code, Codex CLI, opencode, Qwen Code,
+# mini-swe-agent and the Python anthropic/openai SDKs talk to oceancode-proxy,
+# which talks to the project's fake upstream.
 # Everything stays on loopback; no real provider is ever contacted.
 #
 #   bash clients/run.sh [pytest args...]      e.g. -k codex, -x
@@ -38,28 +39,43 @@ case $PROFILE in dev) bin_dir=$ROOT/target/debug ;; *) bin_dir=$ROOT/target/$PRO
 export OCEANCODE_BIN_DIR=$bin_dir
 
 # ---------------------------------------------------------------- npm clients
-want_cc=$(node -p "require('$CL/package.json').dependencies['@anthropic-ai/claude-code']")
-want_codex=$(node -p "require('$CL/package.json').dependencies['@openai/codex']")
+want() { node -p "require('$CL/package.json').dependencies['$1']"; }
+want_cc=$(want @anthropic-ai/claude-code)
+want_codex=$(want @openai/codex)
+want_opencode=$(want opencode-ai)
+want_qwen=$(want @qwen-code/qwen-code)
 NODE_DIR=$DEPS/node
 export OCEANCODE_NODE_BIN=$NODE_DIR/node_modules/.bin
+# `<bin> --version` prints the pinned version (HOME: the clients' own, so
+# nothing of the host's config is read).
+has_version() {
+	[ -x "$OCEANCODE_NODE_BIN/$1" ] &&
+		HOME=$DEPS/home timeout 60 "$OCEANCODE_NODE_BIN/$1" --version 2>/dev/null | grep -qF "$2"
+}
 have_versions() {
-	[ -x "$OCEANCODE_NODE_BIN/claude" ] && [ -x "$OCEANCODE_NODE_BIN/codex" ] || return 1
-	HOME=$DEPS/home timeout 60 "$OCEANCODE_NODE_BIN/claude" --version 2>/dev/null | grep -qF "$want_cc" || return 1
-	HOME=$DEPS/home timeout 60 "$OCEANCODE_NODE_BIN/codex" --version 2>/dev/null | grep -qF "$want_codex" || return 1
+	has_version claude "$want_cc" && has_version codex "$want_codex" &&
+		has_version opencode "$want_opencode" && has_version qwen "$want_qwen"
 }
 mkdir -p "$NODE_DIR" "$DEPS/home"
 if have_versions; then
-	say "npm clients already installed (claude-code $want_cc, codex $want_codex)"
+	say "npm clients already installed (claude-code $want_cc, codex $want_codex, opencode $want_opencode, qwen-code $want_qwen)"
 else
-	say "install @anthropic-ai/claude-code@$want_cc @openai/codex@$want_codex (npm ci)"
+	say "install claude-code $want_cc, codex $want_codex, opencode-ai $want_opencode, qwen-code $want_qwen (npm, from the lock)"
 	cp "$CL/package.json" "$CL/package-lock.json" "$NODE_DIR/"
-	(cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+	# `npm install` from the lock rather than `npm ci`: the registry this
+	# machine reaches lacks some other platforms' optional packages (opencode's
+	# darwin/windows/musl binaries, a clipboard helper of Qwen Code's), which
+	# `npm ci` refuses as "missing from the lock file". The lock must come out
+	# unchanged: the exact versions, nothing resolved anew.
+	(cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+	cmp -s "$CL/package-lock.json" "$NODE_DIR/package-lock.json" ||
+		die "npm resolved other versions than clients/package-lock.json"
 	# Claude Code's postinstall puts its native binary in place of bin/claude.exe;
 	# run it explicitly in case this npm skipped install scripts.
 	if ! HOME=$DEPS/home timeout 60 "$OCEANCODE_NODE_BIN/claude" --version >/dev/null 2>&1; then
 		(cd "$NODE_DIR/node_modules/@anthropic-ai/claude-code" && node install.cjs)
 	fi
-	have_versions || die "the installed clients do not report claude-code $want_cc / codex $want_codex"
+	have_versions || die "the installed clients do not report claude-code $want_cc / codex $want_codex / opencode $want_opencode / qwen-code $want_qwen"
 fi
 
 # ---------------------------------------------------------------- python SDKs
@@ -79,10 +95,12 @@ else
 	PYRUN=$PY
 fi
 "$PYRUN" - <<'EOF2'
-import sys, anthropic, openai, pytest
-print(f"== clients: python {sys.version.split()[0]}, anthropic {anthropic.__version__}, openai {openai.__version__}, pytest {pytest.__version__}")
+import sys, importlib.metadata as md, anthropic, openai, pytest
+print(f"== clients: python {sys.version.split()[0]}, anthropic {anthropic.__version__}, openai {openai.__version__}, "
+      f"mini-swe-agent {md.version('mini-swe-agent')} (litellm {md.version('litellm')}), pytest {pytest.__version__}")
 EOF2
-say "node $(node --version), claude-code $("$OCEANCODE_NODE_BIN/claude" --version 2>/dev/null | head -1), $("$OCEANCODE_NODE_BIN/codex" --version 2>/dev/null | head -1)"
+version_of() { HOME=$DEPS/home "$OCEANCODE_NODE_BIN/$1" --version 2>/dev/null | head -1; }
+say "node $(node --version), claude-code $(version_of claude), $(version_of codex), opencode $(version_of opencode), qwen-code $(version_of qwen)"
 
 # ---------------------------------------------------------------- run
 rm -rf "$WORK"

@@ -104,6 +104,9 @@ def compaction_requests(reqs: list[dict]) -> list[int]:
             continue
         c = users[-1].get("content")
         texts = [c] if isinstance(c, str) else [b.get("text", "") for b in c or [] if b.get("type") == "text"]
+        # Not the context Claude Code adds (its gitStatus quotes the repository's
+        # recent commit messages, which may say "summary").
+        texts = [re.sub(r"<system-reminder>.*?</system-reminder>", "", t, flags=re.S) for t in texts]
         if any(re.search(r"\bsummary\b", t, re.I) for t in texts):
             found.append(r["seq"])
     return found

@@ -380,3 +380,95 @@ def test_control_without_proxy_codex_compacts(tmp_path):
         up.stop()
     assert o.run.code == 0, o.run.tail()
     assert compaction_requests(o.reqs), "without the proxy Codex did not compact: the check proves nothing"
+
+
+# ---------------------------------------------------------------- remote compaction
+
+BUILTIN_CONFIG = """\
+model = "{model}"
+# Codex's built-in OpenAI provider, pointed at the proxy: the one that
+# compacts remotely (a custom provider compacts locally, with a summary turn).
+openai_base_url = "{base_url}"
+model_auto_compact_token_limit = 25000
+[features]
+plugins = false
+remote_plugin = false
+"""
+
+
+def compaction_script() -> dict:
+    """14 steps; step 7's output alone is bigger than the window Codex
+    accepts (25k), so Codex compacts although the proxy keeps the line."""
+    replies = []
+    for i in range(1, 15):
+        cmd = "seq 1 9000" if i == 7 else (f"seq {i * 10000} {i * 10000 + 1500}" if i % 2 else f"cat notes{i}.txt")
+        replies.append({"text": f"Step {i}.", "tool_calls": [{"name": "exec_command", "input": {"cmd": cmd}}]})
+    return {"replies": replies, "default": {"text": "All steps done. FINAL_ANSWER_MARKER"}}
+
+
+def test_codex_remote_compaction_v2_passes_through_and_is_a_branch_across_the_tideline(make_stack):
+    """Codex 0.171.0 compacts remotely with a `compaction_trigger` as the last
+    input item of a /v1/responses request (V2; `remote_compaction_v2` is
+    "removed", i.e. always on, so V1's POST /v1/responses/compact is tested
+    through the SDK in test_openai_sdk.py). Through the proxy, at a 20k line:
+    the compaction request goes upstream untouched (the whole history, no
+    stub), is not recorded, and the compacted history Codex continues with is
+    a branch of the same session, cut again by the tideline."""
+    st = make_stack(script=compaction_script(), tideline=LINE)
+    make_project(st.work / "proj")
+    o = CodexRun()
+    o.work, o.home, o.proj, o.data = st.work, st.home, st.work / "proj", st.data
+    o.codex_home = st.work / "codex_home"
+    o.codex_home.mkdir()
+    (o.codex_home / "config.toml").write_text(BUILTIN_CONFIG.format(model=MODEL, base_url=st.proxy.url + "/v1"))
+    env = h.base_env(o.home)
+    env.update({"OPENAI_API_KEY": "sk-test-not-a-real-key", "CODEX_HOME": str(o.codex_home), "RUST_LOG": "warn"})
+    o.run = h.run([str(codex_bin()), "exec", "--skip-git-repo-check", "--json", PROMPT], env, o.proj, TIMEOUT,
+                  log=st.work / "client.log")
+    o.events = events(o.run.stdout)
+    r = o.run
+    assert not r.timed_out and r.code == 0, r.tail()
+    assert not [e for e in o.events if e.get("type") in ("turn.failed", "error")], r.tail()
+    assert "FINAL_ANSWER_MARKER" in final_message(o)
+
+    # The WebSocket Codex tries first got 426 from the proxy: never upstream.
+    assert all(e["method"] == "POST" for e in st.tap.entries()), [e["method"] for e in st.tap.entries()]
+    reqs = st.tap.model_requests()
+    assert all(q["status"] == 200 for q in reqs), [(q["seq"], q["status"], q["response"][:200]) for q in reqs]
+    kinds = [json.loads(q["headers"].get("x-codex-turn-metadata") or "{}").get("request_kind") for q in reqs]
+    comp = [i for i, k in enumerate(kinds) if k == "compaction"]
+    assert comp, "Codex never compacted: the test proves nothing"
+    first_cut = next((i for i, q in enumerate(reqs) if h.STUB_PREFIX in q["body"]), None)
+    assert first_cut is not None and first_cut < comp[0], "no cut before the first compaction"
+    for i in comp:
+        inp = reqs[i]["json"]["input"]
+        assert inp[-1] == {"type": "compaction_trigger"}
+        assert h.STUB_PREFIX not in reqs[i]["body"], "the compaction request was windowed"
+        assert "10000\\n10001" in reqs[i]["body"] or i > comp[0], "the compaction request lost the cut rows"
+    # Codex's own record: the compaction replaced its history.
+    rollout = "\n".join(p.read_text() for p in (o.codex_home / "sessions").rglob("rollout-*.jsonl"))
+    assert '"type":"compacted"' in rollout
+
+    st.settle()
+    led = st.ledger
+    sessions = led.sessions()
+    assert [s["client"] for s in sessions] == ["codex"], [dict(s) for s in sessions]
+    sid = sessions[0]["id"]
+    branches = led.q("SELECT * FROM branches WHERE session=? ORDER BY branch", sid)
+    assert len(branches) == len(comp), ([dict(b) for b in branches], comp)
+    assert all(b["at_seq"] > 0 for b in branches), "the compacted history lost the session's root"
+    rows = led.rows(sid)
+    assert not [x for x in rows if "compaction_trigger" in x["raw"]], "the compaction request was recorded"
+    items = [x for x in rows if json.loads(x["raw"]).get("type") == "compaction"]
+    assert len(items) == len(comp) and not items[-1]["hidden"]
+    cuts = led.cuts(sid)
+    assert [c for c in cuts if c["upto_seq"] > items[0]["seq"]], f"no cut after the compaction: {[dict(c) for c in cuts]}"
+    # Every cut window after a compaction still carries that compaction's item.
+    enc = [json.loads(x["raw"])["encrypted_content"] for x in items]
+    cut_after = 0
+    for j, q in enumerate(reqs):
+        k = sum(1 for i in comp if i < j) - 1
+        if k >= 0 and h.STUB_PREFIX in q["body"]:
+            cut_after += 1
+            assert enc[k] in q["body"], f"request {q['seq']} (a cut window) lost the compaction item"
+    assert cut_after, "no cut window after a compaction"

@@ -278,6 +278,65 @@ def test_responses_long_tool_loop_crosses_the_tideline(make_stack, parallel):
     ac.check_rows_verbatim(rows, [q["json"]["input"] for q in reqs], "responses")
 
 
+def test_responses_compact_v1_is_the_clients_own_compaction_across_the_tideline(make_stack):
+    """`client.responses.compact(...)` (POST /v1/responses/compact, remote
+    compaction V1, what Codex used before V2) in a Responses tool loop that
+    crossed the tideline: the whole history goes upstream byte for byte (no
+    stub, nothing recorded), the compacted output continues the same session
+    as a branch, and the tideline cuts the new line again, keeping the opaque
+    compaction item in every window."""
+    steps = 24
+    script = {"replies": [{"text": f"Step {i}.", "tool_calls": [{"name": "get_weather", "input": {"city": f"c{i}"}}]}
+                          for i in range(1, steps + 1)],
+              "default": {"text": "All done. FINAL_ANSWER_MARKER"}}
+    st = make_stack(script=script, tideline="20k")
+    cap = su.Captured()
+    c = su.openai_client(st.url, cap)
+    hdr = {"x-oceancode-session": "compact-v1"}
+
+    def loop(items: list, n: int, first: int) -> list:
+        for i in range(first, first + n):
+            r = c.responses.create(model=RESP_MODEL, input=items, tools=RESP_TOOLS,
+                                   instructions="You are a test agent.", extra_headers=hdr)
+            items += [o.model_dump(exclude_none=True) for o in r.output]
+            fc = [o for o in r.output if o.type == "function_call"]
+            assert fc, r.output_text
+            items.append({"type": "function_call_output", "call_id": fc[0].call_id, "output": su.big_text(i, 300)})
+        return items
+
+    items = loop([{"role": "user", "content": "Check the weather everywhere."}], 12, 1)
+    reqs = st.tap.model_requests()
+    assert any(h.STUB_PREFIX in q["body"] for q in reqs), "no cut before the compaction: the test proves nothing"
+    raw = c.responses.with_raw_response.compact(model=RESP_MODEL, input=items, instructions="You are a test agent.",
+                                                extra_headers=hdr)
+    compacted = raw.parse()
+    assert compacted.object == "response.compaction"
+    assert compacted.output[-1].type == "compaction"
+    # The items as the API returned them (the SDK's types model output items:
+    # the user messages here would not round-trip through them unchanged).
+    output = json.loads(raw.text)["output"]
+    up = [e for e in st.tap.entries() if e["path"] == "/v1/responses/compact"]
+    assert len(up) == 1 and up[0]["status"] == 200
+    assert up[0]["body"].encode() == cap.bodies[cap.paths.index("/v1/responses/compact")], \
+        "the compact request was not forwarded byte for byte"
+    assert h.STUB_PREFIX not in up[0]["body"]
+
+    items = loop(output, 12, 13)
+    reqs = st.tap.model_requests()
+    assert all(q["status"] == 200 for q in reqs), [(q["seq"], q["status"], q["response"][:200]) for q in reqs]
+    s, rows = su.session_rows(st, "openai-sdk")
+    assert s["client_session"] == "name:compact-v1"
+    branches = st.ledger.q("SELECT * FROM branches WHERE session=?", s["id"])
+    assert len(branches) == 1, [dict(b) for b in branches]
+    item = [r for r in rows if json.loads(r["raw"]).get("type") == "compaction"]
+    assert len(item) == 1 and not item[0]["hidden"]
+    cuts = st.ledger.cuts(s["id"])
+    assert [c_ for c_ in cuts if c_["upto_seq"] > item[0]["seq"]], f"no cut after the compaction: {[dict(x) for x in cuts]}"
+    last = reqs[-1]
+    assert h.STUB_PREFIX in last["body"] and '"type":"compaction"' in last["body"].replace(" ", ""), \
+        "the window after the cut lost the compaction item"
+
+
 # ---------------------------------------------------------------- errors
 
 ERRORS = [

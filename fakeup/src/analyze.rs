@@ -46,6 +46,8 @@ pub enum Endpoint {
     ChatCompletions,
     /// `POST /v1/responses`
     Responses,
+    /// `POST /v1/responses/compact` (remote compaction, V1)
+    ResponsesCompact,
     /// Anything else (404).
     Other,
 }
@@ -60,6 +62,7 @@ impl Endpoint {
             "/v1/messages/count_tokens" => Endpoint::CountTokens,
             "/v1/chat/completions" => Endpoint::ChatCompletions,
             "/v1/responses" => Endpoint::Responses,
+            "/v1/responses/compact" => Endpoint::ResponsesCompact,
             _ => Endpoint::Other,
         }
     }
@@ -69,7 +72,7 @@ impl Endpoint {
         match self {
             Endpoint::Messages | Endpoint::CountTokens => Some(Dialect::Anthropic),
             Endpoint::ChatCompletions => Some(Dialect::Chat),
-            Endpoint::Responses => Some(Dialect::Responses),
+            Endpoint::Responses | Endpoint::ResponsesCompact => Some(Dialect::Responses),
             Endpoint::Other => None,
         }
     }
@@ -98,6 +101,11 @@ pub(crate) struct Analysis {
     pub tool_results_this_turn: usize,
     /// The request declares `tools: []` (e.g. Claude Code's title request).
     pub tools_empty: bool,
+    /// The request declares no tools at all (absent, null or `[]`).
+    pub no_tools: bool,
+    /// Responses: the last input item is `{"type":"compaction_trigger"}` (remote
+    /// compaction, V2).
+    pub compaction_trigger: bool,
     /// JSON schema of a structured-output request.
     pub schema: Option<Value>,
 }
@@ -206,6 +214,11 @@ pub(crate) fn analyze(
     }
     a.total = a.seg_tokens.iter().sum();
     a.tools_empty = tools_empty;
+    a.no_tools = tools_empty || matches!(obj.get("tools"), None | Some(Value::Null));
+    a.compaction_trigger = dialect == Dialect::Responses
+        && array(obj.get("input"))
+            .last()
+            .is_some_and(crate::compaction::is_trigger);
     let (all, turn) = tool_results(dialect, obj);
     a.tool_results = all;
     a.tool_results_this_turn = turn;

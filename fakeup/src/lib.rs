@@ -1,11 +1,12 @@
 //! `oceancode-fakeup`: a fake Anthropic / OpenAI model upstream for tests and benchmarks.
 //!
-//! It serves `POST /v1/messages` (+ `/count_tokens`), `/v1/chat/completions` and
-//! `/v1/responses` on loopback only (HTTP/1.1 and h2c), streaming SSE events shaped like
-//! the captured real traffic, one event per body frame. Usage is computed with tiktoken
-//! `o200k_base` from what it received, with a prompt-cache simulation; replies are
-//! scripted ([`Script`]); conversations are validated; context limits produce the
-//! providers' real errors; every request is recorded ([`Recorded`]).
+//! It serves `POST /v1/messages` (+ `/count_tokens`), `/v1/chat/completions`,
+//! `/v1/responses` and `/v1/responses/compact` on loopback only (HTTP/1.1 and h2c),
+//! streaming SSE events shaped like the captured real traffic, one event per body frame.
+//! Usage is computed with tiktoken `o200k_base` from what it received, with a
+//! prompt-cache simulation; replies are scripted ([`Script`]); conversations are
+//! validated; context limits produce the providers' real errors; remote compaction
+//! answers an opaque `compaction` item; every request is recorded ([`Recorded`]).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -19,6 +20,7 @@
 //! ```
 
 mod analyze;
+mod compaction;
 pub mod images;
 mod json;
 mod media;

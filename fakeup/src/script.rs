@@ -23,6 +23,10 @@ pub struct Script {
     /// Used once `replies` is exhausted; absent = a short deterministic text reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default: Option<Reply>,
+    /// The answer to a request that declares no tools (a client's title or summary
+    /// request), without consuming `replies`; absent = such requests consume as usual.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_tools: Option<Reply>,
 }
 
 impl Script {
@@ -31,6 +35,7 @@ impl Script {
         Script {
             replies: replies.into_iter().collect(),
             default: None,
+            no_tools: None,
         }
     }
 
@@ -39,12 +44,19 @@ impl Script {
         Script {
             replies: Vec::new(),
             default: Some(reply),
+            no_tools: None,
         }
     }
 
     /// Sets the reply used after the scripted ones.
     pub fn then(mut self, default: Reply) -> Self {
         self.default = Some(default);
+        self
+    }
+
+    /// Answers requests that declare no tools with `reply`, without consuming.
+    pub fn with_no_tools(mut self, reply: Reply) -> Self {
+        self.no_tools = Some(reply);
         self
     }
 
@@ -55,6 +67,7 @@ impl Script {
             Value::Array(_) => Ok(Script {
                 replies: serde_json::from_value(v).map_err(ScriptError::Json)?,
                 default: None,
+                no_tools: None,
             }),
             other => serde_json::from_value(other).map_err(ScriptError::Json),
         }

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::analyze::{analyze, schema_stub, Dialect, Endpoint, Reject};
+use crate::compaction;
 use crate::json::obj;
 use crate::plan::{self, Ids};
 use crate::render::{self, Ctx};
@@ -148,6 +149,7 @@ struct Settings {
 struct ScriptState {
     queue: VecDeque<Reply>,
     default: Option<Reply>,
+    no_tools: Option<Reply>,
 }
 
 impl ScriptState {
@@ -155,6 +157,7 @@ impl ScriptState {
         ScriptState {
             queue: s.replies.into(),
             default: s.default,
+            no_tools: s.no_tools,
         }
     }
 
@@ -820,9 +823,22 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
             return out;
         }
     }
+    if endpoint == Endpoint::ResponsesCompact || a.compaction_trigger {
+        let mut out = compact(shared, endpoint, body, &a);
+        out.total = Some(a.total);
+        out.model = Some(a.model);
+        out.stream = a.stream && endpoint == Endpoint::Responses;
+        return out;
+    }
     let reply = match &a.schema {
         Some(schema) => Reply::text(schema_stub(schema, "").to_string()),
-        None => shared.script.lock().next(),
+        None => {
+            let mut script = shared.script.lock();
+            match script.no_tools.clone().filter(|_| a.no_tools) {
+                Some(r) => r,
+                None => script.next(),
+            }
+        }
     };
     let mut out = if let Some(e) = &reply.error {
         scripted_error(e)
@@ -844,6 +860,70 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
     out.model = Some(a.model);
     out.stream = a.stream;
     out
+}
+
+/// Remote compaction (see [`crate::compaction`]): V1's `response.compaction` object,
+/// or V2's single `compaction` output item (streamed when asked).
+fn compact(
+    shared: &Shared,
+    endpoint: Endpoint,
+    body: &[u8],
+    a: &crate::analyze::Analysis,
+) -> Outcome {
+    let input: Vec<Value> = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|mut v| v.get_mut("input").map(Value::take))
+        .and_then(|v| match v {
+            Value::Array(items) => Some(items),
+            Value::String(s) => Some(vec![serde_json::json!({"role": "user", "content": s})]),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let encrypted = compaction::seal(&shared.ids, input.len());
+    let mut usage = shared.cache.input_usage(Dialect::Responses, a, true);
+    usage.output_tokens = shared.memo.text(&encrypted).max(1);
+    let item = compaction::item(&shared.ids, &encrypted);
+    let ctx = Ctx {
+        model: &a.model,
+        ids: &shared.ids,
+        created: render::unix_now(),
+        include_usage: a.include_usage,
+    };
+    let mut out = if endpoint == Endpoint::ResponsesCompact {
+        let mut output = compaction::retained_users(&shared.ids, &input);
+        output.push(item);
+        Outcome::json(
+            StatusCode::OK,
+            render::responses::compacted(output, &ctx, &usage),
+        )
+    } else if a.stream {
+        let events = render::responses::compaction_stream(item, &ctx, &usage);
+        let mut o = Outcome::json(StatusCode::OK, Vec::new());
+        o.headers = vec![
+            (
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream; charset=utf-8"),
+            ),
+            (
+                http::header::CACHE_CONTROL,
+                HeaderValue::from_static("no-cache"),
+            ),
+        ];
+        o.body = OutBody::Events {
+            events,
+            chunk_delay: Duration::ZERO,
+            abort_after: None,
+        };
+        o
+    } else {
+        Outcome::json(
+            StatusCode::OK,
+            render::responses::compaction_json(item, &ctx, &usage),
+        )
+    };
+    out.usage = Some(usage);
+    let rid = request_id(shared);
+    out.header("x-request-id", &rid)
 }
 
 fn respond(

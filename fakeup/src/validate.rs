@@ -204,7 +204,8 @@ fn is_call(t: Option<&str>) -> bool {
 }
 
 /// Responses: every `*_call_output` has an earlier call with its `call_id`, and every
-/// call has an output, except calls in the trailing run of calls/reasoning.
+/// call has an output, except calls in the trailing run of calls/reasoning; a
+/// `compaction_trigger` comes last; a `compaction` item carries content this fake issued.
 pub(crate) fn responses(obj: &Map<String, Value>) -> Result<(), Invalid> {
     let items = match obj.get("input") {
         Some(Value::String(_)) => return Ok(()),
@@ -223,6 +224,24 @@ pub(crate) fn responses(obj: &Map<String, Value>) -> Result<(), Invalid> {
     for (i, item) in items.iter().enumerate() {
         let t = ty(item);
         let call_id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
+        if t == Some("compaction_trigger") && i + 1 != items.len() {
+            return Err((
+                "The 'compaction_trigger' item must be the final input item.".into(),
+                param(),
+            ));
+        }
+        if t == Some("compaction")
+            && !item
+                .get("encrypted_content")
+                .and_then(Value::as_str)
+                .is_some_and(crate::compaction::verify)
+        {
+            let id = item.get("id").and_then(Value::as_str).unwrap_or("");
+            return Err((
+                format!("The encrypted content for item {id} could not be verified."),
+                param(),
+            ));
+        }
         if is_call(t) {
             calls.push((i, call_id));
         } else if matches!(t, Some("function_call_output" | "custom_tool_call_output")) {
@@ -313,5 +332,27 @@ mod tests {
         let unanswered = json!({"input":[{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
             {"role":"user","content":"x"}]});
         assert!(responses(&obj(unanswered)).unwrap_err().0.contains("c1"));
+    }
+
+    #[test]
+    fn responses_compaction_items() {
+        let ids = crate::plan::Ids::new();
+        let sealed = crate::compaction::seal(&ids, 3);
+        let ok = json!({"input":[{"role":"user","content":"go"},
+            {"type":"compaction","id":"cmp_1","encrypted_content": sealed},
+            {"role":"user","content":"more"},
+            {"type":"compaction_trigger"}]});
+        assert!(responses(&obj(ok)).is_ok());
+        let early = json!({"input":[{"type":"compaction_trigger"},{"role":"user","content":"go"}]});
+        assert!(responses(&obj(early))
+            .unwrap_err()
+            .0
+            .contains("final input item"));
+        let forged =
+            json!({"input":[{"type":"compaction","id":"cmp_2","encrypted_content":"gAAAABnope"}]});
+        assert!(responses(&obj(forged))
+            .unwrap_err()
+            .0
+            .contains("cmp_2 could not be verified"));
     }
 }

@@ -428,6 +428,119 @@ async fn responses_custom_tool_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_compaction_v1_endpoint() {
+    let f = fake(Script::replies([Reply::text("main answer")])).await;
+    let mut req = responses_req(false);
+    req["input"].as_array_mut().unwrap().extend([
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sure."}]}),
+        json!({"role": "user", "content": "and the tests"}),
+    ]);
+    let r = post(&f.url(), "/v1/responses/compact", &req).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    assert_eq!(j["object"], "response.compaction");
+    let out = j["output"].as_array().unwrap();
+    // The user messages (as input_text parts), then one opaque compaction item.
+    assert_eq!(out.len(), 3, "{j}");
+    assert_eq!(out[0]["role"], "user");
+    assert_eq!(out[0]["content"][0]["text"], "list the files here");
+    assert_eq!(
+        out[1]["content"][0],
+        json!({"type": "input_text", "text": "and the tests"})
+    );
+    assert_eq!(out[2]["type"], "compaction");
+    assert!(out[2]["id"].as_str().unwrap().starts_with("cmp_"));
+    let enc = out[2]["encrypted_content"].as_str().unwrap().to_string();
+    assert!(enc.len() > 40);
+    let rec = &f.requests()[0];
+    assert_eq!(rec.endpoint, Endpoint::ResponsesCompact);
+    assert_eq!(j["usage"]["input_tokens"], rec.input_tokens_total.unwrap());
+    assert_eq!(f.replies_left(), 1, "compaction consumed a scripted reply");
+
+    // The compacted history continues; the item comes back verbatim...
+    let mut next = responses_req(true);
+    next["input"] = json!([out[0], out[1], out[2], {"role": "user", "content": "go on"}]);
+    let r = post(&f.url(), "/v1/responses", &next).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(f.replies_left(), 0);
+    // ...and a changed one is refused, as the provider refuses what it cannot decrypt.
+    let mut forged = next.clone();
+    let bad = format!("{}A{}", &enc[..20], &enc[21..]);
+    forged["input"][2]["encrypted_content"] = json!(bad);
+    let r = post(&f.url(), "/v1/responses", &forged).await;
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("could not be verified"), "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_compaction_v2_trigger_item() {
+    let f = fake(Script::replies([Reply::text("main answer")])).await;
+    let mut req = responses_req(true);
+    req["input"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "compaction_trigger"}));
+    let r = post(&f.url(), "/v1/responses", &req).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.event_names(),
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let ev = r.events();
+    let done = &ev.last().unwrap().1["response"];
+    let out = done["output"].as_array().unwrap();
+    assert_eq!(out.len(), 1, "exactly one compaction item: {done}");
+    assert_eq!(out[0]["type"], "compaction");
+    assert_eq!(ev[3].1["item"], out[0]);
+    assert!(done["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(f.replies_left(), 1, "compaction consumed a scripted reply");
+    // Not streamed: the same item in one response.
+    req["stream"] = json!(false);
+    let j = post(&f.url(), "/v1/responses", &req).await.json();
+    assert_eq!(j["output"][0]["type"], "compaction");
+    assert_ne!(
+        j["output"][0]["encrypted_content"],
+        out[0]["encrypted_content"]
+    );
+    // The trigger must be the last input item.
+    let mut early = responses_req(true);
+    early["input"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"type": "compaction_trigger"}));
+    let r = post(&f.url(), "/v1/responses", &early).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        r.text().contains("must be the final input item"),
+        "{}",
+        r.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_tools_reply_does_not_consume() {
+    let script = Script::replies([Reply::tool_call("bash", json!({"command": "ls"}))])
+        .with_no_tools(Reply::text("A summary."));
+    let f = fake(script).await;
+    let mut summary = anthropic_req(false);
+    summary.as_object_mut().unwrap().remove("tools");
+    let j = post(&f.url(), "/v1/messages", &summary).await.json();
+    assert_eq!(j["content"][0]["text"], "A summary.");
+    assert_eq!(f.replies_left(), 1);
+    let j = post(&f.url(), "/v1/messages", &anthropic_req(false))
+        .await
+        .json();
+    assert_eq!(j["content"][0]["name"], "bash");
+    assert_eq!(f.replies_left(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn structured_output_gets_schema_stub_without_consuming() {
     let f = fake(Script::replies([Reply::text("main answer")])).await;
     let title = json!({

@@ -66,6 +66,11 @@ pub enum ProxyError {
     /// A session name the request declares breaks the naming rule.
     #[error("oceancode-proxy: {0}")]
     BadSessionName(#[from] crate::identity::NameError),
+    /// A WebSocket upgrade on a provider route: the proxy records and windows
+    /// HTTP requests only. 426 makes a client that prefers WebSockets (Codex
+    /// with its built-in OpenAI provider) fall back to HTTPS at once.
+    #[error("oceancode-proxy does not carry model requests over WebSocket (they could not be recorded); use HTTPS")]
+    WebSocket,
 }
 
 impl ProxyError {
@@ -78,6 +83,7 @@ impl ProxyError {
             ProxyError::BadRequestBody(_)
             | ProxyError::BadTarget(_)
             | ProxyError::BadSessionName(_) => StatusCode::BAD_REQUEST,
+            ProxyError::WebSocket => StatusCode::UPGRADE_REQUIRED,
         }
     }
 
@@ -90,6 +96,7 @@ impl ProxyError {
             ProxyError::BadRequestBody(_)
             | ProxyError::BadTarget(_)
             | ProxyError::BadSessionName(_) => ("invalid_request_error", "invalid_request"),
+            ProxyError::WebSocket => ("invalid_request_error", "websocket_unsupported"),
         }
     }
 

@@ -13,7 +13,8 @@ pub enum ReqKind {
     Main,
     /// `count_tokens`: windowed like the conversation, never recorded.
     CountTokens,
-    /// Title generation and other side requests: forwarded untouched.
+    /// Title generation, the client's own summary or remote compaction and
+    /// other side requests: forwarded untouched, never recorded.
     Side,
 }
 
@@ -24,6 +25,9 @@ pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
         "/v1/messages/count_tokens" => Some((Dialect::Anthropic, ReqKind::CountTokens)),
         "/v1/chat/completions" => Some((Dialect::OpenaiChat, ReqKind::Main)),
         "/v1/responses" => Some((Dialect::OpenaiResponses, ReqKind::Main)),
+        // Remote compaction (Codex, V1): the client's own compaction, forwarded
+        // untouched; what it returns comes back in the next request (a branch).
+        "/v1/responses/compact" => Some((Dialect::OpenaiResponses, ReqKind::Side)),
         _ => None,
     }
 }
@@ -127,9 +131,9 @@ fn name_header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a st
 
 /// Read the identity: path prefix (checked by [`strip_session_prefix`]),
 /// `x-oceancode-session`, Claude Code's `X-Claude-Code-Session-Id` /
-/// `metadata.user_id.session_id`, Codex `session-id`; otherwise the caller
-/// fingerprints the conversation. The name used must follow
-/// [`session_name`].
+/// `metadata.user_id.session_id`, Codex `session-id`, opencode's
+/// `x-session-id`; otherwise the caller fingerprints the conversation. The
+/// name used must follow [`session_name`].
 pub fn identify(
     prefix: Option<&str>,
     headers: &HeaderMap,
@@ -143,6 +147,10 @@ pub fn identify(
         || header(headers, "originator").is_some_and(|o| o.starts_with("codex"))
     {
         "codex"
+    } else if ua.starts_with("opencode/") {
+        "opencode"
+    } else if ua.starts_with("QwenCode/") {
+        "qwen-code"
     } else if ua.starts_with("OpenAI/") {
         "openai-sdk"
     } else if ua.starts_with("Anthropic/") {
@@ -158,8 +166,12 @@ pub fn identify(
         Some(format!("cc:{s}"))
     } else if let Some(s) = body.map(metadata_session_id).transpose()?.flatten() {
         Some(format!("cc:{s}"))
+    } else if let Some(s) = name_header(headers, "session-id")? {
+        Some(format!("codex:{s}"))
+    } else if client == "opencode" {
+        name_header(headers, "x-session-id")?.map(|s| format!("opencode:{s}"))
     } else {
-        name_header(headers, "session-id")?.map(|s| format!("codex:{s}"))
+        None
     };
     let context_1m = headers
         .get_all("anthropic-beta")
@@ -190,9 +202,26 @@ fn metadata_session_id(body: &ParsedBody<'_>) -> Result<Option<String>, NameErro
     }
 }
 
-/// Title generation and similar side requests: Anthropic requests without
-/// tools that ask for a structured output format.
-pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>) -> bool {
+/// Title generation and similar side requests, forwarded untouched:
+/// - Anthropic requests without tools that ask for a structured output
+///   format (Claude Code's title);
+/// - opencode's requests that declare no tools (its title and its
+///   compaction summary: one user message holding the conversation as text;
+///   its agent loop always sends tools);
+/// - Responses requests whose last input item is a `compaction_trigger`
+///   (Codex's remote compaction, V2): the client's own compaction.
+pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>, client: &str) -> bool {
+    if client == "opencode" && no_tools(body) {
+        return true;
+    }
+    if d == Dialect::OpenaiResponses {
+        return body.messages.last().is_some_and(|m| {
+            m.contains("compaction_trigger")
+                && serde_json::from_str::<serde_json::Value>(m).is_ok_and(|v| {
+                    v.get("type").and_then(|t| t.as_str()) == Some("compaction_trigger")
+                })
+        });
+    }
     if d != Dialect::Anthropic {
         return false;
     }
@@ -206,6 +235,16 @@ pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>) -> bool {
             None => body.get("tools").is_none(),
             Some(a) => a.is_empty(),
         }
+}
+
+/// `tools` absent, null or `[]`.
+fn no_tools(body: &ParsedBody<'_>) -> bool {
+    match body.get("tools") {
+        None => true,
+        Some(_) => body
+            .get_as::<Option<Vec<serde::de::IgnoredAny>>>("tools")
+            .is_some_and(|t| t.is_none_or(|t| t.is_empty())),
+    }
 }
 
 #[cfg(test)]
@@ -342,17 +381,20 @@ mod tests {
         let t = br#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"output_config":{"format":{"type":"json_schema"}}}"#;
         assert!(is_side_request(
             Dialect::Anthropic,
-            &ParsedBody::parse(t, "messages").unwrap()
+            &ParsedBody::parse(t, "messages").unwrap(),
+            "claude-code"
         ));
         let m = br#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"name":"Bash"}],"output_config":{"effort":"medium"}}"#;
         assert!(!is_side_request(
             Dialect::Anthropic,
-            &ParsedBody::parse(m, "messages").unwrap()
+            &ParsedBody::parse(m, "messages").unwrap(),
+            "claude-code"
         ));
         let side = |b: &[u8]| {
             is_side_request(
                 Dialect::Anthropic,
                 &ParsedBody::parse(b, "messages").unwrap(),
+                "anthropic-sdk",
             )
         };
         assert!(side(br#"{"messages":[],"output_config":{"format":{}}}"#));
@@ -363,5 +405,67 @@ mod tests {
             br#"{"messages":[],"tools":null,"output_config":{"format":{}}}"#
         ));
         assert!(!side(br#"{"messages":[],"tools":[]}"#));
+    }
+
+    #[test]
+    fn opencode_sessions_and_side_requests() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "user-agent",
+            HeaderValue::from_static(
+                "opencode/1.18.33 ai-sdk/provider-utils/4.0.46 runtime/bun/1.3.14",
+            ),
+        );
+        h.insert("x-session-id", HeaderValue::from_static("ses_dccfb09a"));
+        let id = identify(None, &h, None).unwrap();
+        assert_eq!(id.client, "opencode");
+        assert_eq!(id.client_key.as_deref(), Some("opencode:ses_dccfb09a"));
+        // Another client's `x-session-id` names nothing the proxy knows.
+        h.insert("user-agent", HeaderValue::from_static("curl/8.0"));
+        assert_eq!(identify(None, &h, None).unwrap().client_key, None);
+        h.insert(
+            "user-agent",
+            HeaderValue::from_static("QwenCode/0.24.4 (linux; x64)"),
+        );
+        assert_eq!(identify(None, &h, None).unwrap().client, "qwen-code");
+
+        let parse = |b: &'static [u8]| ParsedBody::parse(b, "messages").unwrap();
+        // Title and compaction summary: no tools. The agent loop: tools.
+        let summary = parse(br#"{"system":"You are a context summarization agent.","messages":[{"role":"user","content":"Here is the conversation so far"}]}"#);
+        let main = parse(br#"{"system":"You are OpenCode.","tools":[{"name":"bash"}],"messages":[{"role":"user","content":"go"}]}"#);
+        assert!(is_side_request(Dialect::Anthropic, &summary, "opencode"));
+        assert!(!is_side_request(Dialect::Anthropic, &main, "opencode"));
+        assert!(!is_side_request(
+            Dialect::Anthropic,
+            &summary,
+            "anthropic-sdk"
+        ));
+        let chat = ParsedBody::parse(
+            br#"{"tools":null,"messages":[{"role":"user","content":"t"}]}"#,
+            "messages",
+        )
+        .unwrap();
+        assert!(is_side_request(Dialect::OpenaiChat, &chat, "opencode"));
+        assert!(!is_side_request(Dialect::OpenaiChat, &chat, "openai-sdk"));
+    }
+
+    #[test]
+    fn codex_remote_compaction_is_the_clients_own() {
+        assert_eq!(
+            route("/v1/responses/compact"),
+            Some((Dialect::OpenaiResponses, ReqKind::Side))
+        );
+        let parse = |b: &'static [u8]| ParsedBody::parse(b, "input").unwrap();
+        let v2 = parse(br#"{"input":[{"role":"user","content":"go"},{"type":"compaction_trigger"}],"tools":[]}"#);
+        assert!(is_side_request(Dialect::OpenaiResponses, &v2, "codex"));
+        // Only as the last item; a message that merely mentions it is a turn.
+        let early =
+            parse(br#"{"input":[{"type":"compaction_trigger"},{"role":"user","content":"go"}]}"#);
+        assert!(!is_side_request(Dialect::OpenaiResponses, &early, "codex"));
+        let text =
+            parse(br#"{"input":[{"role":"user","content":"what is a compaction_trigger?"}]}"#);
+        assert!(!is_side_request(Dialect::OpenaiResponses, &text, "codex"));
+        let next = parse(br#"{"input":[{"role":"user","content":"go"},{"type":"compaction","encrypted_content":"gAAAAB"}]}"#);
+        assert!(!is_side_request(Dialect::OpenaiResponses, &next, "codex"));
     }
 }

@@ -138,6 +138,9 @@ pub async fn handle(
     }
     let (prefix, rest) = identity::strip_session_prefix(&path);
     let rest = rest.to_string();
+    if let Some((d, _)) = identity::route(&rest).filter(|_| is_websocket(req.headers())) {
+        return Ok(ProxyError::WebSocket.into_response(Envelope::from(d)));
+    }
     let routed = identity::route(&rest).filter(|_| req.method() == Method::POST);
     let (dialect, envelope, base) = match routed {
         Some((d, _)) => (Some(d), Envelope::from(d), upstream_for(&app, d)),
@@ -167,6 +170,16 @@ pub async fn handle(
         tracing::warn!(error = %e, path = %path, "answered with a proxy error");
         e.into_response(envelope)
     }))
+}
+
+/// The request asks to switch to WebSocket (`Upgrade: websocket`).
+fn is_websocket(h: &http::HeaderMap) -> bool {
+    h.get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|p| p.trim().eq_ignore_ascii_case("websocket"))
+        })
 }
 
 /// Bodies from this size on are prepared with [`cpu`] (`block_in_place`).

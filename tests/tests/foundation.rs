@@ -300,6 +300,40 @@ async fn other_paths_pass_through_and_hop_by_hop_headers_are_dropped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upgrade_on_a_provider_route_is_refused_with_426_at_once() {
+    // Codex's built-in OpenAI provider tries Responses over WebSocket first;
+    // the proxy records HTTP only. 426 makes it fall back to HTTPS at once
+    // (anything else: five reconnects with backoff first).
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let ws = [
+        ("connection", "Upgrade"),
+        ("upgrade", "websocket"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("authorization", "Bearer sk-test"),
+    ];
+    let got = collect(
+        h.send(&h.url(), Method::GET, "/v1/responses", &ws, Bytes::new())
+            .await,
+    )
+    .await;
+    assert_eq!(got.status, 426, "{}", got.text());
+    assert_eq!(got.json()["error"]["code"], "websocket_unsupported");
+    assert!(
+        h.fake.requests().is_empty(),
+        "the upgrade reached the upstream"
+    );
+    // Other paths still pass through (the upstream decides).
+    let got = collect(
+        h.send(&h.url(), Method::GET, "/v1/realtime", &ws, Bytes::new())
+            .await,
+    )
+    .await;
+    assert_eq!(got.status, 404, "the fake's own answer");
+    assert_eq!(h.fake.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gzip_responses_stay_compressed_for_the_client_and_usage_is_read() {
     let h = Harness::start(FakeConfig::default().with_gzip(true), |_| {}).await;
     let got = h

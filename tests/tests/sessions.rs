@@ -711,3 +711,323 @@ async fn session_names_follow_one_rule_and_a_bad_one_is_refused_in_the_providers
     let meta = h.store().session_meta(&list[0].id).unwrap().unwrap();
     assert_eq!(meta.client_session.as_deref(), Some("name:café"));
 }
+
+/// A Codex-like Responses session (session-id header, developer message,
+/// prompt, `exec_command` steps with ~3k-token outputs) against a proxy whose
+/// line is 20k (a 50k-token model).
+mod remote_compaction {
+    use super::*;
+    use oceancode_fakeup::{Reply, Script};
+    use oceancode_proxy::sessions::ModelLimits;
+    use serde_json::{json, Value};
+    use std::sync::Arc;
+
+    pub const HDR: [(&str, &str); 2] = [("session-id", "cx-compact"), ("originator", "codex_exec")];
+
+    pub async fn harness() -> Harness {
+        let fake = FakeConfig::default().with_script(Script::always(
+            Reply::tool_call("exec_command", json!({"cmd": "cat big.txt"})).with_text("Next step."),
+        ));
+        Harness::start(fake, |o| {
+            o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+                context: Some(50_000),
+                max_output: Some(8_000),
+            });
+        })
+        .await
+    }
+
+    pub fn body(input: &[Value], extra: Option<Value>) -> String {
+        let mut b = json!({"model": "gpt-5-codex", "instructions": "You are Codex.",
+            "tools": [{"type": "function", "name": "exec_command",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
+            "input": input});
+        if let Some(e) = extra {
+            b.as_object_mut()
+                .unwrap()
+                .extend(e.as_object().unwrap().clone());
+        }
+        b.to_string()
+    }
+
+    /// Codex's instructions item; re-injected after a compaction with a new
+    /// id and without its `create_time`.
+    pub fn developer(id: &str) -> Value {
+        let mut m = json!({"type": "message", "id": id, "role": "developer",
+            "content": [{"type": "input_text", "text": "Follow the repository's rules."}],
+            "internal_chat_message_metadata_passthrough": {"turn_id": "t1"}});
+        if id.ends_with("_1") {
+            m["internal_chat_message_metadata_passthrough"]["create_time"] = json!(1796153450.45);
+        }
+        m
+    }
+
+    /// One step: send `input`, append the answer's items and a big output.
+    pub async fn step(h: &Harness, input: &mut Vec<Value>, n: usize) {
+        let got = h.post("/v1/responses", &HDR, body(input, None)).await;
+        assert_eq!(got.status, 200, "step {n}: {}", got.text());
+        let out = got.json()["output"].as_array().cloned().unwrap();
+        let call = out
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .cloned()
+            .unwrap();
+        input.extend(out);
+        let text: String = (0..240)
+            .map(|i| format!("step {n} line {i}: the quick brown fox jumps over the lazy dog\n"))
+            .collect();
+        input.push(
+            json!({"type": "function_call_output", "call_id": call["call_id"], "output": text}),
+        );
+    }
+
+    /// Whether the upstream's copy of a request carries the tideline stub.
+    pub fn has_stub(r: &oceancode_fakeup::Recorded) -> bool {
+        String::from_utf8_lossy(&r.body).contains("past the tideline")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_remote_compaction_passes_through_untouched_and_is_a_branch_across_the_tideline() {
+    use remote_compaction::*;
+    use serde_json::{json, Value};
+    let h = harness().await;
+    let mut input: Vec<Value> = vec![
+        developer("msg_dev_1"),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Work through the steps."}]}),
+    ];
+    for n in 0..12 {
+        step(&h, &mut input, n).await;
+    }
+    assert!(
+        h.fake.requests().iter().any(has_stub),
+        "no cut before the compaction: the test proves nothing"
+    );
+
+    // V1: the whole history to /v1/responses/compact, byte for byte (no stub,
+    // though the session is cut), and nothing of it recorded.
+    let rows_before = {
+        h.settle().await;
+        let list = h.store().list_sessions().unwrap();
+        h.store()
+            .load_session(&list[0].id)
+            .unwrap()
+            .unwrap()
+            .rows
+            .len()
+    };
+    let sent = body(&input, None);
+    let got = h.post("/v1/responses/compact", &HDR, sent.clone()).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let compacted = got.json()["output"].as_array().cloned().unwrap();
+    assert_eq!(compacted.last().unwrap()["type"], "compaction");
+    let upstream = h.fake.requests().last().unwrap().clone();
+    assert_eq!(upstream.path, "/v1/responses/compact");
+    assert_eq!(
+        upstream.body,
+        sent.as_bytes(),
+        "the compact request was rewritten"
+    );
+
+    // Codex replaces its history: its instructions again (new item ids),
+    // the compacted output, and goes on.
+    let mut input: Vec<Value> = vec![developer("msg_dev_2")];
+    input.extend(compacted);
+    for n in 12..24 {
+        step(&h, &mut input, n).await;
+    }
+    // V2: the trailing compaction_trigger, byte for byte, not recorded.
+    input.push(json!({"type": "compaction_trigger"}));
+    let sent = body(&input, Some(json!({"stream": true})));
+    let got = h.post("/v1/responses", &HDR, sent.clone()).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(
+        got.text().contains("\"type\":\"compaction\""),
+        "{}",
+        got.text()
+    );
+    assert_eq!(h.fake.requests().last().unwrap().body, sent.as_bytes());
+    let item: Value = got
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "response.output_item.done")
+        .map(|e| e["item"].clone())
+        .unwrap();
+    let mut input = vec![
+        developer("msg_dev_3"),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Work through the steps."}]}),
+        item,
+    ];
+    for n in 24..30 {
+        step(&h, &mut input, n).await;
+    }
+    h.settle().await;
+
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(
+        list.len(),
+        1,
+        "one session across both compactions: {list:?}"
+    );
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.meta.client, "codex");
+    assert_eq!(s.branch, 2, "each compaction is a branch");
+    assert!(
+        !s.rows.iter().any(|r| r.raw.contains("compaction_trigger")),
+        "the trigger was recorded"
+    );
+    let compactions: Vec<_> = s
+        .rows
+        .iter()
+        .filter(|r| r.raw.contains("\"type\":\"compaction\""))
+        .collect();
+    assert_eq!(compactions.len(), 2, "each compaction item is a row");
+    assert!(
+        s.rows[2..rows_before]
+            .iter()
+            .all(|r| s.hidden.contains(&r.seq)),
+        "the pre-compaction line is hidden"
+    );
+    assert!(
+        !s.hidden.contains(&1) && !s.hidden.contains(&2),
+        "the root (instructions, prompt) stays on the line: the branch is after it"
+    );
+    // The tideline goes on across both branches: cuts after each compaction,
+    // every window valid (the fake validates), the compaction item kept.
+    let cuts = h.store().cuts(&s.meta.id).unwrap();
+    let last_branch_row = compactions[1].seq;
+    assert!(
+        cuts.iter().any(|c| c.upto_seq > compactions[0].seq),
+        "no cut after the first compaction: {cuts:?}"
+    );
+    assert!(
+        cuts.iter().any(|c| c.upto_seq > last_branch_row),
+        "no cut after the second compaction: {cuts:?}"
+    );
+    let last = h.fake.requests().last().unwrap().clone();
+    assert!(has_stub(&last));
+    assert!(
+        String::from_utf8_lossy(&last.body).contains("\"type\":\"compaction\""),
+        "the cut dropped the compaction item"
+    );
+    assert!(h.fake.requests().iter().all(|r| r.status == 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_prune_is_an_echo_and_its_compaction_a_branch_of_one_session() {
+    use oceancode_fakeup::{Reply, Script};
+    use serde_json::{json, Value};
+    let fake = FakeConfig::default().with_script(
+        Script::always(Reply::tool_call(
+            "bash",
+            json!({"command": "cat notes.txt"}),
+        ))
+        .with_no_tools(Reply::text("Summary: notes were read.")),
+    );
+    let h = Harness::start(fake, |_| {}).await;
+    let hdr = [
+        (
+            "user-agent",
+            "opencode/1.18.33 ai-sdk/provider-utils/4.0.46 runtime/bun/1.3.14",
+        ),
+        ("x-session-id", "ses_prune"),
+    ];
+    let tools = json!([{"name": "bash", "input_schema": {"type": "object"}}]);
+    let main = |msgs: &[Value]| {
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 1000, "system": "You are OpenCode.",
+            "tools": tools, "messages": msgs})
+        .to_string()
+    };
+    let side = |system: &str, text: &str| {
+        json!({"model": "claude-haiku-4-5", "max_tokens": 1000, "system": system,
+            "messages": [{"role": "user", "content": text}]})
+        .to_string()
+    };
+    // The title request: no tools, forwarded, not recorded.
+    let got = h
+        .post(
+            "/v1/messages",
+            &hdr,
+            side("You are a title generator.", "work through the steps"),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let mut history = vec![json!({"role": "user", "content": "work through the steps"})];
+    let output = |n: usize| format!("output {n}: {}", "the quick brown fox ".repeat(200));
+    for n in 0..4 {
+        let got = h.post("/v1/messages", &hdr, main(&history)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        oceancode_tests::push_tool_step(&mut history, &got.json()["content"], &output(n));
+    }
+    // opencode prunes: old outputs come back cleared.
+    for m in history.iter_mut().take(5).skip(1) {
+        if m["role"] == "user" {
+            m["content"][0]["content"] = json!("[Old tool result content cleared]");
+        }
+    }
+    let got = h.post("/v1/messages", &hdr, main(&history)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let upstream = String::from_utf8_lossy(&h.fake.requests().last().unwrap().body).into_owned();
+    assert!(
+        upstream.contains("[Old tool result content cleared]"),
+        "the client's bytes go upstream"
+    );
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(
+        (s.meta.client.as_str(), s.branch),
+        ("opencode", 0),
+        "a pruned output is not a rewind"
+    );
+    assert_eq!(s.meta.client_session.as_deref(), Some("opencode:ses_prune"));
+    assert!(
+        s.rows.iter().any(|r| r.raw.contains("output 0: the quick")),
+        "the ledger keeps the output"
+    );
+    assert!(!s.rows.iter().any(|r| r.raw.contains("content cleared")));
+    let rows = s.rows.len();
+
+    // opencode compacts: its summary request (no tools) is forwarded
+    // untouched, then the conversation restarts from the summary.
+    let summary = side(
+        "You are a context summarization agent.",
+        "Here is the conversation so far: ...",
+    );
+    let got = h.post("/v1/messages", &hdr, summary.clone()).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(h.fake.requests().last().unwrap().body, summary.as_bytes());
+    let restarted = vec![
+        json!({"role": "user", "content": "What did we do so far?"}),
+        json!({"role": "assistant", "content": "Summary: notes were read."}),
+        json!({"role": "user", "content": "Continue if you have next steps."}),
+    ];
+    let got = h.post("/v1/messages", &hdr, main(&restarted)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+    let list = h.store().list_sessions().unwrap();
+    assert_eq!(
+        list.len(),
+        1,
+        "the compaction is not a new session: {list:?}"
+    );
+    let s = h.store().load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(s.branch, 1, "the compaction is a branch");
+    assert_eq!(
+        s.rows.len(),
+        rows + 3 + 1,
+        "the restarted line and its answer, nothing of the side requests"
+    );
+    assert!(!s
+        .rows
+        .iter()
+        .any(|r| r.raw.contains("title generator") || r.raw.contains("conversation so far")));
+    assert!(
+        s.hidden.len() >= rows - 1,
+        "the old line is hidden: {:?}",
+        s.hidden
+    );
+}

@@ -119,9 +119,9 @@ fn final_status(p: &Plan) -> &'static str {
     }
 }
 
-pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
+/// A new response id and the stream's first two events.
+fn started(ctx: &Ctx) -> (String, Seq) {
     let resp_id = format!("resp_{}", ctx.ids.hex(24));
-    let Items { done, ids } = items(p, ctx);
     let mut s = Seq {
         n: 0,
         out: Vec::new(),
@@ -129,6 +129,12 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
     let start = response_obj(&resp_id, ctx, "in_progress", Vec::new(), None);
     s.emit("response.created", vec![("response", start.clone())]);
     s.emit("response.in_progress", vec![("response", start)]);
+    (resp_id, s)
+}
+
+pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
+    let (resp_id, mut s) = started(ctx);
+    let Items { done, ids } = items(p, ctx);
     let mut k = 0usize;
     let mut calls = p.calls.iter();
     if let Some(t) = &p.thinking {
@@ -304,4 +310,38 @@ pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
     let resp_id = format!("resp_{}", ctx.ids.hex(24));
     let Items { done, .. } = items(p, ctx);
     response_obj(&resp_id, ctx, final_status(p), done, Some(&p.usage)).to_vec()
+}
+
+/// V2 compaction answer, streamed: one `compaction` output item, then `response.completed`.
+pub(crate) fn compaction_stream(item: J, ctx: &Ctx, u: &Usage) -> Vec<Bytes> {
+    let (resp_id, mut s) = started(ctx);
+    s.emit(
+        "response.output_item.added",
+        vec![("output_index", J::U(0)), ("item", item.clone())],
+    );
+    s.emit(
+        "response.output_item.done",
+        vec![("output_index", J::U(0)), ("item", item.clone())],
+    );
+    let last = response_obj(&resp_id, ctx, "completed", vec![item], Some(u));
+    s.emit("response.completed", vec![("response", last)]);
+    s.out
+}
+
+/// V2 compaction answer as one JSON response.
+pub(crate) fn compaction_json(item: J, ctx: &Ctx, u: &Usage) -> Vec<u8> {
+    let resp_id = format!("resp_{}", ctx.ids.hex(24));
+    response_obj(&resp_id, ctx, "completed", vec![item], Some(u)).to_vec()
+}
+
+/// V1 `POST /v1/responses/compact`: the `response.compaction` object.
+pub(crate) fn compacted(output: Vec<J>, ctx: &Ctx, u: &Usage) -> Vec<u8> {
+    obj! {
+        "id": format!("resp_{}", ctx.ids.hex(24)),
+        "object": "response.compaction",
+        "created_at": ctx.created,
+        "output": output,
+        "usage": usage(u),
+    }
+    .to_vec()
 }

@@ -412,7 +412,11 @@ pub fn conv_key(d: Dialect) -> &'static str {
 }
 
 /// Hash of a message after normalization: `cache_control` removed anywhere,
-/// a string `content` equal to a one-text-block list, object keys sorted.
+/// a string `content` equal to a one-text-block list, object keys sorted, and
+/// a Responses message item (`"type": "message"`) reduced to its role and
+/// content: its `id`, `status` and client metadata name or annotate the item,
+/// they are not what it says (Codex re-injects its instructions after a
+/// compaction with new ids and without their `create_time`).
 pub fn normalized_hash(v: &Value) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     hash_norm(v, &mut h, true);
@@ -440,7 +444,14 @@ fn hash_norm(v: &Value, h: &mut xxhash_rust::xxh3::Xxh3, top: bool) {
             }
         }
         Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().filter(|k| *k != "cache_control").collect();
+            let item = top && m.get("type").and_then(Value::as_str) == Some("message");
+            let mut keys: Vec<&String> = m
+                .keys()
+                .filter(|k| {
+                    *k != "cache_control"
+                        && (!item || matches!(k.as_str(), "type" | "role" | "content"))
+                })
+                .collect();
             keys.sort_unstable();
             h.update(b"{");
             h.update(&(keys.len() as u64).to_le_bytes());
@@ -539,6 +550,27 @@ mod tests {
         assert_ne!(normalized_hash(&a), normalized_hash(&d));
         let e = json!({"role":"user","content":[{"type":"text","text":"hello"},{"type":"text","text":"x"}]});
         assert_ne!(normalized_hash(&a), normalized_hash(&e));
+        // A Responses message item is its role and content; other ids (a
+        // call's, a nested one) are part of what they say.
+        let item = |id: &str| json!({"type": "message", "id": id, "role": "developer", "content": [{"type": "input_text", "text": "rules"}]});
+        assert_eq!(
+            normalized_hash(&item("msg_1")),
+            normalized_hash(&item("msg_2"))
+        );
+        let call = |id: &str| json!({"type": "function_call", "id": id, "call_id": "c", "name": "f", "arguments": "{}"});
+        assert_ne!(
+            normalized_hash(&call("fc_1")),
+            normalized_hash(&call("fc_2"))
+        );
+        let mut meta = item("msg_3");
+        meta["status"] = json!("completed");
+        meta["internal_chat_message_metadata_passthrough"] = json!({"create_time": 1.5});
+        assert_eq!(normalized_hash(&item("msg_1")), normalized_hash(&meta));
+        let mut other = item("msg_1");
+        other["role"] = json!("user");
+        assert_ne!(normalized_hash(&item("msg_1")), normalized_hash(&other));
+        let nested = |id: &str| json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x", "id": id}]});
+        assert_ne!(normalized_hash(&nested("a")), normalized_hash(&nested("b")));
     }
 
     #[test]

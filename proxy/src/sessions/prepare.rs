@@ -165,11 +165,11 @@ impl SessionManager {
         if split.spliced() {
             self.metrics.bodies_spliced.fetch_add(1, Ordering::Relaxed);
         }
-        if identity::is_side_request(dialect, &split.parsed) {
-            return Ok(Prepared::forward(body));
-        }
         // 2. Describe it: who, which conversation, what shape.
         let ident = ident_of(Some(&split.parsed))?;
+        if identity::is_side_request(dialect, &split.parsed, ident.client) {
+            return Ok(Prepared::forward(body));
+        }
         let synthetic = synthetic_input(dialect, &split.parsed);
         if let Some(m) = &synthetic {
             split.parsed.messages = vec![m.as_str()];

@@ -47,6 +47,21 @@ pub(super) struct RowMem {
     pub(super) turn: u32,
 }
 
+impl RowMem {
+    /// Whether a message the client sent again at this row's place is this
+    /// row: the same after normalization, or the same tool result with its
+    /// output cleared by the client (opencode's prune, Claude Code's
+    /// microcompact: the same tool-call ids, other content). A call's id
+    /// names one execution, so that is an edit of old history, not a rewind.
+    pub(super) fn echoed_by(&self, p: &Parsed) -> bool {
+        p.norm == self.norm_hash
+            || (self.kind == RowKind::ToolResult
+                && p.info.kind == RowKind::ToolResult
+                && !self.calls.closes.is_empty()
+                && self.calls.closes == Calls::of(&p.info).closes)
+    }
+}
+
 /// The live state of one ledger session.
 pub struct State {
     pub(super) meta: SessionMeta,
@@ -127,7 +142,7 @@ impl State {
         let mut p = 0;
         while p < msgs.len() && p < self.active.len() {
             let r = self.row(self.active[p]);
-            if r.raw_hash != hashes[p] && parse_msg(self.dialect, msgs[p]).norm != r.norm_hash {
+            if r.raw_hash != hashes[p] && !r.echoed_by(&parse_msg(self.dialect, msgs[p])) {
                 break;
             }
             p += 1;
@@ -202,9 +217,10 @@ impl State {
                 continue;
             }
             let parsed = parse_msg(self.dialect, msgs[p]);
-            if parsed.norm != self.rows[idx].norm_hash {
+            if !self.rows[idx].echoed_by(&parsed) {
                 break;
             }
+            // The ledger keeps the bytes first sent (a cleared tool output too).
             self.rows[idx].raw_hash = hashes[p];
             p += 1;
         }
