@@ -539,7 +539,7 @@ pub struct LimitsConfig {
     pub keepalive_timeout_ms: u64,
     /// Idle upstream connections are closed after this, ms (default 90000).
     pub upstream_pool_idle_timeout_ms: u64,
-    /// Most bytes of one answer the proxy keeps to record (default 16 MiB);
+    /// Most bytes of one answer the proxy keeps to record (default 4 MiB);
     /// a longer answer is recorded truncated, with a marker.
     pub max_recorded_response_bytes: u64,
     /// Most decoded bytes the usage tap reads of one compressed answer
@@ -560,7 +560,7 @@ impl Default for LimitsConfig {
             body_read_timeout_ms: 120_000,
             keepalive_timeout_ms: 90_000,
             upstream_pool_idle_timeout_ms: 90_000,
-            max_recorded_response_bytes: 16 << 20,
+            max_recorded_response_bytes: 4 << 20,
             max_decoded_response_bytes: 64 << 20,
         }
     }

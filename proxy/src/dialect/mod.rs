@@ -308,7 +308,7 @@ pub struct Collected {
 
 /// Most bytes of one answer a collector keeps by default
 /// (`limits.max_recorded_response_bytes`).
-pub const DEFAULT_KEEP: usize = 16 << 20;
+pub const DEFAULT_KEEP: usize = 4 << 20;
 
 /// How much more of an answer a collector may keep.
 #[derive(Debug, Clone, Copy)]
