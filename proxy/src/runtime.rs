@@ -104,7 +104,10 @@ fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
     }
     match crate::admin::token::read(dir).map_err(err)? {
         Some(t) => Ok(t),
-        None => crate::admin::token::generate().map_err(err),
+        None => {
+            tracing::info!("the ledger is off, so no admin token is stored: the admin API takes this run's own (set OCEANCODE_ADMIN_TOKEN to choose it)");
+            crate::admin::token::generate().map_err(err)
+        }
     }
 }
 

@@ -743,3 +743,66 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
     assert!(!o.status.success());
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_address_needs_allow_remote() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    // Refused from the flag and from the environment alike.
+    for (listen, env) in [
+        (Some("0.0.0.0:0"), None),
+        (Some("[::]:0"), None),
+        (None, Some("0.0.0.0:0")),
+    ] {
+        let mut cmd = proxy_cmd(home);
+        cmd.args(["serve", "--anthropic-upstream", &fake.url(), "--data-dir"])
+            .arg(&data);
+        if let Some(l) = listen {
+            cmd.args(["--listen", l]);
+        }
+        if let Some(e) = env {
+            cmd.env("OCEANCODE_LISTEN", e);
+        }
+        let o = output(cmd);
+        assert!(!o.status.success(), "{o:?}");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("not a loopback address") && err.contains("--allow-remote"),
+            "{err}"
+        );
+    }
+    // Allowed: one warning line, and it serves.
+    let mut cmd = proxy_cmd(home);
+    cmd.args([
+        "serve",
+        "--allow-remote",
+        "--listen",
+        "0.0.0.0:0",
+        "--anthropic-upstream",
+        &fake.url(),
+        "--data-dir",
+    ])
+    .arg(&data)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut child = common::ChildGuard(Some(cmd.spawn().unwrap()));
+    let err = child.child().stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    let mut warned = 0;
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("WARN") && line.contains("--allow-remote") {
+            warned += 1;
+        }
+        if line.contains("oceancode-proxy listening on") {
+            break;
+        }
+    }
+    assert_eq!(warned, 1, "{log}");
+    assert!(log.contains("listening on http://0.0.0.0:"), "{log}");
+}
