@@ -165,6 +165,10 @@ start_proxy() {
 }
 
 MODEL=oceancode-bench
+# The proxy's admin API (settle, /metrics) needs a token: one for this run,
+# used by the proxies started here and by oceancode-load.
+OCEANCODE_ADMIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+export OCEANCODE_ADMIN_TOKEN
 
 # overhead_scenario NAME SIZE CONCURRENCY REQUESTS ROUNDS [extra load args...]
 # The REQUESTS are split over ROUNDS; each round runs every target once, in

@@ -199,7 +199,25 @@ def start_proxy(work: Path, upstream: str, data_dir: Path, tideline: str | None 
     env = base_env(work / "home")
     env["OCEANCODE_LOG"] = os.environ.get("OCEANCODE_LOG", "info,oceancode_proxy=debug")
     env.update(extra_env or {})
-    return Proc(name, cmd, work, env, r"oceancode-proxy listening on (http://\S+)", "stderr", cwd=cwd)
+    p = Proc(name, cmd, work, env, r"oceancode-proxy listening on (http://\S+)", "stderr", cwd=cwd)
+    # Its admin API needs the token it made in its data dir.
+    _ADMIN_TOKENS[p.url] = (Path(cwd) if cwd else Path.cwd()) / data_dir / "admin-token"
+    return p
+
+
+# Proxy URL → its admin token file (read when an admin request is sent).
+_ADMIN_TOKENS: dict[str, Path] = {}
+
+
+def admin_headers(url: str) -> dict:
+    """`authorization: Bearer <token>` for a request to a proxy started here."""
+    for base, f in _ADMIN_TOKENS.items():
+        if url.startswith(base):
+            try:
+                return {"authorization": "Bearer " + f.read_text().strip()}
+            except OSError:
+                return {}
+    return {}
 
 
 @dataclass
@@ -290,7 +308,7 @@ def http_json(url: str, method: str = "GET", body: dict | None = None, timeout: 
     import urllib.request
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+                                 headers={"content-type": "application/json", **admin_headers(url)})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
     try:

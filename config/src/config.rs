@@ -263,6 +263,8 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// Request size and timeout limits.
     pub limits: LimitsConfig,
+    /// Who may use the proxy: remote listening, allowed `Host` names.
+    pub access: AccessConfig,
     /// The ledger writer thread.
     pub writer: WriterConfig,
     /// Log filter (`tracing` env-filter syntax); `None` = `info`.
@@ -288,6 +290,7 @@ impl Default for Config {
             ledger: LedgerConfig::default(),
             retention: RetentionConfig::default(),
             limits: LimitsConfig::default(),
+            access: AccessConfig::default(),
             writer: WriterConfig::default(),
             log: None,
         }
@@ -523,6 +526,25 @@ pub struct LimitsConfig {
     pub response_header_timeout_ms: u64,
     /// Longest silence inside a streamed response, ms (default 600000).
     pub idle_stream_timeout_ms: u64,
+    /// Bytes of request bodies the proxy holds at once across all
+    /// connections (default 1 GiB; at least `max_body_bytes`).
+    pub max_bodies_in_flight_bytes: u64,
+    /// Client connections open at once (default 512); more wait to be accepted.
+    pub max_connections: u64,
+    /// Time allowed for a request head to arrive once its first byte has, ms (default 30000).
+    pub header_read_timeout_ms: u64,
+    /// Time allowed for a request body the proxy reads to arrive whole, ms (default 120000).
+    pub body_read_timeout_ms: u64,
+    /// A client connection with no request in flight is closed after this, ms (default 90000).
+    pub keepalive_timeout_ms: u64,
+    /// Idle upstream connections are closed after this, ms (default 90000).
+    pub upstream_pool_idle_timeout_ms: u64,
+    /// Most bytes of one answer the proxy keeps to record (default 4 MiB);
+    /// a longer answer is recorded truncated, with a marker.
+    pub max_recorded_response_bytes: u64,
+    /// Most decoded bytes the usage tap reads of one compressed answer
+    /// (default 64 MiB); past it, the answer's usage is unknown.
+    pub max_decoded_response_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -532,6 +554,14 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 10_000,
             response_header_timeout_ms: 600_000,
             idle_stream_timeout_ms: 600_000,
+            max_bodies_in_flight_bytes: 1 << 30,
+            max_connections: 512,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 120_000,
+            keepalive_timeout_ms: 90_000,
+            upstream_pool_idle_timeout_ms: 90_000,
+            max_recorded_response_bytes: 4 << 20,
+            max_decoded_response_bytes: 64 << 20,
         }
     }
 }
@@ -551,6 +581,38 @@ impl LimitsConfig {
     pub fn idle_stream_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_stream_timeout_ms)
     }
+
+    /// `header_read_timeout_ms` as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// `body_read_timeout_ms` as a duration.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// `keepalive_timeout_ms` as a duration.
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keepalive_timeout_ms)
+    }
+
+    /// `upstream_pool_idle_timeout_ms` as a duration.
+    pub fn upstream_pool_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.upstream_pool_idle_timeout_ms)
+    }
+}
+
+/// `access`: who may use the proxy (see docs/operations.md, "Access").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AccessConfig {
+    /// Listen on a non-loopback address (`--allow-remote`); default false.
+    pub allow_remote: bool,
+    /// Host names (besides `localhost` and IP addresses) clients may name in
+    /// `Host`, e.g. the machine's name for remote use.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `writer`: the ledger's writer thread.
@@ -585,6 +647,8 @@ pub struct Overrides {
     pub openai_upstream: Option<String>,
     /// `--tideline` (e.g. `run --tideline 50%`).
     pub tideline: Option<LineSpec>,
+    /// `serve --allow-remote` (true sets `access.allow_remote`).
+    pub allow_remote: bool,
 }
 
 /// A loaded configuration.
@@ -791,6 +855,9 @@ impl Config {
         if let Some(t) = o.tideline {
             self.ledger.tideline.set_line(t);
         }
+        if o.allow_remote {
+            self.access.allow_remote = true;
+        }
     }
 
     /// Checks ranges and consistency; the error names the key.
@@ -863,9 +930,46 @@ impl Config {
                 l.response_header_timeout_ms,
             ),
             ("limits.idle_stream_timeout_ms", l.idle_stream_timeout_ms),
+            (
+                "limits.max_bodies_in_flight_bytes",
+                l.max_bodies_in_flight_bytes,
+            ),
+            ("limits.max_connections", l.max_connections),
+            ("limits.header_read_timeout_ms", l.header_read_timeout_ms),
+            ("limits.body_read_timeout_ms", l.body_read_timeout_ms),
+            ("limits.keepalive_timeout_ms", l.keepalive_timeout_ms),
+            (
+                "limits.upstream_pool_idle_timeout_ms",
+                l.upstream_pool_idle_timeout_ms,
+            ),
+            (
+                "limits.max_recorded_response_bytes",
+                l.max_recorded_response_bytes,
+            ),
+            (
+                "limits.max_decoded_response_bytes",
+                l.max_decoded_response_bytes,
+            ),
         ] {
             if v == 0 {
                 return Err(ConfigError::invalid(key, "must be above 0"));
+            }
+        }
+        if l.max_bodies_in_flight_bytes < l.max_body_bytes {
+            return Err(ConfigError::invalid(
+                "limits.max_bodies_in_flight_bytes",
+                format!(
+                    "must be at least limits.max_body_bytes ({})",
+                    l.max_body_bytes
+                ),
+            ));
+        }
+        for h in &self.access.allowed_hosts {
+            if h.trim().is_empty() || h.contains(['/', ':', ' ']) {
+                return Err(ConfigError::invalid(
+                    "access.allowed_hosts",
+                    format!("{h:?} is not a host name (no scheme, port or path)"),
+                ));
             }
         }
         let w = &self.writer;

@@ -62,7 +62,67 @@ fn defaults_match_the_spec() {
     assert_eq!(c.writer.queue_capacity, 65_536);
     assert_eq!(c.writer.batch_max, 512);
     assert_eq!(c.log_filter(), "info");
+    assert!(!c.access.allow_remote);
+    assert!(c.access.allowed_hosts.is_empty());
+    assert_eq!(c.limits.max_connections, 512);
+    assert_eq!(c.limits.max_bodies_in_flight_bytes, 1 << 30);
+    assert_eq!(
+        c.limits.header_read_timeout(),
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        c.limits.keepalive_timeout(),
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        c.limits.upstream_pool_idle_timeout(),
+        std::time::Duration::from_secs(90)
+    );
     c.validate().unwrap();
+}
+
+#[test]
+fn access_and_the_new_limits_load_and_are_checked() {
+    let l = parse(
+        r#"{"access":{"allow_remote":true,"allowed_hosts":["build-box"]},
+            "limits":{"max_connections":8,"header_read_timeout_ms":500,"body_read_timeout_ms":600,
+                      "keepalive_timeout_ms":700,"upstream_pool_idle_timeout_ms":800,
+                      "max_bodies_in_flight_bytes":100000000,"max_recorded_response_bytes":1000,
+                      "max_decoded_response_bytes":2000}}"#,
+    )
+    .unwrap();
+    let c = &l.config;
+    c.validate().unwrap();
+    assert!(c.access.allow_remote);
+    assert_eq!(c.access.allowed_hosts, ["build-box"]);
+    assert_eq!(c.limits.max_connections, 8);
+    assert_eq!(c.limits.body_read_timeout_ms, 600);
+    assert_eq!(c.limits.max_decoded_response_bytes, 2000);
+    for (bad, key) in [
+        (
+            r#"{"limits":{"max_connections":0}}"#,
+            "limits.max_connections",
+        ),
+        (
+            r#"{"limits":{"max_bodies_in_flight_bytes":10}}"#,
+            "limits.max_bodies_in_flight_bytes",
+        ),
+        (
+            r#"{"access":{"allowed_hosts":["http://x"]}}"#,
+            "access.allowed_hosts",
+        ),
+        (
+            r#"{"access":{"allowed_hosts":["x:80"]}}"#,
+            "access.allowed_hosts",
+        ),
+    ] {
+        let e = parse(bad).unwrap().config.validate().unwrap_err();
+        assert!(e.to_string().contains(key), "{bad}: {e}");
+    }
+    assert!(
+        parse(r#"{"access":{"allow":true}}"#).is_err(),
+        "unknown keys are refused"
+    );
 }
 
 #[test]
@@ -194,9 +254,11 @@ fn env_overrides_file_and_flags_override_env() {
         anthropic_upstream: Some("http://[::1]:5555".into()),
         openai_upstream: Some("http://localhost:6666".into()),
         tideline: Some(LineSpec::Percent(30.0)),
+        allow_remote: true,
     });
     let c = &l.config;
     c.validate().unwrap();
+    assert!(c.access.allow_remote);
     assert_eq!(c.listen, addr("127.0.0.1:4444"));
     assert_eq!(c.data_dir.as_deref(), Some(Path::new("/data/flag")));
     assert_eq!(c.anthropic_upstream(), "http://[::1]:5555");

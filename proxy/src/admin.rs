@@ -1,16 +1,43 @@
 //! The admin API under `/_oceancode/` (sessions, meter, tideline, settle,
 //! health) and Prometheus `/metrics`, served on the proxy's own listener.
+//! Every route needs the admin token ([`token`]); a write (POST) needs
+//! `Content-Type: application/json`, which a web page cannot send to
+//! another origin without asking first.
 
-use crate::error::{error_response, json_response, Envelope, ProxyBody};
+pub mod prom;
+pub mod token;
+
+use crate::error::{error_response, json_response, Envelope, ProxyBody, ProxyError};
 use crate::server::App;
-use http::{Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use oceancode_config::{tideline_command, LineSpec, TidelineCommand as TidelineAction};
+use prom::Prom;
 use serde_json::json;
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Does the request carry the admin token (`Authorization: Bearer <token>`)?
+pub fn authorized(headers: &http::HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+        .is_some_and(|t| token::matches(t, token))
+}
+
+/// Is the request's body declared as JSON?
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
 
 fn bad(msg: &str) -> Response<ProxyBody> {
     error_response(
@@ -65,6 +92,14 @@ fn live_session(app: &App, id: &str) -> Option<Arc<crate::sessions::Session>> {
 
 /// Handle an admin request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody> {
+    if !authorized(req.headers(), &app.admin_token) {
+        app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
+        return ProxyError::Unauthorized.into_response(Envelope::Anthropic);
+    }
+    if req.method() != Method::GET && !is_json(req.headers()) {
+        app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
+        return ProxyError::NotJson.into_response(Envelope::Anthropic);
+    }
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     match (req.method().clone(), path.as_str()) {
@@ -223,92 +258,70 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
 fn metrics(app: &App) -> Response<ProxyBody> {
     let m = &app.metrics;
     let s = &app.sessions.metrics;
-    let mut out = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-        );
-    };
-    counter(
-        "oceancode_requests_total",
-        "Requests on provider routes.",
-        m.requests.load(Ordering::Relaxed),
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let mut p = Prom::new();
+    for (name, help, v) in [
+        ("oceancode_requests_total", "Requests on provider routes.", load(&m.requests)),
+        ("oceancode_bodies_spliced_total", "Request bodies split against the client's previous body (shared prefix hashed, not parsed).", load(&s.bodies_spliced)),
+        ("oceancode_passthrough_total", "Requests passed through untouched.", load(&m.passthrough)),
+        ("oceancode_proxy_errors_total", "Errors answered by the proxy itself.", load(&m.proxy_errors)),
+        ("oceancode_upstream_errors_total", "Upstream answers with status >= 400.", load(&m.upstream_errors)),
+        ("oceancode_cancelled_total", "Responses the client stopped reading.", load(&m.cancelled)),
+        ("oceancode_access_denied_total", "Requests refused by the access rules (Host, Origin, admin token, admin Content-Type).", load(&m.access_denied)),
+        ("oceancode_busy_total", "Requests answered 503 because request bodies in flight held limits.max_bodies_in_flight_bytes.", load(&m.busy)),
+        ("oceancode_body_timeouts_total", "Request bodies that did not arrive within limits.body_read_timeout_ms.", load(&m.body_timeouts)),
+        ("oceancode_streams_cut_total", "Upstream answers cut mid-way (reset, idle timeout).", load(&m.streams_cut)),
+        ("oceancode_answers_truncated_total", "Answers longer than limits.max_recorded_response_bytes, recorded truncated.", load(&m.answers_truncated)),
+        ("oceancode_decode_stopped_total", "Compressed answers whose copy decoded past limits.max_decoded_response_bytes (usage unknown).", load(&m.decode_stopped)),
+        ("oceancode_cuts_total", "Tideline cuts.", load(&s.cuts)),
+        ("oceancode_tokens_kept_out_total", "Estimated tokens kept out of upstream windows (summed per request).", load(&s.tokens_kept_out)),
+        ("oceancode_rewritten_total", "Requests whose conversation was windowed.", load(&s.rewritten)),
+        ("oceancode_too_long_retries_total", "Retries after a too-long error.", load(&s.too_long_retries)),
+        ("oceancode_branches_total", "Branches recorded.", load(&s.branches)),
+    ] {
+        p.counter(name, help, v);
+    }
+    p.seconds_total(
+        "oceancode_prepare_seconds_total",
+        "Time spent preparing provider requests (parse, match, tideline, render).",
+        load(&m.prepare_us),
     );
-    counter(
-        "oceancode_prepare_microseconds_total",
-        "Time spent preparing provider requests (parse, match, tideline, render), µs.",
-        m.prepare_us.load(Ordering::Relaxed),
+    let ir = load(&m.input_tokens);
+    let cr = load(&m.cache_read_tokens);
+    let cw = load(&m.cache_write_tokens);
+    p.labeled(
+        "oceancode_tokens_total",
+        "Tokens reported by upstreams.",
+        "counter",
+        "kind",
+        &[
+            ("input", ir as f64),
+            ("output", load(&m.output_tokens) as f64),
+            ("cache_read", cr as f64),
+            ("cache_write", cw as f64),
+        ],
     );
-    counter(
-        "oceancode_bodies_spliced_total",
-        "Request bodies split against the client's previous body (shared prefix hashed, not parsed).",
-        s.bodies_spliced.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_passthrough_total",
-        "Requests passed through untouched.",
-        m.passthrough.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_proxy_errors_total",
-        "Errors answered by the proxy itself.",
-        m.proxy_errors.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_upstream_errors_total",
-        "Upstream answers with status >= 400.",
-        m.upstream_errors.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_cancelled_total",
-        "Responses the client stopped reading.",
-        m.cancelled.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_cuts_total",
-        "Tideline cuts.",
-        s.cuts.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_tokens_kept_out_total",
-        "Estimated tokens kept out of upstream windows (summed per request).",
-        s.tokens_kept_out.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_rewritten_total",
-        "Requests whose conversation was windowed.",
-        s.rewritten.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_too_long_retries_total",
-        "Retries after a too-long error.",
-        s.too_long_retries.load(Ordering::Relaxed),
-    );
-    counter(
-        "oceancode_branches_total",
-        "Branches recorded.",
-        s.branches.load(Ordering::Relaxed),
-    );
-    let ir = m.input_tokens.load(Ordering::Relaxed);
-    let cr = m.cache_read_tokens.load(Ordering::Relaxed);
-    let cw = m.cache_write_tokens.load(Ordering::Relaxed);
-    let _ = writeln!(out, "# HELP oceancode_tokens_total Tokens reported by upstreams.\n# TYPE oceancode_tokens_total counter");
-    let _ = writeln!(out, "oceancode_tokens_total{{kind=\"input\"}} {ir}");
-    let _ = writeln!(
-        out,
-        "oceancode_tokens_total{{kind=\"output\"}} {}",
-        m.output_tokens.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(out, "oceancode_tokens_total{{kind=\"cache_read\"}} {cr}");
-    let _ = writeln!(out, "oceancode_tokens_total{{kind=\"cache_write\"}} {cw}");
     let total_in = ir + cr + cw;
     let ratio = if total_in == 0 {
         0.0
     } else {
-        cr as f64 / total_in as f64
+        ((cr as f64 / total_in as f64) * 1e4).round() / 1e4
     };
-    let _ = writeln!(out, "# HELP oceancode_cache_read_ratio Cache reads over all input tokens.\n# TYPE oceancode_cache_read_ratio gauge\noceancode_cache_read_ratio {ratio:.4}");
+    p.gauge(
+        "oceancode_cache_read_ratio",
+        "Cache reads over all input tokens.",
+        ratio,
+    );
+    p.gauge(
+        "oceancode_connections",
+        "Client connections open.",
+        load(&m.connections) as f64,
+    );
+    p.gauge(
+        "oceancode_body_bytes_in_flight",
+        "Bytes of request bodies the proxy holds now.",
+        app.bodies.in_use() as f64,
+    );
     if let Some(store) = &app.store {
         let w = store.metrics();
         for (name, help, v) in [
@@ -348,31 +361,40 @@ fn metrics(app: &App) -> Response<ProxyBody> {
                 w.sessions_removed,
             ),
         ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
+            p.counter(name, help, v);
         }
-        let _ = writeln!(out, "# HELP oceancode_ledger_queued Ledger events queued and not yet committed.\n# TYPE oceancode_ledger_queued gauge\noceancode_ledger_queued {}", w.queued);
-        let _ = writeln!(out, "# HELP oceancode_ledger_commit_lag_seconds Enqueue-to-commit lag of recent ledger events.\n# TYPE oceancode_ledger_commit_lag_seconds gauge");
-        for (q, us) in [
-            ("0.5", w.lag_p50_us),
-            ("0.99", w.lag_p99_us),
-            ("1", w.lag_max_us),
-        ] {
-            let _ = writeln!(
-                out,
-                "oceancode_ledger_commit_lag_seconds{{quantile=\"{q}\"}} {:.6}",
-                us as f64 / 1e6
-            );
-        }
+        p.gauge(
+            "oceancode_ledger_queued",
+            "Ledger events queued and not yet committed.",
+            w.queued as f64,
+        );
+        p.labeled(
+            "oceancode_ledger_commit_lag_seconds",
+            "Enqueue-to-commit lag of recent ledger events.",
+            "gauge",
+            "quantile",
+            &[
+                ("0.5", w.lag_p50_us as f64 / 1e6),
+                ("0.99", w.lag_p99_us as f64 / 1e6),
+                ("1", w.lag_max_us as f64 / 1e6),
+            ],
+        );
     }
-    let lag = app.store.as_ref().map(|s| s.writer_lag_ms()).unwrap_or(0);
-    let _ = writeln!(out, "# HELP oceancode_writer_lag_ms Age of the oldest queued ledger write.\n# TYPE oceancode_writer_lag_ms gauge\noceancode_writer_lag_ms {lag}");
-    let _ = writeln!(out, "# HELP oceancode_sessions Sessions in memory.\n# TYPE oceancode_sessions gauge\noceancode_sessions {}", app.sessions.sessions().len());
-    let mut r = Response::new(crate::error::full(out));
-    if let Ok(v) = http::HeaderValue::from_str("text/plain; version=0.0.4") {
-        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
-    }
+    let lag_ms = app.store.as_ref().map(|s| s.writer_lag_ms()).unwrap_or(0);
+    p.gauge(
+        "oceancode_writer_lag_seconds",
+        "Age of the oldest queued ledger write.",
+        lag_ms as f64 / 1e3,
+    );
+    p.gauge(
+        "oceancode_sessions",
+        "Sessions in memory.",
+        app.sessions.sessions().len() as f64,
+    );
+    let mut r = Response::new(crate::error::full(p.finish()));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
     r
 }

@@ -71,6 +71,27 @@ pub enum ProxyError {
     /// with its built-in OpenAI provider) fall back to HTTPS at once.
     #[error("oceancode-proxy does not carry model requests over WebSocket (they could not be recorded); use HTTPS")]
     WebSocket,
+    /// The request body did not arrive in time (`limits.body_read_timeout_ms`).
+    #[error("oceancode-proxy: the request body did not arrive within {secs}s (limits.body_read_timeout_ms)")]
+    BodyTimeout {
+        /// Seconds waited.
+        secs: u64,
+    },
+    /// Request bodies in flight already hold `limits.max_bodies_in_flight_bytes`.
+    #[error("oceancode-proxy is busy: request bodies in flight hold {limit} bytes (limits.max_bodies_in_flight_bytes); retry shortly")]
+    Busy {
+        /// Configured budget.
+        limit: u64,
+    },
+    /// The request is refused by the access rules (Host, Origin, remote use).
+    #[error("oceancode-proxy refused the request: {0}")]
+    Forbidden(String),
+    /// An admin route without the right admin token.
+    #[error("oceancode-proxy: the admin API needs the admin token (Authorization: Bearer <token>; the token is in <data dir>/admin-token)")]
+    Unauthorized,
+    /// An admin write whose body is not declared as JSON.
+    #[error("oceancode-proxy: admin writes need Content-Type: application/json")]
+    NotJson,
 }
 
 impl ProxyError {
@@ -84,6 +105,11 @@ impl ProxyError {
             | ProxyError::BadTarget(_)
             | ProxyError::BadSessionName(_) => StatusCode::BAD_REQUEST,
             ProxyError::WebSocket => StatusCode::UPGRADE_REQUIRED,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ProxyError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ProxyError::NotJson => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -95,15 +121,25 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => ("request_too_large", "request_too_large"),
             ProxyError::BadRequestBody(_)
             | ProxyError::BadTarget(_)
-            | ProxyError::BadSessionName(_) => ("invalid_request_error", "invalid_request"),
+            | ProxyError::BadSessionName(_)
+            | ProxyError::NotJson => ("invalid_request_error", "invalid_request"),
             ProxyError::WebSocket => ("invalid_request_error", "websocket_unsupported"),
+            ProxyError::BodyTimeout { .. } => ("timeout_error", "request_timeout"),
+            ProxyError::Busy { .. } => ("overloaded_error", "server_busy"),
+            ProxyError::Forbidden(_) => ("permission_error", "forbidden"),
+            ProxyError::Unauthorized => ("authentication_error", "unauthorized"),
         }
     }
 
     /// The error as a response in the given envelope.
     pub fn into_response(self, env: Envelope) -> Response<ProxyBody> {
         let (atype, ocode) = self.kinds();
-        error_response(self.status(), env, atype, ocode, &self.to_string())
+        let mut r = error_response(self.status(), env, atype, ocode, &self.to_string());
+        if matches!(self, ProxyError::Busy { .. }) {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
     }
 }
 
@@ -129,8 +165,16 @@ pub fn error_response(
             }
         }),
     };
-    json_response(status, body.to_string())
+    let mut resp = json_response(status, body.to_string());
+    // Only the proxy's own errors carry the marker (never an answer of the
+    // upstream's, nor the proxy's successful answers).
+    resp.headers_mut()
+        .insert(PROXY_ERROR_HEADER, HeaderValue::from_static("error"));
+    resp
 }
+
+/// The header marking an error the proxy made (`x-oceancode-proxy: error`).
+pub const PROXY_ERROR_HEADER: &str = "x-oceancode-proxy";
 
 /// A JSON response with the given body.
 pub fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
@@ -140,8 +184,6 @@ pub fn json_response(status: StatusCode, body: String) -> Response<ProxyBody> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    resp.headers_mut()
-        .insert("x-oceancode-proxy", HeaderValue::from_static("error"));
     resp
 }
 

@@ -7,8 +7,12 @@
 //! [`sessions`] matches history, records rows, runs the tideline and renders
 //! the window → [`upstream`] forwards → [`tap`] streams the answer back frame
 //! by frame while [`dialect`] collectors read usage and the assistant's rows.
+//! Before any of it, [`conn`] bounds the connections and [`access`] refuses
+//! requests from web pages and other hosts' names.
 
+pub mod access;
 pub mod admin;
+pub mod conn;
 pub mod dialect;
 pub mod error;
 pub mod identity;

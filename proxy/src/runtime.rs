@@ -54,6 +54,61 @@ pub enum StartError {
     /// The upstream client could not be built.
     #[error(transparent)]
     Upstream(#[from] crate::error::ProxyError),
+    /// A non-loopback listen address without `--allow-remote`.
+    #[error("refusing to listen on {addr}: it is not a loopback address, and the proxy relays API keys and serves the ledger to whoever connects; pass --allow-remote (or set access.allow_remote) to serve other machines (the admin API then needs the admin token from <data dir>/admin-token)")]
+    Remote {
+        /// Address.
+        addr: SocketAddr,
+    },
+    /// The admin token could not be read or made.
+    #[error("cannot read or make the admin token {path}: {source}")]
+    Token {
+        /// Token file.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Refuse a non-loopback address unless remote use was allowed; warn when it was.
+fn check_remote(addr: SocketAddr, opts: &ProxyOptions) -> Result<(), StartError> {
+    if crate::access::is_loopback(&addr) {
+        return Ok(());
+    }
+    if !opts.front.access.allow_remote {
+        return Err(StartError::Remote { addr });
+    }
+    tracing::warn!("listening on {addr}, reachable from other machines (--allow-remote): clients there use the API keys they send, and the admin API needs the admin token");
+    Ok(())
+}
+
+/// The admin token: the configured one, else the data dir's (made at first
+/// start), else (ledger off: nothing on disk) one for this run.
+fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
+    if let Some(t) = opts
+        .front
+        .access
+        .admin_token
+        .clone()
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(t);
+    }
+    let dir = &opts.front.data_dir;
+    let err = |source| StartError::Token {
+        path: crate::admin::token::path(dir).display().to_string(),
+        source,
+    };
+    if opts.store.is_some() {
+        return crate::admin::token::ensure(dir).map_err(err);
+    }
+    match crate::admin::token::read(dir).map_err(err)? {
+        Some(t) => Ok(t),
+        None => {
+            tracing::info!("the ledger is off, so no admin token is stored: the admin API takes this run's own (set OCEANCODE_ADMIN_TOKEN to choose it)");
+            crate::admin::token::generate().map_err(err)
+        }
+    }
 }
 
 /// A running proxy.
@@ -93,6 +148,9 @@ impl Running {
 
 /// Start a proxy with `opts`.
 pub async fn start(opts: ProxyOptions) -> Result<Running, StartError> {
+    if !crate::access::is_loopback(&opts.listen) && !opts.front.access.allow_remote {
+        return Err(StartError::Remote { addr: opts.listen });
+    }
     let listener = TcpListener::bind(opts.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -116,6 +174,7 @@ pub async fn start_on(
         addr: opts.listen,
         source,
     })?;
+    check_remote(addr, &opts)?;
     let store =
         match &opts.store {
             Some(so) => Some(Store::open(&opts.front.data_dir, *so).map_err(|source| {
@@ -139,7 +198,10 @@ pub async fn start_on(
         }
         None => Arc::new(|_events| {}),
     };
+    let admin_token = admin_token(&opts)?;
     let app = Arc::new(App {
+        bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
+        admin_token,
         cfg: opts.front.clone(),
         upstream: Upstream::new(opts.upstream)?,
         sessions: Arc::new(match &store {

@@ -1,17 +1,23 @@
-//! The HTTP front: accepts client connections (HTTP/1.1 and h2c), routes
-//! provider paths through the session manager and the usage tap, passes other
-//! paths through untouched, and serves the admin API.
+//! The HTTP front: accepts client connections (HTTP/1.1 and h2c) within
+//! the cap and timers of [`crate::conn`], refuses what the [`crate::access`]
+//! rules refuse, routes provider paths through the session manager and the
+//! usage tap, passes other paths through untouched, and serves the admin API.
+//! Request bodies the proxy reads grow with the bytes that arrive, within a
+//! budget shared by all connections.
 
+use crate::access::{self, AccessRules};
 use crate::admin;
+use crate::conn::{self, Activity, ConnLimits, InFlight};
 use crate::dialect::{self, Collected};
-use crate::error::{full, Envelope, ProxyBody, ProxyError};
+use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
 use crate::sessions::{Prepared, SessionManager, Ticket};
-use crate::tap::{Framing, TapBody, TapEnd};
+use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -20,8 +26,10 @@ use oceancode_ledger::Dialect;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
@@ -38,6 +46,117 @@ pub struct FrontConfig {
     pub data_dir: PathBuf,
     /// A streamed answer silent for longer than this is ended with an error.
     pub idle_stream_timeout: Duration,
+    /// Connection, body and answer bounds.
+    pub net: NetLimits,
+    /// Who may use the proxy (remote use, extra `Host` names).
+    pub access: AccessRules,
+}
+
+/// Bounds of the front (`limits.*`; defaults as in the config).
+#[derive(Debug, Clone, Copy)]
+pub struct NetLimits {
+    /// Connection cap and timers.
+    pub conn: ConnLimits,
+    /// A request body the proxy reads must arrive whole within this.
+    pub body_read_timeout: Duration,
+    /// Bytes of request bodies held at once across connections.
+    pub max_bodies_in_flight_bytes: u64,
+    /// What the usage tap may keep and decode of one answer.
+    pub tap: TapLimits,
+}
+
+impl Default for NetLimits {
+    fn default() -> Self {
+        NetLimits {
+            conn: ConnLimits {
+                max_connections: 512,
+                header_read_timeout: Duration::from_secs(30),
+                keepalive_timeout: Duration::from_secs(90),
+            },
+            body_read_timeout: Duration::from_secs(120),
+            max_bodies_in_flight_bytes: 1 << 30,
+            tap: TapLimits::default(),
+        }
+    }
+}
+
+impl NetLimits {
+    /// From the config's `limits`.
+    pub fn from_config(l: &oceancode_config::LimitsConfig) -> Self {
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        NetLimits {
+            conn: ConnLimits {
+                max_connections: size(l.max_connections),
+                header_read_timeout: l.header_read_timeout(),
+                keepalive_timeout: l.keepalive_timeout(),
+            },
+            body_read_timeout: l.body_read_timeout(),
+            max_bodies_in_flight_bytes: l.max_bodies_in_flight_bytes,
+            tap: TapLimits {
+                max_kept: size(l.max_recorded_response_bytes),
+                max_decoded: l.max_decoded_response_bytes,
+            },
+        }
+    }
+}
+
+/// The bytes of request bodies held across connections, against
+/// `limits.max_bodies_in_flight_bytes`.
+#[derive(Debug)]
+pub struct BodyBudget {
+    used: AtomicU64,
+    max: u64,
+}
+
+impl BodyBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: u64) -> Self {
+        BodyBudget {
+            used: AtomicU64::new(0),
+            max,
+        }
+    }
+
+    /// Bytes held now.
+    pub fn in_use(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|&t| t <= self.max)
+            })
+            .is_ok()
+    }
+}
+
+/// Bytes of one body held against the [`BodyBudget`]; given back on drop.
+struct BodyPermit<'a> {
+    budget: &'a BodyBudget,
+    held: u64,
+}
+
+impl BodyPermit<'_> {
+    fn grow(&mut self, n: u64) -> bool {
+        let ok = self.budget.take(n);
+        if ok {
+            self.held += n;
+        }
+        ok
+    }
+
+    fn release(&mut self) {
+        self.budget
+            .used
+            .fetch_sub(std::mem::take(&mut self.held), Ordering::AcqRel);
+    }
+}
+
+impl Drop for BodyPermit<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// Request/traffic counters for `/metrics`.
@@ -63,6 +182,20 @@ pub struct Metrics {
     pub cache_write_tokens: AtomicU64,
     /// Microseconds spent preparing requests (parse, match, tideline, render).
     pub prepare_us: AtomicU64,
+    /// Requests refused by the access rules or the admin token.
+    pub access_denied: AtomicU64,
+    /// Requests answered 503: the body budget was spent.
+    pub busy: AtomicU64,
+    /// Request bodies that did not arrive in time.
+    pub body_timeouts: AtomicU64,
+    /// Upstream answers cut mid-way.
+    pub streams_cut: AtomicU64,
+    /// Answers recorded truncated.
+    pub answers_truncated: AtomicU64,
+    /// Compressed answers whose copy decoded past the bound.
+    pub decode_stopped: AtomicU64,
+    /// Client connections open now.
+    pub connections: AtomicU64,
 }
 
 /// Everything a request handler needs.
@@ -79,6 +212,10 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Start time.
     pub started: Instant,
+    /// The admin token every admin route and `/metrics` require.
+    pub admin_token: String,
+    /// Request bodies held across connections.
+    pub bodies: BodyBudget,
 }
 
 /// Serve connections from `listener` until `shutdown` resolves, then let
@@ -89,41 +226,119 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
     grace: Duration,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let limits = app.cfg.net.conn;
+    let max = limits.max_connections.clamp(1, u32::MAX as usize);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The connection timers are conn's: hyper's header timer (which would
+    // also close keep-alive connections between requests) stays off.
+    builder.http1().header_read_timeout(None);
     tokio::pin!(shutdown);
+    let mut warned_full: Option<Instant> = None;
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let svc = service_fn(move |req| handle(app.clone(), peer, req));
-                let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            _ = &mut shutdown => break,
+        if slots.available_permits() == 0
+            && warned_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
+        {
+            tracing::warn!(
+                max,
+                "connection cap reached (limits.max_connections): new connections wait"
+            );
+            warned_full = Some(Instant::now());
         }
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+            _ = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let act = Activity::new();
+        let svc = {
+            let app = app.clone();
+            let act = act.clone();
+            service_fn(move |req| tracked(app.clone(), peer, req, act.begin()))
+        };
+        let io = TokioIo::new(conn::Watched::new(stream, act.clone()));
+        let c = builder.serve_connection(io, svc).into_owned();
+        let stop = stop_rx.clone();
+        let metrics = app.metrics.clone();
+        metrics.connections.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            conn::drive(c, |c| c.graceful_shutdown(), act, limits, stop).await;
+            metrics.connections.fetch_sub(1, Ordering::Relaxed);
+            drop(slot);
+        });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
+    let _ = stop_tx.send(true);
+    // Every connection gives its slot back when it ends.
+    if tokio::time::timeout(grace, slots.acquire_many(max as u32))
         .await
         .is_err()
     {
         tracing::warn!("shutdown grace period ended with requests still open");
     }
+}
+
+/// [`handle`], with the request counted as in flight on its connection
+/// until its answer's body is done.
+async fn tracked(
+    app: Arc<App>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+    busy: InFlight,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let resp = handle(app, peer, req).await?;
+    Ok(resp.map(|inner| InFlightBody { inner, _busy: busy }.boxed_unsync()))
+}
+
+/// An answer's body holding its request's [`InFlight`].
+struct InFlightBody {
+    inner: ProxyBody,
+    _busy: InFlight,
+}
+
+impl Body for InFlightBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `OPTIONS *`: the server's own capabilities, answered here.
+fn options_star() -> Response<ProxyBody> {
+    let mut r = Response::new(full(Bytes::new()));
+    r.headers_mut().insert(
+        header::ALLOW,
+        HeaderValue::from_static("GET, POST, OPTIONS"),
+    );
+    r
 }
 
 /// Handle one request (never fails: errors become provider-shaped answers).
@@ -133,9 +348,7 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let path = req.uri().path().to_string();
-    if path.starts_with("/_oceancode/") || path == "/metrics" {
-        return Ok(admin::handle(app, req).await);
-    }
+    let is_admin = path.starts_with("/_oceancode/") || path == "/metrics";
     let (prefix, rest) = identity::strip_session_prefix(&path);
     let rest = rest.to_string();
     if let Some((d, _)) = identity::route(&rest).filter(|_| is_websocket(req.headers())) {
@@ -149,6 +362,34 @@ pub async fn handle(
             (None, Envelope::from(d), upstream_for(&app, d))
         }
     };
+    let envelope = if is_admin {
+        Envelope::Anthropic
+    } else {
+        envelope
+    };
+    let refused = access::check(req.uri(), req.headers(), &app.cfg.access)
+        .and_then(|()| access::check_path(&path));
+    if let Err(e) = refused {
+        app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
+        app.metrics.proxy_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, path = %path, "request refused");
+        return Ok(e.into_response(envelope));
+    }
+    if req.method() == Method::OPTIONS && req.uri() == "*" {
+        return Ok(options_star());
+    }
+    if req.method() == Method::CONNECT || !path.starts_with('/') {
+        app.metrics.proxy_errors.fetch_add(1, Ordering::Relaxed);
+        return Ok(ProxyError::BadTarget(format!(
+            "{} {} is not a request this proxy serves",
+            req.method(),
+            req.uri()
+        ))
+        .into_response(envelope));
+    }
+    if is_admin {
+        return Ok(admin::handle(app, req).await);
+    }
     let pq = match req.uri().query() {
         Some(q) => format!("{rest}?{q}"),
         None => rest.clone(),
@@ -167,6 +408,15 @@ pub async fn handle(
     };
     Ok(resp.unwrap_or_else(|e| {
         app.metrics.proxy_errors.fetch_add(1, Ordering::Relaxed);
+        match e {
+            ProxyError::Busy { .. } => {
+                app.metrics.busy.fetch_add(1, Ordering::Relaxed);
+            }
+            ProxyError::BodyTimeout { .. } => {
+                app.metrics.body_timeouts.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
         tracing::warn!(error = %e, path = %path, "answered with a proxy error");
         e.into_response(envelope)
     }))
@@ -249,10 +499,10 @@ fn upstream_request(
     req
 }
 
-fn relay_head(resp: &Response<Incoming>) -> http::response::Builder {
-    let mut b = Response::builder().status(resp.status());
+fn relay_head(head: &http::response::Parts) -> http::response::Builder {
+    let mut b = Response::builder().status(head.status);
     if let Some(h) = b.headers_mut() {
-        *h = upstream::end_to_end(resp.headers(), &[]);
+        *h = upstream::end_to_end(&head.headers, &[]);
     }
     b
 }
@@ -266,37 +516,83 @@ async fn passthrough(
     app.metrics.passthrough.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let up = upstream_request(&parts, uri, body.boxed(), None);
-    let resp = app.upstream.send(up, &base).await?;
-    let b = relay_head(&resp);
-    b.body(resp.into_body().map_err(Into::into).boxed_unsync())
+    let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+    relay_head(&head)
+        .body(body.map_err(Into::into).boxed_unsync())
         .map_err(|e| ProxyError::BadTarget(e.to_string()))
 }
 
-/// Read a request body whole, into one buffer sized by `Content-Length`.
-/// Each frame is copied as it arrives and dropped, so the connection's read
-/// buffer is reused instead of growing by the body's size (collecting the
-/// frames and then joining them touched twice the body's size in fresh
-/// memory: a third of an 8 MB request's CPU was the kernel zeroing pages).
+/// The first reservation for a body, and the least a buffer grows by.
+const MIN_BODY_GROWTH: usize = 64 << 10;
+
+/// Read a request body whole, within `limits.body_read_timeout_ms`. The
+/// buffer grows with the bytes that arrive (doubling, never past the
+/// declared `Content-Length` nor `limits.max_body_bytes`): a header alone
+/// reserves nothing. Each growth is taken from the budget all connections
+/// share, and given back when the permit drops. Each frame is copied as it
+/// arrives and dropped, so the connection's read buffer is reused.
 async fn read_body(
     app: &App,
-    mut body: Incoming,
+    body: Incoming,
     declared: Option<u64>,
-) -> Result<Bytes, ProxyError> {
+) -> Result<(Bytes, BodyPermit<'_>), ProxyError> {
     let limit = app.cfg.max_body_bytes;
     if declared.is_some_and(|n| n > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let wait = app.cfg.net.body_read_timeout;
+    match tokio::time::timeout(wait, collect_body(app, body, declared)).await {
+        Ok(r) => r,
+        Err(_) => Err(ProxyError::BodyTimeout {
+            secs: wait.as_secs(),
+        }),
+    }
+}
+
+async fn collect_body(
+    app: &App,
+    mut body: Incoming,
+    declared: Option<u64>,
+) -> Result<(Bytes, BodyPermit<'_>), ProxyError> {
+    let limit = app.cfg.max_body_bytes;
+    let ceiling = usize::try_from(declared.unwrap_or(limit).min(limit)).unwrap_or(usize::MAX);
+    let mut permit = BodyPermit {
+        budget: &app.bodies,
+        held: 0,
+    };
+    let mut buf: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| ProxyError::BadRequestBody(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > limit {
-                return Err(ProxyError::BodyTooLarge { limit });
-            }
-            buf.extend_from_slice(&data);
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let need = buf.len() + data.len();
+        if need as u64 > limit {
+            return Err(ProxyError::BodyTooLarge { limit });
         }
+        if need > buf.capacity() {
+            let grown = buf
+                .capacity()
+                .saturating_mul(2)
+                .max(MIN_BODY_GROWTH)
+                .min(ceiling)
+                .max(need);
+            if !permit.grow((grown - buf.capacity()) as u64) {
+                // Give the memory back, then read the rest into the void
+                // (within the body timeout), so the client, still sending,
+                // can read the 503 instead of a broken pipe.
+                drop(std::mem::take(&mut buf));
+                permit.release();
+                while let Some(Ok(_)) = body.frame().await {}
+                return Err(ProxyError::Busy {
+                    limit: app.bodies.max,
+                });
+            }
+            buf.reserve_exact(grown - buf.len());
+        }
+        buf.extend_from_slice(&data);
     }
-    Ok(Bytes::from(buf))
+    Ok((Bytes::from(buf), permit))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -314,8 +610,8 @@ async fn provider_request(
     if !app.sessions.enabled() {
         // Ledger off: a plain relay whose answer is still read for /metrics.
         let up = upstream_request(&parts, uri, body.boxed(), None);
-        let resp = app.upstream.send(up, &base).await?;
-        return Ok(tap_response(app, dialect, None, resp));
+        let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+        return Ok(tap_response(app, dialect, None, head, body));
     }
     let declared = parts
         .headers
@@ -323,7 +619,8 @@ async fn provider_request(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let t_read = Instant::now();
-    let body = read_body(app, body, declared).await?;
+    // Held until the upstream answers: the body is in memory until then.
+    let (body, _permit) = read_body(app, body, declared).await?;
     let read_us = t_read.elapsed().as_micros() as u64;
     // A content-encoded request body is forwarded as is: never rewritten.
     let encoded = parts
@@ -377,7 +674,10 @@ async fn provider_request(
         Some(t) if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE => {
             too_long_path(app, &parts, uri, base, resp, t).await
         }
-        ticket => Ok(tap_response(app, dialect, ticket, resp)),
+        ticket => {
+            let (head, body) = resp.into_parts();
+            Ok(tap_response(app, dialect, ticket, head, body))
+        }
     }
 }
 
@@ -418,6 +718,10 @@ pub fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
     }
 }
 
+/// How much of a 400/413 answer is read to tell a too-long error (they are
+/// small); a longer answer is relayed as it comes, whatever its size.
+const ERROR_PEEK: usize = 1 << 20;
+
 async fn too_long_path(
     app: &Arc<App>,
     parts: &http::request::Parts,
@@ -426,20 +730,31 @@ async fn too_long_path(
     resp: Response<Incoming>,
     mut ticket: Ticket,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let head = relay_head(&resp);
-    let status = resp.status().as_u16();
-    let encoded = resp.headers().contains_key(header::CONTENT_ENCODING);
-    let bytes = match Limited::new(resp.into_body(), 1 << 20).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            return Err(ProxyError::Unreachable {
-                upstream: base,
-                reason: format!("error body could not be read: {e}"),
-            })
+    let (head, mut body) = resp.into_parts();
+    let status = head.status.as_u16();
+    let encoded = head.headers.contains_key(header::CONTENT_ENCODING);
+    let mut read: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ProxyError::Unreachable {
+            upstream: base.clone(),
+            reason: format!("error body could not be read: {e}"),
+        })?;
+        if let Ok(d) = frame.into_data() {
+            read.extend_from_slice(&d);
+            if read.len() > ERROR_PEEK {
+                // Not a too-long error: relay it unchanged, read so far + the rest.
+                let rest = Prefixed {
+                    head: Some(Bytes::from(read)),
+                    inner: body,
+                };
+                return Ok(tap_response(app, ticket.dialect, Some(ticket), head, rest));
+            }
         }
-    };
+    }
+    let bytes = Bytes::from(read);
     let relay = |bytes: Bytes| -> Result<Response<ProxyBody>, ProxyError> {
-        head.body(full(bytes))
+        relay_head(&head)
+            .body(full(bytes))
             .map_err(|e| ProxyError::BadTarget(e.to_string()))
     };
     let ceiling = if encoded {
@@ -461,28 +776,70 @@ async fn too_long_path(
     tracing::info!(session = %ticket.session.id, ?ceiling, "too long: cut every closed block, retrying once");
     let len = new_body.len();
     let up = upstream_request(parts, uri, full_up(new_body), Some(len));
-    let resp = app.upstream.send(up, &base).await?;
-    Ok(tap_response(app, ticket.dialect, Some(ticket), resp))
+    let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+    Ok(tap_response(app, ticket.dialect, Some(ticket), head, body))
 }
 
-fn tap_response(
+/// A body whose first bytes were already read: `head`, then the rest of `inner`.
+struct Prefixed<B> {
+    head: Option<Bytes>,
+    inner: B,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Prefixed<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if let Some(h) = self.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(h))));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let n = self.head.as_ref().map_or(0, |h| h.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut h = SizeHint::new();
+        h.set_lower(inner.lower() + n);
+        if let Some(u) = inner.upper() {
+            h.set_upper(u + n);
+        }
+        h
+    }
+}
+
+fn tap_response<B>(
     app: &Arc<App>,
     dialect: Dialect,
     ticket: Option<Ticket>,
-    resp: Response<Incoming>,
-) -> Response<ProxyBody> {
-    let head = relay_head(&resp);
-    let status = resp.status().as_u16();
+    head: http::response::Parts,
+    body: B,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
+    let relay = relay_head(&head);
+    let status = head.status.as_u16();
     let framing = Framing::from_content_type(
-        resp.headers()
+        head.headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
     );
-    let encoding = resp
-        .headers()
+    let encoding = head
+        .headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let sized = head.headers.contains_key(header::CONTENT_LENGTH);
     let metrics = app.metrics.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
         if let Some(u) = o.collected.usage {
@@ -498,6 +855,15 @@ fn tap_response(
         if o.end == TapEnd::Cancelled && !o.collected.terminal {
             metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         }
+        if matches!(o.end, TapEnd::Error(_)) {
+            metrics.streams_cut.fetch_add(1, Ordering::Relaxed);
+        }
+        if o.collected.truncated {
+            metrics.answers_truncated.fetch_add(1, Ordering::Relaxed);
+        }
+        if o.decode_stopped {
+            metrics.decode_stopped.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(t) = ticket {
             // A client may close right after the terminal event, before the
             // upstream's end of stream: the answer is complete all the same.
@@ -507,15 +873,21 @@ fn tap_response(
             t.complete(status, ok, &o.collected);
         }
     });
-    let body = TapBody::new(
-        resp.into_body(),
+    let limits = app.cfg.net.tap;
+    let mut tap = TapBody::with_limits(
+        body,
         framing,
         encoding.as_deref(),
-        dialect::collector(dialect),
+        dialect::collector_keeping(dialect, limits.max_kept),
         on_finish,
+        limits,
     )
     .with_idle_timeout(app.cfg.idle_stream_timeout);
-    match head.body(body.boxed_unsync()) {
+    if !sized {
+        // A chunked stream can end with one more event; a sized one cannot.
+        tap = tap.with_error_event(dialect, framing, encoding.as_deref());
+    }
+    match relay.body(tap.boxed_unsync()) {
         Ok(r) => r,
         Err(e) => ProxyError::BadTarget(e.to_string()).into_response(Envelope::from(dialect)),
     }

@@ -10,21 +10,65 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// Most bytes of one event a parser from [`SseParser::new`] keeps.
+pub const DEFAULT_MAX_EVENT: usize = 16 << 20;
+
 /// Incremental parser state (WHATWG event-stream rules: `\n`, `\r\n` or `\r`
 /// line ends, `:` comments, fields without a colon, one leading space).
-#[derive(Debug, Default)]
+///
+/// Memory is bounded: an event whose lines or data grow past `max` bytes
+/// is dropped (counted by [`SseParser::take_dropped`]); the parser skips to
+/// its end and keeps nothing of it, however long the line.
+#[derive(Debug)]
 pub struct SseParser {
     line: Vec<u8>,
     event: String,
     data: String,
     has_data: bool,
     last_was_cr: bool,
+    max: usize,
+    /// The current line is over `max`: discard bytes until its end.
+    skip_line: bool,
+    /// The current event lost bytes: it is not dispatched.
+    oversize: bool,
+    dropped: u64,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        Self::with_limit(DEFAULT_MAX_EVENT)
+    }
 }
 
 impl SseParser {
-    /// A fresh parser.
+    /// A fresh parser keeping events up to [`DEFAULT_MAX_EVENT`] bytes.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fresh parser keeping events up to `max` bytes.
+    pub fn with_limit(max: usize) -> Self {
+        SseParser {
+            line: Vec::new(),
+            event: String::new(),
+            data: String::new(),
+            has_data: false,
+            last_was_cr: false,
+            max,
+            skip_line: false,
+            oversize: false,
+            dropped: 0,
+        }
+    }
+
+    /// Events dropped for their size since the last call.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Inside an event: a line or fields not yet dispatched.
+    pub fn mid_event(&self) -> bool {
+        !self.line.is_empty() || self.skip_line || self.has_data || !self.event.is_empty()
     }
 
     /// Feed bytes; `emit` is called for every event completed by them.
@@ -39,14 +83,32 @@ impl SseParser {
             }
             match bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
                 Some(i) => {
-                    self.line.extend_from_slice(&bytes[..i]);
                     self.last_was_cr = bytes[i] == b'\r';
+                    let piece = &bytes[..i];
                     bytes = &bytes[i + 1..];
+                    if std::mem::take(&mut self.skip_line) {
+                        continue;
+                    }
+                    if self.line.len() + piece.len() > self.max {
+                        self.line.clear();
+                        self.oversize = true;
+                        continue;
+                    }
+                    self.line.extend_from_slice(piece);
                     let line = std::mem::take(&mut self.line);
                     self.process_line(&line, emit);
                 }
                 None => {
-                    self.line.extend_from_slice(bytes);
+                    if self.skip_line {
+                        break;
+                    }
+                    if self.line.len() + bytes.len() > self.max {
+                        self.line = Vec::new();
+                        self.skip_line = true;
+                        self.oversize = true;
+                    } else {
+                        self.line.extend_from_slice(bytes);
+                    }
                     break;
                 }
             }
@@ -55,10 +117,11 @@ impl SseParser {
 
     /// Dispatch a trailing event that was not followed by a blank line.
     pub fn finish(&mut self, emit: &mut dyn FnMut(SseEvent)) {
-        if !self.line.is_empty() {
+        if !self.line.is_empty() && !self.skip_line {
             let line = std::mem::take(&mut self.line);
             self.process_line(&line, emit);
         }
+        self.skip_line = false;
         self.dispatch(emit);
     }
 
@@ -81,6 +144,12 @@ impl SseParser {
         match field {
             b"event" => self.event = value.into_owned(),
             b"data" => {
+                if self.oversize || self.data.len() + value.len() + 1 > self.max {
+                    self.oversize = true;
+                    self.has_data = true;
+                    self.data = String::new();
+                    return;
+                }
                 if self.has_data {
                     self.data.push('\n');
                 }
@@ -93,6 +162,12 @@ impl SseParser {
 
     fn dispatch(&mut self, emit: &mut dyn FnMut(SseEvent)) {
         let event = std::mem::take(&mut self.event);
+        if std::mem::take(&mut self.oversize) {
+            self.has_data = false;
+            self.data = String::new();
+            self.dropped += 1;
+            return;
+        }
         if self.has_data {
             self.has_data = false;
             emit(SseEvent {
@@ -141,6 +216,32 @@ mod tests {
                 data: "tail".into()
             }]
         );
+    }
+
+    #[test]
+    fn an_event_over_the_limit_is_dropped_and_nothing_of_it_kept() {
+        let mut p = SseParser::with_limit(64);
+        let mut out = Vec::new();
+        p.feed(b"event: a\ndata: small\n\n", &mut |e| out.push(e));
+        // A line with no end in sight, fed in pieces: never kept.
+        p.feed(b"event: big\ndata: ", &mut |e| out.push(e));
+        for _ in 0..1000 {
+            p.feed(&[b'x'; 1000], &mut |e| out.push(e));
+            assert!(p.line.capacity() <= 64 && p.data.capacity() <= 64);
+        }
+        assert!(p.mid_event());
+        p.feed(b"\n\nevent: b\ndata: after\n\n", &mut |e| out.push(e));
+        // Many data lines that add up past the limit.
+        for _ in 0..10 {
+            p.feed(b"data: 0123456789\n", &mut |e| out.push(e));
+        }
+        p.feed(b"\ndata: last\n\n", &mut |e| out.push(e));
+        let names: Vec<&str> = out.iter().map(|e| e.data.as_str()).collect();
+        assert_eq!(names, ["small", "after", "last"]);
+        assert_eq!(out[1].event, "b");
+        assert_eq!(p.take_dropped(), 2);
+        assert_eq!(p.take_dropped(), 0);
+        assert!(!p.mid_event());
     }
 
     proptest! {

@@ -3,12 +3,21 @@
 //! (gzip/deflate/br/zstd), parses SSE or JSON, and feeds the dialect's
 //! collector. It finishes exactly once: at the end of the stream, on an error,
 //! or when the client goes away (drop).
+//!
+//! What the copy costs is bounded whatever the upstream sends: decoding
+//! stops past [`TapLimits::max_decoded`] bytes (a compression bomb: the
+//! answer's usage is then unknown), one SSE event or JSON body is kept up to
+//! [`TapLimits::max_kept`] bytes, and so is what the collector keeps of the
+//! answer (recorded truncated, with a marker). The client gets every byte.
+//! A plain SSE stream cut mid-way (upstream reset, idle timeout) ends with
+//! the dialect's error event instead of a silent truncation.
 
-use crate::dialect::{Collected, ResponseCollector};
+use crate::dialect::{self, Collected, ResponseCollector, StreamCut};
 use crate::error::BoxError;
 use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use oceancode_ledger::Dialect;
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
@@ -36,6 +45,8 @@ pub struct TapOutcome {
     pub collected: Collected,
     /// Bytes forwarded (as sent by the upstream, before decoding).
     pub bytes: u64,
+    /// Decoding stopped at [`TapLimits::max_decoded`]: usage unknown.
+    pub decode_stopped: bool,
 }
 
 /// Called exactly once with the outcome.
@@ -66,55 +77,21 @@ impl Framing {
     }
 }
 
-/// Largest JSON copy the tap keeps for a non-streamed body.
-const JSON_COPY_CAP: usize = 64 << 20;
-
-enum Decoder {
-    Gzip(flate2::write::MultiGzDecoder<Vec<u8>>),
-    Deflate(flate2::write::ZlibDecoder<Vec<u8>>),
-    Brotli(Box<brotli::DecompressorWriter<Vec<u8>>>),
-    Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
+/// What the copy of one answer may cost.
+#[derive(Debug, Clone, Copy)]
+pub struct TapLimits {
+    /// Most bytes of one SSE event, of a JSON body, and of what the collector
+    /// keeps (`limits.max_recorded_response_bytes`).
+    pub max_kept: usize,
+    /// Most decoded bytes of a compressed answer (`limits.max_decoded_response_bytes`).
+    pub max_decoded: u64,
 }
 
-impl Decoder {
-    fn for_encoding(enc: Option<&str>) -> Result<Option<Decoder>, ()> {
-        let enc = match enc {
-            None => return Ok(None),
-            Some(e) => e.trim().to_ascii_lowercase(),
-        };
-        Ok(Some(match enc.as_str() {
-            "" | "identity" => return Ok(None),
-            "gzip" | "x-gzip" => Decoder::Gzip(flate2::write::MultiGzDecoder::new(Vec::new())),
-            "deflate" => Decoder::Deflate(flate2::write::ZlibDecoder::new(Vec::new())),
-            "br" => Decoder::Brotli(Box::new(brotli::DecompressorWriter::new(Vec::new(), 4096))),
-            "zstd" => Decoder::Zstd(zstd::stream::write::Decoder::new(Vec::new()).map_err(|_| ())?),
-            _ => return Err(()),
-        }))
-    }
-
-    /// Push compressed bytes, get what decoded so far.
-    fn push(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
-        match self {
-            Decoder::Gzip(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Deflate(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Brotli(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Zstd(d) => {
-                d.write_all(data)?;
-                d.flush()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
+impl Default for TapLimits {
+    fn default() -> Self {
+        TapLimits {
+            max_kept: dialect::DEFAULT_KEEP,
+            max_decoded: 64 << 20,
         }
     }
 }
@@ -125,40 +102,34 @@ enum Mode {
     Off,
 }
 
-struct TapState {
-    decoder: Option<Decoder>,
+/// The decoded copy's reader: parses SSE or buffers JSON and feeds the
+/// collector. It is the decoders' output, so decoded bytes flow through it
+/// as they are made and never pile up.
+struct Consumer {
     mode: Mode,
-    collector: Box<dyn ResponseCollector>,
-    on_finish: OnFinish,
-    bytes: u64,
+    collector: Option<Box<dyn ResponseCollector>>,
+    max_kept: usize,
+    /// Decoded bytes so far, and the bound (u64::MAX without a decoder).
+    decoded: u64,
+    max_decoded: u64,
+    decode_stopped: bool,
 }
 
-impl TapState {
-    fn feed(&mut self, data: &[u8]) {
-        self.bytes += data.len() as u64;
-        if matches!(self.mode, Mode::Off) {
+impl Consumer {
+    fn consume(&mut self, plain: &[u8]) {
+        let Some(collector) = self.collector.as_mut() else {
             return;
-        }
-        let decoded;
-        let plain: &[u8] = match self.decoder.as_mut() {
-            Some(d) => match d.push(data) {
-                Ok(v) => {
-                    decoded = v;
-                    &decoded
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "usage tap: cannot decode the response copy; tap off");
-                    self.mode = Mode::Off;
-                    return;
-                }
-            },
-            None => data,
         };
-        let collector = &mut self.collector;
         match &mut self.mode {
-            Mode::Sse(p) => p.feed(plain, &mut |ev| collector.on_event(&ev.event, &ev.data)),
+            Mode::Sse(p) => {
+                p.feed(plain, &mut |ev| collector.on_event(&ev.event, &ev.data));
+                if p.take_dropped() > 0 {
+                    collector.truncated();
+                }
+            }
             Mode::Json(buf) => {
-                if buf.len() + plain.len() > JSON_COPY_CAP {
+                if buf.len() + plain.len() > self.max_kept {
+                    collector.truncated();
                     self.mode = Mode::Off;
                 } else {
                     buf.extend_from_slice(plain);
@@ -167,22 +138,162 @@ impl TapState {
             Mode::Off => {}
         }
     }
+}
 
-    fn finish(mut self, end: TapEnd) {
-        if end == TapEnd::Complete {
-            let collector = &mut self.collector;
-            match &mut self.mode {
-                Mode::Sse(p) => p.finish(&mut |ev| collector.on_event(&ev.event, &ev.data)),
-                Mode::Json(buf) => collector.on_json(buf),
+impl Write for Consumer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if matches!(self.mode, Mode::Off) {
+            return Ok(buf.len());
+        }
+        self.decoded += buf.len() as u64;
+        if self.decoded > self.max_decoded {
+            self.decode_stopped = true;
+            self.mode = Mode::Off;
+            return Err(std::io::Error::other(format!(
+                "decoded copy over {} bytes",
+                self.max_decoded
+            )));
+        }
+        self.consume(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Compressed bytes in, the consumer fed with what they decode to.
+enum Pipeline {
+    Plain(Consumer),
+    Gzip(flate2::write::MultiGzDecoder<Consumer>),
+    Deflate(flate2::write::ZlibDecoder<Consumer>),
+    Brotli(Box<brotli::DecompressorWriter<Consumer>>),
+    Zstd(zstd::stream::write::Decoder<'static, Consumer>),
+}
+
+impl Pipeline {
+    /// The pipeline for a `Content-Encoding`; one it cannot decode turns the
+    /// copy off.
+    fn for_encoding(enc: Option<&str>, mut c: Consumer) -> Pipeline {
+        let enc = enc
+            .map(|e| e.trim().to_ascii_lowercase())
+            .unwrap_or_default();
+        match enc.as_str() {
+            "" | "identity" => Pipeline::Plain(c),
+            "gzip" | "x-gzip" => Pipeline::Gzip(flate2::write::MultiGzDecoder::new(c)),
+            "deflate" => Pipeline::Deflate(flate2::write::ZlibDecoder::new(c)),
+            "br" => Pipeline::Brotli(Box::new(brotli::DecompressorWriter::new(c, 4096))),
+            // zstd fails only when it cannot allocate its context; the
+            // consumer is lost with it (the answer's usage is unknown).
+            "zstd" => match zstd::stream::write::Decoder::new(c) {
+                Ok(d) => Pipeline::Zstd(d),
+                Err(_) => Pipeline::Plain(Consumer::off()),
+            },
+            _ => {
+                c.mode = Mode::Off;
+                Pipeline::Plain(c)
+            }
+        }
+    }
+
+    fn consumer(&mut self) -> &mut Consumer {
+        match self {
+            Pipeline::Plain(c) => c,
+            Pipeline::Gzip(d) => d.get_mut(),
+            Pipeline::Deflate(d) => d.get_mut(),
+            Pipeline::Brotli(d) => d.get_mut(),
+            Pipeline::Zstd(d) => d.get_mut(),
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Pipeline::Plain(c) => c.write_all(data),
+            Pipeline::Gzip(d) => d.write_all(data).and_then(|_| d.flush()),
+            Pipeline::Deflate(d) => d.write_all(data).and_then(|_| d.flush()),
+            Pipeline::Brotli(d) => d.write_all(data).and_then(|_| d.flush()),
+            Pipeline::Zstd(d) => d.write_all(data).and_then(|_| d.flush()),
+        }
+    }
+}
+
+impl Consumer {
+    fn off() -> Consumer {
+        Consumer {
+            mode: Mode::Off,
+            collector: None,
+            max_kept: 0,
+            decoded: 0,
+            max_decoded: u64::MAX,
+            decode_stopped: false,
+        }
+    }
+}
+
+struct TapState {
+    pipeline: Pipeline,
+    on_finish: OnFinish,
+    bytes: u64,
+}
+
+impl TapState {
+    fn feed(&mut self, data: &[u8]) {
+        self.bytes += data.len() as u64;
+        if matches!(self.pipeline.consumer().mode, Mode::Off) {
+            return;
+        }
+        if let Err(e) = self.pipeline.push(data) {
+            let c = self.pipeline.consumer();
+            if c.decode_stopped {
+                tracing::warn!(
+                    decoded = c.decoded,
+                    compressed = self.bytes,
+                    "usage tap: the answer decodes past limits.max_decoded_response_bytes; stopped reading it (usage unknown, the client gets it unchanged)"
+                );
+            } else {
+                tracing::debug!(error = %e, "usage tap: cannot decode the response copy; tap off");
+            }
+            c.mode = Mode::Off;
+        }
+    }
+
+    /// Inside an SSE event (a cut now would leave a partial event)?
+    fn mid_event(&mut self) -> bool {
+        matches!(&self.pipeline.consumer().mode, Mode::Sse(p) if p.mid_event())
+    }
+
+    /// Hand the outcome over; true if the answer's terminal event was seen.
+    fn finish(mut self, end: TapEnd) -> bool {
+        let c = self.pipeline.consumer();
+        let mut collector = c.collector.take();
+        if let (true, Some(col)) = (end == TapEnd::Complete, collector.as_mut()) {
+            match &mut c.mode {
+                Mode::Sse(p) => {
+                    p.finish(&mut |ev| col.on_event(&ev.event, &ev.data));
+                    if p.take_dropped() > 0 {
+                        col.truncated();
+                    }
+                }
+                Mode::Json(buf) => col.on_json(buf),
                 Mode::Off => {}
             }
         }
-        let collected = self.collector.finish();
+        let decode_stopped = c.decode_stopped;
+        let collected = match collector {
+            // A bomb: nothing read of it is trusted.
+            Some(_) if decode_stopped => Collected::default(),
+            Some(col) => col.finish(),
+            None => Collected::default(),
+        };
+        let terminal = collected.terminal;
         (self.on_finish)(TapOutcome {
             end,
             collected,
             bytes: self.bytes,
+            decode_stopped,
         });
+        terminal
     }
 }
 
@@ -191,6 +302,10 @@ pub struct TapBody<B> {
     inner: B,
     state: Option<TapState>,
     idle: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// The dialect whose error event ends a cut plain SSE stream.
+    cut_event: Option<Dialect>,
+    /// The body ended early and the closing frame was sent.
+    done: bool,
 }
 
 /// The upstream sent nothing for longer than the idle timeout.
@@ -207,27 +322,58 @@ impl<B> TapBody<B> {
         collector: Box<dyn ResponseCollector>,
         on_finish: OnFinish,
     ) -> Self {
-        let (decoder, mode) = match Decoder::for_encoding(content_encoding) {
-            Ok(d) => (
-                d,
-                match framing {
-                    Framing::Sse => Mode::Sse(SseParser::new()),
-                    Framing::Json => Mode::Json(Vec::new()),
-                    Framing::Opaque => Mode::Off,
-                },
-            ),
-            Err(()) => (None, Mode::Off),
+        Self::with_limits(
+            inner,
+            framing,
+            content_encoding,
+            collector,
+            on_finish,
+            TapLimits::default(),
+        )
+    }
+
+    /// [`TapBody::new`] with explicit bounds.
+    pub fn with_limits(
+        inner: B,
+        framing: Framing,
+        content_encoding: Option<&str>,
+        collector: Box<dyn ResponseCollector>,
+        on_finish: OnFinish,
+        limits: TapLimits,
+    ) -> Self {
+        let encoded = !matches!(
+            content_encoding
+                .map(|e| e.trim().to_ascii_lowercase())
+                .as_deref(),
+            None | Some("") | Some("identity")
+        );
+        let consumer = Consumer {
+            mode: match framing {
+                Framing::Sse => Mode::Sse(SseParser::with_limit(limits.max_kept)),
+                Framing::Json => Mode::Json(Vec::new()),
+                Framing::Opaque => Mode::Off,
+            },
+            collector: Some(collector),
+            max_kept: limits.max_kept,
+            decoded: 0,
+            max_decoded: if encoded {
+                limits.max_decoded
+            } else {
+                u64::MAX
+            },
+            decode_stopped: false,
         };
+        let pipeline = Pipeline::for_encoding(content_encoding, consumer);
         TapBody {
             inner,
             idle: None,
             state: Some(TapState {
-                decoder,
-                mode,
-                collector,
+                pipeline,
                 on_finish,
                 bytes: 0,
             }),
+            cut_event: None,
+            done: false,
         }
     }
 
@@ -238,10 +384,59 @@ impl<B> TapBody<B> {
         self
     }
 
-    fn finish(&mut self, end: TapEnd) {
-        if let Some(s) = self.state.take() {
-            s.finish(end);
+    /// End a plain (not content-encoded) SSE stream cut mid-way with the
+    /// error event of `dialect` and a clean end, instead of an error.
+    pub fn with_error_event(
+        mut self,
+        dialect: Dialect,
+        framing: Framing,
+        encoding: Option<&str>,
+    ) -> Self {
+        let plain = matches!(
+            encoding.map(|e| e.trim().to_ascii_lowercase()).as_deref(),
+            None | Some("") | Some("identity")
+        );
+        if framing == Framing::Sse && plain {
+            self.cut_event = Some(dialect);
         }
+        self
+    }
+
+    fn finish(&mut self, end: TapEnd) -> bool {
+        match self.state.take() {
+            Some(s) => s.finish(end),
+            None => false,
+        }
+    }
+
+    /// The stream was cut: the frame that ends it for the client.
+    fn cut(
+        &mut self,
+        cut: StreamCut,
+        reason: String,
+        err: BoxError,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mid = self.state.as_mut().is_some_and(TapState::mid_event);
+        let terminal = self.finish(TapEnd::Error(reason.clone()));
+        let Some(d) = self.cut_event else {
+            tracing::warn!(reason = %reason, "upstream stream cut mid-way");
+            return Poll::Ready(Some(Err(err)));
+        };
+        self.done = true;
+        if terminal {
+            // The answer was whole already: end it cleanly.
+            tracing::debug!(reason = %reason, "upstream stream ended badly after its terminal event");
+            return Poll::Ready(None);
+        }
+        tracing::warn!(reason = %reason, dialect = d.as_str(), "upstream stream cut mid-way: ended with the dialect's error event");
+        let msg = format!("oceancode-proxy: the upstream stream was cut mid-way ({reason})");
+        let mut ev = String::new();
+        if mid {
+            // End the partial event first, so the error event stands alone.
+            ev.push_str("\n\n");
+        }
+        ev.push_str(&dialect::stream_error_event(d, cut, &msg));
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(ev)))))
     }
 }
 
@@ -258,6 +453,9 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some((d, sleep)) = this.idle.as_mut() {
@@ -272,8 +470,8 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                this.finish(TapEnd::Error(e.to_string()));
-                Poll::Ready(Some(Err(e.into())))
+                let reason = e.to_string();
+                this.cut(StreamCut::Broken, reason, e.into())
             }
             Poll::Ready(None) => {
                 this.finish(TapEnd::Complete);
@@ -284,8 +482,11 @@ where
                     if sleep.as_mut().poll(cx).is_ready() {
                         let d = *d;
                         this.idle = None;
-                        this.finish(TapEnd::Error(format!("idle for {d:?}")));
-                        return Poll::Ready(Some(Err(Box::new(IdleTimeout(d)))));
+                        return this.cut(
+                            StreamCut::Idle,
+                            format!("idle for {d:?}"),
+                            Box::new(IdleTimeout(d)),
+                        );
                     }
                 }
                 Poll::Pending
@@ -294,10 +495,13 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.done || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.done {
+            return SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }
@@ -425,6 +629,116 @@ mod tests {
         let (out, o) = run(split(&zs, &[3, 50]), Some("zstd"));
         assert_eq!(out, zs);
         assert_eq!(o[0].collected.usage, Some(expected_usage()));
+    }
+
+    /// An Anthropic stream whose text is `deltas` deltas of `each` bytes.
+    fn long_stream(deltas: usize, each: usize) -> Vec<Bytes> {
+        let head = STREAM.split("event: content_block_delta").next().unwrap();
+        let tail = &STREAM[STREAM.find("event: content_block_stop").unwrap()..];
+        let text = "y".repeat(each);
+        let ev = format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}}\n\n");
+        let mut out = vec![Bytes::from(head.to_string())];
+        out.extend(std::iter::repeat_n(Bytes::from(ev), deltas));
+        out.push(Bytes::from(tail.to_string()));
+        out
+    }
+
+    #[test]
+    fn a_compression_bomb_is_not_decoded_past_the_bound() {
+        // A real message_start, then 100 MB of zeros: about 100 KB of gzip.
+        let mut plain = STREAM.as_bytes()[..STREAM.find("event: ping").unwrap()].to_vec();
+        plain.resize(plain.len() + (100 << 20), 0);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(&plain).unwrap();
+        let gz = enc.finish().unwrap();
+        let zs = zstd::encode_all(plain.as_slice(), 19).unwrap();
+        drop(plain);
+        for (enc, bytes) in [("gzip", gz), ("zstd", zs)] {
+            let chunks: Vec<Bytes> = bytes.chunks(16 << 10).map(Bytes::copy_from_slice).collect();
+            let (out, o) = run(chunks, Some(enc));
+            assert_eq!(out, bytes, "{enc}: the client gets the bytes unchanged");
+            assert_eq!(o.len(), 1);
+            assert_eq!(o[0].end, TapEnd::Complete);
+            assert_eq!(o[0].collected.usage, None, "{enc}: usage unknown");
+            assert!(o[0].collected.rows.is_empty(), "{enc}");
+        }
+    }
+
+    #[test]
+    fn an_answer_longer_than_the_bound_is_recorded_truncated_with_a_marker() {
+        // 6 MB of text in 64 KB deltas, then one 5 MB delta: over the
+        // 4 MiB kept of one answer (and of one event).
+        for chunks in [long_stream(96, 64 << 10), long_stream(1, 5 << 20)] {
+            let sent: usize = chunks.iter().map(Bytes::len).sum();
+            let (out, o) = run(chunks, None);
+            assert_eq!(out.len(), sent, "the client gets every byte");
+            let c = &o[0].collected;
+            assert_eq!(c.usage, Some(expected_usage()), "usage is still read");
+            assert_eq!(c.rows.len(), 1);
+            let row = &c.rows[0];
+            assert!(row.len() < (4 << 20) + 4096, "{}", row.len());
+            let v: serde_json::Value = serde_json::from_str(row).unwrap();
+            let blocks = v["content"].as_array().unwrap();
+            let last = blocks.last().unwrap()["text"].as_str().unwrap();
+            assert!(
+                last.contains("limits.max_recorded_response_bytes"),
+                "{last}"
+            );
+        }
+    }
+
+    /// `first`, then a reset, through a tap that ends cut streams with the
+    /// error event (when the body is `encoding`-free).
+    fn cut_after(
+        first: &'static [u8],
+        encoding: Option<&str>,
+    ) -> (Result<Vec<u8>, String>, Vec<TapOutcome>) {
+        let sink: Sink = Arc::default();
+        let s = sink.clone();
+        let stream = futures_util::stream::iter(vec![
+            Ok(Frame::data(Bytes::from_static(first))),
+            Err("connection reset by peer".to_string()),
+        ]);
+        let body = TapBody::new(
+            StreamBody::new(stream),
+            Framing::Sse,
+            encoding,
+            dialect::collector(Dialect::Anthropic),
+            Box::new(move |o| s.lock().unwrap().push(o)),
+        )
+        .with_error_event(Dialect::Anthropic, Framing::Sse, encoding);
+        let r = block_on(body.collect())
+            .map(|c| c.to_bytes().to_vec())
+            .map_err(|e| e.to_string());
+        let o = sink.lock().unwrap().clone();
+        (r, o)
+    }
+
+    #[test]
+    fn a_cut_stream_ends_with_the_error_event_or_cleanly_once_whole() {
+        // Cut inside an event: that event is closed off, then the error.
+        let first = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\nevent: content_block_delta\ndata: {\"ty";
+        let (r, o) = cut_after(first, None);
+        let out = String::from_utf8(r.expect("a clean end for the client")).unwrap();
+        let tail = &out[first.len()..];
+        assert!(tail.starts_with("\n\nevent: error\ndata: {"), "{tail:?}");
+        let data: serde_json::Value =
+            serde_json::from_str(tail.trim().rsplit("data: ").next().unwrap()).unwrap();
+        assert_eq!(data["error"]["type"], "api_error");
+        assert!(data["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("reset by peer"));
+        assert_eq!(o.len(), 1);
+        assert!(matches!(o[0].end, TapEnd::Error(_)));
+        // Cut after the terminal event: the answer was whole; no error added.
+        let (r, o) = cut_after(STREAM.as_bytes(), None);
+        assert_eq!(r.unwrap(), STREAM.as_bytes());
+        assert!(o[0].collected.terminal);
+        // Without the error event (a compressed body): an error, as before.
+        let (r, o) = cut_after(b"x", Some("gzip"));
+        assert!(r.is_err());
+        assert!(matches!(o[0].end, TapEnd::Error(_)));
     }
 
     #[test]

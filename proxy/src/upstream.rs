@@ -1,6 +1,7 @@
 //! The upstream client: hyper-util's pooled client over rustls (HTTP/1.1 and
 //! HTTP/2 by ALPN; plain http for loopback test upstreams), with connect and
-//! response-header timeouts mapped to [`ProxyError`]s.
+//! response-header timeouts mapped to [`ProxyError`]s and idle pooled
+//! connections closed after `limits.upstream_pool_idle_timeout_ms`.
 
 use crate::error::ProxyError;
 use bytes::Bytes;
@@ -9,7 +10,7 @@ use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::time::Duration;
 
 /// Request body type sent upstream.
@@ -22,6 +23,19 @@ pub struct UpstreamOptions {
     pub connect_timeout: Duration,
     /// Time allowed until the response headers arrive.
     pub header_timeout: Duration,
+    /// Idle pooled connections are closed after this.
+    pub pool_idle_timeout: Duration,
+}
+
+impl UpstreamOptions {
+    /// From the config's `limits`.
+    pub fn from_config(l: &oceancode_config::LimitsConfig) -> Self {
+        UpstreamOptions {
+            connect_timeout: l.connect_timeout(),
+            header_timeout: l.response_header_timeout(),
+            pool_idle_timeout: l.upstream_pool_idle_timeout(),
+        }
+    }
 }
 
 /// A pooled HTTPS/HTTP client.
@@ -46,8 +60,11 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        // The pool's idle timeout needs a timer: without one it never fires
+        // and idle upstream connections stay open for good.
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(opts.pool_idle_timeout)
             .pool_max_idle_per_host(256)
             .build(https);
         Ok(Upstream { client, opts })

@@ -196,20 +196,29 @@ async fn ledger_list_and_path_after_a_served_session() {
     assert!(text(&o.stderr).contains("no-such-session"), "{o:?}");
 }
 
-fn tideline_cmd(home: &Path, url: &str, args: &[&str]) -> Output {
+/// `tideline … --json --proxy URL`; the admin token comes from `data`.
+fn tideline_cmd(home: &Path, data: &Path, url: &str, args: &[&str]) -> Output {
     let mut c = proxy_cmd(home);
     c.arg("tideline")
         .args(args)
-        .args(["--json", "--proxy", url]);
+        .args(["--json", "--proxy", url])
+        .arg("--data-dir")
+        .arg(data);
     output(c)
 }
 
-async fn latest(c: &Http, url: &str) -> Value {
+/// `Authorization: Bearer <the admin token in data>`.
+fn bearer(data: &Path) -> String {
+    let t = std::fs::read_to_string(data.join("admin-token")).expect("the admin token");
+    format!("Bearer {}", t.trim())
+}
+
+async fn latest(c: &Http, url: &str, data: &Path) -> Value {
     let (status, v) = request(
         c,
         "GET",
         &format!("{url}/_oceancode/sessions/latest"),
-        &[],
+        &[("authorization", &bearer(data))],
         String::new(),
     )
     .await;
@@ -233,7 +242,10 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     let url = p.url.clone();
     let c = http();
     chat(&c, &url, "live", 2).await;
-    let id = latest(&c, &url).await["id"].as_str().unwrap().to_string();
+    let id = latest(&c, &url, &data).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let status = |proxy: &str, json: bool| {
         let mut cmd = proxy_cmd(home);
         cmd.env("OCEANCODE_CONTEXT_TOKENS", "200000")
@@ -263,7 +275,8 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
 
     // `tideline` prints one line for a person; JSON only with --json, clean.
     let mut cmd = proxy_cmd(home);
-    cmd.args(["tideline", "--proxy", &url]);
+    cmd.args(["tideline", "--proxy", &url, "--data-dir"])
+        .arg(&data);
     let o = output(cmd);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
@@ -274,14 +287,15 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     assert!(out.contains(" rows · never cut"), "{out}");
     assert_eq!(out.trim_end().lines().count(), 1, "{out}");
     let mut cmd = proxy_cmd(home);
-    cmd.args(["tideline", "--proxy", &url, "50%"]);
+    cmd.args(["tideline", "--proxy", &url, "50%", "--data-dir"])
+        .arg(&data);
     let o = output(cmd);
     let out = text(&o.stdout);
     assert!(
         out.starts_with("line set to 50% for all sessions (from the next request)\n"),
         "{out}"
     );
-    let v = json_of(&tideline_cmd(home, &url, &["500k"]));
+    let v = json_of(&tideline_cmd(home, &data, &url, &["500k"]));
     assert_eq!(v["action"], "set", "{v}");
     assert_eq!(v["value"], "500k", "{v}");
     assert!(!v.to_string().contains("Set("), "no Rust debug text: {v}");
@@ -311,7 +325,7 @@ async fn tideline_command_against_a_running_proxy() {
     for t in 1..=3 {
         chat(&c, &url, "tl", t).await;
     }
-    let s = latest(&c, &url).await;
+    let s = latest(&c, &url, &data).await;
     let id = s["id"].as_str().unwrap().to_string();
     assert_eq!(s["meter"]["context"], 100000, "{s}");
     assert_eq!(s["meter"]["line"], 40000, "default 40%: {s}");
@@ -330,40 +344,40 @@ async fn tideline_command_against_a_running_proxy() {
     };
 
     // Show.
-    let v = json_ok(&tideline_cmd(home, &url, &[]), "show");
+    let v = json_ok(&tideline_cmd(home, &data, &url, &[]), "show");
     assert_eq!(v["action"], "show", "{v}");
     assert!(v.get("cut_upto").is_none(), "only `now` names a cut: {v}");
     assert_eq!(v["session"]["id"], id.as_str(), "{v}");
     assert_eq!(v["session"]["meter"]["line"], 40000, "{v}");
 
     // A share of the context, for all sessions: applies from the next request.
-    let v = json_ok(&tideline_cmd(home, &url, &["50%"]), "50%");
+    let v = json_ok(&tideline_cmd(home, &data, &url, &["50%"]), "50%");
     assert_eq!(v["action"], "set", "{v}");
     assert_eq!(v["value"], "50%", "{v}");
     assert_eq!(v["scope"], "all sessions", "{v}");
     assert_eq!(
-        latest(&c, &url).await["meter"]["line"],
+        latest(&c, &url, &data).await["meter"]["line"],
         40000,
         "not before the next request"
     );
     chat(&c, &url, "tl", 4).await;
-    assert_eq!(latest(&c, &url).await["meter"]["line"], 50000);
+    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 50000);
 
     // A fixed line, clamped to context − max_tokens.
-    json_ok(&tideline_cmd(home, &url, &["500k"]), "500k");
+    json_ok(&tideline_cmd(home, &data, &url, &["500k"]), "500k");
     chat(&c, &url, "tl", 5).await;
-    assert_eq!(latest(&c, &url).await["meter"]["line"], 100000 - 256);
+    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 100000 - 256);
 
     // One session: the admin API shows its override.
     let v = json_ok(
-        &tideline_cmd(home, &url, &["--session", &id, "30%"]),
+        &tideline_cmd(home, &data, &url, &["--session", &id, "30%"]),
         "--session 30%",
     );
     assert_eq!(v["scope"], id.as_str(), "{v}");
-    let s = latest(&c, &url).await;
+    let s = latest(&c, &url, &data).await;
     assert_eq!(s["override"], "30%", "{s}");
     chat(&c, &url, "tl", 6).await;
-    assert_eq!(latest(&c, &url).await["meter"]["line"], 30000);
+    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 30000);
     // `status` shows the running proxy's line for the session, not the
     // configured one; without a proxy answering, the configured one.
     for (proxy, line, spec) in [
@@ -381,12 +395,14 @@ async fn tideline_command_against_a_running_proxy() {
     }
 
     // Cut now.
-    let before = latest(&c, &url).await["meter"]["cuts"].as_u64().unwrap();
-    let v = json_ok(&tideline_cmd(home, &url, &["now"]), "now");
+    let before = latest(&c, &url, &data).await["meter"]["cuts"]
+        .as_u64()
+        .unwrap();
+    let v = json_ok(&tideline_cmd(home, &data, &url, &["now"]), "now");
     let upto = v["cut_upto"].as_u64().unwrap_or(0);
     assert!(upto >= 1, "a cut point: {v}");
     chat(&c, &url, "tl", 7).await;
-    let s = latest(&c, &url).await;
+    let s = latest(&c, &url, &data).await;
     assert!(s["meter"]["cut_upto"].as_u64().unwrap() >= upto, "{s}");
     assert!(
         s["meter"]["window_rows"].as_u64().unwrap() < s["meter"]["active_rows"].as_u64().unwrap(),
@@ -400,29 +416,29 @@ async fn tideline_command_against_a_running_proxy() {
     // one); a unique prefix of the id names the session, as elsewhere.
     let prefix = &id[..id.len() - 2];
     let v = json_ok(
-        &tideline_cmd(home, &url, &["--session", prefix, "default"]),
+        &tideline_cmd(home, &data, &url, &["--session", prefix, "default"]),
         "--session default",
     );
     assert_eq!(v["scope"], id.as_str(), "{v}");
-    json_ok(&tideline_cmd(home, &url, &["default"]), "default");
-    assert_eq!(latest(&c, &url).await["override"], Value::Null);
+    json_ok(&tideline_cmd(home, &data, &url, &["default"]), "default");
+    assert_eq!(latest(&c, &url, &data).await["override"], Value::Null);
     chat(&c, &url, "tl", 8).await;
-    assert_eq!(latest(&c, &url).await["meter"]["line"], 40000);
+    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 40000);
 
     // Refused values: non-zero exit and the usage line.
     for bad in [&["10k"][..], &["wide"][..], &["50%", "60%"][..]] {
-        let o = tideline_cmd(home, &url, bad);
+        let o = tideline_cmd(home, &data, &url, bad);
         assert!(!o.status.success(), "{bad:?}: {o:?}");
         let err = text(&o.stderr);
         assert!(err.contains(USAGE), "{bad:?}: {err}");
     }
     // Nothing changed.
     chat(&c, &url, "tl", 9).await;
-    assert_eq!(latest(&c, &url).await["meter"]["line"], 40000);
+    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 40000);
 
     // No proxy answering: a clear error.
     sigterm_and_wait(&mut p);
-    let o = tideline_cmd(home, &url, &["50%"]);
+    let o = tideline_cmd(home, &data, &url, &["50%"]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("no proxy answering"), "{o:?}");
 }
@@ -440,7 +456,9 @@ req = urllib.request.Request(base + "/v1/messages", data=body, method="POST",
                                       "anthropic-version": "2023-06-01"})
 answer = json.load(opener.open(req, timeout=10))
 print("ANSWER=" + answer["content"][0]["text"])
-meta = json.load(opener.open(os.environ["OCEANCODE_PROXY_URL"] + "/_oceancode/sessions/latest", timeout=10))
+admin = urllib.request.Request(os.environ["OCEANCODE_PROXY_URL"] + "/_oceancode/sessions/latest",
+                               headers={"authorization": "Bearer " + os.environ["OCEANCODE_ADMIN_TOKEN"]})
+meta = json.load(opener.open(admin, timeout=10))
 print("LINE=%d" % meta["meter"]["line"])
 sys.stdout.flush()
 sys.exit(3)
@@ -629,10 +647,14 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
         &off_data,
         &fake.url(),
         &["--config", off.to_str().unwrap()],
-        &[],
+        // Nothing on disk, so no token file: the token is given.
+        &[("OCEANCODE_ADMIN_TOKEN", "off-token")],
     );
     chat(&c, &p.url, "off", 2).await;
-    let t = tideline_cmd(home, &p.url, &["30%"]);
+    let mut cmd = proxy_cmd(home);
+    cmd.args(["tideline", "--json", "--proxy", &p.url, "30%"])
+        .env("OCEANCODE_ADMIN_TOKEN", "off-token");
+    let t = output(cmd);
     assert!(!t.status.success(), "{t:?}");
     assert!(text(&t.stderr).contains("the ledger is off"), "{t:?}");
     sigterm_and_wait(&mut p);
@@ -665,7 +687,7 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
         &c,
         "POST",
         &format!("{}/_oceancode/settle", p.url),
-        &[],
+        &[("authorization", &bearer(&data))],
         String::new(),
     )
     .await;
@@ -687,7 +709,7 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
         &c,
         "POST",
         &format!("{}/_oceancode/settle", p.url),
-        &[],
+        &[("authorization", &bearer(&data))],
         String::new(),
     )
     .await;
@@ -720,4 +742,67 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
     let err = text(&o.stderr);
     assert!(!o.status.success());
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_address_needs_allow_remote() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    // Refused from the flag and from the environment alike.
+    for (listen, env) in [
+        (Some("0.0.0.0:0"), None),
+        (Some("[::]:0"), None),
+        (None, Some("0.0.0.0:0")),
+    ] {
+        let mut cmd = proxy_cmd(home);
+        cmd.args(["serve", "--anthropic-upstream", &fake.url(), "--data-dir"])
+            .arg(&data);
+        if let Some(l) = listen {
+            cmd.args(["--listen", l]);
+        }
+        if let Some(e) = env {
+            cmd.env("OCEANCODE_LISTEN", e);
+        }
+        let o = output(cmd);
+        assert!(!o.status.success(), "{o:?}");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("not a loopback address") && err.contains("--allow-remote"),
+            "{err}"
+        );
+    }
+    // Allowed: one warning line, and it serves.
+    let mut cmd = proxy_cmd(home);
+    cmd.args([
+        "serve",
+        "--allow-remote",
+        "--listen",
+        "0.0.0.0:0",
+        "--anthropic-upstream",
+        &fake.url(),
+        "--data-dir",
+    ])
+    .arg(&data)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut child = common::ChildGuard(Some(cmd.spawn().unwrap()));
+    let err = child.child().stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    let mut warned = 0;
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("WARN") && line.contains("--allow-remote") {
+            warned += 1;
+        }
+        if line.contains("oceancode-proxy listening on") {
+            break;
+        }
+    }
+    assert_eq!(warned, 1, "{log}");
+    assert!(log.contains("listening on http://0.0.0.0:"), "{log}");
 }

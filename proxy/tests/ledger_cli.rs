@@ -552,25 +552,31 @@ fn cli_metrics_prometheus_text() {
         .spawn()
         .expect("serve");
     let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(mut s) => {
-                write!(
-                    s,
-                    "GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-                )
-                .expect("request");
-                let mut text = String::new();
-                s.read_to_string(&mut text).expect("response");
-                break text;
-            }
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => {
+    let get = |auth: &str| -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{auth}connection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    // The admin token is made at first start, in the data dir.
+    let token = loop {
+        match std::fs::read_to_string(data.join("admin-token")) {
+            Ok(t) if get("").is_some() => break t.trim().to_string(),
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
                 let _ = child.kill();
-                panic!("proxy did not listen: {e}");
+                panic!("proxy did not listen or made no admin token");
             }
         }
     };
+    let refused = get("").unwrap_or_default();
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    let body = get(&format!("authorization: Bearer {token}\r\n")).unwrap_or_default();
     let _ = child.kill();
     let _ = child.wait();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
@@ -581,13 +587,21 @@ fn cli_metrics_prometheus_text() {
         "oceancode_cuts_total 0",
         "oceancode_tokens_kept_out_total 0",
         "oceancode_cache_read_ratio 0",
-        "oceancode_writer_lag_ms 0",
+        "oceancode_writer_lag_seconds 0",
+        "oceancode_prepare_seconds_total 0",
         "oceancode_ledger_pages_written_total 0",
         "oceancode_retention_sessions_removed_total 0",
         "oceancode_ledger_commit_lag_seconds{quantile=\"0.99\"}",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
+    // This request's connection is open; earlier ones may still be closing.
+    let open: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("oceancode_connections "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("oceancode_connections");
+    assert!(open >= 1, "{text}");
     // Prometheus text: comments, or `name{labels} value`.
     for line in text
         .lines()

@@ -11,8 +11,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream};
 use oceancode_ledger::store::StoreOptions;
+use oceancode_proxy::access::AccessRules;
 use oceancode_proxy::runtime::{self, ProxyOptions, Running};
-use oceancode_proxy::server::FrontConfig;
+use oceancode_proxy::server::{FrontConfig, NetLimits};
 use oceancode_proxy::sessions::{ModelLimits, Settings};
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
@@ -39,10 +40,13 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             max_body_bytes: 64 << 20,
             data_dir: data.to_path_buf(),
             idle_stream_timeout: Duration::from_secs(60),
+            net: NetLimits::default(),
+            access: AccessRules::default(),
         },
         upstream: UpstreamOptions {
             connect_timeout: Duration::from_secs(5),
             header_timeout: Duration::from_secs(30),
+            pool_idle_timeout: Duration::from_secs(90),
         },
         sessions: Settings {
             data_dir: data.to_path_buf(),
@@ -133,7 +137,9 @@ impl Harness {
         collect(resp).await
     }
 
-    /// Send a request to `base` and return the streaming response.
+    /// Send a request to `base` and return the streaming response. Admin
+    /// paths (`/_oceancode/…`, `/metrics`) get the admin token unless
+    /// `headers` name an `authorization` of their own.
     pub async fn send(
         &self,
         base: &str,
@@ -142,9 +148,16 @@ impl Harness {
         headers: &[(&str, &str)],
         body: Bytes,
     ) -> Response<Incoming> {
+        let admin = path.starts_with("/_oceancode/") || path.starts_with("/metrics");
+        let own_auth = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("authorization"));
         let mut b = Request::builder()
             .method(method)
             .uri(format!("{base}{path}"));
+        if admin && !own_auth {
+            b = b.header("authorization", format!("Bearer {}", self.admin_token()));
+        }
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
@@ -158,6 +171,11 @@ impl Harness {
             .request(b.body(Full::new(body)).expect("request"))
             .await
             .expect("proxy answers")
+    }
+
+    /// The running proxy's admin token.
+    pub fn admin_token(&self) -> String {
+        self.proxy().app.admin_token.clone()
     }
 
     /// GET a JSON admin endpoint.

@@ -309,7 +309,16 @@ fn pids_of(c: &Common) -> Vec<u32> {
     v
 }
 
-/// Samples the proxy's `oceancode_writer_lag_ms` every 100 ms until stopped.
+/// `Authorization: Bearer $OCEANCODE_ADMIN_TOKEN` for admin requests (the
+/// proxy's admin API needs its token; `bench/run.sh` sets it for both).
+fn with_admin_token(mut b: http::request::Builder) -> http::request::Builder {
+    if let Ok(t) = std::env::var("OCEANCODE_ADMIN_TOKEN") {
+        b = b.header("authorization", format!("Bearer {}", t.trim()));
+    }
+    b
+}
+
+/// Samples the proxy's `oceancode_writer_lag_seconds` every 100 ms until stopped (ms).
 fn lag_sampler(
     admin: Option<String>,
     stop: Arc<AtomicBool>,
@@ -320,15 +329,18 @@ fn lag_sampler(
             Client::builder(TokioExecutor::new()).build_http();
         let mut max = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            if let Ok(uri) = format!("{admin}/metrics").parse::<http::Uri>() {
-                if let Ok(resp) = http.get(uri).await {
+            if let Ok(req) = with_admin_token(Request::get(format!("{admin}/metrics")))
+                .body(http_body_util::Empty::new())
+            {
+                if let Ok(resp) = http.request(req).await {
                     if let Ok(b) = resp.into_body().collect().await {
                         let text = String::from_utf8_lossy(&b.to_bytes()).into_owned();
                         if let Some(v) = text
                             .lines()
-                            .find(|l| l.starts_with("oceancode_writer_lag_ms "))
+                            .find(|l| l.starts_with("oceancode_writer_lag_seconds "))
                             .and_then(|l| l.split_whitespace().nth(1))
-                            .and_then(|v| v.parse::<u64>().ok())
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .map(|s| (s * 1000.0).round() as u64)
                         {
                             max = max.max(v);
                         }
@@ -346,7 +358,8 @@ async fn settle(admin: Option<&str>) -> Option<u64> {
     let admin = admin?;
     let http: Client<HttpConnector, http_body_util::Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let req = Request::post(format!("{admin}/_oceancode/settle"))
+    let req = with_admin_token(Request::post(format!("{admin}/_oceancode/settle")))
+        .header("content-type", "application/json")
         .body(http_body_util::Empty::new())
         .ok()?;
     let t = Instant::now();

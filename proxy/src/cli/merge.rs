@@ -50,11 +50,9 @@ pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32
         errln!("merge: cancelled, nothing sent");
         return Ok(1);
     }
-    let up =
-        oceancode_proxy::upstream::Upstream::new(oceancode_proxy::upstream::UpstreamOptions {
-            connect_timeout: cfg.limits.connect_timeout(),
-            header_timeout: cfg.limits.response_header_timeout(),
-        })?;
+    let up = oceancode_proxy::upstream::Upstream::new(
+        oceancode_proxy::upstream::UpstreamOptions::from_config(&cfg.limits),
+    )?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

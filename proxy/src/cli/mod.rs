@@ -155,6 +155,7 @@ fn load(
         anthropic_upstream: up.anthropic_upstream.clone(),
         openai_upstream: up.openai_upstream.clone(),
         tideline,
+        allow_remote: matches!(&cli.command, Command::Serve(a) if a.allow_remote),
     };
     let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
     // The log filter is checked here, where a bad one can still stop the
@@ -231,13 +232,33 @@ fn reader(cli: &Cli) -> Result<(Config, PathBuf)> {
     Ok((loaded.config, dir))
 }
 
+/// `--admin-token` of the commands that ask a running proxy.
+#[derive(clap::Args, Debug, Default)]
+struct AdminTokenFlag {
+    /// Admin token of the proxy (default: the one in the data dir; give it
+    /// for a proxy on another machine).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "OCEANCODE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
+}
+
 /// The admin client of the proxy at `--proxy URL` (default: the configured
-/// listen address).
-fn admin_client(cfg: &Config, proxy: Option<&str>) -> admin_client::AdminClient {
+/// listen address), with `--admin-token` or else the data dir's token.
+fn admin_client(
+    cfg: &Config,
+    proxy: Option<&str>,
+    token: &AdminTokenFlag,
+) -> admin_client::AdminClient {
     let url = proxy
         .map(str::to_string)
         .unwrap_or_else(|| format!("http://{}", cfg.listen));
-    admin_client::AdminClient::new(&url, None)
+    let token =
+        oceancode_proxy::admin::token::for_client(token.admin_token.as_deref(), &data_dir(cfg));
+    admin_client::AdminClient::new(&url, token)
 }
 
 /// Run `f` on a multi-threaded runtime.

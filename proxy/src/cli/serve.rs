@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Tideline for all sessions: `40%`, `500k`, `0` (the model's ceiling).
     #[arg(long, value_name = "X")]
     tideline: Option<String>,
+    /// Allow a non-loopback listen address (`0.0.0.0:…`, `[::]:…`): other
+    /// machines can then use the proxy (the admin API needs the admin token).
+    #[arg(long)]
+    pub(super) allow_remote: bool,
 }
 
 /// `serve`.
@@ -59,11 +63,10 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             max_body_bytes: cfg.limits.max_body_bytes,
             data_dir: data_dir.clone(),
             idle_stream_timeout: cfg.limits.idle_stream_timeout(),
+            net: oceancode_proxy::server::NetLimits::from_config(&cfg.limits),
+            access: oceancode_proxy::access::AccessRules::from_config(&cfg.access),
         },
-        upstream: UpstreamOptions {
-            connect_timeout: cfg.limits.connect_timeout(),
-            header_timeout: cfg.limits.response_header_timeout(),
-        },
+        upstream: UpstreamOptions::from_config(&cfg.limits),
         sessions: Settings {
             data_dir,
             line: cfg.ledger.line_spec(),

@@ -3,7 +3,7 @@
 
 use super::admin_client::AdminClient;
 use super::out::{out, outln};
-use super::{admin_client, open_store, pricer};
+use super::{admin_client, open_store, pricer, AdminTokenFlag};
 use anyhow::{Context, Result};
 use clap::Args;
 use oceancode_config::{self as config, Config};
@@ -23,6 +23,8 @@ pub struct StatusArgs {
     /// included) is shown when it answers (default: http://<listen>).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
     proxy: Option<String>,
+    #[command(flatten)]
+    token: AdminTokenFlag,
 }
 
 /// `status`.
@@ -42,7 +44,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     let mut calc =
         tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
     let mut spec_label = line_label(spec);
-    let live = live_line(&admin_client(cfg, a.proxy.as_deref()), &id);
+    let live = live_line(&admin_client(cfg, a.proxy.as_deref(), &a.token), &id);
     if let Some((line, label)) = &live {
         // The running proxy's line for this session (`serve --tideline`, a
         // `tideline` override, a learned ceiling) wins over the configured one.

@@ -3,7 +3,7 @@
 
 use super::admin_client::AdminClient;
 use super::out::{errln, outln};
-use super::{admin_client, runtime_block};
+use super::{admin_client, runtime_block, AdminTokenFlag};
 use anyhow::Result;
 use clap::Args;
 use oceancode_config::{self as config, Config};
@@ -17,6 +17,8 @@ pub struct TidelineArgs {
     /// Admin URL of the running proxy (default: http://<listen>).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
     proxy: Option<String>,
+    #[command(flatten)]
+    token: AdminTokenFlag,
     /// `50%`, `500k`, `now` or `default`; none shows the state.
     value: Vec<String>,
     /// Print the admin API's JSON answer instead of one line.
@@ -32,7 +34,7 @@ pub fn run(cfg: &Config, a: &TidelineArgs) -> Result<i32> {
         words.insert(0, "--session".into());
     }
     let parsed = config::tideline_args(&words).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let client = admin_client(cfg, a.proxy.as_deref());
+    let client = admin_client(cfg, a.proxy.as_deref(), &a.token);
     runtime_block(tideline(
         client,
         parsed.session,

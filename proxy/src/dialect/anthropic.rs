@@ -2,7 +2,7 @@
 //! collector (usage from `message_start`/`message_delta`, the assistant
 //! message reassembled from content-block events).
 
-use super::{context_only, ids_of, info, u64_of, Collected, MessageInfo, ResponseCollector};
+use super::{context_only, ids_of, info, u64_of, Collected, Keep, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, Usage};
 use serde_json::{Map, Value};
 
@@ -74,9 +74,18 @@ pub struct Collector {
     error: Option<String>,
     json_rows: Vec<String>,
     terminal: bool,
+    keep: Keep,
 }
 
 impl Collector {
+    /// A collector keeping what `keep` allows of the answer.
+    pub fn keeping(keep: Keep) -> Self {
+        Collector {
+            keep,
+            ..Self::default()
+        }
+    }
+
     fn take_usage(&mut self, u: &Value) {
         if let Some(x) = u64_of(u, "input_tokens") {
             self.usage.input = x;
@@ -119,7 +128,7 @@ impl ResponseCollector for Collector {
                         self.take_usage(u);
                     }
                     self.model = msg.get("model").and_then(Value::as_str).map(str::to_string);
-                    if let Some(m) = msg.as_object() {
+                    if let Some(m) = msg.as_object().filter(|_| self.keep.take(data.len())) {
                         self.message = Some(m.clone());
                     }
                 }
@@ -133,7 +142,9 @@ impl ResponseCollector for Collector {
                     self.blocks.resize(idx + 1, None);
                     self.partial_json.resize(idx + 1, String::new());
                 }
-                self.blocks[idx] = v.get("content_block").cloned();
+                if self.keep.take(data.len()) {
+                    self.blocks[idx] = v.get("content_block").cloned();
+                }
             }
             Some("content_block_delta") => {
                 let idx = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
@@ -144,8 +155,13 @@ impl ResponseCollector for Collector {
                         d.get("partial_json").and_then(Value::as_str),
                         self.partial_json.get_mut(idx),
                     ) {
-                        s.push_str(p);
+                        if self.keep.take(p.len()) {
+                            s.push_str(p);
+                        }
                     }
+                    return;
+                }
+                if !self.keep.take(data.len()) {
                     return;
                 }
                 let Some(b) = self.block_mut(idx) else { return };
@@ -239,10 +255,18 @@ impl ResponseCollector for Collector {
         }
     }
 
+    fn truncated(&mut self) {
+        self.keep.cut();
+    }
+
     fn finish(self: Box<Self>) -> Collected {
         let mut rows = self.json_rows;
-        if self.message.is_some() {
-            let content: Vec<Value> = self.blocks.into_iter().flatten().collect();
+        let cut = self.keep.is_cut();
+        if self.message.is_some() || (cut && rows.is_empty()) {
+            let mut content: Vec<Value> = self.blocks.into_iter().flatten().collect();
+            if cut {
+                content.push(serde_json::json!({"type": "text", "text": self.keep.marker()}));
+            }
             if !content.is_empty() {
                 rows.push(serde_json::json!({"role": "assistant", "content": content}).to_string());
             }
@@ -254,6 +278,7 @@ impl ResponseCollector for Collector {
             stop_reason: self.stop_reason,
             error: self.error,
             terminal: self.terminal,
+            truncated: cut,
         }
     }
 }

@@ -122,6 +122,39 @@ impl<'a> ParsedBody<'a> {
     }
 }
 
+/// The message of a body refused for a repeated top-level key: an upstream
+/// that takes the last one would see another request than the one recorded.
+pub fn duplicate_key(k: &str) -> String {
+    format!("the top-level key {k:?} appears twice")
+}
+
+/// Top-level keys seen so far: a scan of the few members a body has, a set
+/// past that (a hostile body may have millions).
+#[derive(Default)]
+pub(crate) struct Seen {
+    few: Vec<String>,
+    many: std::collections::HashSet<String>,
+}
+
+impl Seen {
+    /// Add `k`; false if it was already there.
+    pub(crate) fn insert(&mut self, k: &str) -> bool {
+        const FEW: usize = 32;
+        if self.many.is_empty() {
+            if self.few.iter().any(|f| f == k) {
+                return false;
+            }
+            self.few.push(k.to_string());
+            if self.few.len() > FEW {
+                self.many = self.few.drain(..).collect();
+            }
+            true
+        } else {
+            self.many.insert(k.to_string())
+        }
+    }
+}
+
 /// What the one-pass top-level scan yields.
 struct Top<'a> {
     fields: Vec<(Cow<'a, str>, Option<&'a str>)>,
@@ -155,7 +188,11 @@ impl<'de> Visitor<'de> for TopSeed<'_> {
             messages: Vec::new(),
             conv_is_array: false,
         };
+        let mut seen = Seen::default();
         while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+            if !seen.insert(&k) {
+                return Err(serde::de::Error::custom(duplicate_key(&k)));
+            }
             if top.conv_field.is_none() && k == self.conv_key {
                 top.conv_field = Some(top.fields.len());
                 match map.next_value_seed(ConvSeed)? {
@@ -264,6 +301,67 @@ pub struct Collected {
     /// `response.completed`), or a whole JSON body was read: the answer is
     /// complete even if the client closed the connection right after it.
     pub terminal: bool,
+    /// The answer was longer than what the proxy keeps of one answer: the
+    /// rows hold its beginning and end with [`Keep::marker`].
+    pub truncated: bool,
+}
+
+/// Most bytes of one answer a collector keeps by default
+/// (`limits.max_recorded_response_bytes`).
+pub const DEFAULT_KEEP: usize = 4 << 20;
+
+/// How much more of an answer a collector may keep.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    limit: usize,
+    left: usize,
+    cut: bool,
+}
+
+impl Default for Keep {
+    fn default() -> Self {
+        Keep::new(DEFAULT_KEEP)
+    }
+}
+
+impl Keep {
+    /// Room for `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Keep {
+            limit,
+            left: limit,
+            cut: false,
+        }
+    }
+
+    /// Take room for `n` bytes; false (from then on) once there is none:
+    /// the answer is recorded truncated.
+    pub fn take(&mut self, n: usize) -> bool {
+        if self.cut || n > self.left {
+            self.cut = true;
+            return false;
+        }
+        self.left -= n;
+        true
+    }
+
+    /// Part of the answer was not kept (the tap dropped it).
+    pub fn cut(&mut self) {
+        self.cut = true;
+    }
+
+    /// Was part of the answer not kept?
+    pub fn is_cut(&self) -> bool {
+        self.cut
+    }
+
+    /// The text that ends a truncated answer's rows.
+    pub fn marker(&self) -> String {
+        format!(
+            "[oceancode-proxy: this answer was longer than the {} bytes the ledger keeps of one answer (limits.max_recorded_response_bytes); the rest of it was not recorded]",
+            self.limit
+        )
+    }
 }
 
 /// Consumes a response on the side (never alters it).
@@ -272,16 +370,60 @@ pub trait ResponseCollector: Send {
     fn on_event(&mut self, event: &str, data: &str);
     /// A whole non-streamed JSON body.
     fn on_json(&mut self, body: &[u8]);
+    /// Part of the answer was not fed (an event or a JSON body over the
+    /// size the proxy keeps): record it truncated.
+    fn truncated(&mut self);
     /// Everything seen so far.
     fn finish(self: Box<Self>) -> Collected;
 }
 
-/// A fresh collector for the dialect.
+/// A fresh collector for the dialect, keeping up to [`DEFAULT_KEEP`] bytes.
 pub fn collector(d: Dialect) -> Box<dyn ResponseCollector> {
+    collector_keeping(d, DEFAULT_KEEP)
+}
+
+/// A fresh collector for the dialect, keeping up to `limit` bytes of the answer.
+pub fn collector_keeping(d: Dialect, limit: usize) -> Box<dyn ResponseCollector> {
+    let keep = Keep::new(limit);
     match d {
-        Dialect::Anthropic => Box::<anthropic::Collector>::default(),
-        Dialect::OpenaiChat => Box::<openai_chat::Collector>::default(),
-        Dialect::OpenaiResponses => Box::<openai_responses::Collector>::default(),
+        Dialect::Anthropic => Box::new(anthropic::Collector::keeping(keep)),
+        Dialect::OpenaiChat => Box::new(openai_chat::Collector::keeping(keep)),
+        Dialect::OpenaiResponses => Box::new(openai_responses::Collector::keeping(keep)),
+    }
+}
+
+/// Why a stream the client was reading ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamCut {
+    /// The upstream sent nothing for the idle timeout.
+    Idle,
+    /// The upstream's body failed (reset, broken chunking).
+    Broken,
+}
+
+/// The dialect's own error event that ends a stream cut mid-way, so an SDK
+/// raises its usual error instead of seeing a silent truncation: Anthropic
+/// `event: error` (`overloaded_error` for a silent upstream, `api_error`
+/// otherwise), an OpenAI Chat error chunk, a Responses `error` event.
+pub fn stream_error_event(d: Dialect, cut: StreamCut, message: &str) -> String {
+    let data = match d {
+        Dialect::Anthropic => serde_json::json!({
+            "type": "error",
+            "error": {
+                "type": match cut { StreamCut::Idle => "overloaded_error", StreamCut::Broken => "api_error" },
+                "message": message,
+            },
+        }),
+        Dialect::OpenaiChat => serde_json::json!({
+            "error": {"message": message, "type": "server_error", "param": null, "code": "stream_interrupted"},
+        }),
+        Dialect::OpenaiResponses => serde_json::json!({
+            "type": "error", "code": "stream_interrupted", "message": message, "param": null,
+        }),
+    };
+    match d {
+        Dialect::OpenaiChat => format!("data: {data}\n\n"),
+        Dialect::Anthropic | Dialect::OpenaiResponses => format!("event: error\ndata: {data}\n\n"),
     }
 }
 
@@ -627,6 +769,83 @@ mod tests {
         assert!(ParsedBody::parse(b"{\"a\":", "messages").is_err());
         assert!(ParsedBody::parse(br#"{"messages":[{"a":1},]}"#, "messages").is_err());
         assert!(ParsedBody::parse(br#"{"messages":[1]} x"#, "messages").is_err());
+    }
+
+    #[test]
+    fn collectors_keep_what_the_bound_allows_and_mark_the_rest() {
+        let marker = Keep::new(100).marker();
+        // Chat: content past the bound is left out, the marker ends it.
+        let mut c = collector_keeping(Dialect::OpenaiChat, 100);
+        for _ in 0..10 {
+            c.on_event("", r#"{"choices":[{"index":0,"delta":{"content":"0123456789012345678901234567890123456789"}}]}"#);
+        }
+        c.on_event(
+            "",
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}"#,
+        );
+        let got = c.finish();
+        assert!(got.truncated);
+        assert!(got.usage.is_some(), "usage is read past the bound");
+        let v: Value = serde_json::from_str(&got.rows[0]).unwrap();
+        let text = v["content"].as_str().unwrap();
+        assert!(text.ends_with(&marker), "{text}");
+        assert!(text.len() < 100 + marker.len() + 1);
+        // Responses: items past the bound are left out, a marker item ends them.
+        let mut c = collector_keeping(Dialect::OpenaiResponses, 200);
+        let item = r#"{"type":"response.output_item.done","item":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"0123456789"}]}}"#;
+        for _ in 0..5 {
+            c.on_event("", item);
+        }
+        c.on_event("", r#"{"type":"response.completed","response":{"usage":{"input_tokens":3,"output_tokens":4}}}"#);
+        let got = c.finish();
+        assert!(got.truncated && got.usage.is_some());
+        assert_eq!(got.rows.len(), 1 + 1, "one item fits, then the marker");
+        assert!(got.rows[1].contains("limits.max_recorded_response_bytes"));
+        // A JSON answer the tap could not keep: a marker row alone.
+        let mut c = collector_keeping(Dialect::Anthropic, 100);
+        c.truncated();
+        let got = c.finish();
+        assert_eq!(got.rows.len(), 1);
+        assert!(got.rows[0].contains("limits.max_recorded_response_bytes"));
+    }
+
+    #[test]
+    fn stream_error_events_are_each_dialects_own() {
+        let a = stream_error_event(Dialect::Anthropic, StreamCut::Idle, "m");
+        assert_eq!(
+            a,
+            "event: error\ndata: {\"error\":{\"message\":\"m\",\"type\":\"overloaded_error\"},\"type\":\"error\"}\n\n"
+        );
+        let c = stream_error_event(Dialect::OpenaiChat, StreamCut::Broken, "m");
+        assert!(c.starts_with("data: {\"error\":{"), "{c}");
+        let r = stream_error_event(Dialect::OpenaiResponses, StreamCut::Broken, "m");
+        assert!(r.starts_with("event: error\ndata: {"), "{r}");
+        assert!(r.contains("\"type\":\"error\""), "{r}");
+    }
+
+    #[test]
+    fn a_repeated_top_level_key_is_refused() {
+        // An upstream that takes the last `messages` would see another
+        // conversation than the first one the ledger would record.
+        for b in [
+            &br#"{"model":"a","messages":[{"role":"user","content":"x"}],"messages":[]}"#[..],
+            br#"{"model":"a","model":"b","messages":[]}"#,
+            br#"{"messages":[],"m\u006fdel":"a","model":"b"}"#,
+        ] {
+            let e = ParsedBody::parse(b, "messages").unwrap_err();
+            assert!(e.to_string().contains("appears twice"), "{e}");
+        }
+        // Nested objects may repeat keys of the top level.
+        assert!(ParsedBody::parse(
+            br#"{"model":"a","metadata":{"model":"b"},"messages":[]}"#,
+            "messages"
+        )
+        .is_ok());
+        // Many distinct keys are fine; one repeat among them is not.
+        let mut many: String = (0..200).map(|i| format!("\"k{i}\":{i},")).collect();
+        many.push_str("\"messages\":[]");
+        assert!(ParsedBody::parse(format!("{{{many}}}").as_bytes(), "messages").is_ok());
+        assert!(ParsedBody::parse(format!("{{{many},\"k7\":0}}").as_bytes(), "messages").is_err());
     }
 
     #[test]

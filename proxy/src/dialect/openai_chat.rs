@@ -3,7 +3,7 @@
 //! assistant message reassembled from deltas).
 
 use super::{
-    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, MessageInfo,
+    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, Keep, MessageInfo,
     ResponseCollector,
 };
 use oceancode_ledger::{RowKind, Usage};
@@ -45,6 +45,17 @@ pub struct Collector {
     error: Option<String>,
     json_rows: Vec<String>,
     terminal: bool,
+    keep: Keep,
+}
+
+impl Collector {
+    /// A collector keeping what `keep` allows of the answer.
+    pub fn keeping(keep: Keep) -> Self {
+        Collector {
+            keep,
+            ..Self::default()
+        }
+    }
 }
 
 fn usage_of(u: &Value) -> Option<Usage> {
@@ -93,6 +104,9 @@ impl ResponseCollector for Collector {
         let Some(d) = choice.get("delta") else { return };
         if d.get("role").is_some() {
             self.role_seen = true;
+        }
+        if !self.keep.take(data.len()) {
+            return;
         }
         if let Some(t) = d.get("content").and_then(Value::as_str) {
             self.content.get_or_insert_with(String::new).push_str(t);
@@ -160,8 +174,23 @@ impl ResponseCollector for Collector {
         }
     }
 
-    fn finish(self: Box<Self>) -> Collected {
-        let mut rows = self.json_rows;
+    fn truncated(&mut self) {
+        self.keep.cut();
+    }
+
+    fn finish(mut self: Box<Self>) -> Collected {
+        let mut rows = std::mem::take(&mut self.json_rows);
+        let cut = self.keep.is_cut();
+        if cut {
+            let marker = self.keep.marker();
+            match &mut self.content {
+                Some(c) => {
+                    c.push('\n');
+                    c.push_str(&marker);
+                }
+                None => self.content = Some(marker),
+            }
+        }
         if self.role_seen || self.content.is_some() || !self.tool_calls.is_empty() {
             let mut m = Map::new();
             m.insert("role".into(), json!("assistant"));
@@ -187,6 +216,7 @@ impl ResponseCollector for Collector {
             stop_reason: self.finish,
             error: self.error,
             terminal: self.terminal,
+            truncated: cut,
         }
     }
 }

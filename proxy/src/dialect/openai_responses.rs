@@ -3,7 +3,7 @@
 //! `response.output_item.done`).
 
 use super::{
-    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, MessageInfo,
+    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, Keep, MessageInfo,
     ResponseCollector,
 };
 use oceancode_ledger::{RowKind, Usage};
@@ -56,6 +56,7 @@ pub struct Collector {
     status: Option<String>,
     error: Option<String>,
     terminal: bool,
+    keep: Keep,
 }
 
 fn usage_of(u: &Value) -> Option<Usage> {
@@ -72,6 +73,14 @@ fn usage_of(u: &Value) -> Option<Usage> {
 }
 
 impl Collector {
+    /// A collector keeping what `keep` allows of the answer.
+    pub fn keeping(keep: Keep) -> Self {
+        Collector {
+            keep,
+            ..Self::default()
+        }
+    }
+
     fn take_response(&mut self, r: &Value, with_items: bool) {
         if let Some(u) = r.get("usage").filter(|u| !u.is_null()) {
             self.usage = usage_of(u).or(self.usage);
@@ -92,7 +101,13 @@ impl Collector {
         }
         if with_items && self.items.is_empty() {
             if let Some(out) = r.get("output").and_then(Value::as_array) {
-                self.items = out.iter().map(Value::to_string).collect();
+                for item in out {
+                    let item = item.to_string();
+                    if !self.keep.take(item.len()) {
+                        break;
+                    }
+                    self.items.push(item);
+                }
             }
         }
     }
@@ -105,7 +120,7 @@ impl ResponseCollector for Collector {
         };
         match v.get("type").and_then(Value::as_str) {
             Some("response.output_item.done") => {
-                if let Some(item) = v.get("item") {
+                if let Some(item) = v.get("item").filter(|_| self.keep.take(data.len())) {
                     self.items.push(item.to_string());
                 }
             }
@@ -146,14 +161,31 @@ impl ResponseCollector for Collector {
         self.take_response(&v, true);
     }
 
+    fn truncated(&mut self) {
+        self.keep.cut();
+    }
+
     fn finish(self: Box<Self>) -> Collected {
+        let mut rows = self.items;
+        let cut = self.keep.is_cut();
+        if cut {
+            rows.push(
+                serde_json::json!({
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": self.keep.marker()}],
+                })
+                .to_string(),
+            );
+        }
         Collected {
             usage: self.usage,
             model: self.model,
-            rows: self.items,
+            rows,
             stop_reason: self.status,
             error: self.error,
             terminal: self.terminal,
+            truncated: cut,
         }
     }
 }

@@ -149,7 +149,12 @@ pub fn parse<'a>(bytes: &'a [u8], layout: &Layout) -> Option<(ParsedBody<'a>, us
             _ => return None,
         }
     }
-    // The members after it.
+    // The members after it; a key seen before means the body is refused
+    // (the full parse reports it).
+    let mut seen = super::Seen::default();
+    for (k, _) in &fields {
+        seen.insert(k);
+    }
     loop {
         pos = skip_ws(bytes, pos);
         match bytes.get(pos)? {
@@ -164,6 +169,9 @@ pub fn parse<'a>(bytes: &'a [u8], layout: &Layout) -> Option<(ParsedBody<'a>, us
                     return None;
                 }
                 let (v, end) = raw_value(bytes, pos + 1)?;
+                if !seen.insert(&key) {
+                    return None;
+                }
                 fields.push((Cow::Owned(key), Some(v)));
                 pos = end;
             }
@@ -274,6 +282,16 @@ mod tests {
                 Some((p, _)) => same(&p, &full.expect("splice accepted what parse refuses")),
             }
         }
+        // A key after the conversation that repeats one before it (or in
+        // the tail): the full parse refuses the body, and so does the splice.
+        for b in [
+            &br#"{"model":"m","messages":[{"a":1},{"b":2}],"z":0,"model":"other"}"#[..],
+            br#"{"model":"m","messages":[{"a":1},{"b":2}],"z":0,"messages":[]}"#,
+            br#"{"model":"m","messages":[{"a":1},{"b":2}],"z":0,"z":1}"#,
+        ] {
+            assert!(ParsedBody::parse(b, "messages").is_err());
+            assert!(parse(b, &l).is_none(), "{}", String::from_utf8_lossy(b));
+        }
         // A changed element stops the reuse there; the rest is parsed.
         let b = br#"{"model":"m","messages":[{"a":1},{"b":3},{"c":4}],"z":0}"#;
         let (p, n) = parse(b, &l).unwrap();
@@ -340,6 +358,8 @@ mod tests {
             junk in "[,}\\]\"a 0]{1,3}",
         ) {
             let a = body(&head, &msgs, &tail, pad);
+            // A first body with a repeated key is refused; nothing to splice against.
+            prop_assume!(ParsedBody::parse(&a, "messages").is_ok());
             let l = layout(&a, "messages");
             let mut msgs2 = msgs.clone();
             let mut tail2 = tail.clone();

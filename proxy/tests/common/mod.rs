@@ -35,6 +35,7 @@ pub fn proxy_cmd(home: &Path) -> Command {
         "OCEANCODE_LISTEN",
         "OCEANCODE_CONTEXT_TOKENS",
         "OCEANCODE_PROXY_URL",
+        "OCEANCODE_ADMIN_TOKEN",
         "OCEANCODE_LOG",
         "ANTHROPIC_BASE_URL",
         "OPENAI_BASE_URL",

@@ -1,0 +1,143 @@
+//! The admin token: 32 random bytes (hex) in `<data dir>/admin-token`
+//! (0600), made at the proxy's first start and required on every admin
+//! route and `/metrics` (`Authorization: Bearer <token>`). The command line
+//! reads it from there; `--admin-token` / `OCEANCODE_ADMIN_TOKEN` give it
+//! for a proxy on another machine. Every reader goes through [`read`].
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// File name of the token inside the data dir.
+pub const FILE: &str = "admin-token";
+
+/// Environment variable that gives the token (client side, and the proxy's
+/// own token when set: remote use, or a proxy whose ledger is off).
+pub const ENV: &str = "OCEANCODE_ADMIN_TOKEN";
+
+/// `<data_dir>/admin-token`.
+pub fn path(data_dir: &Path) -> PathBuf {
+    data_dir.join(FILE)
+}
+
+/// The token stored in `data_dir`, if there is one (`Ok(None)` when the file
+/// does not exist; an empty file counts as none).
+pub fn read(data_dir: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path(data_dir)) {
+        Ok(s) => Ok(Some(s.trim().to_string()).filter(|t| !t.is_empty())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `OCEANCODE_ADMIN_TOKEN`, when set and not empty.
+pub fn from_env() -> Option<String> {
+    std::env::var(ENV)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// The token a client sends: `explicit` (a flag or the environment) when
+/// given, else the one stored in `data_dir`.
+pub fn for_client(explicit: Option<&str>, data_dir: &Path) -> Option<String> {
+    explicit
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .or_else(|| read(data_dir).ok().flatten())
+}
+
+/// A fresh token: 32 bytes from the OS's random source, hex.
+pub fn generate() -> std::io::Result<String> {
+    let mut b = [0u8; 32];
+    getrandom::getrandom(&mut b).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The token stored in `data_dir`, made (0600, the dir 0700 if it is new)
+/// when there is none yet.
+pub fn ensure(data_dir: &Path) -> std::io::Result<String> {
+    if let Some(t) = read(data_dir)? {
+        return Ok(t);
+    }
+    if !data_dir.exists() {
+        std::fs::create_dir_all(data_dir)?;
+        set_mode(data_dir, 0o700)?;
+    }
+    let token = generate()?;
+    let p = path(data_dir);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(&p) {
+        Ok(mut f) => {
+            f.write_all(token.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            Ok(token)
+        }
+        // Another process made it first: use theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(data_dir)?
+            .ok_or_else(|| std::io::Error::other(format!("{} is empty", p.display()))),
+        Err(e) => Err(e),
+    }
+}
+
+fn set_mode(p: &Path, mode: u32) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    }
+    #[cfg(not(unix))]
+    let _ = (p, mode);
+    Ok(())
+}
+
+/// Constant-time comparison of a presented token with the real one.
+pub fn matches(presented: &str, token: &str) -> bool {
+    let (a, b) = (presented.as_bytes(), token.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_once_private_and_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        assert_eq!(read(&dir).unwrap(), None);
+        let t = ensure(&dir).unwrap();
+        assert_eq!(t.len(), 64);
+        assert!(t.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(ensure(&dir).unwrap(), t, "the second start keeps it");
+        assert_eq!(read(&dir).unwrap().as_deref(), Some(t.as_str()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&path(&dir)), 0o600);
+            assert_eq!(mode(&dir), 0o700);
+        }
+        assert_eq!(for_client(Some(" other "), &dir).as_deref(), Some("other"));
+        assert_eq!(for_client(None, &dir).as_deref(), Some(t.as_str()));
+        assert_ne!(generate().unwrap(), t);
+    }
+
+    #[test]
+    fn comparison_needs_the_whole_token() {
+        assert!(matches("abc", "abc"));
+        assert!(!matches("abd", "abc"));
+        assert!(!matches("ab", "abc"));
+        assert!(!matches("", "abc"));
+    }
+}

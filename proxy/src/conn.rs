@@ -1,0 +1,244 @@
+//! Client connections: at most `limits.max_connections` open at once (more
+//! wait in the listen backlog), and two timers per connection while no
+//! request is in flight: a request head must arrive whole within
+//! `limits.header_read_timeout_ms` of its first byte (slowloris), and a
+//! connection idle for `limits.keepalive_timeout_ms` is closed. A request in
+//! flight (its answer still streaming) is never cut by either.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// Connection limits (from `limits.*`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// A request head must be whole this long after its first byte.
+    pub header_read_timeout: Duration,
+    /// A connection without a request in flight is closed after this.
+    pub keepalive_timeout: Duration,
+}
+
+const NONE: u64 = u64::MAX;
+
+/// What one connection is doing, shared by its I/O, its requests and its
+/// watcher.
+#[derive(Debug)]
+pub struct Activity {
+    start: Instant,
+    busy: AtomicUsize,
+    /// ms since `start` when the last request ended (or the connection opened).
+    idle_since: AtomicU64,
+    /// ms since `start` when the first byte of a request head arrived; NONE
+    /// while no head is being read.
+    head_since: AtomicU64,
+    wake: Notify,
+}
+
+/// Why the watcher closes a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// A request head did not arrive whole in time.
+    Head,
+    /// No request for the keep-alive timeout.
+    Idle,
+}
+
+impl Activity {
+    /// A connection that just opened.
+    pub fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            start: Instant::now(),
+            busy: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(NONE),
+            wake: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// A request started: held until its answer is done (or dropped).
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.head_since.store(NONE, Ordering::Release);
+        InFlight(self.clone())
+    }
+
+    fn bytes_read(&self) {
+        if self.busy.load(Ordering::Acquire) == 0
+            && self
+                .head_since
+                .compare_exchange(NONE, self.now_ms(), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.wake.notify_one();
+        }
+    }
+
+    fn deadline(&self, l: &ConnLimits) -> Option<(Instant, Expired)> {
+        if self.busy.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let at = |ms: u64, d: Duration| self.start + Duration::from_millis(ms) + d;
+        match self.head_since.load(Ordering::Acquire) {
+            NONE => Some((
+                at(self.idle_since.load(Ordering::Acquire), l.keepalive_timeout),
+                Expired::Idle,
+            )),
+            h => Some((at(h, l.header_read_timeout), Expired::Head)),
+        }
+    }
+
+    /// Has a timer run out now?
+    pub fn expired(&self, l: &ConnLimits) -> Option<Expired> {
+        self.deadline(l)
+            .filter(|(at, _)| Instant::now() >= *at)
+            .map(|(_, why)| why)
+    }
+
+    /// Wait until the state changes or a timer may have run out.
+    pub async fn changed(&self, l: &ConnLimits) {
+        let notified = self.wake.notified();
+        match self.deadline(l) {
+            Some((at, _)) => {
+                tokio::select! {
+                    _ = notified => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+/// A request in flight on a connection; dropping it ends the request.
+#[derive(Debug)]
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        if a.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
+            a.idle_since.store(a.now_ms(), Ordering::Release);
+            a.head_since.store(NONE, Ordering::Release);
+            a.wake.notify_one();
+        }
+    }
+}
+
+/// The connection's socket, noting when bytes arrive between requests.
+pub struct Watched<T> {
+    io: T,
+    act: Arc<Activity>,
+}
+
+impl<T> Watched<T> {
+    /// Wrap `io`.
+    pub fn new(io: T, act: Arc<Activity>) -> Self {
+        Watched { io, act }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.act.bytes_read();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// Drive one connection to its end: closed by the client, by a timer
+/// (`act`, `limits`), or gracefully (`graceful`: hyper's
+/// `graceful_shutdown`) once `stop` is true.
+pub async fn drive<C, Err>(
+    conn: C,
+    graceful: impl Fn(Pin<&mut C>),
+    act: Arc<Activity>,
+    limits: ConnLimits,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    C: Future<Output = Result<(), Err>>,
+    Err: std::fmt::Display,
+{
+    tokio::pin!(conn);
+    let mut closing = *stop.borrow();
+    if closing {
+        graceful(conn.as_mut());
+    }
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = act.changed(&limits), if !closing => match act.expired(&limits) {
+                Some(Expired::Head) => {
+                    tracing::debug!(timeout = ?limits.header_read_timeout, "request head not complete in time: connection closed");
+                    return;
+                }
+                Some(Expired::Idle) => {
+                    tracing::debug!(timeout = ?limits.keepalive_timeout, "idle connection closed");
+                    closing = true;
+                    graceful(conn.as_mut());
+                }
+                None => {}
+            },
+            r = stop.changed(), if !closing => {
+                if r.is_err() || *stop.borrow() {
+                    closing = true;
+                    graceful(conn.as_mut());
+                }
+            }
+        }
+    }
+}

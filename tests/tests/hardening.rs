@@ -1,0 +1,706 @@
+//! Hardening of the front (issue 12): access rules (Host, Origin, admin token,
+//! admin Content-Type, remote listening), request targets (`OPTIONS *`,
+//! dot-segments), duplicate keys, error relay, streams cut mid-way, and the
+//! resource bounds (body budget, connection timers and cap, upstream pool).
+
+use bytes::Bytes;
+use http::Method;
+use oceancode_fakeup::FakeConfig;
+use oceancode_tests::{collect, Harness, Replay};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn anthropic_body(stream: bool, text: &str) -> String {
+    serde_json::json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    })
+    .to_string()
+}
+
+/// The address part of `http://addr`.
+fn addr_of(url: &str) -> String {
+    url.trim_start_matches("http://").to_string()
+}
+
+/// Write `req` on a fresh connection and read until the server closes it.
+fn raw(addr: &str, req: &[u8]) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(req).expect("write");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn raw_async(addr: String, req: Vec<u8>) -> String {
+    tokio::task::spawn_blocking(move || raw(&addr, &req))
+        .await
+        .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_naming_another_host_or_coming_from_a_web_page_are_refused() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let port = h.proxy().addr.port();
+    let body = Bytes::from(anthropic_body(false, "hi"));
+    // What Claude Code and Codex send: Host 127.0.0.1:PORT, no Origin.
+    let ok = h.post("/v1/messages", &[], body.clone()).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let own = format!("http://127.0.0.1:{port}");
+    for (headers, why) in [
+        (
+            vec![("host", "attacker.example:8787".to_string())],
+            "DNS rebinding",
+        ),
+        (
+            vec![("origin", "https://attacker.example".to_string())],
+            "cross-site page",
+        ),
+        (vec![("origin", "null".to_string())], "sandboxed page"),
+        (
+            vec![("sec-fetch-site", "cross-site".to_string())],
+            "fetch metadata",
+        ),
+    ] {
+        let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        for path in [
+            "/v1/messages",
+            "/s/x/v1/messages",
+            "/_oceancode/sessions",
+            "/v1/models",
+        ] {
+            let got = h.post(path, &hs, body.clone()).await;
+            assert_eq!(got.status, 403, "{why} {path}: {}", got.text());
+            assert_eq!(got.headers["x-oceancode-proxy"], "error");
+        }
+    }
+    // Anthropic's envelope on an Anthropic route, OpenAI's on an OpenAI one.
+    let hs = [("origin", "https://attacker.example")];
+    let got = h.post("/v1/messages", &hs, body.clone()).await;
+    assert_eq!(
+        got.json()["error"]["type"],
+        "permission_error",
+        "{}",
+        got.text()
+    );
+    let got = h.post("/v1/chat/completions", &hs, body.clone()).await;
+    assert_eq!(got.json()["error"]["code"], "forbidden", "{}", got.text());
+    // Only the first request reached the upstream, and nothing else was recorded.
+    assert_eq!(h.fake.request_count(), 1);
+    h.settle().await;
+    assert_eq!(h.proxy().app.sessions.sessions().len(), 1);
+    // The proxy's own origin passes.
+    let got = h
+        .post("/v1/messages", &[("origin", own.as_str())], body)
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_needs_the_token_and_json_writes() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let token = h.admin_token();
+    assert_eq!(token.len(), 64);
+    let file = std::fs::read_to_string(h.data.path().join("admin-token")).unwrap();
+    assert_eq!(file.trim(), token, "the token is the data dir's");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(h.data.path().join("admin-token"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let none = [("authorization", "")];
+    let wrong = [("authorization", "Bearer nope")];
+    for path in [
+        "/_oceancode/health",
+        "/_oceancode/sessions",
+        "/_oceancode/tideline",
+        "/metrics",
+    ] {
+        for hs in [&none[..], &wrong[..]] {
+            let got = collect(h.send(&h.url(), Method::GET, path, hs, Bytes::new()).await).await;
+            assert_eq!(got.status, 401, "{path}: {}", got.text());
+            assert_eq!(got.json()["error"]["type"], "authentication_error");
+        }
+    }
+    // A cross-site form can POST text/plain; an admin write must be JSON.
+    let bearer = format!("Bearer {token}");
+    let set = Bytes::from_static(br#"{"value":"50%"}"#);
+    for ct in ["text/plain", "application/x-www-form-urlencoded"] {
+        let got = collect(
+            h.send(
+                &h.url(),
+                Method::POST,
+                "/_oceancode/tideline",
+                &[("authorization", bearer.as_str()), ("content-type", ct)],
+                set.clone(),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(got.status, 415, "{ct}: {}", got.text());
+    }
+    let got = collect(
+        h.send(
+            &h.url(),
+            Method::POST,
+            "/_oceancode/tideline",
+            &[
+                ("authorization", bearer.as_str()),
+                ("content-type", "application/json; charset=utf-8"),
+            ],
+            set,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json()["value"], "50%");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_error_answers_carry_the_proxy_error_header() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    for path in ["/_oceancode/health", "/_oceancode/sessions", "/metrics"] {
+        let got = collect(h.send(&h.url(), Method::GET, path, &[], Bytes::new()).await).await;
+        assert_eq!(got.status, 200, "{path}");
+        assert!(
+            got.headers.get("x-oceancode-proxy").is_none(),
+            "{path}: {:?}",
+            got.headers
+        );
+    }
+    let got = h.admin("/_oceancode/sessions/no-such").await;
+    assert_eq!(got["type"], "error");
+    let got = collect(
+        h.send(&h.url(), Method::GET, "/_oceancode/nope", &[], Bytes::new())
+            .await,
+    )
+    .await;
+    assert_eq!(got.status, 404);
+    assert_eq!(got.headers["x-oceancode-proxy"], "error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_listen_address_needs_allow_remote() {
+    let fake = oceancode_fakeup::FakeUpstream::start(FakeConfig::default())
+        .await
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut opts = oceancode_tests::options(&fake.url(), data.path());
+    opts.listen = "0.0.0.0:0".parse().unwrap();
+    let e = oceancode_proxy::runtime::start(opts.clone())
+        .await
+        .err()
+        .expect("refused without allow_remote");
+    assert!(e.to_string().contains("--allow-remote"), "{e}");
+    opts.listen = "[::]:0".parse().unwrap();
+    assert!(oceancode_proxy::runtime::start(opts.clone()).await.is_err());
+    // Allowed: it serves, and the admin API still needs the token.
+    opts.listen = "0.0.0.0:0".parse().unwrap();
+    opts.front.access.allow_remote = true;
+    let p = oceancode_proxy::runtime::start(opts).await.expect("starts");
+    let port = p.addr.port();
+    let got = raw_async(
+        format!("127.0.0.1:{port}"),
+        format!("GET /_oceancode/sessions HTTP/1.1\r\nhost: 10.1.2.3:{port}\r\nconnection: close\r\n\r\n").into_bytes(),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 401"), "{got}");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_star_is_answered_here_and_dot_segments_are_refused() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let addr = addr_of(&h.url());
+    let got = raw_async(
+        addr.clone(),
+        format!("OPTIONS * HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").into_bytes(),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        got.to_ascii_lowercase()
+            .contains("allow: get, post, options"),
+        "{got}"
+    );
+    for path in [
+        "/../../admin/secret",
+        "/v1/../../admin/secret",
+        "/s/x/../../admin",
+        "/v1/%2e%2e/admin",
+        "/v1/messages/..",
+    ] {
+        let got = raw_async(
+            addr.clone(),
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: {addr}\r\nx-api-key: k\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+            )
+            .into_bytes(),
+        )
+        .await;
+        assert!(got.starts_with("HTTP/1.1 400"), "{path}: {got}");
+        assert!(got.contains("dot-segment"), "{path}: {got}");
+    }
+    assert_eq!(h.fake.request_count(), 0, "nothing was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_with_a_repeated_top_level_key_is_forwarded_untouched_and_not_recorded() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    // The ledger would record the first conversation; an upstream that takes
+    // the last key sees the second.
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"recorded?"}],"messages":[{"role":"user","content":"what the upstream sees"}]}"#;
+    // (The fake upstream refuses the repeat itself; the real ones may not.)
+    let _ = h.post("/v1/messages", &[], body).await;
+    let seen = h.fake.requests();
+    assert_eq!(
+        seen[0].body,
+        Bytes::from_static(body.as_bytes()),
+        "untouched"
+    );
+    h.settle().await;
+    assert!(
+        h.proxy().app.sessions.sessions().is_empty(),
+        "no session recorded from a body the upstream reads otherwise"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_provider_error_is_relayed_unchanged() {
+    let big = format!(
+        "{{\"type\":\"error\",\"error\":{{\"type\":\"invalid_request_error\",\"message\":\"{}\"}}}}",
+        "x".repeat(3 << 20)
+    );
+    for status in [400u16, 413] {
+        let replay = Replay::start(
+            status,
+            vec![("content-type", "application/json".into())],
+            big.as_bytes()
+                .chunks(64 << 10)
+                .map(|c| (Duration::ZERO, Bytes::copy_from_slice(c)))
+                .collect(),
+        )
+        .await;
+        let url = replay.url();
+        let h = Harness::start(FakeConfig::default(), move |o| {
+            o.front.anthropic_upstream = url;
+        })
+        .await;
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-api-key", "k")],
+                anthropic_body(false, "hi"),
+            )
+            .await;
+        assert_eq!(got.status, status, "not a 502");
+        assert!(got.headers.get("x-oceancode-proxy").is_none());
+        assert_eq!(got.body.len(), big.len());
+        assert!(got.body == big.as_bytes(), "byte for byte");
+    }
+}
+
+/// An upstream that answers with a chunked SSE head and `first`, then
+/// closes the connection mid-body.
+async fn resetting_upstream(first: &'static [u8]) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1 << 16];
+                let mut got = Vec::new();
+                // Read the request head and its body (Content-Length).
+                loop {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if got.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await;
+                let _ = s
+                    .write_all(format!("{:x}\r\n", first.len()).as_bytes())
+                    .await;
+                let _ = s.write_all(first).await;
+                let _ = s.write_all(b"\r\n").await;
+                let _ = s.flush().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Cut: close without the last chunk.
+                drop(s);
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+const MESSAGE_START: &[u8] = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-sonnet-4-5\",\"content\":[],\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n";
+
+/// SSE events of `body`, as (event, data JSON).
+fn events(body: &str) -> Vec<(String, serde_json::Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let mut name = String::new();
+            let mut data = String::new();
+            for l in e.lines() {
+                if let Some(v) = l.strip_prefix("event: ") {
+                    name = v.to_string();
+                } else if let Some(v) = l.strip_prefix("data: ") {
+                    data = v.to_string();
+                }
+            }
+            (
+                name,
+                serde_json::from_str(&data).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_way_ends_with_the_dialects_error_event() {
+    // A silent upstream (idle timeout): Anthropic's overloaded_error.
+    let replay = Replay::start(
+        200,
+        vec![("content-type", "text/event-stream".into())],
+        vec![
+            (Duration::ZERO, Bytes::from_static(MESSAGE_START)),
+            (
+                Duration::from_secs(10),
+                Bytes::from_static(b"event: ping\ndata: {}\n\n"),
+            ),
+        ],
+    )
+    .await;
+    let url = replay.url();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = url;
+        o.front.idle_stream_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let got = h
+        .post("/v1/messages", &[], anthropic_body(true, "hi"))
+        .await;
+    let ev = events(&got.text());
+    assert_eq!(ev[0].0, "message_start", "{}", got.text());
+    let (name, data) = ev.last().unwrap();
+    assert_eq!(name, "error", "{}", got.text());
+    assert_eq!(data["type"], "error");
+    assert_eq!(data["error"]["type"], "overloaded_error", "{data}");
+    assert!(data["error"]["message"].as_str().unwrap().contains("idle"));
+
+    // An upstream reset: api_error (Anthropic), an error chunk (Chat), an
+    // error event (Responses).
+    let up = resetting_upstream(MESSAGE_START).await;
+    let u2 = up.clone();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = u2.clone();
+        o.front.openai_upstream = u2;
+    })
+    .await;
+    let got = h
+        .post("/v1/messages", &[], anthropic_body(true, "hi"))
+        .await;
+    let ev = events(&got.text());
+    assert_eq!(ev.last().unwrap().0, "error", "{}", got.text());
+    assert_eq!(ev.last().unwrap().1["error"]["type"], "api_error");
+    let chat = serde_json::json!({"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}).to_string();
+    let got = h.post("/v1/chat/completions", &[], chat).await;
+    let ev = events(&got.text());
+    let last = &ev.last().unwrap().1;
+    assert_eq!(
+        last["error"]["code"],
+        "stream_interrupted",
+        "{}",
+        got.text()
+    );
+    assert_eq!(last["error"]["type"], "server_error");
+    let resp = serde_json::json!({"model":"gpt-4o-mini","stream":true,"input":[{"role":"user","content":"hi"}]}).to_string();
+    let got = h.post("/v1/responses", &[], resp).await;
+    let ev = events(&got.text());
+    let (name, last) = ev.last().unwrap();
+    assert_eq!(name, "error", "{}", got.text());
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["code"], "stream_interrupted");
+    let m = collect(
+        h.send(&h.url(), Method::GET, "/metrics", &[], Bytes::new())
+            .await,
+    )
+    .await
+    .text();
+    assert!(m.contains("\noceancode_streams_cut_total 3\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_in_flight_share_a_budget_and_grow_with_what_arrives() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.front.max_body_bytes = 2 << 20;
+        o.front.net.max_bodies_in_flight_bytes = 2 << 20;
+    })
+    .await;
+    let addr = addr_of(&h.url());
+    // Heads that announce 2 MiB and send one byte reserve one growth step each.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{{",
+            2 << 20
+        )
+        .unwrap();
+        held.push(s);
+    }
+    let t0 = Instant::now();
+    while h.proxy().app.bodies.in_use() < 8 * (64 << 10) && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.proxy().app.bodies.in_use(),
+        8 * (64 << 10),
+        "a Content-Length reserves nothing past the first growth step"
+    );
+    // A whole 2 MiB body no longer fits: 503 in the provider's shape.
+    let pad = "lorem ipsum ".repeat(((2 << 20) - 200) / 12);
+    let body = anthropic_body(false, &pad);
+    let got = h.post("/v1/messages", &[], body.clone()).await;
+    assert_eq!(got.status, 503, "{}", got.text());
+    assert_eq!(got.headers["retry-after"], "1");
+    assert_eq!(got.json()["error"]["type"], "overloaded_error");
+    // Once the others go away, it fits again, and everything is given back.
+    drop(held);
+    let t0 = Instant::now();
+    while h.proxy().app.bodies.in_use() > 0 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = h.post("/v1/messages", &[], body).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(h.proxy().app.bodies.in_use(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_heads_bodies_and_idle_connections_are_closed() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.front.net.conn.header_read_timeout = Duration::from_millis(300);
+        o.front.net.conn.keepalive_timeout = Duration::from_millis(600);
+        o.front.net.body_read_timeout = Duration::from_millis(400);
+    })
+    .await;
+    let addr = addr_of(&h.url());
+    // Closed (an end of stream, or a reset for bytes the server left
+    // unread) within `d`, rather than still open when the read times out.
+    let closed_within = |mut s: std::net::TcpStream, d: Duration| -> bool {
+        s.set_read_timeout(Some(d)).unwrap();
+        let mut sink = Vec::new();
+        match s.read_to_end(&mut sink) {
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    };
+    // A head that never ends (slowloris): closed after the header timeout.
+    let a = addr.clone();
+    let slow_head = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&a).unwrap();
+        s.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+            .unwrap();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = s.write_all(b"x-slow: 1\r\n");
+        }
+        (closed_within(s, Duration::from_secs(3)), t0.elapsed())
+    });
+    // A body that trickles: 408 after the body timeout.
+    let a = addr.clone();
+    let slow_body = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&a).unwrap();
+        write!(s, "POST /v1/messages HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{{").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    });
+    // An idle keep-alive connection: closed after the keep-alive timeout.
+    let a = addr.clone();
+    let idle = tokio::task::spawn_blocking(move || {
+        let s = std::net::TcpStream::connect(&a).unwrap();
+        let t0 = Instant::now();
+        (closed_within(s, Duration::from_secs(3)), t0.elapsed())
+    });
+    let (closed, t) = slow_head.await.unwrap();
+    assert!(closed, "the slow head's connection was closed");
+    assert!(t < Duration::from_secs(2), "{t:?}");
+    let answer = slow_body.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_read_timeout_ms"), "{answer}");
+    let (closed, t) = idle.await.unwrap();
+    assert!(closed, "the idle connection was closed");
+    assert!(
+        t >= Duration::from_millis(500),
+        "not before the keep-alive timeout: {t:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_answer_outlives_the_connection_timers() {
+    // Pauses longer than the keep-alive and header timeouts inside one answer.
+    let chunks = (0..4)
+        .map(|i| {
+            (
+                Duration::from_millis(if i == 0 { 0 } else { 400 }),
+                Bytes::from(if i == 0 {
+                    MESSAGE_START.to_vec()
+                } else {
+                    b"event: ping\ndata: {\"type\":\"ping\"}\n\n".to_vec()
+                }),
+            )
+        })
+        .collect();
+    let replay = Replay::start(
+        200,
+        vec![("content-type", "text/event-stream".into())],
+        chunks,
+    )
+    .await;
+    let url = replay.url();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = url;
+        o.front.net.conn.header_read_timeout = Duration::from_millis(150);
+        o.front.net.conn.keepalive_timeout = Duration::from_millis(150);
+    })
+    .await;
+    let got = h
+        .post("/v1/messages", &[], anthropic_body(true, "hi"))
+        .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        got.text().matches("event: ping").count(),
+        3,
+        "{}",
+        got.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_for_a_free_slot() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.front.net.conn.max_connections = 2;
+        o.front.net.conn.keepalive_timeout = Duration::from_millis(800);
+    })
+    .await;
+    let addr = addr_of(&h.url());
+    let a = std::net::TcpStream::connect(&addr).unwrap();
+    let b = std::net::TcpStream::connect(&addr).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The third connection is queued, not served, while two are open…
+    let t0 = Instant::now();
+    let got = raw_async(
+        addr.clone(),
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+            anthropic_body(false, "hi").len(),
+            anthropic_body(false, "hi")
+        )
+        .into_bytes(),
+    )
+    .await;
+    // …until the keep-alive timer closes one of them.
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    drop((a, b));
+}
+
+/// A plain upstream that counts its open connections.
+async fn counting_upstream() -> (String, Arc<AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let open = Arc::new(AtomicUsize::new(0));
+    let o = open.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let o = o.clone();
+            o.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(
+                        http_body_util::Full::new(Bytes::from_static(b"{}")),
+                    ))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+                o.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, open)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_closed_after_the_pool_timeout() {
+    let (up, open) = counting_upstream().await;
+    let u = up.clone();
+    let h = Harness::start(FakeConfig::default(), move |o| {
+        o.front.anthropic_upstream = u.clone();
+        o.front.openai_upstream = u;
+        o.upstream.pool_idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    // Passthrough requests, some at once: several pooled connections.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = h.url();
+        tasks.push(tokio::spawn(async move {
+            let c = oceancode_tests::client();
+            let req = http::Request::get(format!("{url}/v1/models"))
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap();
+            c.request(req).await.map(|r| r.status().as_u16())
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), 200);
+    }
+    assert!(open.load(Ordering::SeqCst) >= 1);
+    let t0 = Instant::now();
+    while open.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        open.load(Ordering::SeqCst),
+        0,
+        "the pool let its idle connections go"
+    );
+}
