@@ -619,8 +619,11 @@ pub struct AccessConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WriterConfig {
-    /// Capacity of the bounded write queue (default 65536).
+    /// Most writes queued for the ledger writer (default 65536); beyond it
+    /// writes are shed and their sessions heal from the next resend.
     pub queue_capacity: usize,
+    /// Most bytes of writes queued (default 64 MiB); likewise.
+    pub queue_bytes: u64,
     /// Most writes committed in one transaction (default 512).
     pub batch_max: usize,
 }
@@ -629,6 +632,7 @@ impl Default for WriterConfig {
     fn default() -> Self {
         WriterConfig {
             queue_capacity: 65_536,
+            queue_bytes: 64 << 20,
             batch_max: 512,
         }
     }
@@ -976,6 +980,12 @@ impl Config {
         if w.queue_capacity == 0 {
             return Err(ConfigError::invalid(
                 "writer.queue_capacity",
+                "must be above 0",
+            ));
+        }
+        if w.queue_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "writer.queue_bytes",
                 "must be above 0",
             ));
         }

@@ -60,6 +60,7 @@ fn defaults_match_the_spec() {
         std::time::Duration::from_secs(10)
     );
     assert_eq!(c.writer.queue_capacity, 65_536);
+    assert_eq!(c.writer.queue_bytes, 64 << 20);
     assert_eq!(c.writer.batch_max, 512);
     assert_eq!(c.log_filter(), "info");
     assert!(!c.access.allow_remote);
@@ -626,6 +627,10 @@ fn validate_refuses_out_of_range_tideline() {
     assert_eq!(
         key_of(check(r#"{"writer":{"queue_capacity":0}}"#)),
         "writer.queue_capacity"
+    );
+    assert_eq!(
+        key_of(check(r#"{"writer":{"queue_bytes":0}}"#)),
+        "writer.queue_bytes"
     );
     assert_eq!(
         key_of(check(r#"{"writer":{"queue_capacity":10,"batch_max":11}}"#)),

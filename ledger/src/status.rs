@@ -115,6 +115,9 @@ pub struct Status {
     pub rows: u64,
     /// Usage and spend.
     pub totals: Totals,
+    /// The running proxy's ledger is behind on this session (it misses
+    /// events until the client's next full resend heals it).
+    pub behind: bool,
 }
 
 impl Status {
@@ -150,6 +153,7 @@ impl Status {
             turns,
             rows,
             totals: totals(steps, pricer).0,
+            behind: false,
         }
     }
 
@@ -250,6 +254,12 @@ impl Status {
             "ledger   {} steps · {} turns · {} rows · {} cuts ({cut})",
             t.steps, self.turns, self.rows, self.cuts
         );
+        if self.behind {
+            let _ = writeln!(
+                out,
+                "         behind: the proxy's ledger misses events of this session; its client's next request records them"
+            );
+        }
         out
     }
 }

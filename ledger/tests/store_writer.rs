@@ -3,7 +3,9 @@
 
 mod store_common;
 
-use oceancode_ledger::store::{LoadedSession, Store, StoreError, StoreOptions};
+use oceancode_ledger::store::{
+    BehindReason, HealthStatus, LoadedSession, Store, StoreError, StoreOptions,
+};
 use oceancode_ledger::{Dialect, Event, RowKind, Usage};
 use std::time::Duration;
 use store_common::*;
@@ -47,42 +49,52 @@ fn store_wal_mode_and_schema() {
     }
 }
 
+/// Only a gap-free prefix reaches the database: an event that does not
+/// continue what is committed is refused and leaves its session behind (its
+/// later events dropped) until it is resynced.
 #[test]
 fn store_gap_free_prefix() {
     let tmp = tempfile::tempdir().expect("tmp");
     let store = open(tmp.path());
+    let refused = |store: &Store, ev: Event| {
+        store.submit(ev).expect("submit");
+        store.settle_blocking().expect("settle");
+        let b = store.behind("g").expect("refused: behind");
+        assert_eq!(b.reason, BehindReason::Gap);
+        assert!(b.ready);
+        store.resync("g").expect("resync")
+    };
     // Rows before the session exists are refused.
-    store
-        .submit(rows_event(
-            "g",
-            vec![text_row(1, 1, RowKind::Prompt, "early")],
-        ))
-        .expect("submit");
+    let early = rows_event("g", vec![text_row(1, 1, RowKind::Prompt, "early")]);
+    assert_eq!(refused(&store, early), None);
     session(&store, "g");
     let r = |seq| text_row(seq, 1, RowKind::Assistant, &format!("row {seq}"));
     store
         .submit(rows_event("g", vec![r(1), r(2), r(3)]))
         .expect("submit");
-    store.submit(rows_event("g", vec![r(5)])).expect("gap"); // refused
-    store.submit(rows_event("g", vec![r(3)])).expect("dup"); // refused
-    store
-        .submit(rows_event("g", vec![r(4), r(6)]))
-        .expect("hole"); // refused
-    store.submit(rows_event("g", vec![r(4)])).expect("next"); // ok
-    store
-        .submit(Event::Confirm {
-            session: "g".into(),
-            seq: 42,
-            raw: "{}".into(),
-        })
-        .expect("confirm of unknown row"); // refused
+    // A gap: refused, and what follows it is dropped until the resync.
+    store.submit(rows_event("g", vec![r(5)])).expect("gap");
     store.settle_blocking().expect("settle");
+    store.submit(rows_event("g", vec![r(4)])).expect("dropped");
+    let after_gap = store.resync("g").expect("resync").expect("g");
+    assert_eq!(after_gap.rows.len(), 3);
+    let dup = refused(&store, rows_event("g", vec![r(3)])).expect("g");
+    assert_eq!(dup.rows.len(), 3);
+    let hole = refused(&store, rows_event("g", vec![r(4), r(6)])).expect("g");
+    assert_eq!(hole.rows.len(), 3);
+    store.submit(rows_event("g", vec![r(4)])).expect("next"); // ok
+    let confirm = Event::Confirm {
+        session: "g".into(),
+        seq: 42,
+        raw: "{}".into(),
+    };
+    refused(&store, confirm).expect("confirm of an unknown row");
     let loaded = store.load_session("g").expect("load").expect("exists");
     let seqs: Vec<u64> = loaded.rows.iter().map(|r| r.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3, 4]);
     assert_eq!(&*loaded.rows[3].raw, &*r(4).raw);
     let m = store.metrics();
-    assert_eq!(m.rejected, 5, "{m:?}");
+    assert_eq!((m.rejected, m.shed, m.behind), (5, 1, 0), "{m:?}");
     assert_eq!(m.commits_failed, 0);
 }
 
@@ -94,6 +106,7 @@ fn store_settle_sees_everything_before_it() {
         StoreOptions {
             queue_capacity: 64,
             batch_max: 8,
+            ..StoreOptions::default()
         },
     )
     .expect("open");
@@ -129,8 +142,9 @@ fn store_burst_batches_in_order() {
     let store = Store::open(
         tmp.path(),
         StoreOptions {
-            queue_capacity: 256,
+            queue_capacity: 16_384,
             batch_max: 128,
+            ..StoreOptions::default()
         },
     )
     .expect("open");
@@ -377,7 +391,8 @@ fn store_reopen_loads_same_session() {
 }
 
 /// Hold the database's write lock from outside so the writer stalls, then
-/// watch the lag and the queue.
+/// watch the lag and the queue: a full queue never makes `submit` wait; the
+/// event is shed and its session falls behind until it is resynced.
 #[test]
 fn store_lag_metric_and_full_queue() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -386,6 +401,7 @@ fn store_lag_metric_and_full_queue() {
         StoreOptions {
             queue_capacity: 4,
             batch_max: 64,
+            ..StoreOptions::default()
         },
     )
     .expect("open");
@@ -395,10 +411,10 @@ fn store_lag_metric_and_full_queue() {
     session(&store, "lag");
     std::thread::sleep(Duration::from_millis(150)); // the writer takes it and waits
                                                     // Fill the queue (4, or 3 if the writer has not taken the first event yet).
+    let row = |seq| text_row(seq, 1, RowKind::Assistant, "l");
     let mut seq = 1;
     let ev = loop {
-        let ev = rows_event("lag", vec![text_row(seq, 1, RowKind::Assistant, "l")]);
-        match store.try_submit(ev) {
+        match store.try_submit(rows_event("lag", vec![row(seq)])) {
             Ok(()) => seq += 1,
             Err(StoreError::QueueFull(ev)) => break *ev,
             Err(e) => panic!("unexpected {e}"),
@@ -406,10 +422,16 @@ fn store_lag_metric_and_full_queue() {
         assert!(seq <= 5, "queue never filled");
     };
     assert!(seq >= 4, "queue full too early: {seq}");
-    let waiter = {
-        let store = store.clone();
-        std::thread::spawn(move || store.submit(ev))
-    };
+    // `try_submit` hands the event back and leaves the session as it was.
+    assert_eq!(store.behind("lag"), None);
+    // `submit` sheds it at once: the session is behind from it on.
+    store.submit(ev).expect("shed, not an error");
+    store
+        .submit(rows_event("lag", vec![row(seq + 1)]))
+        .expect("dropped with its session");
+    let behind = store.behind("lag").expect("behind");
+    assert_eq!(behind.reason, BehindReason::Shed);
+    assert!(!behind.ready, "its earlier events are still queued");
     std::thread::sleep(Duration::from_millis(100));
     assert!(
         store.writer_lag_ms() >= 200,
@@ -417,17 +439,26 @@ fn store_lag_metric_and_full_queue() {
         store.writer_lag_ms()
     );
     let m = store.metrics();
-    assert_eq!(m.queue_full_waits, 1, "{m:?}");
-    assert_eq!(m.queued, seq + 1);
+    assert_eq!((m.shed, m.behind, m.queued), (2, 1, seq), "{m:?}");
+    assert_eq!(store.health().status, HealthStatus::Degraded);
     blocker.execute_batch("COMMIT").expect("unlock");
-    waiter.join().expect("thread").expect("submit after wait");
     store.settle_blocking().expect("settle");
     assert_eq!(store.writer_lag_ms(), 0);
     let m = store.metrics();
     assert_eq!((m.queued, m.rejected, m.commits_failed), (0, 0, 0), "{m:?}");
     assert!(m.lag_max_us >= 250_000, "{m:?}");
+    assert!(store.behind("lag").expect("still behind").ready);
+    // The resync hands back what is committed; the client's resend then
+    // brings the rest.
+    let s = store.resync("lag").expect("resync").expect("lag");
+    assert_eq!(s.rows.len() as u64, seq - 1);
+    assert_eq!(store.behind("lag"), None);
+    store
+        .submit(rows_event("lag", vec![row(seq), row(seq + 1)]))
+        .expect("resend");
     let s = store.load_session("lag").expect("load").expect("lag");
-    assert_eq!(s.rows.len() as u64, seq);
+    assert_eq!(s.rows.len() as u64, seq + 1);
+    assert_eq!(store.health().status, HealthStatus::Ok);
 }
 
 #[test]

@@ -78,6 +78,38 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
         "line_spec": line_spec,
         "meter": st.meter,
         "totals": st.totals,
+        // The ledger misses some of it until its next full resend.
+        "ledger_behind": app.store.as_ref().and_then(|l| l.behind(&s.id)),
+    })
+}
+
+/// `/_oceancode/health`: the proxy serves (`ok`); `status` is `degraded`
+/// when the ledger falls behind (reasons, lag, sessions behind).
+fn health(app: &App) -> serde_json::Value {
+    let uptime_s = app.started.elapsed().as_secs();
+    let Some(store) = &app.store else {
+        return json!({"ok": true, "status": "ok", "uptime_s": uptime_s, "ledger": null});
+    };
+    let h = store.health();
+    let behind: Vec<serde_json::Value> = store
+        .behind_sessions()
+        .into_iter()
+        .take(100)
+        .map(|(id, b)| json!({"session": id, "since_ms": b.since_ms, "reason": b.reason, "dropped": b.dropped}))
+        .collect();
+    json!({
+        "ok": true,
+        "status": h.status,
+        "uptime_s": uptime_s,
+        "ledger": {
+            "status": h.status,
+            "reasons": h.reasons,
+            "lag_ms": h.lag_ms,
+            "queued": h.queued,
+            "queued_bytes": h.queued_bytes,
+            "behind": h.behind,
+            "behind_sessions": behind,
+        },
     })
 }
 
@@ -104,10 +136,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
     let query = req.uri().query().unwrap_or("").to_string();
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/metrics") => metrics(&app),
-        (Method::GET, "/_oceancode/health") => json_response(
-            StatusCode::OK,
-            json!({"ok": true, "uptime_s": app.started.elapsed().as_secs()}).to_string(),
-        ),
+        (Method::GET, "/_oceancode/health") => {
+            json_response(StatusCode::OK, health(&app).to_string())
+        }
         (Method::GET, "/_oceancode/sessions") => {
             let mut list: Vec<serde_json::Value> = app
                 .sessions
@@ -342,8 +373,28 @@ fn metrics(app: &App) -> Response<ProxyBody> {
             ),
             (
                 "oceancode_ledger_commits_failed_total",
-                "Ledger batches lost after a retry.",
+                "Ledger batches given up at shutdown after retrying.",
                 w.commits_failed,
+            ),
+            (
+                "oceancode_ledger_commit_retries_total",
+                "Ledger commit attempts that failed and were retried.",
+                w.commit_retries,
+            ),
+            (
+                "oceancode_ledger_shed_total",
+                "Ledger events shed (write queue full, or their session behind).",
+                w.shed,
+            ),
+            (
+                "oceancode_ledger_reopens_total",
+                "Ledger databases opened afresh after their file was deleted or replaced.",
+                w.reopens,
+            ),
+            (
+                "oceancode_ledger_files_healed_total",
+                "Sessions whose transcript files were written again after a failure or a hole.",
+                w.files_healed,
             ),
             (
                 "oceancode_ledger_transcript_errors_total",
@@ -367,6 +418,16 @@ fn metrics(app: &App) -> Response<ProxyBody> {
             "oceancode_ledger_queued",
             "Ledger events queued and not yet committed.",
             w.queued as f64,
+        );
+        p.gauge(
+            "oceancode_ledger_queued_bytes",
+            "Bytes of ledger events queued.",
+            w.queued_bytes as f64,
+        );
+        p.gauge(
+            "oceancode_ledger_behind_sessions",
+            "Sessions the ledger misses events of until their next full resend.",
+            w.behind as f64,
         );
         p.labeled(
             "oceancode_ledger_commit_lag_seconds",

@@ -4,7 +4,7 @@
 //! the writer).
 
 use crate::server::{self, App, FrontConfig, Metrics};
-use crate::sessions::{EventSink, SessionManager, Settings};
+use crate::sessions::{EventSink, Resync, SessionManager, Settings};
 use crate::upstream::{Upstream, UpstreamOptions};
 use oceancode_ledger::store::{Store, StoreOptions};
 use std::net::SocketAddr;
@@ -207,9 +207,25 @@ pub async fn start_on(
         sessions: Arc::new(match &store {
             Some(st) => {
                 let st = st.clone();
-                SessionManager::new(opts.sessions.clone(), sink).with_restorer(Arc::new(
-                    move |key: &str| st.restore_client(key).map_err(Into::into),
-                ))
+                let healer = st.clone();
+                SessionManager::new(opts.sessions.clone(), sink)
+                    .with_restorer(Arc::new(move |key: &str| {
+                        st.restore_client(key).map_err(Into::into)
+                    }))
+                    .with_healer(Arc::new(move |id: &str| {
+                        // One atomic load while nothing is behind; a session
+                        // behind heals once the writer keeps up again.
+                        if healer.behind_count() == 0 || !healer.behind(id)?.ready {
+                            return None;
+                        }
+                        match healer.resync(id) {
+                            Ok(committed) => Some(Resync { committed }),
+                            Err(e) => {
+                                tracing::warn!(session = id, error = %e, "ledger resync failed; tried again at the next request");
+                                None
+                            }
+                        }
+                    }))
             }
             None => SessionManager::new(opts.sessions.clone(), sink),
         }),

@@ -163,7 +163,9 @@ fn main() -> Result<()> {
         &dir,
         StoreOptions {
             queue_capacity: cfg.writer.queue_capacity,
+            queue_bytes: usize::try_from(cfg.writer.queue_bytes).unwrap_or(usize::MAX),
             batch_max: cfg.writer.batch_max,
+            ..StoreOptions::default()
         },
     )?;
     println!("Machine: {}\n", oceancode_bench::machine());
@@ -304,8 +306,8 @@ fn main() -> Result<()> {
     println!("{}", t.render());
     let m = store.metrics();
     println!(
-        "Writer: {} events in {} transactions, {} refused, {} transcript errors, {} queue-full waits.\n",
-        m.events, m.batches, m.rejected, m.transcript_errors, m.queue_full_waits
+        "Writer: {} events in {} transactions, {} refused, {} transcript errors, {} shed.\n",
+        m.events, m.batches, m.rejected, m.transcript_errors, m.shed
     );
 
     // --- Live steps: one step at a time (as a single agent's session), the

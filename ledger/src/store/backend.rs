@@ -116,20 +116,33 @@ pub struct StoreMetrics {
     pub events: u64,
     /// Committed transactions.
     pub batches: u64,
-    /// Batches whose transaction failed (after one retry); their events are lost.
+    /// Batches given up (only at shutdown, after a grace period of retries);
+    /// their events are lost.
     pub commits_failed: u64,
-    /// Events refused (seq gap, unknown session or row, SQL error).
+    /// Failed commit attempts (each retried with backoff).
+    pub commit_retries: u64,
+    /// Events refused (seq gap, unknown session or row, SQL error): each
+    /// leaves its session behind.
     pub rejected: u64,
-    /// Times `submit`/`settle` found the queue full and waited for space.
-    pub queue_full_waits: u64,
-    /// Transcript/index writes that failed.
+    /// Events dropped because they did not fit the write queue or their
+    /// session was behind.
+    pub shed: u64,
+    /// Sessions behind now.
+    pub behind: u64,
+    /// Times the database was opened afresh (its file deleted or replaced).
+    pub reopens: u64,
+    /// Transcript/index/page writes that failed.
     pub transcript_errors: u64,
+    /// Sessions whose files were written again after a failure or a hole.
+    pub files_healed: u64,
     /// `SESSION.md` writes.
     pub pages_written: u64,
     /// Sessions removed by the retention sweep.
     pub sessions_removed: u64,
-    /// Events queued (or waiting for queue space) and not yet committed.
+    /// Events queued and not yet committed.
     pub queued: u64,
+    /// Their approximate bytes.
+    pub queued_bytes: u64,
     /// Age of the oldest queued-but-uncommitted event, ms (0 when idle).
     pub writer_lag_ms: u64,
     /// Median enqueue-to-commit lag over the last [`LAG_WINDOW`] events, µs.

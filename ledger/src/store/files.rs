@@ -2,12 +2,22 @@
 //! per-turn transcripts (atomic replace, each row rendered once while its
 //! turn is the newest), `index.md`, and `SESSION.md` once a turn came wholly
 //! past the tideline. The caches that make a step cheap live here too.
+//!
+//! Holes: a session whose file write failed (a read-only or full disk, its
+//! directory in the way) has all its files written again from the database
+//! once writes succeed — tried with backoff, and at every settle — with one
+//! WARN line when file writes start failing and one INFO line when they
+//! recover. When the store opens, every session whose `index.md` or a turn
+//! file of its active line is missing (kill -9 between a commit and its
+//! files) is written again the same way.
 
 use super::apply::{Effect, Touch};
 use super::error::{io_err, StoreError};
 use super::page_io;
+use super::queue::Fault;
+use super::rebuild::rewrite_session_files;
 use super::sql::{session_meta, turn_rows, turn_summaries};
-use super::writer::{Writer, CACHE_BYTES, CACHE_SESSIONS};
+use super::writer::{Writer, CACHE_BYTES, CACHE_SESSIONS, FILES_RETRY_MAX, FILES_RETRY_MIN};
 use crate::model::{Row, SessionMeta};
 use crate::page::Page;
 use crate::paths;
@@ -16,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 /// The newest turn of a session, kept so a step does not re-read the session.
 struct TurnCache {
@@ -44,6 +54,142 @@ pub(super) struct SessionCache {
 }
 
 impl Writer {
+    /// A file write of `session` failed: its cache is dropped and all its
+    /// files are written again once writes succeed.
+    pub(super) fn files_failed(&mut self, session: &str, e: &StoreError) {
+        self.shared
+            .transcript_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.caches.remove(session);
+        let newly = self.files_failing.insert(session.to_string());
+        let mut f = self.shared.faults.lock();
+        f.files_sessions = self.files_failing.len();
+        match &mut f.files {
+            Some(fault) => {
+                fault.retries += 1;
+                fault.error = e.to_string();
+                if newly {
+                    debug!(session, "ledger files failing too: {e}");
+                }
+            }
+            None => {
+                warn!(
+                    session,
+                    "ledger transcript writes failing ({e}); the files of the sessions concerned are written again once writes succeed"
+                );
+                f.files = Some(Fault {
+                    since: Instant::now(),
+                    error: e.to_string(),
+                    retries: 0,
+                });
+                self.files_retry = (Instant::now() + FILES_RETRY_MIN, FILES_RETRY_MIN);
+            }
+        }
+    }
+
+    /// Write every file of the sessions whose file writes failed again.
+    pub(super) fn retry_files(&mut self) {
+        let failing = std::mem::take(&mut self.files_failing);
+        let mut healed = 0u64;
+        let mut error = None;
+        for session in failing {
+            match rewrite_session_files(&self.conn, &self.dir, &session) {
+                Ok(_) | Err(StoreError::UnknownSession(_)) => healed += 1,
+                Err(StoreError::Corrupt(why)) => warn!("ledger files not written: {why}"),
+                Err(e) => {
+                    error = Some(e.to_string());
+                    self.files_failing.insert(session);
+                }
+            }
+        }
+        self.shared
+            .files_healed
+            .fetch_add(healed, Ordering::Relaxed);
+        let mut f = self.shared.faults.lock();
+        f.files_sessions = self.files_failing.len();
+        match error {
+            None => {
+                if let Some(fault) = f.files.take() {
+                    info!(
+                        sessions = healed,
+                        "ledger transcript writes recovered after {:.1}s; the files they missed are written",
+                        fault.since.elapsed().as_secs_f64()
+                    );
+                }
+            }
+            Some(e) => {
+                if let Some(fault) = f.files.as_mut() {
+                    fault.retries += 1;
+                    fault.error = e;
+                }
+                let wait = (self.files_retry.1 * 2).min(FILES_RETRY_MAX);
+                self.files_retry = (Instant::now() + wait, wait);
+            }
+        }
+    }
+
+    /// At open: write again every file of the sessions whose `index.md` or
+    /// a turn file of the active line is missing.
+    pub(super) fn heal_holes(&mut self) {
+        let holes = match self.find_holes() {
+            Ok(h) => h,
+            Err(e) => {
+                warn!("ledger transcripts not checked for missing files: {e}");
+                return;
+            }
+        };
+        if holes.is_empty() {
+            return;
+        }
+        let missing: usize = holes.iter().map(|(_, n)| n).sum();
+        let sessions = holes.len();
+        for (session, _) in holes {
+            match rewrite_session_files(&self.conn, &self.dir, &session) {
+                Ok(_) => {
+                    self.shared.files_healed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(StoreError::Corrupt(why)) => warn!("ledger files not written: {why}"),
+                Err(e) => self.files_failed(&session, &e),
+            }
+        }
+        info!(
+            sessions,
+            files = missing,
+            "ledger transcripts: missing files written again from the database"
+        );
+    }
+
+    /// Sessions with missing files, and how many each misses.
+    fn find_holes(&self) -> Result<Vec<(String, usize)>, StoreError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT r.session, r.turn FROM rows r JOIN sessions s ON s.id = r.session
+             WHERE r.hidden = 0 GROUP BY r.session, r.turn ORDER BY r.session, r.turn",
+        )?;
+        let mut out: Vec<(String, usize)> = Vec::new();
+        let mut current: Option<(String, usize)> = None;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let session: String = r.get(0)?;
+            let turn = r.get::<_, i64>(1)? as u32;
+            if current.as_ref().is_none_or(|(s, _)| *s != session) {
+                if let Some(done) = current.take().filter(|(_, n)| *n > 0) {
+                    out.push(done);
+                }
+                let index = usize::from(!self.dir.index_file(&session).exists());
+                current = Some((session.clone(), index));
+            }
+            if !self.dir.turn_file(&session, turn).exists() {
+                if let Some((_, n)) = current.as_mut() {
+                    *n += 1;
+                }
+            }
+        }
+        if let Some(done) = current.filter(|(_, n)| *n > 0) {
+            out.push(done);
+        }
+        Ok(out)
+    }
+
     /// Drop the least recently used session caches until one more fits
     /// (at most [`CACHE_SESSIONS`], about [`CACHE_BYTES`]).
     pub(super) fn evict_caches(&mut self) {

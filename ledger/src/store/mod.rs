@@ -47,6 +47,7 @@ mod apply;
 mod backend;
 mod error;
 mod files;
+mod health;
 mod impls;
 mod jobs;
 mod page_io;
@@ -64,43 +65,49 @@ pub use backend::{
 };
 pub(crate) use error::io_err;
 pub use error::StoreError;
+pub use health::RESTORE_WAIT;
 pub use schema::SCHEMA_VERSION;
 
 use crate::model::Event;
 use crate::paths::DataDir;
 use parking_lot::{Mutex, RwLock};
-use queue::{Cmd, Reply, Shared};
+use queue::{Admit, Cmd, Reply, Shared};
 use rusqlite::Connection;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::warn;
 use writer::Writer;
 
 /// Idle read connections kept for reuse.
 const READER_POOL: usize = 4;
-/// How long SQLite waits for a lock before an operation fails as busy.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Tuning of [`Store::open`].
 #[derive(Clone, Copy, Debug)]
 pub struct StoreOptions {
-    /// Capacity of the bounded command queue (at least 1).
+    /// Most events queued for the writer (at least 1); beyond it events
+    /// are shed and their sessions fall behind.
     pub queue_capacity: usize,
+    /// Most bytes of events queued (at least 1); beyond it likewise.
+    pub queue_bytes: usize,
     /// Most commands taken into one transaction (at least 1).
     pub batch_max: usize,
+    /// How long SQLite waits for a lock before an attempt fails as busy
+    /// (the writer then retries with backoff).
+    pub busy_timeout: Duration,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            queue_capacity: 4096,
+            queue_capacity: 65_536,
+            queue_bytes: 64 << 20,
             batch_max: 512,
+            busy_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -115,10 +122,12 @@ pub struct Store {
 struct Inner {
     dir: DataDir,
     db: PathBuf,
-    tx: RwLock<Option<SyncSender<Cmd>>>,
+    busy: Duration,
+    tx: RwLock<Option<Sender<Cmd>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     shared: Arc<Shared>,
-    readers: Mutex<Vec<Connection>>,
+    /// Idle read connections, with the database generation they read.
+    readers: Mutex<Vec<(u64, Connection)>>,
 }
 
 impl Drop for Inner {
@@ -131,8 +140,9 @@ impl Drop for Inner {
 
 impl Inner {
     fn shutdown(&self) -> Result<(), StoreError> {
-        // Taking the sender waits for submitters blocked on a full queue
-        // (the writer keeps draining), so Shutdown is the last command.
+        // A batch the writer cannot commit is retried for a grace period
+        // only, so shutdown ends.
+        self.shared.stopping.store(true, Ordering::Release);
         if let Some(tx) = self.tx.write().take() {
             let _ = tx.send(Cmd::Shutdown);
         }
@@ -147,27 +157,24 @@ impl Inner {
 impl Store {
     /// Open (or create) the ledger under `data_dir`: creates the layout
     /// (`0700` dirs, `0600` db), enables WAL (`synchronous=NORMAL`), migrates
-    /// the schema and starts the writer thread.
+    /// the schema, writes again the transcript files a crash left missing
+    /// and starts the writer thread.
     pub fn open(data_dir: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         let dir = DataDir::new(data_dir);
         dir.ensure_root().map_err(io_err(data_dir))?;
         let db = dir.db_path();
-        let conn = schema::open_writer(&db, BUSY_TIMEOUT)?;
-
-        let (tx, rx) = mpsc::sync_channel(opts.queue_capacity.max(1));
-        let shared = Arc::new(Shared::default());
-        let writer = Writer {
+        let conn = schema::open_writer(&db, opts.busy_timeout)?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::new(opts.queue_capacity, opts.queue_bytes));
+        let mut writer = Writer::new(
             conn,
-            dir: dir.clone(),
+            dir.clone(),
+            opts.busy_timeout,
             rx,
-            shared: shared.clone(),
-            batch_max: opts.batch_max.max(1),
-            caches: HashMap::new(),
-            tick: 0,
-            fts_pending: Vec::new(),
-            deferred_since: None,
-            known: HashMap::new(),
-        };
+            shared.clone(),
+            opts.batch_max,
+        );
+        writer.heal_holes();
         let handle = std::thread::Builder::new()
             .name("oceancode-writer".into())
             .spawn(move || writer.run())
@@ -176,6 +183,7 @@ impl Store {
             inner: Arc::new(Inner {
                 dir,
                 db,
+                busy: opts.busy_timeout,
                 tx: RwLock::new(Some(tx)),
                 thread: Mutex::new(Some(handle)),
                 shared,
@@ -184,62 +192,45 @@ impl Store {
         })
     }
 
-    /// Queue an event for the writer. Never waits on the disk; if the queue
-    /// is full it blocks the caller only until there is room (counted in
-    /// [`StoreMetrics::queue_full_waits`]).
+    /// Queue an event for the writer. Never blocks and never waits on the
+    /// disk: an event that does not fit the queue (`queue_capacity` events,
+    /// `queue_bytes` bytes) is shed, and so is every later event of its
+    /// session until [`Store::resync`]: the session is *behind* (counted in
+    /// [`StoreMetrics::shed`]; see [`LedgerWrite`] for the protocol).
     pub fn submit(&self, ev: Event) -> Result<(), StoreError> {
         self.enqueue(ev, true)
     }
 
-    /// Like [`Store::submit`] but never blocks: a full queue returns
-    /// [`StoreError::QueueFull`] with the event.
+    /// Like [`Store::submit`], but an event that does not fit is handed
+    /// back ([`StoreError::QueueFull`]) and its session stays as it was.
     pub fn try_submit(&self, ev: Event) -> Result<(), StoreError> {
         self.enqueue(ev, false)
     }
 
-    fn enqueue(&self, ev: Event, wait: bool) -> Result<(), StoreError> {
+    fn enqueue(&self, ev: Event, shed: bool) -> Result<(), StoreError> {
         let shared = &self.inner.shared;
         let guard = self.inner.tx.read();
         let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let at = Instant::now();
-        shared.pending.lock().insert(id, at);
-        let result = match tx.try_send(Cmd::Event { ev, id, at }) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(cmd)) if wait => {
-                shared.queue_full_waits.fetch_add(1, Ordering::Relaxed);
-                tx.send(cmd).map_err(|_| StoreError::Closed)
-            }
-            Err(TrySendError::Full(Cmd::Event { ev, .. })) => {
-                Err(StoreError::QueueFull(Box::new(ev)))
-            }
-            Err(_) => Err(StoreError::Closed),
+        let (id, at) = match shared.admit(&ev, shed) {
+            Admit::Queue { id, at } => (id, at),
+            Admit::Dropped => return Ok(()),
+            Admit::Full => return Err(StoreError::QueueFull(Box::new(ev))),
         };
-        if result.is_err() {
+        tx.send(Cmd::Event { ev, id, at }).map_err(|_| {
             shared.forget(std::iter::once(id));
-        }
-        result
+            StoreError::Closed
+        })
     }
 
     fn send_cmd(&self, cmd: Cmd) -> Result<(), StoreError> {
         let guard = self.inner.tx.read();
         let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        match tx.try_send(cmd) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(cmd)) => {
-                self.inner
-                    .shared
-                    .queue_full_waits
-                    .fetch_add(1, Ordering::Relaxed);
-                tx.send(cmd).map_err(|_| StoreError::Closed)
-            }
-            Err(TrySendError::Disconnected(_)) => Err(StoreError::Closed),
-        }
+        tx.send(cmd).map_err(|_| StoreError::Closed)
     }
 
     /// Barrier: resolves once everything queued before it is committed and
-    /// its transcript files are written. (Enqueuing it may wait for queue
-    /// space like `submit`.)
+    /// its transcript files are written (while commits fail, it waits for
+    /// them to succeed).
     pub async fn settle(&self) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
         self.send_cmd(Cmd::Settle(Reply::Async(tx)))?;
@@ -253,32 +244,34 @@ impl Store {
         rx.recv().map_err(|_| StoreError::Closed)
     }
 
-    /// Drain the queue, commit, write transcripts and join the writer.
-    /// Idempotent; later submits return [`StoreError::Closed`].
+    /// [`Store::settle_blocking`] for at most `wait`: whether it settled.
+    pub fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
+        match rx.recv_timeout(wait) {
+            Ok(()) => Ok(true),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
+        }
+    }
+
+    /// Drain the queue, commit, write transcripts and join the writer (a
+    /// batch that cannot commit is retried for a few seconds more, then
+    /// given up with an ERROR line). Idempotent; later submits return
+    /// [`StoreError::Closed`].
     pub fn shutdown(&self) -> Result<(), StoreError> {
         self.inner.shutdown()
     }
 
     /// Age in ms of the oldest queued-but-uncommitted event (0 when idle).
     pub fn writer_lag_ms(&self) -> u64 {
-        let pending = self.inner.shared.pending.lock();
-        pending
-            .values()
-            .next()
-            .map_or(0, |t| t.elapsed().as_millis() as u64)
+        self.inner.shared.queue_state().2
     }
 
     /// A snapshot of the writer's counters and lag summary.
     pub fn metrics(&self) -> StoreMetrics {
         let s = &self.inner.shared;
-        let (queued, writer_lag_ms) = {
-            let p = s.pending.lock();
-            let lag = p
-                .values()
-                .next()
-                .map_or(0, |t| t.elapsed().as_millis() as u64);
-            (p.len() as u64, lag)
-        };
+        let (queued, queued_bytes, writer_lag_ms) = s.queue_state();
         let mut lags: Vec<u64> = s.lags_us.lock().iter().copied().collect();
         lags.sort_unstable();
         let pct = |p: usize| {
@@ -288,16 +281,22 @@ impl Store {
                 lags[(lags.len() - 1) * p / 100]
             }
         };
+        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         StoreMetrics {
-            events: s.events.load(Ordering::Relaxed),
-            batches: s.batches.load(Ordering::Relaxed),
-            commits_failed: s.commits_failed.load(Ordering::Relaxed),
-            rejected: s.rejected.load(Ordering::Relaxed),
-            queue_full_waits: s.queue_full_waits.load(Ordering::Relaxed),
-            transcript_errors: s.transcript_errors.load(Ordering::Relaxed),
-            pages_written: s.pages_written.load(Ordering::Relaxed),
-            sessions_removed: s.sessions_removed.load(Ordering::Relaxed),
+            events: n(&s.events),
+            batches: n(&s.batches),
+            commits_failed: n(&s.commits_failed),
+            commit_retries: n(&s.commit_retries),
+            rejected: n(&s.rejected),
+            shed: n(&s.shed),
+            behind: s.behind_count() as u64,
+            reopens: n(&s.reopens),
+            transcript_errors: n(&s.transcript_errors),
+            files_healed: n(&s.files_healed),
+            pages_written: n(&s.pages_written),
+            sessions_removed: n(&s.sessions_removed),
             queued,
+            queued_bytes,
             writer_lag_ms,
             lag_p50_us: pct(50),
             lag_p99_us: pct(99),
@@ -318,63 +317,5 @@ impl Store {
     /// `<data>/sessions/<sanitized id>`.
     pub fn session_dir(&self, id: &str) -> PathBuf {
         self.inner.dir.session_dir(id)
-    }
-
-    /// Whether the writer keeps up (see [`LedgerWrite::health`]).
-    pub fn health(&self) -> Health {
-        let m = self.metrics();
-        let mut reasons = Vec::new();
-        if m.commits_failed > 0 {
-            reasons.push(format!("{} ledger batches lost", m.commits_failed));
-        }
-        Health {
-            status: if reasons.is_empty() {
-                HealthStatus::Ok
-            } else {
-                HealthStatus::Degraded
-            },
-            reasons,
-            lag_ms: m.writer_lag_ms,
-            queued: m.queued,
-            queued_bytes: 0,
-            behind: 0,
-        }
-    }
-
-    /// Sessions behind (see [`LedgerWrite::behind_count`]).
-    pub fn behind_count(&self) -> usize {
-        0
-    }
-
-    /// Whether `session` is behind.
-    pub fn behind(&self, _session: &str) -> Option<Behind> {
-        None
-    }
-
-    /// Every session behind.
-    pub fn behind_sessions(&self) -> Vec<(String, Behind)> {
-        Vec::new()
-    }
-
-    /// Clear `session`'s behind mark and return what is committed of it
-    /// (see [`LedgerWrite::resync`]).
-    pub fn resync(&self, session: &str) -> Result<Option<LoadedSession>, StoreError> {
-        self.load_session(session)
-    }
-
-    /// The recorded sessions of a client key, root first, as committed
-    /// (see [`LedgerWrite::restore_client`]).
-    pub fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError> {
-        match self.settle_blocking() {
-            Ok(()) | Err(StoreError::Closed) => {}
-            Err(e) => return Err(e),
-        }
-        let mut out = Vec::new();
-        for id in self.sessions_for_client(key)? {
-            if let Some(s) = self.with_reader(|c| sql::load_session(c, &id))? {
-                out.push(s);
-            }
-        }
-        Ok(out)
     }
 }

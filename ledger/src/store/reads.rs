@@ -6,28 +6,35 @@ use super::backend::{CutRecord, LoadedSession, SessionSummary, StepRecord};
 use super::error::StoreError;
 use super::schema::open_reader;
 use super::sql::{self, read_row, session_exists, stored_dialect, to_i64, ROW_COLS};
-use super::{Store, BUSY_TIMEOUT, READER_POOL};
+use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use crate::recall::{clip_body, fts_query, RecallHit, BODY_MAX};
 use rusqlite::{params, Connection, OptionalExtension};
+use std::sync::atomic::Ordering;
 use tracing::warn;
 
 impl Store {
-    /// Run `f` on a pooled read-only connection.
+    /// Run `f` on a pooled read-only connection (of the database file the
+    /// writer writes: pooled connections of a replaced file are dropped).
     pub(crate) fn with_reader<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let pooled = self.inner.readers.lock().pop();
+        let generation = self.inner.shared.generation.load(Ordering::Acquire);
+        let pooled = {
+            let mut pool = self.inner.readers.lock();
+            pool.retain(|(g, _)| *g == generation);
+            pool.pop()
+        };
         let conn = match pooled {
-            Some(c) => c,
-            None => open_reader(&self.inner.db, BUSY_TIMEOUT)?,
+            Some((_, c)) => c,
+            None => open_reader(&self.inner.db, self.inner.busy)?,
         };
         let result = f(&conn);
         if result.is_ok() {
             let mut pool = self.inner.readers.lock();
             if pool.len() < READER_POOL {
-                pool.push(conn);
+                pool.push((generation, conn));
             }
         }
         result

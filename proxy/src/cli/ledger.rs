@@ -2,7 +2,7 @@
 
 use super::out::outln;
 use super::progress::{progress_bar, session_rows};
-use super::{merge, open_store};
+use super::{admin_client, live_behind, merge, open_store, AdminTokenFlag};
 use anyhow::Result;
 use clap::Subcommand;
 use oceancode_config::Config;
@@ -104,6 +104,8 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
         }
         LedgerCmd::List => {
             let list = store.list_sessions()?;
+            // A running proxy's ledger may be behind on some sessions.
+            let behind = live_behind(&admin_client(cfg, None, &AdminTokenFlag::default()));
             outln!(
                 "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
                 "id",
@@ -114,13 +116,18 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
             );
             for s in list {
                 outln!(
-                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}",
+                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}{}",
                     s.id,
                     s.client,
                     s.model,
                     s.turns,
                     s.rows,
-                    oceancode_ledger::transcript::utc_iso(s.last_ms)
+                    oceancode_ledger::transcript::utc_iso(s.last_ms),
+                    if behind.contains(&s.id) {
+                        "  behind (heals at its next request)"
+                    } else {
+                        ""
+                    }
                 );
             }
         }

@@ -261,6 +261,31 @@ fn admin_client(
     admin_client::AdminClient::new(&url, token)
 }
 
+/// The sessions a running proxy's ledger is behind on (its health answer);
+/// empty when no proxy answers within half a second.
+fn live_behind(client: &admin_client::AdminClient) -> Vec<String> {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return Vec::new();
+    };
+    let wait = std::time::Duration::from_millis(500);
+    let Ok(answer) = rt.block_on(client.get("/_oceancode/health", wait)) else {
+        return Vec::new();
+    };
+    answer
+        .json
+        .pointer("/ledger/behind_sessions")
+        .and_then(|v| v.as_array())
+        .map(|list| {
+            list.iter()
+                .filter_map(|b| b["session"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Run `f` on a multi-threaded runtime.
 fn runtime_block<F: std::future::Future<Output = Result<i32>>>(f: F) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -77,7 +77,9 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {
             queue_capacity: cfg.writer.queue_capacity,
+            queue_bytes: usize::try_from(cfg.writer.queue_bytes).unwrap_or(usize::MAX),
             batch_max: cfg.writer.batch_max,
+            ..StoreOptions::default()
         }),
     }
 }

@@ -3,7 +3,7 @@
 
 use super::admin_client::AdminClient;
 use super::out::{out, outln};
-use super::{admin_client, open_store, pricer, AdminTokenFlag};
+use super::{admin_client, live_behind, open_store, pricer, AdminTokenFlag};
 use anyhow::{Context, Result};
 use clap::Args;
 use oceancode_config::{self as config, Config};
@@ -44,7 +44,8 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     let mut calc =
         tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
     let mut spec_label = line_label(spec);
-    let live = live_line(&admin_client(cfg, a.proxy.as_deref(), &a.token), &id);
+    let client = admin_client(cfg, a.proxy.as_deref(), &a.token);
+    let live = live_line(&client, &id);
     if let Some((line, label)) = &live {
         // The running proxy's line for this session (`serve --tideline`, a
         // `tideline` override, a learned ceiling) wins over the configured one.
@@ -65,6 +66,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     );
     let st = oceancode_ledger::status::Status {
         line_live: live.is_some(),
+        behind: live_behind(&client).contains(&id),
         ..st
     };
     if a.json {

@@ -67,6 +67,19 @@ pub type EventSink = Arc<dyn Fn(Vec<Event>) + Send + Sync>;
 pub type Restorer =
     Arc<dyn Fn(&str) -> Result<Vec<LoadedSession>, crate::error::BoxError> + Send + Sync>;
 
+/// The committed state of a session the ledger marked *behind*, taken as
+/// the session's state so the client's next full resend records what the
+/// ledger misses (`oceancode_ledger::store::LedgerWrite::resync`).
+pub struct Resync {
+    /// What the ledger holds of the session (None = nothing).
+    pub committed: Option<LoadedSession>,
+}
+
+/// Asked once per request for the session it continues: `Some` when the
+/// ledger had it behind and now hands back its committed state (cheap when
+/// nothing is behind: one atomic load).
+pub type Healer = Arc<dyn Fn(&str) -> Option<Resync> + Send + Sync>;
+
 /// Tideline and ledger settings the manager runs with.
 #[derive(Clone)]
 pub struct Settings {
@@ -120,6 +133,7 @@ pub struct SessionManager {
     pub metrics: Arc<SessionMetrics>,
     counter: AtomicU64,
     restorer: Option<Restorer>,
+    healer: Option<Healer>,
     /// Line overrides of sessions that left memory (restored with them).
     parked_overrides: Mutex<HashMap<String, LineSpec>>,
     layouts: Layouts,
@@ -143,6 +157,7 @@ impl SessionManager {
             metrics: Arc::default(),
             counter: AtomicU64::new(0),
             restorer: None,
+            healer: None,
             parked_overrides: Mutex::new(HashMap::new()),
             layouts: Layouts::default(),
         }
@@ -152,6 +167,12 @@ impl SessionManager {
     /// seen after a restart, so its next full resend continues (and heals) them.
     pub fn with_restorer(mut self, r: Restorer) -> Self {
         self.restorer = Some(r);
+        self
+    }
+
+    /// Heal sessions the ledger fell behind on (see [`Healer`]).
+    pub fn with_healer(mut self, h: Healer) -> Self {
+        self.healer = Some(h);
         self
     }
 

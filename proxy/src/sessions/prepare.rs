@@ -189,6 +189,9 @@ impl SessionManager {
         // 3. Record it on its session.
         let session = self.find_or_create(&req);
         let mut st = session.state.lock();
+        if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
+            st.resync(r.committed);
+        }
         let mut events = Vec::new();
         let boundary = self.record(&mut st, &req, &mut events);
         // 4. Run the tideline.

@@ -422,6 +422,36 @@ impl State {
         st
     }
 
+    /// Take what the ledger committed of this session as its state (the
+    /// ledger fell behind on it): as after a restart, the client's next full
+    /// resend then records the rest. What the ledger does not know of the
+    /// live session (fingerprints, overrides, the learned ceiling and byte
+    /// ratio, totals, the step count) is kept.
+    pub(super) fn resync(&mut self, committed: Option<LoadedSession>) {
+        let mut fresh = match committed {
+            Some(l) => State::restore(l),
+            None => State::new(self.meta.clone(), self.dialect, 0, 0),
+        };
+        fresh.tools_fp = self.tools_fp;
+        fresh.system_fp = self.system_fp;
+        fresh.override_line = self.override_line;
+        fresh.learned_ceiling = self.learned_ceiling;
+        fresh.bytes_per_token = self.bytes_per_token;
+        fresh.totals = self.totals;
+        fresh.meter = Meter {
+            cut_upto: fresh.meter.cut_upto,
+            ..self.meter
+        };
+        fresh.step = fresh.step.max(self.step);
+        tracing::info!(
+            session = %self.meta.id,
+            recorded = fresh.rows.len(),
+            known = self.rows.len(),
+            "ledger resync: this request records what the ledger missed"
+        );
+        *self = fresh;
+    }
+
     /// Session facts.
     pub fn meta(&self) -> &SessionMeta {
         &self.meta
