@@ -8,20 +8,7 @@
 //! The SQLite engine ([`super::Store`]) implements all three; the proxy and
 //! the CLI can hold an `Arc<dyn LedgerStore>`.
 //!
-//! ## Behind
-//!
-//! What a backend holds of a session is always a gap-free, in-order prefix of
-//! what the proxy recorded. When it cannot keep that promise for the rest of
-//! the session's events (its write queue is over budget, a `Rows` event does
-//! not continue the session, the database was replaced), it marks the
-//! session *behind* and drops the session's later events until the proxy
-//! asks for [`LedgerWrite::resync`]: that clears the mark and returns what is
-//! committed, which the proxy takes as the session's state (as after a
-//! restart). The client's next full resend then records everything past the
-//! committed prefix. A proxy polls [`LedgerWrite::behind_count`] (one atomic
-//! load) per request and looks a session up with [`LedgerWrite::behind`] only
-//! when it is not zero; it resyncs once [`Behind::ready`] says the call will
-//! not wait on a stalled writer.
+//! The behind protocol is described on [`LedgerWrite`].
 
 use super::error::StoreError;
 use crate::model::{Dialect, Event, Row, SessionMeta, Usage};
@@ -202,8 +189,9 @@ pub struct Behind {
     pub reason: BehindReason,
     /// Events of it dropped since.
     pub dropped: u64,
-    /// Nothing of the session is still queued: [`LedgerWrite::resync`] reads
-    /// committed state and does not wait on the writer.
+    /// Nothing of the session is still queued and commits are not failing:
+    /// [`LedgerWrite::resync`] reads committed state and does not wait on
+    /// the writer.
     pub ready: bool,
 }
 
@@ -211,6 +199,21 @@ pub struct Behind {
 pub type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
 /// The write side: what the request path uses.
+///
+/// ## Behind
+///
+/// What a backend holds of a session is always a gap-free, in-order prefix of
+/// what the proxy recorded. When it cannot keep that promise for the rest of
+/// the session's events (its write queue is over budget, a `Rows` event does
+/// not continue the session, the database was replaced), it marks the
+/// session *behind* and drops the session's later events until the proxy
+/// asks for [`LedgerWrite::resync`]: that clears the mark and returns what is
+/// committed, which the proxy takes as the session's state (as after a
+/// restart). The client's next full resend then records everything past the
+/// committed prefix. A proxy polls [`LedgerWrite::behind_count`] (one atomic
+/// load) per request and looks a session up with [`LedgerWrite::behind`] only
+/// when it is not zero; it resyncs once [`Behind::ready`] says the call will
+/// not wait on a stalled writer.
 pub trait LedgerWrite: Send + Sync {
     /// Queue an event. Never blocks and never waits on the disk; an event the
     /// backend cannot keep marks its session behind (see the module docs).

@@ -2,20 +2,23 @@
 //! [`LedgerStore`]) and their SQLite engine, [`Store`].
 //!
 //! One thread (`oceancode-writer`) owns the write connection. The request
-//! path hands it [`Event`]s through a bounded channel and never waits on the
-//! disk: the writer takes whatever is queued (up to `batch_max`), applies it
-//! in ONE transaction (each event under its own savepoint, so a refused event
-//! does not sink its batch), commits, then rewrites the transcript files of
-//! the turns it touched (atomic replace), then `SESSION.md` when a turn came
-//! wholly past the tideline ([`crate::page`]). [`Store::settle`] is a barrier
-//! that resolves once everything queued before it is committed and its files
-//! are written. Rows are also indexed for search (`row_text` + FTS5
-//! `row_fts`, schema version 2). Rebuild, the retention sweep, vacuum and
-//! model-merged page notes run as jobs on the same thread, in queue order.
+//! path hands it [`Event`]s and never waits: admission bounds the queue in
+//! events and bytes ([`StoreOptions`]), and what does not fit is shed, its
+//! session marked *behind* (see [`LedgerWrite`]). The
+//! writer takes whatever is queued (up to `batch_max`), applies it in ONE
+//! transaction (each event under its own savepoint, so a refused event does
+//! not sink its batch), commits — retrying with backoff while the database
+//! refuses — then rewrites the transcript files of the turns it touched
+//! (atomic replace), then `SESSION.md` when a turn came wholly past the
+//! tideline ([`crate::page`]). [`Store::settle`] is a barrier that resolves
+//! once everything queued before it is committed and its files are written.
+//! Rows are also indexed for search (`row_text` + FTS5 `row_fts`). Rebuild,
+//! the retention sweep, vacuum and model-merged page notes run as jobs on the
+//! same thread, in queue order.
 //!
 //! What is on disk is always a gap-free, in-order prefix of each session: an
 //! `Event::Rows` whose first `seq` is not exactly `max(seq) + 1` is refused
-//! (logged and counted). A crash loses only what was still queued.
+//! and leaves its session behind. A crash loses only what was still queued.
 //!
 //! Events carry no HTTP headers, so no secret can reach the database.
 //!
@@ -26,22 +29,7 @@
 //! [`Store::settle`] before them when that matters (export, recall,
 //! retention).
 //!
-//! | file | what |
-//! |---|---|
-//! | `mod.rs` | the [`Store`] handle: open, submit, settle, shutdown, metrics |
-//! | `backend.rs` | the backend traits and the records they return |
-//! | `error.rs` | [`StoreError`] (leaf) |
-//! | `sql.rs` | SQL helpers shared by every part (leaf): rows, facts, summaries, the search-text batch, the dialect policy |
-//! | `schema.rs` | migrations, opening connections, the search-index backfill |
-//! | `queue.rs` | commands and the state shared with the writer |
-//! | `writer.rs` | the writer loop: batches, transactions, deferred writes |
-//! | `apply.rs` | the SQL of each event, the gap-free check |
-//! | `files.rs` | transcripts, `index.md`, `SESSION.md` after a commit; the writer's caches |
-//! | `page_io.rs` | the database side of `SESSION.md` |
-//! | `jobs.rs` | rebuild, sweep, vacuum, page notes on the writer thread |
-//! | `rebuild.rs`, `retention.rs` | the engine side of `ledger rebuild` and retention |
-//! | `reads.rs` | read-only connections: lists, lookups, rows, recall, search |
-//! | `impls.rs` | the backend traits for [`Store`] |
+//! The files of this module are mapped in `docs/ARCHITECTURE.md`.
 
 mod apply;
 mod backend;

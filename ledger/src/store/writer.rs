@@ -129,6 +129,8 @@ pub(crate) struct Writer {
     checked: Instant,
     /// When a failing batch first saw shutdown asked for.
     stop_seen: Option<Instant>,
+    /// A batch was given up at shutdown (later ones are not an ERROR each).
+    gave_up: bool,
 }
 
 impl Writer {
@@ -160,6 +162,7 @@ impl Writer {
             reopened: false,
             checked: Instant::now(),
             stop_seen: None,
+            gave_up: false,
         }
     }
 
@@ -405,10 +408,13 @@ impl Writer {
             return;
         }
         let Some(applied) = self.commit_batch(&events) else {
-            error!(
-                events = events.len(),
-                "ledger writer stopped with a batch it could not commit; its events are lost"
-            );
+            if !std::mem::replace(&mut self.gave_up, true) {
+                error!(
+                    events = events.len(),
+                    queued = self.shared.queue_state().0,
+                    "ledger writer stopping with writes it could not commit: they are lost"
+                );
+            }
             self.shared.commits_failed.fetch_add(1, Ordering::Relaxed);
             self.shared.forget(events.iter().map(|(_, id, _)| *id));
             return;
