@@ -204,6 +204,39 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
     result
 }
 
+/// Create `path` with `contents` unless it exists (then `Ok(false)`): a
+/// `0600` temp file linked into place, so a reader never sees a torn file
+/// and a file another writer put there meanwhile is never replaced.
+pub fn write_new(path: &Path, contents: &[u8]) -> io::Result<bool> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        ".{name}.new{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        drop(f);
+        match fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    })();
+    let _ = fs::remove_file(&tmp);
+    result
+}
+
 /// Remove a file, treating "already gone" as success.
 pub fn remove_if_exists(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {

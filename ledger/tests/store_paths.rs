@@ -125,3 +125,19 @@ fn store_paths_write_atomic() {
     paths::remove_if_exists(&p).expect("rm");
     paths::remove_if_exists(&p).expect("rm again");
 }
+
+/// The hole healer's write: creates a private file, never replaces one.
+#[test]
+fn store_paths_write_new_never_replaces() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let f = tmp.path().join("0001.md");
+    assert!(paths::write_new(&f, b"first").expect("create"));
+    assert_eq!(mode(&f), 0o600);
+    assert!(!paths::write_new(&f, b"second").expect("exists"));
+    assert_eq!(std::fs::read(&f).expect("read"), b"first");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "no temp file left: {left:?}");
+}

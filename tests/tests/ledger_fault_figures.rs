@@ -45,7 +45,11 @@ impl Client {
         let took = t0.elapsed();
         assert_eq!(got.status, 200, "{}", got.text());
         let n = self.history.len();
-        push_tool_step(&mut self.history, &got.json()["content"], &format!("out {n}"));
+        push_tool_step(
+            &mut self.history,
+            &got.json()["content"],
+            &format!("out {n}"),
+        );
         took
     }
 
@@ -133,10 +137,11 @@ async fn figure_1_rows_after_a_12s_lock() {
 #[ignore]
 async fn figure_2_latency_with_a_full_queue_and_a_25s_lock() {
     let h = Harness::start(harness_fake(), |o| {
-        let mut s = StoreOptions::default();
-        s.queue_capacity = 4;
-        s.batch_max = 1;
-        o.store = Some(s);
+        o.store = Some(StoreOptions {
+            queue_capacity: 4,
+            batch_max: 1,
+            ..StoreOptions::default()
+        });
     })
     .await;
     let mut c = Client::new("q");

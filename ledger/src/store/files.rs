@@ -7,9 +7,9 @@
 //! directory in the way) has all its files written again from the database
 //! once writes succeed — tried with backoff, and at every settle — with one
 //! WARN line when file writes start failing and one INFO line when they
-//! recover. When the store opens, every session whose `index.md` or a turn
-//! file of its active line is missing (kill -9 between a commit and its
-//! files) is written again the same way.
+//! recover. When the store opens, the `index.md` and the turn files of the
+//! active line that are missing (kill -9 between a commit and its files) are
+//! created from the database (never replacing a file).
 
 use super::apply::{Effect, Touch};
 use super::error::{io_err, StoreError};
@@ -128,8 +128,11 @@ impl Writer {
         }
     }
 
-    /// At open: write again every file of the sessions whose `index.md` or
-    /// a turn file of the active line is missing.
+    /// At open: write the turn files of the active line and the `index.md`
+    /// that are missing (kill -9 between a commit and its files, a
+    /// read-only period), from the database. Only what is missing is
+    /// created, never replaced, so a proxy writing the same files meanwhile
+    /// (this open is a CLI command's) keeps its newer ones.
     pub(super) fn heal_holes(&mut self) {
         let holes = match self.find_holes() {
             Ok(h) => h,
@@ -141,52 +144,78 @@ impl Writer {
         if holes.is_empty() {
             return;
         }
-        let missing: usize = holes.iter().map(|(_, n)| n).sum();
+        let mut written = 0usize;
         let sessions = holes.len();
-        for (session, _) in holes {
-            match rewrite_session_files(&self.conn, &self.dir, &session) {
-                Ok(_) => {
+        for hole in holes {
+            match self.fill_hole(&hole) {
+                Ok(n) => {
+                    written += n;
                     self.shared.files_healed.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(StoreError::Corrupt(why)) => warn!("ledger files not written: {why}"),
-                Err(e) => self.files_failed(&session, &e),
+                Err(e) => self.files_failed(&hole.session, &e),
             }
         }
         info!(
             sessions,
-            files = missing,
+            files = written,
             "ledger transcripts: missing files written again from the database"
         );
     }
 
-    /// Sessions with missing files, and how many each misses.
-    fn find_holes(&self) -> Result<Vec<(String, usize)>, StoreError> {
+    /// Create one session's missing files; returns how many it wrote.
+    fn fill_hole(&self, hole: &Hole) -> Result<usize, StoreError> {
+        let meta = session_meta(&self.conn, &hole.session)?
+            .ok_or_else(|| StoreError::UnknownSession(hole.session.clone()))?;
+        let tdir = self.dir.transcript_dir(&hole.session);
+        paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
+        let mut written = 0;
+        for &turn in &hole.turns {
+            let rows = turn_rows(&self.conn, &hole.session, turn)?;
+            let path = self.dir.turn_file(&hole.session, turn);
+            let text = transcript::render_turn(meta.dialect, turn, &rows);
+            written +=
+                usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+        }
+        if hole.index {
+            let turns: Vec<TurnSummary> = turn_summaries(&self.conn, &hole.session, meta.dialect)?
+                .into_values()
+                .collect();
+            let path = self.dir.index_file(&hole.session);
+            let text = transcript::render_index(&meta, &turns);
+            written +=
+                usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+        }
+        Ok(written)
+    }
+
+    /// Sessions with missing files: which turn files, and whether `index.md`.
+    fn find_holes(&self) -> Result<Vec<Hole>, StoreError> {
         let mut stmt = self.conn.prepare(
             "SELECT r.session, r.turn FROM rows r JOIN sessions s ON s.id = r.session
              WHERE r.hidden = 0 GROUP BY r.session, r.turn ORDER BY r.session, r.turn",
         )?;
-        let mut out: Vec<(String, usize)> = Vec::new();
-        let mut current: Option<(String, usize)> = None;
+        let mut out: Vec<Hole> = Vec::new();
+        let mut current: Option<Hole> = None;
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
             let session: String = r.get(0)?;
             let turn = r.get::<_, i64>(1)? as u32;
-            if current.as_ref().is_none_or(|(s, _)| *s != session) {
-                if let Some(done) = current.take().filter(|(_, n)| *n > 0) {
-                    out.push(done);
-                }
-                let index = usize::from(!self.dir.index_file(&session).exists());
-                current = Some((session.clone(), index));
+            if current.as_ref().is_none_or(|h| h.session != session) {
+                out.extend(current.take().filter(Hole::any));
+                current = Some(Hole {
+                    index: !self.dir.index_file(&session).exists(),
+                    session,
+                    turns: Vec::new(),
+                });
             }
-            if !self.dir.turn_file(&session, turn).exists() {
-                if let Some((_, n)) = current.as_mut() {
-                    *n += 1;
+            if let Some(h) = current.as_mut() {
+                if !self.dir.turn_file(&h.session, turn).exists() {
+                    h.turns.push(turn);
                 }
             }
         }
-        if let Some(done) = current.filter(|(_, n)| *n > 0) {
-            out.push(done);
-        }
+        out.extend(current.filter(Hole::any));
         Ok(out)
     }
 
@@ -380,6 +409,21 @@ impl Writer {
         .map_err(io_err(&path))?;
         cache.index_dirty = false;
         Ok(())
+    }
+}
+
+/// What a session misses on disk.
+struct Hole {
+    session: String,
+    /// Turn files of the active line that are missing.
+    turns: Vec<u32>,
+    /// `index.md` is missing.
+    index: bool,
+}
+
+impl Hole {
+    fn any(&self) -> bool {
+        self.index || !self.turns.is_empty()
     }
 }
 
