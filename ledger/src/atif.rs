@@ -359,6 +359,9 @@ pub fn trajectory(
     if let Some(p) = &meta.parent {
         root_extra["parent_session"] = json!(p);
     }
+    if let Some(s) = meta.parent_seq {
+        root_extra["parent_seq"] = json!(s);
+    }
     Ok(json!({
         "schema_version": SCHEMA_VERSION,
         "session_id": meta.id,

@@ -70,6 +70,9 @@ pub fn markdown(
     if let Some(p) = &meta.parent {
         writeln!(w, "parent: {}", yaml_str(p))?;
     }
+    if let Some(s) = meta.parent_seq {
+        writeln!(w, "parent_seq: {s}")?;
+    }
     writeln!(w, "created: {}", utc_iso(meta.created_ms))?;
     writeln!(w, "last_activity: {}", utc_iso(last_ms.max(meta.last_ms)))?;
     writeln!(w, "turns: {}", turns.len())?;

@@ -93,6 +93,11 @@ pub struct Status {
     pub client: String,
     /// Model of the latest request.
     pub model: String,
+    /// The session this one is linked to (a sub-agent's parent, or the one
+    /// a sibling diverged from).
+    pub parent: Option<String>,
+    /// A sibling's divergence point: the parent's last shared row.
+    pub parent_seq: Option<u64>,
     /// The window after the latest step that reported usage (input + cache
     /// read + cache write + output); 0 when none did.
     pub window: u64,
@@ -143,6 +148,8 @@ impl Status {
             session: meta.id.clone(),
             client: meta.client.clone(),
             model: meta.model.clone(),
+            parent: meta.parent.clone(),
+            parent_seq: meta.parent_seq,
             window,
             line,
             line_spec,
@@ -191,6 +198,15 @@ impl Status {
             "session  {} ({} · {})",
             self.session, self.client, self.model
         );
+        match (&self.parent, self.parent_seq) {
+            (Some(p), Some(seq)) => {
+                let _ = writeln!(out, "link     sibling of {p}, diverged after its seq {seq}");
+            }
+            (Some(p), None) => {
+                let _ = writeln!(out, "link     sub-agent of {p}");
+            }
+            _ => {}
+        }
         let context = self.context.map_or_else(|| "unknown".to_string(), tokens);
         let _ = writeln!(
             out,

@@ -79,9 +79,13 @@ pub fn render_index(session: &SessionMeta, turns: &[TurnSummary]) -> String {
     let _ = writeln!(out, "- dialect: {}", session.dialect.as_str());
     let _ = writeln!(out, "- model: {}", one_line(&session.model));
     if let Some(p) = &session.parent {
+        let at = session
+            .parent_seq
+            .map(|s| format!(" (a sibling: diverged after its seq {s})"))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "- parent: [{}](../../{}/transcript/index.md)",
+            "- parent: [{}](../../{}/transcript/index.md){at}",
             cell(p),
             sanitize_session_id(p)
         );

@@ -162,6 +162,7 @@ fn export_atif_openai_shapes_validate() {
             dialect: Dialect::OpenaiResponses,
             model: "gpt-5.2-codex".into(),
             parent: None,
+            parent_seq: None,
             created_ms: T0,
             last_ms: T0,
         }))

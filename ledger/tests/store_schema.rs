@@ -1,6 +1,7 @@
-//! Schema version 3 (the client-key index, a failed step's error kind), the
-//! migration from version 2, the restorer API and the one policy for a
-//! stored dialect this build does not know.
+//! Schema version 4 (the client-key index, a failed step's error kind, a
+//! sibling's divergence point), the migrations from versions 2 and 3, the
+//! restorer API and the one policy for a stored dialect this build does not
+//! know.
 
 mod store_common;
 
@@ -63,8 +64,8 @@ fn a_failed_step_keeps_its_error_kind() {
     assert_eq!(got, vec![(200, None), (504, Some("upstream_timeout"))]);
 }
 
-/// A version-2 database (no index, no `steps.error`) is brought to version 3
-/// with its data.
+/// A version-2 database (no index, no `steps.error`) is brought to the
+/// current version with its data.
 #[test]
 fn version_2_is_migrated() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -81,6 +82,7 @@ fn version_2_is_migrated() {
         c.execute_batch(
             "DROP INDEX sessions_client;
              ALTER TABLE steps DROP COLUMN error;
+             ALTER TABLE sessions DROP COLUMN parent_seq;
              UPDATE schema_version SET version = 2;",
         )
         .expect("back to version 2");
@@ -95,7 +97,7 @@ fn version_2_is_migrated() {
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
     assert!(p.contains("USING INDEX sessions_client"), "{p}");
     let errors: Vec<Option<String>> = store
@@ -105,6 +107,46 @@ fn version_2_is_migrated() {
         .map(|s| s.error)
         .collect();
     assert_eq!(errors, vec![None, Some("bad_gateway".to_string())]);
+}
+
+/// A version-3 database (no `sessions.parent_seq`) is brought to version 4
+/// with its data, and a sibling's link reads back everywhere.
+#[test]
+fn version_3_is_migrated_and_a_siblings_link_reads_back() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut root = meta("root", Dialect::Anthropic);
+    root.client_session = Some("fp:k".into());
+    {
+        let store = open(tmp.path());
+        store.submit(Event::Session(root.clone())).expect("session");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch(
+            "ALTER TABLE sessions DROP COLUMN parent_seq;
+             UPDATE schema_version SET version = 3;",
+        )
+        .expect("back to version 3");
+    }
+    let store = open(tmp.path());
+    let mut sib = meta("sib", Dialect::Anthropic);
+    sib.client_session = Some("fp:k".into());
+    sib.created_ms += 5;
+    sib.parent = Some("root".into());
+    sib.parent_seq = Some(7);
+    store.submit(Event::Session(sib.clone())).expect("sibling");
+    store.settle_blocking().expect("settle");
+    assert_eq!(store.session_meta("root").expect("meta"), Some(root));
+    assert_eq!(store.session_meta("sib").expect("meta"), Some(sib.clone()));
+    let list = store.list_sessions().expect("list");
+    let line = list.iter().find(|s| s.id == "sib").expect("listed");
+    assert_eq!(
+        (line.parent.as_deref(), line.parent_seq),
+        (Some("root"), Some(7))
+    );
+    let restored = store.restore_client("fp:k").expect("restore");
+    assert_eq!(restored[1].meta, sib);
 }
 
 #[test]

@@ -294,6 +294,44 @@ fn store_branch_hides_rows_but_keeps_them() {
     assert_eq!((list[0].rows, list[0].turns), (4, 2));
 }
 
+/// Rows a sibling took leave the session without a branch: hidden, kept,
+/// out of the transcript.
+#[test]
+fn store_hide_hides_rows_without_a_branch() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    session(&store, "h");
+    let mut theirs = text_row(3, 1, RowKind::Assistant, "another agent's answer");
+    theirs.from_response = true;
+    let rows = vec![
+        text_row(1, 1, RowKind::Prompt, "first ask"),
+        text_row(2, 1, RowKind::Assistant, "my answer"),
+        theirs,
+        text_row(4, 2, RowKind::Prompt, "second ask"),
+    ];
+    store.submit(rows_event("h", rows)).expect("submit");
+    store.settle_blocking().expect("settle");
+    let layout = store.data_dir().clone();
+    let t1 = std::fs::read_to_string(layout.turn_file("h", 1)).expect("turn 1");
+    assert!(t1.contains("another agent's answer"));
+    store
+        .submit(Event::Hide {
+            session: "h".into(),
+            seqs: vec![3],
+        })
+        .expect("hide");
+    store.settle_blocking().expect("settle");
+    let s = store.load_session("h").expect("load").expect("h");
+    assert_eq!(s.rows.len(), 4, "kept");
+    assert_eq!(s.hidden, vec![3]);
+    assert_eq!(s.branch, 0, "no branch");
+    let t1 = std::fs::read_to_string(layout.turn_file("h", 1)).expect("turn 1");
+    assert!(!t1.contains("another agent's answer"), "{t1}");
+    assert!(t1.contains("my answer"));
+    let list = store.list_sessions().expect("list");
+    assert_eq!((list[0].rows, list[0].turns), (3, 2));
+}
+
 /// What was written is what a reload after restart reads back.
 #[test]
 fn store_reopen_loads_same_session() {

@@ -34,6 +34,7 @@ fn manager(line: LineSpec) -> SessionManager {
             }
         }),
         tideline_enabled: true,
+        live_window: oceancode_proxy::sessions::LIVE_WINDOW,
     };
     SessionManager::new(settings, Arc::new(|_events| {}))
 }

@@ -73,6 +73,7 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
         "dialect": m.dialect.as_str(),
         "model": m.model,
         "parent": m.parent,
+        "parent_seq": m.parent_seq,
         "last_ms": m.last_ms,
         "override": st.override_line().map(|l| match l { LineSpec::Percent(p) => format!("{p}%"), LineSpec::Tokens(t) => t.to_string() }),
         "line_spec": line_spec,

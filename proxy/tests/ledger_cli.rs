@@ -71,6 +71,7 @@ impl Builder {
                 dialect: Dialect::Anthropic,
                 model: "claude-opus-5-5".into(),
                 parent: None,
+                parent_seq: None,
                 created_ms: ts,
                 last_ms: ts,
             }))
@@ -615,4 +616,64 @@ fn cli_metrics_prometheus_text() {
             "{line}"
         );
     }
+}
+
+/// `ledger list` and `status` say what a sibling and a sub-agent are
+/// linked to.
+#[test]
+fn cli_list_and_status_show_a_siblings_link() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let store = Store::open(&data, StoreOptions::default()).expect("store");
+    let mut root = Builder::new(&store, "cli-first", T0);
+    root.turn("fix the tests", "cargo test", "ok", "Fixed.");
+    for (id, seq, ts) in [("cli-sibling", Some(1), T0 + 5), ("cli-sub", None, T0 + 9)] {
+        store
+            .submit(Event::Session(SessionMeta {
+                id: id.into(),
+                client: "unknown".into(),
+                client_session: Some("fp:x".into()),
+                dialect: Dialect::Anthropic,
+                model: "claude-opus-5-5".into(),
+                parent: Some("cli-first".into()),
+                parent_seq: seq,
+                created_ms: ts,
+                last_ms: ts,
+            }))
+            .expect("session");
+    }
+    store.shutdown().expect("shutdown");
+    let out = ok(&run(tmp.path(), &data, &["ledger", "list"]));
+    let line = |id: &str| {
+        out.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("{id} listed:\n{out}"))
+            .to_string()
+    };
+    assert!(
+        line("cli-sibling").ends_with("  sibling of cli-first after seq 1"),
+        "{out}"
+    );
+    assert!(
+        line("cli-sub").ends_with("  sub-agent of cli-first"),
+        "{out}"
+    );
+    assert_eq!(line("cli-first").split_whitespace().count(), 6, "{out}");
+    let out = ok(&run(tmp.path(), &data, &["status", "cli-sibling"]));
+    assert!(
+        out.contains("\nlink     sibling of cli-first, diverged after its seq 1\n"),
+        "{out}"
+    );
+    let json: Value = serde_json::from_str(&ok(&run(
+        tmp.path(),
+        &data,
+        &["status", "--json", "cli-sibling"],
+    )))
+    .expect("json");
+    assert_eq!(
+        (json["parent"].as_str(), json["parent_seq"].as_u64()),
+        (Some("cli-first"), Some(1))
+    );
+    let out = ok(&run(tmp.path(), &data, &["status", "cli-first"]));
+    assert!(!out.contains("link"), "{out}");
 }

@@ -25,6 +25,7 @@ fn populate(data: &Path) -> String {
         dialect: Dialect::Anthropic,
         model: format!("claude{CLIPBOARD}"),
         parent: None,
+        parent_seq: None,
         created_ms: 1_700_000_000_000,
         last_ms: 1_700_000_000_000,
     };

@@ -60,6 +60,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
                 }
             }),
             tideline_enabled: true,
+            live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         },
         store: Some(StoreOptions::default()),
     }

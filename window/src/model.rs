@@ -148,8 +148,14 @@ pub struct SessionMeta {
     pub dialect: Dialect,
     /// Model of the latest request.
     pub model: String,
-    /// Parent ledger session for sub-agents.
+    /// The session this one is linked to: a sub-agent's parent, or the
+    /// session a sibling conversation diverged from.
     pub parent: Option<String>,
+    /// For a sibling: the parent's last row it shares (the divergence
+    /// point, a seq of the parent; the sibling's own rows repeat that
+    /// opening). None for a sub-agent or a first session.
+    #[serde(default)]
+    pub parent_seq: Option<u64>,
     /// Unix milliseconds of creation.
     pub created_ms: i64,
     /// Unix milliseconds of the latest activity.
@@ -188,6 +194,15 @@ pub enum Event {
         branch: u32,
         /// The rows that are no longer on the active line.
         hidden: Vec<u64>,
+    },
+    /// Rows that left this session without a branch: the answer of a
+    /// request that turned out to be another conversation's (its sibling
+    /// session records the rows again). Hidden, never deleted.
+    Hide {
+        /// Ledger session id.
+        session: String,
+        /// The rows hidden.
+        seqs: Vec<u64>,
     },
     /// One request/response finished.
     Step {
@@ -232,6 +247,7 @@ impl Event {
             Event::Rows { session, .. }
             | Event::Confirm { session, .. }
             | Event::Branch { session, .. }
+            | Event::Hide { session, .. }
             | Event::Step { session, .. }
             | Event::Cut { session, .. } => session,
         }

@@ -63,6 +63,7 @@ fn meta(id: &str) -> SessionMeta {
         dialect: Dialect::Anthropic,
         model: "claude-sonnet-4-5".into(),
         parent: None,
+        parent_seq: None,
         created_ms: 1_790_000_000_000,
         last_ms: 1_790_000_000_000,
     }

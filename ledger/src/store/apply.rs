@@ -67,6 +67,28 @@ pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
     }
 }
 
+/// Mark rows hidden (a branch, or rows a sibling took): the turns they are
+/// in are rewritten and the cached ones dropped.
+fn hide(c: &Connection, session: &str, seqs: &[u64]) -> rusqlite::Result<Outcome> {
+    let mut stmt = c.prepare_cached(
+        "UPDATE rows SET hidden = 1 WHERE session = ?1 AND seq = ?2 RETURNING turn",
+    )?;
+    let mut turns = BTreeSet::new();
+    for seq in seqs {
+        if let Some(t) = stmt
+            .query_row(params![session, to_i64(*seq)], |r| r.get::<_, i64>(0))
+            .optional()?
+        {
+            turns.insert(t as u32);
+        }
+    }
+    Ok(Outcome::Applied(
+        Some(Effect::Invalidate),
+        turns.into_iter().collect(),
+        true,
+    ))
+}
+
 /// Apply one event (inside the batch's savepoint for it).
 pub(super) fn apply_event(
     c: &Connection,
@@ -83,12 +105,13 @@ pub(super) fn apply_event(
             let json = serde_json::to_string(m).unwrap_or_default();
             c.prepare_cached(
                 "INSERT INTO sessions (id, client, client_session, dialect, model, parent,
-                                       created_ms, last_ms, meta_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                                       created_ms, last_ms, meta_json, parent_seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT(id) DO UPDATE SET
                     client = excluded.client, client_session = excluded.client_session,
                     dialect = excluded.dialect, model = excluded.model, parent = excluded.parent,
-                    last_ms = MAX(last_ms, excluded.last_ms), meta_json = excluded.meta_json",
+                    last_ms = MAX(last_ms, excluded.last_ms), meta_json = excluded.meta_json,
+                    parent_seq = excluded.parent_seq",
             )?
             .execute(params![
                 m.id,
@@ -99,7 +122,8 @@ pub(super) fn apply_event(
                 m.parent,
                 m.created_ms,
                 m.last_ms,
-                json
+                json,
+                m.parent_seq.map(to_i64)
             ])?;
             // Read back: created_ms is kept from the first upsert.
             let meta = SessionMeta {
@@ -220,24 +244,9 @@ pub(super) fn apply_event(
                 hidden.len() as i64,
                 now_ms()
             ])?;
-            let mut stmt = c.prepare_cached(
-                "UPDATE rows SET hidden = 1 WHERE session = ?1 AND seq = ?2 RETURNING turn",
-            )?;
-            let mut turns = BTreeSet::new();
-            for seq in hidden {
-                if let Some(t) = stmt
-                    .query_row(params![session, to_i64(*seq)], |r| r.get::<_, i64>(0))
-                    .optional()?
-                {
-                    turns.insert(t as u32);
-                }
-            }
-            Ok(Outcome::Applied(
-                Some(Effect::Invalidate),
-                turns.into_iter().collect(),
-                true,
-            ))
+            hide(c, session, hidden)
         }
+        Event::Hide { session, seqs } => hide(c, session, seqs),
         Event::Step {
             session,
             step,

@@ -41,8 +41,10 @@ pub struct SessionSummary {
     pub rows: u64,
     /// Unix milliseconds of the latest activity.
     pub last_ms: i64,
-    /// Parent session (sub-agents).
+    /// Parent session (a sub-agent's, or the one a sibling diverged from).
     pub parent: Option<String>,
+    /// A sibling's divergence point: the parent's last shared row.
+    pub parent_seq: Option<u64>,
 }
 
 /// A session read back from the database (reload after restart/eviction).

@@ -33,6 +33,7 @@ pub(super) fn event_bytes(ev: &Event) -> usize {
         Event::Rows { rows, .. } => rows.iter().map(|r| 96 + r.role.len() + r.raw.len()).sum(),
         Event::Confirm { raw, .. } => raw.len(),
         Event::Branch { hidden, .. } => hidden.len() * 8,
+        Event::Hide { seqs, .. } => seqs.len() * 8,
         Event::Step { model, error, .. } => model.len() + error.as_ref().map_or(0, String::len),
         Event::Cut { .. } => 0,
     }

@@ -56,7 +56,8 @@ impl Store {
             let mut stmt = c.prepare(
                 "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
                    (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
-                   (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND r.hidden = 0)
+                   (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
+                   s.parent_seq
                  FROM sessions s WHERE ?1 IS NULL OR s.id = ?1
                  ORDER BY s.last_ms DESC, s.rowid DESC",
             )?;
@@ -70,11 +71,12 @@ impl Store {
                     r.get::<_, Option<String>>(5)?,
                     r.get::<_, i64>(6)?,
                     r.get::<_, i64>(7)?,
+                    r.get::<_, Option<i64>>(8)?,
                 ))
             })?;
             let mut out = Vec::new();
             for row in rows {
-                let (id, client, model, dialect, last_ms, parent, turns, nrows) = row?;
+                let (id, client, model, dialect, last_ms, parent, turns, nrows, parent_seq) = row?;
                 let dialect = match stored_dialect(&id, &dialect) {
                     Ok(d) => d,
                     Err(e) => {
@@ -91,6 +93,7 @@ impl Store {
                     rows: nrows as u64,
                     last_ms,
                     parent,
+                    parent_seq: parent_seq.map(|s| s as u64),
                 });
             }
             Ok(out)

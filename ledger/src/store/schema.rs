@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -108,6 +108,10 @@ CREATE INDEX page_notes_session ON page_notes(session, id);
     r#"
 CREATE INDEX sessions_client ON sessions(client_session);
 ALTER TABLE steps ADD COLUMN error TEXT;
+"#,
+    // 4: a sibling conversation records where it left its parent.
+    r#"
+ALTER TABLE sessions ADD COLUMN parent_seq INTEGER;
 "#,
 ];
 

@@ -54,7 +54,8 @@ pub(crate) fn session_exists(c: &Connection, id: &str) -> rusqlite::Result<bool>
 pub(crate) fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMeta>, StoreError> {
     let row = c
         .query_row(
-            "SELECT client, client_session, dialect, model, parent, created_ms, last_ms
+            "SELECT client, client_session, dialect, model, parent, created_ms, last_ms,
+                    parent_seq
              FROM sessions WHERE id = ?1",
             [id],
             |r| {
@@ -66,11 +67,14 @@ pub(crate) fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMet
                     r.get::<_, Option<String>>(4)?,
                     r.get::<_, i64>(5)?,
                     r.get::<_, i64>(6)?,
+                    r.get::<_, Option<i64>>(7)?,
                 ))
             },
         )
         .optional()?;
-    let Some((client, client_session, dialect, model, parent, created_ms, last_ms)) = row else {
+    let Some((client, client_session, dialect, model, parent, created_ms, last_ms, parent_seq)) =
+        row
+    else {
         return Ok(None);
     };
     Ok(Some(SessionMeta {
@@ -80,6 +84,7 @@ pub(crate) fn session_meta(c: &Connection, id: &str) -> Result<Option<SessionMet
         dialect: stored_dialect(id, &dialect)?,
         model,
         parent,
+        parent_seq: parent_seq.map(|s| s as u64),
         created_ms,
         last_ms,
     }))

@@ -50,6 +50,7 @@ impl Sim {
                 dialect: Dialect::Anthropic,
                 model: self.model.clone(),
                 parent: None,
+                parent_seq: None,
                 created_ms: T0,
                 last_ms: self.ts,
             }))

@@ -14,6 +14,7 @@ pub fn meta(id: &str, dialect: Dialect) -> SessionMeta {
         dialect,
         model: "claude-opus-5-5".into(),
         parent: None,
+        parent_seq: None,
         created_ms: 1_796_000_000_000,
         last_ms: 1_796_000_000_000,
     }

@@ -16,7 +16,8 @@ pub enum LedgerCmd {
         /// Session id.
         session: Option<String>,
     },
-    /// List sessions: id, client, model, turns, rows, last activity.
+    /// List sessions: id, client, model, turns, rows, last activity, and what
+    /// a sibling or sub-agent is linked to.
     List,
     /// Rebuild transcripts, index.md, SESSION.md and the search index from
     /// the database alone (no model call; byte-identical to the live writer).
@@ -115,8 +116,14 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 "rows"
             );
             for s in list {
+                // A linked session says to what, after its last activity.
+                let link = match (&s.parent, s.parent_seq) {
+                    (Some(p), Some(seq)) => format!("  sibling of {p} after seq {seq}"),
+                    (Some(p), None) => format!("  sub-agent of {p}"),
+                    _ => String::new(),
+                };
                 outln!(
-                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}{}",
+                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}{link}{}",
                     s.id,
                     s.client,
                     s.model,

@@ -73,6 +73,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             block: cfg.ledger.block_spec(),
             models,
             tideline_enabled: cfg.ledger.enabled,
+            live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         },
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {

@@ -1,6 +1,7 @@
 //! The index of live sessions (by client key and by id), the matching of a
-//! request onto one of its key's sessions, restoring a key's sessions from
-//! the ledger, and idle eviction.
+//! request onto one of its key's sessions, siblings (another conversation
+//! with the same opening), restoring a key's sessions from the ledger, and
+//! idle eviction.
 
 use super::prepare::Request;
 use super::state::State;
@@ -176,9 +177,35 @@ impl SessionManager {
     /// A new session for `req` (linked to the key's first one, whose line
     /// override it inherits).
     fn create(&self, cands: &[Arc<Session>], req: &Request<'_>) -> Arc<Session> {
+        self.new_session(req, cands.first(), None)
+    }
+
+    /// A sibling of `parent` for `req`, which left the parent's live line
+    /// after its row `at`: another conversation with the same opening, its
+    /// own session (rows, tideline, cut), linked to the parent at `at`.
+    pub(super) fn sibling(
+        &self,
+        parent: &Arc<Session>,
+        req: &Request<'_>,
+        at: u64,
+    ) -> Arc<Session> {
+        let s = self.new_session(req, Some(parent), Some(at));
+        let mut idx = self.index.lock();
+        idx.insert(&req.key, s.clone());
+        idx.latest = Some(s.id.clone());
+        s
+    }
+
+    /// A new session for `req`, linked to `parent` (whose line override it
+    /// inherits) after its row `at` for a sibling.
+    fn new_session(
+        &self,
+        req: &Request<'_>,
+        parent: Option<&Arc<Session>>,
+        at: Option<u64>,
+    ) -> Arc<Session> {
         let id = self.new_id(req.ident.client);
-        let parent = cands.first().map(|p| p.id.clone());
-        let inherited = cands.first().and_then(|p| p.state.lock().override_line);
+        let inherited = parent.and_then(|p| p.state.lock().override_line);
         let now = now_ms();
         let meta = SessionMeta {
             id: id.clone(),
@@ -186,7 +213,8 @@ impl SessionManager {
             client_session: Some(req.key.clone()),
             dialect: req.dialect,
             model: req.model.clone(),
-            parent,
+            parent: parent.map(|p| p.id.clone()),
+            parent_seq: at,
             created_ms: now,
             last_ms: now,
         };
@@ -226,10 +254,14 @@ impl SessionManager {
 /// Which of a key's sessions a request continues, if any.
 ///
 /// A request continues (or rewinds) the session it shares the longest prefix
-/// with, but only if that prefix reaches the session's root (its first user
-/// prompt): a request with another first prompt is another conversation — a
-/// sub-agent, or the client's own fresh start — and becomes a new session
-/// linked to the first one, never a branch hiding the root.
+/// with — its active line, then the unechoed answer the request continues
+/// with there — the oldest on a tie, but only if that prefix reaches the
+/// session's root (its first user prompt): a request with another first
+/// prompt is another conversation — a sub-agent, or the client's own fresh
+/// start — and becomes a new session linked to the first one, never a
+/// branch hiding the root. (Whether a request that leaves the chosen line
+/// is a rewind or a sibling is decided under the session's lock, by
+/// `SessionManager::prepare`.)
 fn choose(cands: &[Arc<Session>], req: &Request<'_>) -> Option<Arc<Session>> {
     let (dialect, shape) = (req.dialect, req.shape);
     if req.stateful {
@@ -251,8 +283,12 @@ fn choose(cands: &[Arc<Session>], req: &Request<'_>) -> Option<Arc<Session>> {
         if st.dialect != dialect {
             continue;
         }
-        let p = st.lcp(req.messages, &req.hashes);
-        if p > 0 && p >= st.root_len() && best.as_ref().is_none_or(|(bp, _)| p > *bp) {
+        let reach = st.reach(req.messages, &req.hashes);
+        let p = reach.len();
+        if reach.shared > 0
+            && reach.shared >= st.root_len()
+            && best.as_ref().is_none_or(|(bp, _)| p > *bp)
+        {
             best = Some((p, s.clone()));
         }
     }

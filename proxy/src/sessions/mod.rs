@@ -11,7 +11,7 @@
 //! |---|---|
 //! | `prepare` | a request in named phases: split, describe, record, tideline, window |
 //! | `step` | the [`Ticket`] a prepared request carries until its step finishes, exactly once |
-//! | `index` | live sessions by client key and id, matching, restore, eviction |
+//! | `index` | live sessions by client key and id, matching, siblings, restore, eviction |
 //! | `state` | one session's rows, active line and tideline; absorbing a history |
 //! | `window` | rendering the window for the current cut (pure) |
 //! | `layouts` | each client's latest body layouts, to split the next body fast |
@@ -93,7 +93,17 @@ pub struct Settings {
     pub models: ModelResolver,
     /// When false, nothing is windowed (pure passthrough + ledger).
     pub tideline_enabled: bool,
+    /// How long after its last answer a headerless conversation's line is
+    /// still live: a request that leaves a live line is another
+    /// conversation (a sibling session), one that leaves a quiet line is a
+    /// rewind (a branch). See [`LIVE_WINDOW`].
+    pub live_window: std::time::Duration,
 }
+
+/// The default [`Settings::live_window`]: an agent's next request follows
+/// its last answer within seconds to minutes (a long tool run), a person's
+/// rewind of a quiet conversation after longer.
+pub const LIVE_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Counters exported on `/metrics`.
 #[derive(Debug, Default)]

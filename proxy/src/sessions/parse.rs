@@ -37,6 +37,18 @@ pub fn estimate_tokens(raw: &str) -> u32 {
 pub(super) struct Parsed {
     pub(super) info: dialect::MessageInfo,
     pub(super) norm: u64,
+    /// What tells an answer from another when the client's echo has other
+    /// bytes and fields than the reassembled response: its tool call ids,
+    /// else its first text (0 = neither).
+    pub(super) echo: u64,
+}
+
+/// [`Parsed::echo`] of a message.
+fn echo_key(info: &dialect::MessageInfo, v: &Value) -> u64 {
+    if !info.opens.is_empty() {
+        return dialect::raw_hash(&info.opens.join("\u{0}"));
+    }
+    dialect::content_text(v).map_or(0, dialect::raw_hash)
 }
 
 /// Messages fully parsed so far in this process (old, unchanged history is
@@ -48,10 +60,14 @@ pub static FULL_PARSES: AtomicU64 = AtomicU64::new(0);
 pub(super) fn parse_msg(d: Dialect, raw: &str) -> Parsed {
     FULL_PARSES.fetch_add(1, Ordering::Relaxed);
     match serde_json::from_str::<Value>(raw) {
-        Ok(v) => Parsed {
-            info: dialect::classify(d, &v),
-            norm: dialect::normalized_hash(&v),
-        },
+        Ok(v) => {
+            let info = dialect::classify(d, &v);
+            Parsed {
+                echo: echo_key(&info, &v),
+                norm: dialect::normalized_hash(&v),
+                info,
+            }
+        }
         Err(_) => unparsed(raw),
     }
 }
@@ -64,6 +80,7 @@ fn unparsed(raw: &str) -> Parsed {
             ..dialect::MessageInfo::default()
         },
         norm: dialect::raw_hash(raw),
+        echo: 0,
     }
 }
 

@@ -8,11 +8,12 @@ use super::parse::root_hashes;
 use super::state::State;
 use super::step::{Prepared, Ticket};
 use super::window::{self, Window};
-use super::{now_ms, SessionManager};
+use super::{now_ms, Session, SessionManager};
 use crate::dialect::{self, ParsedBody};
 use crate::identity::{self, Identity, NameError, ReqKind};
 use bytes::Bytes;
 use oceancode_config::LineSpec;
+use oceancode_ledger::media::Cost;
 use oceancode_ledger::tideline::{self, Observation, Params};
 use oceancode_ledger::{Dialect, Event, SessionMeta};
 use serde_json::Value;
@@ -92,6 +93,20 @@ impl<'a> Request<'a> {
     fn windowed(&self, enabled: bool) -> bool {
         enabled && !self.stateful && !self.synthetic
     }
+}
+
+/// What phases 3–5 did on a session.
+enum Run {
+    /// Recorded: the step, the last seq before its new rows, the window
+    /// and the images and documents it sends.
+    Done {
+        step: u32,
+        boundary: u64,
+        window: Window,
+        media: Cost,
+    },
+    /// Another conversation: it left the session's live line after row `at`.
+    Sibling { at: u64 },
 }
 
 /// A Responses request whose `input` is a string: that string as one user
@@ -186,21 +201,25 @@ impl SessionManager {
         if kind == ReqKind::CountTokens {
             return Ok(self.prepare_count(&req, parsed, &body));
         }
-        // 3. Record it on its session.
-        let session = self.find_or_create(&req);
-        let mut st = session.state.lock();
-        if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
-            st.resync(r.committed);
-        }
+        // 3–5. Record it on its session (or on a sibling), run the tideline,
+        // render the window.
         let mut events = Vec::new();
-        let boundary = self.record(&mut st, &req, &mut events);
-        // 4. Run the tideline.
-        let (params, cut_gauge) = self.run_tideline(&mut st, &req, boundary);
-        // 5. Render the window.
-        let window = self.window(&mut st, &req, parsed, params, cut_gauge, &mut events);
-        let media = st.sent_media(parsed.messages.len(), window.media_out);
-        let step = st.step;
-        drop(st);
+        let mut session = self.find_or_create(&req);
+        let mut may_split = true;
+        let (step, boundary, window, media) = loop {
+            match self.run_on(&session, &req, parsed, may_split, &mut events) {
+                Run::Done {
+                    step,
+                    boundary,
+                    window,
+                    media,
+                } => break (step, boundary, window, media),
+                Run::Sibling { at } => {
+                    session = self.sibling(&session, &req, at);
+                    may_split = false;
+                }
+            }
+        };
         // 6. Hand the events to the writer, the body and the ticket back.
         if !events.is_empty() {
             (self.sink)(events);
@@ -231,6 +250,67 @@ impl SessionManager {
             body: out,
             ticket: Some(ticket),
         })
+    }
+
+    /// Phases 3–5 on `session`, under its lock: record, tideline, window.
+    /// With `may_split`, a headerless request that leaves the session's
+    /// line while the line is live is another conversation: nothing is
+    /// recorded here but the hiding of the answer it continues with (its
+    /// sibling records it), and the sibling's divergence point is returned.
+    fn run_on(
+        &self,
+        session: &Session,
+        req: &Request<'_>,
+        parsed: &ParsedBody<'_>,
+        may_split: bool,
+        events: &mut Vec<Event>,
+    ) -> Run {
+        let mut st = session.state.lock();
+        if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
+            st.resync(r.committed);
+        }
+        if may_split {
+            if let Some((at, answer)) = self.leaves_live_line(&st, req) {
+                let seqs = answer.map(|a| st.give_away(a)).unwrap_or_default();
+                if !seqs.is_empty() {
+                    events.push(Event::Hide {
+                        session: st.meta.id.clone(),
+                        seqs,
+                    });
+                }
+                return Run::Sibling { at };
+            }
+        }
+        let boundary = self.record(&mut st, req, events);
+        let step = st.step;
+        st.step_opened(step);
+        let (params, cut_gauge) = self.run_tideline(&mut st, req, boundary);
+        let window = self.window(&mut st, req, parsed, params, cut_gauge, events);
+        let media = st.sent_media(parsed.messages.len(), window.media_out);
+        Run::Done {
+            step,
+            boundary,
+            window,
+            media,
+        }
+    }
+
+    /// Where a request leaves a line that is still live (a step in flight,
+    /// or answered within [`Settings::live_window`](super::Settings)): the
+    /// last row both share and the unechoed answer it continues with. Only
+    /// for a client that names no session (its key is the fingerprint of
+    /// the opening): a named session is one conversation, so leaving its
+    /// line is always a rewind.
+    fn leaves_live_line(&self, st: &State, req: &Request<'_>) -> Option<(u64, Option<usize>)> {
+        let window = i64::try_from(self.settings.live_window.as_millis()).unwrap_or(i64::MAX);
+        if req.ident.client_key.is_some()
+            || req.stateful
+            || st.dialect != req.dialect
+            || !st.live(now_ms(), window)
+        {
+            return None;
+        }
+        st.divergence(req.messages, &req.hashes)
     }
 
     /// Phase 3: the session's facts, a new step, and the request's history

@@ -1,7 +1,9 @@
 //! The live state of one ledger session: its rows (hashes, kinds and tool
-//! calls, never bytes), the active line, the pending answer, and the
-//! tideline; how a request's history maps onto it (confirm, branch, append),
-//! and how a recorded session is read back.
+//! calls, never bytes), the active line, the answers not yet echoed (each
+//! hanging off the row it answers), the steps in flight, and the tideline;
+//! how a request's history maps onto it (confirm, branch, append, or where
+//! it leaves the line for a sibling), and how a recorded session is read
+//! back.
 
 use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
@@ -45,6 +47,39 @@ pub(super) struct RowMem {
     /// Binary parts (images, documents): bytes and estimated tokens.
     pub(super) media: Cost,
     pub(super) turn: u32,
+    /// [`Parsed::echo`](super::parse::Parsed::echo).
+    pub(super) echo: u64,
+}
+
+/// A step's answer until the client echoes it: its rows, and the row of
+/// the line it answers (the request's last row; 0 = none). Several can hang
+/// off one row: a retried request, or concurrent agents' identical first
+/// requests — which of them a client continues tells the conversations
+/// apart.
+#[derive(Debug, Clone)]
+pub(super) struct Answer {
+    pub(super) after: u64,
+    pub(super) rows: Vec<u64>,
+}
+
+/// Unechoed answers kept for matching (older ones stay in the ledger).
+const MAX_ANSWERS: usize = 32;
+
+/// Where a request's history leaves a session's active line.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reach {
+    /// Messages shared with the active line.
+    pub(super) shared: usize,
+    /// The answer (index into `answers`) the next message echoes: one
+    /// given after the last shared row.
+    pub(super) echoes: Option<usize>,
+}
+
+impl Reach {
+    /// Messages of the request this session already holds.
+    pub(super) fn len(&self) -> usize {
+        self.shared + usize::from(self.echoes.is_some())
+    }
 }
 
 impl RowMem {
@@ -74,8 +109,12 @@ pub struct State {
     pub(super) rows: Vec<RowMem>,
     /// Seqs on the active line, in order (what the client's history maps to).
     pub(super) active: Vec<u64>,
-    /// Response rows not yet echoed by the client.
-    pub(super) pending: Vec<u64>,
+    /// Answers not yet echoed, oldest first.
+    pub(super) answers: Vec<Answer>,
+    /// Steps in flight, with the row each answers.
+    pub(super) open: Vec<(u32, u64)>,
+    /// Unix ms of the last finished step (0 = none since it was loaded).
+    pub(super) answered_ms: i64,
     pub(super) branch: u32,
     pub(super) step: u32,
     pub(super) turn: u32,
@@ -112,7 +151,9 @@ impl State {
             dialect,
             rows: Vec::new(),
             active: Vec::new(),
-            pending: Vec::new(),
+            answers: Vec::new(),
+            open: Vec::new(),
+            answered_ms: 0,
             branch: 0,
             step: 0,
             turn: 0,
@@ -148,6 +189,92 @@ impl State {
             p += 1;
         }
         p
+    }
+
+    /// How far a request's history follows this session: its common prefix
+    /// with the active line, and the unechoed answer it continues with there.
+    pub(super) fn reach(&self, msgs: &[&str], hashes: &[u64]) -> Reach {
+        let shared = self.lcp(msgs, hashes);
+        let at = self.seq_before(shared);
+        let echoes = msgs
+            .get(shared)
+            .and_then(|m| self.echoed(at, m, hashes[shared], shared == self.active.len()));
+        Reach { shared, echoes }
+    }
+
+    /// The active line's row before position `p` (0 = none).
+    fn seq_before(&self, p: usize) -> u64 {
+        p.checked_sub(1).map_or(0, |i| self.active[i])
+    }
+
+    /// The unechoed answer given after row `after` that `msg` echoes: the
+    /// same bytes, the same normalized message, or the same tool call ids
+    /// (else the same first text). With `fallback`, an assistant message
+    /// echoes the latest answer there even when nothing else tells (a client
+    /// that re-serializes what it got), as one answer pending always did.
+    pub(super) fn echoed(&self, after: u64, msg: &str, hash: u64, fallback: bool) -> Option<usize> {
+        let here = || {
+            self.answers
+                .iter()
+                .enumerate()
+                .rev()
+                .filter(move |(_, a)| a.after == after)
+                .filter_map(|(i, a)| a.rows.first().map(|&seq| (i, self.row(seq))))
+        };
+        here().next()?;
+        if let Some((i, _)) = here().find(|(_, r)| r.raw_hash == hash) {
+            return Some(i);
+        }
+        let p = parse_msg(self.dialect, msg);
+        if let Some((i, _)) = here().find(|(_, r)| r.norm_hash == p.norm) {
+            return Some(i);
+        }
+        if p.echo != 0 {
+            if let Some((i, _)) = here().find(|(_, r)| r.echo == p.echo) {
+                return Some(i);
+            }
+        }
+        (fallback && p.info.kind == RowKind::Assistant)
+            .then(|| here().find(|(_, r)| r.kind == RowKind::Assistant))
+            .flatten()
+            .map(|(i, _)| i)
+    }
+
+    /// Where a request leaves the active line, if it does before the line's
+    /// end: the last row both share, and the unechoed answer (given there)
+    /// it continues with. None when it continues the line or shares nothing.
+    pub(super) fn divergence(&self, msgs: &[&str], hashes: &[u64]) -> Option<(u64, Option<usize>)> {
+        let reach = self.reach(msgs, hashes);
+        (reach.shared > 0 && reach.shared < self.active.len())
+            .then(|| (self.seq_before(reach.shared), reach.echoes))
+    }
+
+    /// Take an unechoed answer off this session (another conversation
+    /// continues it): its rows, to hide.
+    pub(super) fn give_away(&mut self, answer: usize) -> Vec<u64> {
+        if answer < self.answers.len() {
+            self.answers.remove(answer).rows
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Whether the active line is still in use: a step in flight, or one
+    /// that finished (or a request that arrived) within `window_ms`.
+    pub(super) fn live(&self, now: i64, window_ms: i64) -> bool {
+        !self.open.is_empty() || now - self.answered_ms.max(self.meta.last_ms) < window_ms
+    }
+
+    /// A step was sent upstream: it answers the active line's last row.
+    pub(super) fn step_opened(&mut self, step: u32) {
+        let tip = self.active.last().copied().unwrap_or(0);
+        self.open.push((step, tip));
+    }
+
+    /// A step finished (with an answer or not).
+    pub(super) fn step_done(&mut self, step: u32, now: i64) {
+        self.open.retain(|(s, _)| *s != step);
+        self.answered_ms = now;
     }
 
     /// How many rows of the active line a request must share to continue
@@ -190,6 +317,7 @@ impl State {
             tokens,
             media,
             turn,
+            echo: p.echo,
         });
         events.push(Row {
             seq,
@@ -205,8 +333,8 @@ impl State {
         seq
     }
 
-    /// Map the client's history onto the active line: confirm echoes, record
-    /// a branch when it diverges, append what is new.
+    /// Map the client's history onto the active line: record a branch when
+    /// it diverges, confirm the answer it echoes, append what is new.
     pub(super) fn absorb(&mut self, msgs: &[&str], hashes: &[u64], events: &mut Vec<Event>) {
         let id = self.meta.id.clone();
         let mut p = 0;
@@ -226,8 +354,16 @@ impl State {
         }
         if p < self.active.len() {
             let mut hidden = self.active.split_off(p);
-            // The last answer, never echoed, ends the abandoned line too.
-            hidden.append(&mut self.pending);
+            // The answers given on the abandoned line (its last one, never
+            // echoed) end it too.
+            let gone: std::collections::HashSet<u64> = hidden.iter().copied().collect();
+            self.answers.retain(|a| {
+                let keep = !gone.contains(&a.after);
+                if !keep {
+                    hidden.extend_from_slice(&a.rows);
+                }
+                keep
+            });
             self.branch += 1;
             events.push(Event::Branch {
                 session: id.clone(),
@@ -240,10 +376,13 @@ impl State {
             self.last_usage = None;
             self.pending_est = 0;
         }
-        // Echoes of the last response confirm its rows, in order.
-        let pending = std::mem::take(&mut self.pending);
-        if p == self.active.len() {
-            for seq in pending {
+        // The echo of an answer to the line's last row confirms its rows, in order.
+        let tip = self.seq_before(p);
+        if let Some(i) = msgs
+            .get(p)
+            .and_then(|m| self.echoed(tip, m, hashes[p], true))
+        {
+            for seq in self.answers.remove(i).rows {
                 let Some(m) = msgs.get(p) else { break };
                 let parsed = parse_msg(self.dialect, m);
                 let idx = (seq - 1) as usize;
@@ -262,6 +401,7 @@ impl State {
                 });
                 self.rows[idx].raw_hash = hashes[p];
                 self.rows[idx].norm_hash = parsed.norm;
+                self.rows[idx].echo = parsed.echo;
                 self.active.push(seq);
                 p += 1;
             }
@@ -281,8 +421,11 @@ impl State {
     /// Append every message as new (server-side conversation state): the
     /// previous response's rows are taken as confirmed.
     pub(super) fn append_stateful(&mut self, msgs: &[&str], events: &mut Vec<Event>) {
-        let pending = std::mem::take(&mut self.pending);
-        self.active.extend(pending);
+        let tip = self.seq_before(self.active.len());
+        if let Some(i) = self.answers.iter().rposition(|a| a.after == tip) {
+            let answer = self.answers.remove(i);
+            self.active.extend(answer.rows);
+        }
         let mut rows = Vec::new();
         for m in msgs {
             let parsed = parse_msg(self.dialect, m);
@@ -335,6 +478,7 @@ impl State {
     /// rows, pending until the client echoes them.
     pub(super) fn take_answer(
         &mut self,
+        step: u32,
         collected: &dialect::Collected,
         body_len: usize,
         body_media: Cost,
@@ -357,12 +501,25 @@ impl State {
             self.totals.cache_write += u.cache_write;
         }
         let mut rows = Vec::new();
-        let mut pending = Vec::new();
+        let mut answer = Vec::new();
         for raw in &collected.rows {
             let parsed = parse_msg(self.dialect, raw);
-            pending.push(self.push_row(raw, parsed, true, &mut rows));
+            answer.push(self.push_row(raw, parsed, true, &mut rows));
         }
-        self.pending = pending;
+        if !answer.is_empty() {
+            let after = self
+                .open
+                .iter()
+                .find(|(s, _)| *s == step)
+                .map_or_else(|| self.seq_before(self.active.len()), |(_, tip)| *tip);
+            self.answers.push(Answer {
+                after,
+                rows: answer,
+            });
+            if self.answers.len() > MAX_ANSWERS {
+                self.answers.remove(0);
+            }
+        }
         rows
     }
 
@@ -384,6 +541,8 @@ impl State {
         st.branch = l.branch;
         st.step = l.steps;
         let hidden: std::collections::HashSet<u64> = l.hidden.into_iter().collect();
+        // The last answer, until a client row follows it.
+        let mut pending = Vec::new();
         for r in &l.rows {
             let p = parse_msg(dialect, &r.raw);
             if p.info.kind == RowKind::Prompt {
@@ -401,15 +560,22 @@ impl State {
                 tokens: r.tokens,
                 media: media::cost(&r.raw),
                 turn: r.turn,
+                echo: p.echo,
             });
             if !hidden.contains(&r.seq) {
                 if r.from_response {
-                    st.pending.push(r.seq);
+                    pending.push(r.seq);
                 } else {
-                    st.pending.clear();
+                    pending.clear();
                     st.active.push(r.seq);
                 }
             }
+        }
+        if !pending.is_empty() {
+            st.answers.push(Answer {
+                after: st.seq_before(st.active.len()),
+                rows: pending,
+            });
         }
         // A restored ledger may miss rows the crash lost: seq numbering must
         // continue from what is on disk, which `rows.len()` does only if the
@@ -443,6 +609,9 @@ impl State {
             ..self.meter
         };
         fresh.step = fresh.step.max(self.step);
+        // Steps in flight still answer (their rows land after the resync).
+        fresh.open = std::mem::take(&mut self.open);
+        fresh.answered_ms = self.answered_ms;
         tracing::info!(
             session = %self.meta.id,
             recorded = fresh.rows.len(),

@@ -186,7 +186,7 @@ impl Ticket {
         let mut st = self.session.state.lock();
         let mut events = Vec::new();
         if ok && (200..300).contains(&status) {
-            let rows = st.take_answer(collected, self.body_len, self.media);
+            let rows = st.take_answer(self.step, collected, self.body_len, self.media);
             if !rows.is_empty() {
                 self.recorder
                     .metrics
@@ -198,6 +198,7 @@ impl Ticket {
                 });
             }
         }
+        st.step_done(self.step, now_ms());
         events.push(step_event(&st, self, status, collected));
         drop(st);
         self.recorder.emit(events);

@@ -21,6 +21,7 @@ fn manager() -> (SessionManager, Recorded) {
             max_output: Some(8_000),
         }),
         tideline_enabled: true,
+        live_window: LIVE_WINDOW,
     };
     let m = SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev)));
     (m, seen)
@@ -143,7 +144,11 @@ fn a_ticket_dropped_unfinished_records_a_failed_step_once() {
     );
     assert!(row_seqs(&events).is_empty(), "no answer rows");
     let s = m.latest().expect("session");
-    assert!(s.state.lock().pending.is_empty());
+    assert!(s.state.lock().answers.is_empty());
+    assert!(
+        s.state.lock().open.is_empty(),
+        "the step is no longer in flight"
+    );
 }
 
 #[test]
@@ -272,4 +277,178 @@ fn a_failing_restore_still_records_the_request() {
     );
     assert!(p.ticket.is_some());
     assert_eq!(row_seqs(&take(&seen)), vec![1]);
+}
+
+/// A client that names no session: keyed by the fingerprint of its opening.
+fn headerless() -> Identity {
+    Identity {
+        client_key: None,
+        client: "unknown",
+        context_1m: false,
+    }
+}
+
+fn manager_live(window: std::time::Duration) -> (SessionManager, Recorded) {
+    let (m, seen) = manager();
+    let mut settings = m.settings().clone();
+    settings.live_window = window;
+    let s = seen.clone();
+    let m = SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev)));
+    (m, seen)
+}
+
+fn text_answer(text: &str) -> Collected {
+    Collected {
+        rows: vec![format!(
+            r#"{{"role":"assistant","content":[{{"type":"text","text":"{text}"}}]}}"#
+        )],
+        ..answer(USAGE)
+    }
+}
+
+fn user(text: &str) -> String {
+    format!(r#"{{"role":"user","content":"{text}"}}"#)
+}
+
+/// The client's echo of an answer: other bytes (a string content) than the
+/// proxy's reassembly.
+fn echo(text: &str) -> String {
+    format!(r#"{{"role":"assistant","content":"{text}"}}"#)
+}
+
+fn send(m: &SessionManager, id: &Identity, msgs: &[&str]) -> Ticket {
+    m.prepare(Dialect::Anthropic, ReqKind::Main, id, body(msgs))
+        .ticket
+        .expect("a main request has a ticket")
+}
+
+fn sessions_created(events: &[Event]) -> Vec<SessionMeta> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Session(m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn branches(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Branch { .. }))
+        .count()
+}
+
+use oceancode_ledger::SessionMeta;
+
+#[test]
+fn two_agents_with_the_same_first_request_part_when_both_continue_it() {
+    let (m, seen) = manager();
+    let id = headerless();
+    // Both send the opening; both answers hang off it.
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("A1"));
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("B1"));
+    let first = take(&seen);
+    assert_eq!(
+        row_seqs(&first),
+        vec![1, 2, 3],
+        "the opening once, both answers"
+    );
+    // A continues with its answer: confirmed, the line grows.
+    let (a1, a2) = (echo("A1"), user("A2"));
+    send(&m, &id, &[HELLO, &a1, &a2]).complete(200, true, &text_answer("A3"));
+    let events = take(&seen);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Confirm { seq: 2, .. })));
+    assert_eq!(row_seqs(&events), vec![4, 5]);
+    // B continues with its own answer: another conversation, a sibling
+    // linked after the opening; its answer leaves the first session.
+    let (b1, b2) = (echo("B1"), user("B2"));
+    send(&m, &id, &[HELLO, &b1, &b2]);
+    let events = take(&seen);
+    assert_eq!(branches(&events), 0, "no branch: {events:?}");
+    let first_id = m
+        .sessions()
+        .into_iter()
+        .find(|s| s.state.lock().meta.parent.is_none())
+        .expect("the first session")
+        .id
+        .clone();
+    assert!(events.iter().any(|e| matches!(e,
+        Event::Hide { session, seqs } if *session == first_id && *seqs == [3])));
+    let created = sessions_created(&events);
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].parent.as_deref(), Some(first_id.as_str()));
+    assert_eq!(created[0].parent_seq, Some(1));
+    assert_eq!(row_seqs(&events), vec![1, 2, 3], "the sibling's own rows");
+    assert_eq!(m.sessions().len(), 2);
+    // Each goes on in its own session, without a branch or a copy.
+    let (a3, a4) = (echo("A3"), user("A4"));
+    send(&m, &id, &[HELLO, &a1, &a2, &a3, &a4]);
+    let events = take(&seen);
+    assert_eq!(branches(&events), 0);
+    assert_eq!(row_seqs(&events), vec![6], "A's next ask only");
+    assert!(sessions_created(&events).is_empty());
+}
+
+#[test]
+fn leaving_a_line_with_a_step_in_flight_is_a_sibling_and_a_quiet_one_a_branch() {
+    // No time window: only a step in flight makes a line live.
+    let (m, seen) = manager_live(std::time::Duration::ZERO);
+    let id = headerless();
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("one"));
+    let (one, two) = (echo("one"), user("two"));
+    let in_flight = send(&m, &id, &[HELLO, &one, &two]);
+    take(&seen);
+    let other = user("another two");
+    send(&m, &id, &[HELLO, &one, &other]).complete(200, true, &text_answer("x"));
+    let events = take(&seen);
+    assert_eq!(branches(&events), 0);
+    let created = sessions_created(&events);
+    assert_eq!(created.len(), 1, "a sibling: {events:?}");
+    assert_eq!(created[0].parent_seq, Some(2), "after the shared answer");
+    in_flight.complete(200, true, &text_answer("three"));
+    take(&seen);
+    // Now the first line is quiet: leaving it is a rewind.
+    let edited = user("two, edited");
+    send(&m, &id, &[HELLO, &one, &edited]);
+    let events = take(&seen);
+    assert_eq!(branches(&events), 1, "{events:?}");
+    assert!(sessions_created(&events).is_empty());
+}
+
+#[test]
+fn a_named_session_is_one_conversation_leaving_its_line_is_a_rewind() {
+    let (m, seen) = manager();
+    let id = ident("named");
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("one"));
+    let (one, two) = (echo("one"), user("two"));
+    let _in_flight = send(&m, &id, &[HELLO, &one, &two]);
+    take(&seen);
+    let other = user("another two");
+    send(&m, &id, &[HELLO, &one, &other]);
+    let events = take(&seen);
+    assert_eq!(branches(&events), 1);
+    assert!(sessions_created(&events).is_empty());
+    assert_eq!(m.sessions().len(), 1);
+}
+
+#[test]
+fn a_retried_request_is_no_sibling_and_its_client_continues_either_answer() {
+    let (m, seen) = manager();
+    let id = headerless();
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("first try"));
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("second try"));
+    take(&seen);
+    // The client kept the second answer (its first attempt timed out).
+    let (got, next) = (echo("second try"), user("next"));
+    send(&m, &id, &[HELLO, &got, &next]);
+    let events = take(&seen);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Confirm { seq: 3, .. })));
+    assert_eq!(row_seqs(&events), vec![4]);
+    assert_eq!(m.sessions().len(), 1);
+    assert_eq!(branches(&events), 0);
 }
