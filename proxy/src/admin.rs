@@ -310,6 +310,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         ("oceancode_rewritten_total", "Requests whose conversation was windowed.", load(&s.rewritten)),
         ("oceancode_too_long_retries_total", "Retries after a too-long error.", load(&s.too_long_retries)),
         ("oceancode_branches_total", "Branches recorded.", load(&s.branches)),
+        ("oceancode_siblings_total", "Sibling sessions: headerless conversations that left a live line with the same opening.", load(&s.siblings)),
     ] {
         p.counter(name, help, v);
     }

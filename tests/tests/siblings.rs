@@ -109,14 +109,23 @@ struct Run {
 /// `agents` agents of `steps` steps each, their requests interleaved one
 /// by one.
 async fn interleaved(h: &Harness, agents: usize, steps: usize) -> Run {
-    let mut histories = vec![opening(); agents];
-    let mut windows = vec![Vec::new(); agents];
-    for n in 0..steps {
-        for a in 0..agents {
-            windows[a].push(step(h, &mut histories[a], a, n).await);
+    let mut run = Run {
+        histories: vec![opening(); agents],
+        windows: vec![Vec::new(); agents],
+    };
+    go_on(h, &mut run, steps).await;
+    run
+}
+
+/// `steps` more steps of every agent of `run`, interleaved.
+async fn go_on(h: &Harness, run: &mut Run, steps: usize) {
+    let from = run.windows[0].len();
+    for n in from..from + steps {
+        for a in 0..run.histories.len() {
+            let w = step(h, &mut run.histories[a], a, n).await;
+            run.windows[a].push(w);
         }
     }
-    Run { histories, windows }
 }
 
 /// `agents` agents of `steps` steps each, all running at once.
@@ -258,6 +267,22 @@ async fn check(h: &Harness, run: &Run, label: &str) {
             assert_eq!(s.meta.parent_seq, Some(1), "{label}: linked at the opening");
         }
     }
+    let metrics = oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            http::Method::GET,
+            "/metrics",
+            &[],
+            bytes::Bytes::new(),
+        )
+        .await,
+    )
+    .await
+    .text();
+    assert!(
+        metrics.contains(&format!("\noceancode_siblings_total {}\n", agents - 1)),
+        "{label}: {metrics}"
+    );
     // The admin API lists them with their link.
     let live = h.admin("/_oceancode/sessions").await;
     let live = live["sessions"].as_array().cloned().unwrap_or_default();
@@ -344,6 +369,17 @@ async fn eight_parallel_agents_with_the_same_opening_are_eight_sessions() {
     let h = Arc::new(harness(None).await);
     let run = parallel(h.clone(), 8, 30).await;
     check(&h, &run, "8 parallel").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn siblings_read_back_from_the_ledger_go_on_apart() {
+    let h = harness(None).await;
+    let mut run = interleaved(&h, 2, 25).await;
+    h.settle().await;
+    let app = &h.proxy().app;
+    assert_eq!(app.sessions.evict_idle(-1), 2, "both left memory");
+    go_on(&h, &mut run, 25).await;
+    check(&h, &run, "2 restored").await;
 }
 
 /// A headerless client that answers `questions` one after another, then

@@ -190,6 +190,7 @@ impl SessionManager {
         at: u64,
     ) -> Arc<Session> {
         let s = self.new_session(req, Some(parent), Some(at));
+        self.metrics.siblings.fetch_add(1, Ordering::Relaxed);
         let mut idx = self.index.lock();
         idx.insert(&req.key, s.clone());
         idx.latest = Some(s.id.clone());

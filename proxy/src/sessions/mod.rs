@@ -116,6 +116,8 @@ pub struct SessionMetrics {
     pub rows: AtomicU64,
     /// Branches recorded.
     pub branches: AtomicU64,
+    /// Sibling sessions made (another conversation with the same opening).
+    pub siblings: AtomicU64,
     /// Requests whose body was rewritten.
     pub rewritten: AtomicU64,
     /// Retries after a too-long error.
