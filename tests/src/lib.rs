@@ -189,6 +189,22 @@ impl Harness {
         .json()
     }
 
+    /// The proxy's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        collect(
+            self.send(
+                &self.url(),
+                http::Method::GET,
+                "/metrics",
+                &[],
+                Bytes::new(),
+            )
+            .await,
+        )
+        .await
+        .text()
+    }
+
     /// Wait until every ledger write so far is committed.
     pub async fn settle(&self) {
         if let Some(s) = &self.proxy().app.store {
@@ -420,6 +436,22 @@ pub fn push_tool_step(
         .to_string();
     history.push(serde_json::json!({"role": "assistant", "content": content}));
     history.push(serde_json::json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": result}]}));
+}
+
+/// `lines` lines of varied tool output (~14 tokens a line) for `step`;
+/// `salt` varies the hashes (another agent's checkout).
+pub fn tool_lines(step: usize, lines: usize, salt: usize) -> String {
+    let mut s = String::with_capacity(lines * 72);
+    for i in 0..lines {
+        s.push_str(&format!(
+            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
+            i % 7,
+            (step * 31 + i) % 97,
+            step * 13 + i,
+            (salt * step * 2654435761 + i * 40503) as u32
+        ));
+    }
+    s
 }
 
 /// The last seq a stub message names, if `msg` is a stub (Anthropic shape).

@@ -175,18 +175,7 @@ async fn a_rewind_records_a_branch_and_deletes_nothing() {
         "the old line is kept"
     );
     assert!(texts.iter().any(|t| t.contains("another second question")));
-    let m = oceancode_tests::collect(
-        h.send(
-            &h.url(),
-            http::Method::GET,
-            "/metrics",
-            &[],
-            bytes::Bytes::new(),
-        )
-        .await,
-    )
-    .await
-    .text();
+    let m = h.metrics().await;
     assert!(m.contains("\noceancode_branches_total 1\n"), "{m}");
 }
 

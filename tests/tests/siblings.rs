@@ -32,17 +32,11 @@ fn markers_in(text: &str, agents: usize) -> BTreeSet<usize> {
 
 /// ~1.5k tokens of tool output from agent `a`'s checkout.
 fn tool_output(a: usize, step: usize) -> String {
-    let mut s = format!("{} step {step}\n", marker(a));
-    for i in 0..55 {
-        s.push_str(&format!(
-            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
-            i % 7,
-            (step * 31 + i) % 97,
-            step * 13 + i,
-            ((a + 1) * step * 2654435761 + i * 40503) as u32
-        ));
-    }
-    s
+    format!(
+        "{} step {step}\n{}",
+        marker(a),
+        oceancode_tests::tool_lines(step, 55, a + 1)
+    )
 }
 
 async fn harness(live: Option<Duration>) -> Harness {
@@ -267,18 +261,7 @@ async fn check(h: &Harness, run: &Run, label: &str) {
             assert_eq!(s.meta.parent_seq, Some(1), "{label}: linked at the opening");
         }
     }
-    let metrics = oceancode_tests::collect(
-        h.send(
-            &h.url(),
-            http::Method::GET,
-            "/metrics",
-            &[],
-            bytes::Bytes::new(),
-        )
-        .await,
-    )
-    .await
-    .text();
+    let metrics = h.metrics().await;
     assert!(
         metrics.contains(&format!("\noceancode_siblings_total {}\n", agents - 1)),
         "{label}: {metrics}"

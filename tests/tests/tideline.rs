@@ -16,17 +16,7 @@ const BLOCK: u64 = 56_000; // 70% of the line
 
 fn tool_output(step: usize) -> String {
     // ~1.7k tokens of varied text per tool result.
-    let mut s = String::with_capacity(8_000);
-    for i in 0..110 {
-        s.push_str(&format!(
-            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
-            i % 7,
-            (step * 31 + i) % 97,
-            step * 13 + i,
-            (step * 2654435761 + i * 40503) as u32
-        ));
-    }
-    s
+    oceancode_tests::tool_lines(step, 110, 1)
 }
 
 fn upstream_messages(r: &Recorded) -> Vec<Value> {

@@ -5,7 +5,7 @@ use super::*;
 use crate::dialect::Collected;
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
-use oceancode_ledger::{Dialect, Usage};
+use oceancode_ledger::{Dialect, SessionMeta, Usage};
 
 type Recorded = Arc<Mutex<Vec<Event>>>;
 
@@ -338,8 +338,6 @@ fn branches(events: &[Event]) -> usize {
         .filter(|e| matches!(e, Event::Branch { .. }))
         .count()
 }
-
-use oceancode_ledger::SessionMeta;
 
 #[test]
 fn two_agents_with_the_same_first_request_part_when_both_continue_it() {
