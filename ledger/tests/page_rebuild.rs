@@ -149,6 +149,7 @@ fn page_schema_v1_migrates_to_v2() {
             "DROP TRIGGER row_text_ai; DROP TRIGGER row_text_ad; DROP TRIGGER row_text_au;
              DROP TABLE row_fts; DROP TABLE row_text; DROP TABLE page_notes;
              DROP INDEX sessions_client; ALTER TABLE steps DROP COLUMN error;
+             ALTER TABLE sessions DROP COLUMN parent_seq;
              UPDATE schema_version SET version = 1;",
         )
         .expect("downgrade");

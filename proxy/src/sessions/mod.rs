@@ -208,7 +208,8 @@ impl SessionManager {
     }
 
     /// Set (or clear) the line for one session, or for all when `session` is None.
-    /// Sub-agent sessions follow their parent's override.
+    /// Sub-agent sessions follow their parent's override; a sibling (another
+    /// conversation) took its parent's when it began, and keeps its own.
     pub fn set_override(
         &self,
         session: Option<&str>,
@@ -225,7 +226,10 @@ impl SessionManager {
                 let children: Vec<Arc<Session>> = self
                     .sessions()
                     .into_iter()
-                    .filter(|c| c.state.lock().meta.parent.as_deref() == Some(id))
+                    .filter(|c| {
+                        let st = c.state.lock();
+                        st.meta.parent.as_deref() == Some(id) && st.meta.parent_seq.is_none()
+                    })
                     .collect();
                 for c in children {
                     c.state.lock().override_line = line;

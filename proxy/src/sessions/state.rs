@@ -63,7 +63,7 @@ pub(super) struct Answer {
 }
 
 /// Unechoed answers kept for matching (older ones stay in the ledger).
-const MAX_ANSWERS: usize = 32;
+const MAX_ANSWERS: usize = 64;
 
 /// Where a request's history leaves a session's active line.
 #[derive(Debug, Clone, Copy)]

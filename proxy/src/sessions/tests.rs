@@ -388,6 +388,13 @@ fn two_agents_with_the_same_first_request_part_when_both_continue_it() {
     assert_eq!(branches(&events), 0);
     assert_eq!(row_seqs(&events), vec![6], "A's next ask only");
     assert!(sessions_created(&events).is_empty());
+    // A line set on the first session is not forced on its sibling (another
+    // conversation), as it is on a sub-agent.
+    m.set_override(Some(&first_id), Some(LineSpec::Tokens(30_000)))
+        .expect("override");
+    let sibling = created[0].id.as_str();
+    let sibling = m.get(sibling).expect("the sibling is live");
+    assert_eq!(sibling.state.lock().override_line(), None);
 }
 
 #[test]
