@@ -18,6 +18,7 @@ pub mod parts;
 pub mod paths;
 pub mod rebuild;
 pub mod recall;
+pub mod resolve;
 pub mod retention;
 pub mod status;
 pub mod store;

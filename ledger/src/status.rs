@@ -84,6 +84,25 @@ pub fn totals(
     (all, by_model)
 }
 
+/// Where the line `status` shows comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LineSource {
+    /// A running proxy holds the session: its line now (runtime overrides
+    /// and learned ceilings included).
+    Live {
+        /// Which proxy (`the run proxy (python3, pid 9, http://…)`).
+        proxy: String,
+    },
+    /// No running proxy holds it: the line it last ran with, as recorded.
+    Recorded {
+        /// Unix milliseconds it came in force.
+        since_ms: i64,
+    },
+    /// Nothing recorded and no proxy holds it: the configured line.
+    Configured,
+}
+
 /// What `status` shows for one session.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Status {
@@ -105,9 +124,10 @@ pub struct Status {
     pub line: u64,
     /// How the line was set (`40%`, `500k`, `ceiling`).
     pub line_spec: String,
-    /// True when `line`/`line_spec` are the running proxy's live line; false
-    /// when they are the configured one (no proxy answered).
+    /// True when `line`/`line_spec` are the running proxy's live line.
     pub line_live: bool,
+    /// Where `line`/`line_spec` come from.
+    pub line_source: LineSource,
     /// The model's context window, if known.
     pub context: Option<u64>,
     /// Last seq past the tideline (0 = never cut).
@@ -154,6 +174,7 @@ impl Status {
             line,
             line_spec,
             line_live: false,
+            line_source: LineSource::Configured,
             context,
             cut_upto: cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0),
             cuts: cuts.len() as u32,
@@ -224,10 +245,15 @@ impl Status {
                 tokens(self.window - self.line)
             )
         };
-        let source = if self.line_live {
-            ""
-        } else {
-            ", as configured: no proxy answered"
+        let source = match &self.line_source {
+            LineSource::Live { proxy } => format!(", live from {proxy}"),
+            LineSource::Recorded { since_ms } => format!(
+                ", as it ran (recorded {}): no running proxy holds the session",
+                crate::transcript::utc_iso(*since_ms)
+            ),
+            LineSource::Configured => {
+                ", as configured: none recorded, no running proxy holds the session".to_string()
+            }
         };
         let _ = writeln!(
             out,

@@ -150,6 +150,8 @@ fn page_schema_v1_migrates_to_v2() {
              DROP TABLE row_fts; DROP TABLE row_text; DROP TABLE page_notes;
              DROP INDEX sessions_client; ALTER TABLE steps DROP COLUMN error;
              ALTER TABLE sessions DROP COLUMN parent_seq;
+             ALTER TABLE sessions DROP COLUMN line; ALTER TABLE sessions DROP COLUMN line_spec;
+             ALTER TABLE sessions DROP COLUMN line_ms;
              UPDATE schema_version SET version = 1;",
         )
         .expect("downgrade");

@@ -1,7 +1,8 @@
 //! Schema version 4 (the client-key index, a failed step's error kind, a
-//! sibling's divergence point), the migrations from versions 2 and 3, the
-//! restorer API and the one policy for a stored dialect this build does not
-//! know.
+//! sibling's divergence point) and 5 (the line a session ran with), the
+//! migrations from versions 2, 3 and 4, the restorer API, resolving a
+//! session by name, and the one policy for a stored dialect this build does
+//! not know.
 
 mod store_common;
 
@@ -83,6 +84,9 @@ fn version_2_is_migrated() {
             "DROP INDEX sessions_client;
              ALTER TABLE steps DROP COLUMN error;
              ALTER TABLE sessions DROP COLUMN parent_seq;
+             ALTER TABLE sessions DROP COLUMN line;
+             ALTER TABLE sessions DROP COLUMN line_spec;
+             ALTER TABLE sessions DROP COLUMN line_ms;
              UPDATE schema_version SET version = 2;",
         )
         .expect("back to version 2");
@@ -97,7 +101,7 @@ fn version_2_is_migrated() {
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
     assert!(p.contains("USING INDEX sessions_client"), "{p}");
     let errors: Vec<Option<String>> = store
@@ -109,8 +113,8 @@ fn version_2_is_migrated() {
     assert_eq!(errors, vec![None, Some("bad_gateway".to_string())]);
 }
 
-/// A version-3 database (no `sessions.parent_seq`) is brought to version 4
-/// with its data, and a sibling's link reads back everywhere.
+/// A version-3 database (no `sessions.parent_seq`) is brought to the current
+/// version with its data, and a sibling's link reads back everywhere.
 #[test]
 fn version_3_is_migrated_and_a_siblings_link_reads_back() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -125,6 +129,9 @@ fn version_3_is_migrated_and_a_siblings_link_reads_back() {
         let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
         c.execute_batch(
             "ALTER TABLE sessions DROP COLUMN parent_seq;
+             ALTER TABLE sessions DROP COLUMN line;
+             ALTER TABLE sessions DROP COLUMN line_spec;
+             ALTER TABLE sessions DROP COLUMN line_ms;
              UPDATE schema_version SET version = 3;",
         )
         .expect("back to version 3");
@@ -147,6 +154,106 @@ fn version_3_is_migrated_and_a_siblings_link_reads_back() {
     );
     let restored = store.restore_client("fp:k").expect("restore");
     assert_eq!(restored[1].meta, sib);
+}
+
+fn line(session: &str, line: u64, spec: &str, ts_ms: i64) -> Event {
+    Event::Line {
+        session: session.into(),
+        line,
+        spec: spec.into(),
+        ts_ms,
+    }
+}
+
+/// The line a session ran with is kept (the latest one), and survives the
+/// session's meta being written again.
+#[test]
+fn the_line_a_session_ran_with_is_recorded() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    store
+        .submit(Event::Session(meta("l", Dialect::Anthropic)))
+        .expect("session");
+    store.settle_blocking().expect("settle");
+    assert_eq!(store.recorded_line("l").expect("read"), None);
+    store.submit(line("l", 80_000, "40%", 10)).expect("line");
+    store.submit(line("l", 20_000, "20k", 20)).expect("line");
+    let mut again = meta("l", Dialect::Anthropic);
+    again.last_ms += 100;
+    store.submit(Event::Session(again)).expect("session");
+    store.settle_blocking().expect("settle");
+    let got = store.recorded_line("l").expect("read").expect("a line");
+    assert_eq!(
+        (got.line, got.spec.as_str(), got.ts_ms),
+        (20_000, "20k", 20)
+    );
+    // A line for a session the ledger does not know is refused, not kept.
+    store.submit(line("nobody", 1, "1", 1)).expect("queued");
+    store.settle_blocking().expect("settle");
+    assert_eq!(store.recorded_line("nobody").expect("read"), None);
+}
+
+/// A version-4 database gets the line columns, its sessions none recorded.
+#[test]
+fn version_4_is_migrated() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let store = open(tmp.path());
+        store
+            .submit(Event::Session(meta("v4", Dialect::Anthropic)))
+            .expect("session");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch(
+            "ALTER TABLE sessions DROP COLUMN line;
+             ALTER TABLE sessions DROP COLUMN line_spec;
+             ALTER TABLE sessions DROP COLUMN line_ms;
+             UPDATE schema_version SET version = 4;",
+        )
+        .expect("back to version 4");
+    }
+    let store = open(tmp.path());
+    assert_eq!(store.recorded_line("v4").expect("read"), None);
+    store.submit(line("v4", 30_000, "30%", 5)).expect("line");
+    store.settle_blocking().expect("settle");
+    assert_eq!(
+        store.recorded_line("v4").expect("read").map(|l| l.line),
+        Some(30_000)
+    );
+}
+
+/// `resolve_session` takes the ledger id, the client's own name or id, or a
+/// unique prefix; anything else is an error naming the closest sessions.
+#[test]
+fn sessions_resolve_by_id_client_name_or_prefix() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut root = meta("20260101-100000-s-aaaaaa", Dialect::Anthropic);
+    root.client_session = Some("name:probe".into());
+    let mut sub = meta("20260101-100001-s-bbbbbb", Dialect::Anthropic);
+    sub.client_session = Some("name:probe".into());
+    sub.parent = Some(root.id.clone());
+    sub.created_ms += 1;
+    let mut cc = meta("20260102-100000-cc-cccccc", Dialect::Anthropic);
+    cc.client_session = Some("cc:3f1c9a2e-0000".into());
+    for m in [root.clone(), sub.clone(), cc.clone()] {
+        store.submit(Event::Session(m)).expect("session");
+    }
+    store.settle_blocking().expect("settle");
+    let r = |s: &str| store.resolve_session(Some(s));
+    assert_eq!(r("probe").expect("name"), root.id);
+    assert_eq!(r(&sub.id).expect("id"), sub.id);
+    assert_eq!(r("3f1c9a2e-0000").expect("cc id"), cc.id);
+    assert_eq!(r("20260102").expect("prefix"), cc.id);
+    let e = r("prob3").expect_err("unknown");
+    assert!(matches!(e, StoreError::Resolve(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("no session \"prob3\""), "{msg}");
+    assert!(msg.contains(&format!("{}  probe", root.id)), "{msg}");
+    let msg = r("20260101").expect_err("ambiguous").to_string();
+    assert!(msg.contains("ambiguous") && msg.contains(&sub.id), "{msg}");
 }
 
 #[test]

@@ -237,6 +237,19 @@ pub enum Event {
         /// Unix milliseconds.
         ts_ms: i64,
     },
+    /// The line in force for the session changed (its first request, a
+    /// `tideline` override, a learned ceiling): what `status` shows for a
+    /// session no running proxy holds.
+    Line {
+        /// Ledger session id.
+        session: String,
+        /// The line in tokens.
+        line: u64,
+        /// How it was set, as a person reads it (`40%`, `20k`, `ceiling`).
+        spec: String,
+        /// Unix milliseconds.
+        ts_ms: i64,
+    },
 }
 
 impl Event {
@@ -249,7 +262,8 @@ impl Event {
             | Event::Branch { session, .. }
             | Event::Hide { session, .. }
             | Event::Step { session, .. }
-            | Event::Cut { session, .. } => session,
+            | Event::Cut { session, .. }
+            | Event::Line { session, .. } => session,
         }
     }
 }

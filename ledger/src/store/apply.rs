@@ -301,5 +301,17 @@ pub(super) fn apply_event(
                 .execute(params![session, to_i64(*upto_seq)])?;
             Ok(Outcome::Applied(None, Vec::new(), false))
         }
+        Event::Line {
+            session,
+            line,
+            spec,
+            ts_ms,
+        } => {
+            c.prepare_cached(
+                "UPDATE sessions SET line = ?2, line_spec = ?3, line_ms = ?4 WHERE id = ?1",
+            )?
+            .execute(params![session, to_i64(*line), spec, ts_ms])?;
+            Ok(Outcome::Applied(None, Vec::new(), false))
+        }
     }
 }

@@ -98,6 +98,17 @@ pub struct CutRecord {
     pub ts_ms: i64,
 }
 
+/// The line a session last ran with (recorded from its requests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineRecord {
+    /// The line in tokens.
+    pub line: u64,
+    /// How it was set (`40%`, `20k`, `ceiling`).
+    pub spec: String,
+    /// Unix milliseconds it came in force.
+    pub ts_ms: i64,
+}
+
 /// A snapshot of the writer's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreMetrics {
@@ -272,6 +283,8 @@ pub trait LedgerRead: Send + Sync {
     fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError>;
     /// A session's tideline cuts in order.
     fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError>;
+    /// The line a session last ran with, if one was recorded.
+    fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError>;
     /// A whole session (settles first).
     fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError>;
     /// One session's rows, oldest first (see [`crate::recall`]).

@@ -42,9 +42,9 @@ pub enum StoreError {
     /// No session has this id (or id prefix).
     #[error("no session {0:?} in the ledger")]
     UnknownSession(String),
-    /// A session prefix matched more than one session.
-    #[error("session prefix {0:?} matches {1} sessions; give more of the id")]
-    AmbiguousSession(String, usize),
+    /// A session name matched no session, or more than one.
+    #[error(transparent)]
+    Resolve(#[from] crate::resolve::ResolveError),
     /// The ledger has no session yet.
     #[error("the ledger has no session yet")]
     NoSessions,

@@ -2,8 +2,8 @@
 //! one of [`Store`] (kept so callers need no trait import).
 
 use super::backend::{
-    Behind, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LoadedSession, SessionSummary,
-    SettleFuture, StepRecord, StoreMetrics,
+    Behind, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord, LoadedSession,
+    SessionSummary, SettleFuture, StepRecord, StoreMetrics,
 };
 use super::error::StoreError;
 use super::Store;
@@ -80,6 +80,9 @@ impl LedgerRead for Store {
     }
     fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
         Store::cuts(self, id)
+    }
+    fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
+        Store::recorded_line(self, id)
     }
     fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError> {
         Store::load_session(self, id)

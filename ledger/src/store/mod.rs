@@ -49,7 +49,7 @@ mod writer;
 
 pub use backend::{
     Behind, BehindReason, CutRecord, Health, HealthStatus, LedgerRead, LedgerStore, LedgerWrite,
-    LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
+    LineRecord, LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
 };
 pub(crate) use error::io_err;
 pub use error::StoreError;

@@ -36,6 +36,7 @@ pub(super) fn event_bytes(ev: &Event) -> usize {
         Event::Hide { seqs, .. } => seqs.len() * 8,
         Event::Step { model, error, .. } => model.len() + error.as_ref().map_or(0, String::len),
         Event::Cut { .. } => 0,
+        Event::Line { spec, .. } => spec.len(),
     }
 }
 

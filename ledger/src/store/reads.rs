@@ -2,10 +2,10 @@
 //! that see committed state — session lists and lookups, rows, steps, cuts,
 //! whole sessions, and recall (log, entry, full-text search).
 
-use super::backend::{CutRecord, LoadedSession, SessionSummary, StepRecord};
+use super::backend::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
 use super::error::StoreError;
 use super::schema::open_reader;
-use super::sql::{self, read_row, session_exists, stored_dialect, to_i64, ROW_COLS};
+use super::sql::{self, read_row, stored_dialect, to_i64, ROW_COLS};
 use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use crate::recall::{clip_body, fts_query, RecallHit, BODY_MAX};
@@ -128,27 +128,37 @@ impl Store {
         })
     }
 
-    /// The session `spec` names: `None` = the most recent; an exact id; else
-    /// a unique id prefix. Reads committed state (does not settle).
+    /// The session `spec` names: `None` = the most recent; else as
+    /// [`crate::resolve::resolve`] reads it (the ledger id, the client's
+    /// session name or id, or a unique prefix of one). An unknown or
+    /// ambiguous name is an error listing the closest sessions. Reads
+    /// committed state (does not settle).
     pub fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
         let Some(spec) = spec else {
             return self.latest_session()?.ok_or(StoreError::NoSessions);
         };
+        Ok(crate::resolve::resolve(spec, &self.session_candidates()?)?)
+    }
+
+    /// Every session as a name may mean it ([`crate::resolve::Candidate`]).
+    pub fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
         self.with_reader(|c| {
-            if session_exists(c, spec)? {
-                return Ok(spec.to_string());
-            }
             let mut stmt = c.prepare(
-                "SELECT id FROM sessions WHERE substr(id, 1, length(?1)) = ?1 ORDER BY last_ms DESC",
+                "SELECT id, client, client_session, parent, created_ms, last_ms FROM sessions",
             )?;
-            let ids = stmt
-                .query_map([spec], |r| r.get::<_, String>(0))?
+            let cands = stmt
+                .query_map([], |r| {
+                    Ok(crate::resolve::Candidate {
+                        id: r.get(0)?,
+                        client: r.get(1)?,
+                        client_session: r.get(2)?,
+                        parent: r.get(3)?,
+                        created_ms: r.get(4)?,
+                        last_ms: r.get(5)?,
+                    })
+                })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
-            match ids.len() {
-                0 => Err(StoreError::UnknownSession(spec.to_string())),
-                1 => Ok(ids.into_iter().next().unwrap_or_default()),
-                n => Err(StoreError::AmbiguousSession(spec.to_string(), n)),
-            }
+            Ok(cands)
         })
     }
 
@@ -228,6 +238,28 @@ impl Store {
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(cuts)
+        })
+    }
+
+    /// The line a session last ran with, if one was recorded (sessions of
+    /// schema 4 on).
+    pub fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
+        self.with_reader(|c| {
+            let row = c
+                .query_row(
+                    "SELECT line, line_spec, line_ms FROM sessions
+                     WHERE id = ?1 AND line IS NOT NULL",
+                    [id],
+                    |r| {
+                        Ok(LineRecord {
+                            line: r.get::<_, i64>(0)?.max(0) as u64,
+                            spec: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                            ts_ms: r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                        })
+                    },
+                )
+                .optional()?;
+            Ok(row)
         })
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -112,6 +112,12 @@ ALTER TABLE steps ADD COLUMN error TEXT;
     // 4: a sibling conversation records where it left its parent.
     r#"
 ALTER TABLE sessions ADD COLUMN parent_seq INTEGER;
+"#,
+    // 5: the line a session ran with, for `status` once no proxy holds it.
+    r#"
+ALTER TABLE sessions ADD COLUMN line INTEGER;
+ALTER TABLE sessions ADD COLUMN line_spec TEXT;
+ALTER TABLE sessions ADD COLUMN line_ms INTEGER;
 "#,
 ];
 

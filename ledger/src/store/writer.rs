@@ -534,7 +534,10 @@ impl Writer {
                     t.effects.extend(effect);
                     t.turns.extend(turns);
                     t.index |= index;
-                    t.page |= !matches!(ev, Event::Session(_) | Event::Step { .. });
+                    t.page |= !matches!(
+                        ev,
+                        Event::Session(_) | Event::Step { .. } | Event::Line { .. }
+                    );
                     continue;
                 }
                 Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),
