@@ -285,6 +285,7 @@ impl SessionManager {
         let step = st.step;
         st.step_opened(step);
         let (params, cut_gauge) = self.run_tideline(&mut st, req, boundary);
+        record_line(&mut st, events);
         let window = self.window(&mut st, req, parsed, params, cut_gauge, events);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         Run::Done {
@@ -490,4 +491,22 @@ impl SessionManager {
         }
         Prepared::forward(body.clone())
     }
+}
+
+/// A `Line` event when the line in force differs from the one last
+/// recorded (the first request, an override, a learned ceiling): what
+/// `status` shows once no running proxy holds the session.
+fn record_line(st: &mut State, events: &mut Vec<Event>) {
+    let Some(spec) = st.meter.spec else { return };
+    let now = (st.meter.line, super::line_label(spec));
+    if st.recorded_line.as_ref() == Some(&now) {
+        return;
+    }
+    events.push(Event::Line {
+        session: st.meta.id.clone(),
+        line: now.0,
+        spec: now.1.clone(),
+        ts_ms: now_ms(),
+    });
+    st.recorded_line = Some(now);
 }

@@ -128,6 +128,8 @@ pub struct State {
     pub(super) last_usage: Option<Usage>,
     pub(super) pending_est: u64,
     pub(super) override_line: Option<LineSpec>,
+    /// The line and its label last handed to the ledger (a `Line` event).
+    pub(super) recorded_line: Option<(u64, String)>,
     pub(super) learned_ceiling: Option<u64>,
     pub(super) tools_fp: u64,
     /// [`RootHashes::system`] of the request that opened the conversation;
@@ -164,6 +166,7 @@ impl State {
             last_usage: None,
             pending_est: 0,
             override_line: None,
+            recorded_line: None,
             learned_ceiling: None,
             tools_fp,
             system_fp,

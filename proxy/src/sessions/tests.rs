@@ -457,3 +457,41 @@ fn a_retried_request_is_no_sibling_and_its_client_continues_either_answer() {
     assert_eq!(m.sessions().len(), 1);
     assert_eq!(branches(&events), 0);
 }
+
+fn lines(events: &[Event]) -> Vec<(u64, String)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Line { line, spec, .. } => Some((*line, spec.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_line_in_force_is_recorded_when_it_changes() {
+    let (m, seen) = manager();
+    let next = r#"{"role":"user","content":"more"}"#;
+    let send = |msgs: &[&str]| {
+        let p = m.prepare(Dialect::Anthropic, ReqKind::Main, &ident("l"), body(msgs));
+        p.ticket
+            .expect("ticket")
+            .complete(200, true, &answer(USAGE));
+        take(&seen)
+    };
+    // The configured 40% of the 200k context.
+    assert_eq!(lines(&send(&[HELLO])), vec![(80_000, "40%".to_string())]);
+    assert!(lines(&send(&[HELLO, ANSWER, next])).is_empty(), "unchanged");
+    let id = m.latest().expect("session").id.clone();
+    m.set_override(Some(&id), Some(LineSpec::Tokens(30_000)))
+        .expect("override");
+    assert!(
+        take(&seen).is_empty(),
+        "an override applies from the next request"
+    );
+    let third = r#"{"role":"user","content":"again"}"#;
+    assert_eq!(
+        lines(&send(&[HELLO, ANSWER, next, ANSWER, third])),
+        vec![(30_000, "30k".to_string())]
+    );
+}
