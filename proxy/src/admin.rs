@@ -74,6 +74,7 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
         "model": m.model,
         "parent": m.parent,
         "parent_seq": m.parent_seq,
+        "created_ms": m.created_ms,
         "last_ms": m.last_ms,
         "override": st.override_line().map(|l| match l { LineSpec::Percent(p) => format!("{p}%"), LineSpec::Tokens(t) => t.to_string() }),
         "line_spec": line_spec,
@@ -114,13 +115,56 @@ fn health(app: &App) -> serde_json::Value {
     })
 }
 
-/// A live session by id, or the most recent one for `latest`.
-fn live_session(app: &App, id: &str) -> Option<Arc<crate::sessions::Session>> {
-    if id == "latest" {
-        app.sessions.latest()
-    } else {
-        app.sessions.get(id)
+/// A live session by its ledger id, the client's session name or id, or a
+/// unique prefix ([`oceancode_ledger::resolve`]); the most recent one for
+/// `latest`.
+fn live_session(
+    app: &App,
+    spec: &str,
+) -> Result<Arc<crate::sessions::Session>, oceancode_ledger::resolve::ResolveError> {
+    use oceancode_ledger::resolve::{resolve, ResolveError};
+    if spec == "latest" {
+        return app.sessions.latest().ok_or(ResolveError::NoSessions);
     }
+    if let Some(s) = app.sessions.get(spec) {
+        return Ok(s);
+    }
+    let cands: Vec<oceancode_ledger::resolve::Candidate> = app
+        .sessions
+        .sessions()
+        .iter()
+        .map(|s| {
+            let st = s.state.lock();
+            let m = st.meta();
+            oceancode_ledger::resolve::Candidate {
+                id: s.id.clone(),
+                client: m.client.clone(),
+                client_session: m.client_session.clone(),
+                parent: m.parent.clone(),
+                created_ms: m.created_ms,
+                last_ms: m.last_ms,
+            }
+        })
+        .collect();
+    let id = resolve(spec, &cands)?;
+    app.sessions.get(&id).ok_or(ResolveError::NoSessions)
+}
+
+/// The 404 of a session name no live session answers to.
+fn no_live_session(spec: &str, e: &oceancode_ledger::resolve::ResolveError) -> Response<ProxyBody> {
+    match e {
+        oceancode_ledger::resolve::ResolveError::NoSessions => {
+            not_found(&format!("no live session {spec:?}: this proxy holds none"))
+        }
+        e => not_found(&format!("no live session: {e}")),
+    }
+}
+
+/// A path segment, percent-decoded (a client name may hold any character).
+fn decoded(seg: &str) -> String {
+    percent_encoding::percent_decode_str(seg)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Handle an admin request.
@@ -154,27 +198,28 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             )
         }
         (Method::GET, p) if p.starts_with("/_oceancode/sessions/") => {
-            let id = &p["/_oceancode/sessions/".len()..];
-            match live_session(&app, id) {
-                Some(s) => json_response(StatusCode::OK, session_json(&app, &s).to_string()),
-                None => not_found(&format!("no live session {id:?}")),
+            let id = decoded(&p["/_oceancode/sessions/".len()..]);
+            match live_session(&app, &id) {
+                Ok(s) => json_response(StatusCode::OK, session_json(&app, &s).to_string()),
+                Err(e) => no_live_session(&id, &e),
             }
         }
         (Method::GET, p) if p == "/_oceancode/meter" || p.starts_with("/_oceancode/meter/") => {
             // The context meter alone: `/meter` (latest session) or `/meter/<id>`.
-            let id = p
-                .strip_prefix("/_oceancode/meter/")
-                .filter(|id| !id.is_empty())
-                .unwrap_or("latest");
-            match live_session(&app, id) {
-                Some(s) => {
+            let id = decoded(
+                p.strip_prefix("/_oceancode/meter/")
+                    .filter(|id| !id.is_empty())
+                    .unwrap_or("latest"),
+            );
+            match live_session(&app, &id) {
+                Ok(s) => {
                     let meter = s.state.lock().meter;
                     json_response(
                         StatusCode::OK,
                         json!({"session": s.id, "meter": meter}).to_string(),
                     )
                 }
-                None => not_found(&format!("no live session {id:?}")),
+                Err(e) => no_live_session(&id, &e),
             }
         }
         (Method::POST, "/_oceancode/settle") => {
@@ -234,9 +279,15 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
     if !app.sessions.enabled() {
         return bad("the ledger is off (ledger.enabled: false): requests are relayed as sent and no tideline applies");
     }
+    // A session that is named must be found: an unknown name never falls
+    // back to the latest session.
     let session = match session.as_deref() {
         Some("latest") => app.sessions.latest().map(|s| s.id.clone()),
-        other => other.map(|id| app.sessions.resolve(id).unwrap_or_else(|| id.to_string())),
+        Some(spec) => match live_session(app, spec) {
+            Ok(s) => Some(s.id.clone()),
+            Err(e) => return no_live_session(spec, &e),
+        },
+        None => None,
     };
     let result = match &action {
         TidelineAction::Show => Ok(None),

@@ -264,12 +264,20 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     assert_eq!(st["line"], 20000, "{st}");
     assert_eq!(st["line_spec"], "20k", "{st}");
     assert_eq!(st["line_live"], true, "{st}");
+    assert_eq!(st["line_source"]["kind"], "live", "{st}");
     let human = status(&url, false);
-    assert!(human.contains("tideline @20k (20k):"), "{human}");
-    // No proxy answering: the configured line, said to be the configured one.
+    assert!(
+        human.contains(&format!(
+            "tideline @20k (20k, live from the proxy at {url}):"
+        )),
+        "{human}"
+    );
+    // No proxy answering: the line the session ran with, said to be the
+    // recorded one (not the configured 40%).
     let human = status("http://127.0.0.1:9", false);
     assert!(
-        human.contains("tideline @40% (80k, as configured: no proxy answered)"),
+        human.contains("tideline @20k (20k, as it ran (recorded ")
+            && human.contains("): no running proxy holds the session)"),
         "{human}"
     );
 
@@ -379,10 +387,10 @@ async fn tideline_command_against_a_running_proxy() {
     chat(&c, &url, "tl", 6).await;
     assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 30000);
     // `status` shows the running proxy's line for the session, not the
-    // configured one; without a proxy answering, the configured one.
+    // configured one; without a proxy answering, the one it ran with.
     for (proxy, line, spec) in [
         (url.as_str(), 30000, "30%"),
-        ("http://127.0.0.1:9", 40000, "40%"),
+        ("http://127.0.0.1:9", 30000, "30%"),
     ] {
         let mut cmd = proxy_cmd(home);
         cmd.env("OCEANCODE_CONTEXT_TOKENS", "100000")

@@ -250,7 +250,14 @@ fn cli_rebuild_is_byte_identical() {
     let out = ok(&run(tmp.path(), &data, &["ledger", "rebuild", "cli-o"]));
     assert!(out.starts_with("rebuilt cli-older"));
     let out = run(tmp.path(), &data, &["ledger", "rebuild", "cli-"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("matches 2 sessions"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"cli-\" is ambiguous: it names 2 sessions")
+            && err.contains("\n  cli-main  ")
+            && err.contains("\n  cli-older  "),
+        "{err}"
+    );
     let page = std::fs::read_to_string(dir.join("SESSION.md")).expect("page");
     assert!(page.contains("- t01 `cargo test net` → exit 1\n"), "{page}");
     assert!(page.contains("fixed t02"), "{page}");
@@ -359,11 +366,14 @@ fn cli_status_meter_and_vacuum() {
         "{out}"
     );
     assert!(
-        out.contains("window 33k · line 400k · context 1.0M"),
+        out.contains("window 33k · line 80k · context 1.0M"),
         "{out}"
     );
+    // No proxy holds it, and the ledger has no `Line` for it: the line of
+    // its last cut, as recorded.
     assert!(
-        out.contains("tideline @40% (400k, as configured: no proxy answered): 368k to go"),
+        out.contains("tideline @80k (80k, as it ran (recorded ")
+            && out.contains("): no running proxy holds the session): 48k to go"),
         "{out}"
     );
     assert!(out.contains("┃"));
@@ -378,6 +388,16 @@ fn cli_status_meter_and_vacuum() {
     .expect("json");
     assert_eq!(json["session"], "cli-older");
     assert_eq!(json["totals"]["cache_read"], 30_000);
+    // Nothing recorded of its line: the configured one, said so.
+    assert_eq!(json["line_source"]["kind"], "configured", "{json}");
+    assert_eq!(json["line"], 400_000, "{json}");
+    let out = ok(&run(tmp.path(), &data, &["status", "cli-older"]));
+    assert!(
+        out.contains(
+            "tideline @40% (400k, as configured: none recorded, no running proxy holds the session)"
+        ),
+        "{out}"
+    );
 
     let out = ok(&run(tmp.path(), &data, &["ledger", "vacuum"]));
     assert!(

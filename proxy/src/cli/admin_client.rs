@@ -66,6 +66,11 @@ impl AdminClient {
         }
     }
 
+    /// The proxy's base URL.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
     /// `GET path`, waiting at most `wait` for the answer head and again for
     /// its body.
     pub async fn get(&self, path: &str, wait: Duration) -> Result<Answer, AdminError> {

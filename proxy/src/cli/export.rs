@@ -19,7 +19,8 @@ pub struct ExportArgs {
     /// ATIF-v1.8 JSON trajectory.
     #[arg(long)]
     atif: bool,
-    /// Session id or unique prefix (default: the most recent session).
+    /// Session: ledger id, the client's session name or id, or a unique
+    /// prefix (default: the most recent session).
     session: Option<String>,
     /// Output file, or `-` for stdout.
     #[arg(long, value_name = "FILE|-", default_value = "-")]

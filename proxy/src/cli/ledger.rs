@@ -2,7 +2,8 @@
 
 use super::out::outln;
 use super::progress::{progress_bar, session_rows};
-use super::{admin_client, live_behind, merge, open_store, AdminTokenFlag};
+use super::proxies::Proxies;
+use super::{merge, open_store, runtime_block, AdminTokenFlag};
 use anyhow::Result;
 use clap::Subcommand;
 use oceancode_config::Config;
@@ -13,7 +14,8 @@ use std::path::Path;
 pub enum LedgerCmd {
     /// Print a session's ledger directory (default: the most recent session).
     Path {
-        /// Session id.
+        /// Session: ledger id, the client's session name or id, or a unique
+        /// prefix (default: the most recent session).
         session: Option<String>,
     },
     /// List sessions: id, client, model, turns, rows, last activity, and what
@@ -22,7 +24,8 @@ pub enum LedgerCmd {
     /// Rebuild transcripts, index.md, SESSION.md and the search index from
     /// the database alone (no model call; byte-identical to the live writer).
     Rebuild {
-        /// Session id or unique prefix (default: the most recent session).
+        /// Session: ledger id, the client's session name or id, or a unique
+        /// prefix (default: the most recent session).
         session: Option<String>,
         /// Rebuild every session.
         #[arg(long, conflicts_with = "session")]
@@ -106,7 +109,10 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
         LedgerCmd::List => {
             let list = store.list_sessions()?;
             // A running proxy's ledger may be behind on some sessions.
-            let behind = live_behind(&admin_client(cfg, None, &AdminTokenFlag::default()));
+            let behind = runtime_block(async {
+                let p = Proxies::find(cfg, dir, None, &AdminTokenFlag::default()).await;
+                Ok(p.behind().await)
+            })?;
             outln!(
                 "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
                 "id",

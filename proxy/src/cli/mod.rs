@@ -1,7 +1,9 @@
 //! The `oceancode-proxy` command line: the argument tree, the shared steps
 //! (config layering, the data dir, the store, the runtime), and one module
-//! per command group. Every command that talks to a running proxy goes
-//! through [`admin_client::AdminClient`].
+//! per command group. Every command that talks to a running proxy finds it
+//! with [`proxies::Proxies`] (the data dir's registry) and goes through
+//! [`admin_client::AdminClient`]; session names resolve with
+//! [`oceancode_ledger::resolve`].
 //!
 //! | module | command |
 //! |---|---|
@@ -12,6 +14,7 @@
 //! | `recall` | `recall`, `recall entry`, `recall search` |
 //! | `status` | `status`: the session meter |
 //! | `tideline` | `tideline`: show or change a running proxy's line |
+//! | `proxies` | the running proxies of a data dir, and which one holds a session |
 
 mod admin_client;
 mod export;
@@ -19,6 +22,7 @@ mod ledger;
 mod merge;
 mod out;
 mod progress;
+mod proxies;
 mod recall;
 mod run;
 mod serve;
@@ -218,8 +222,8 @@ fn real_main(cli: Cli) -> Result<i32> {
             status::run(&dir, &cfg, a)
         }
         Command::Tideline(a) => {
-            let (cfg, _) = reader(&cli)?;
-            tideline::run(&cfg, a)
+            let (cfg, dir) = reader(&cli)?;
+            tideline::run(&dir, &cfg, a)
         }
     }
 }
@@ -246,48 +250,8 @@ struct AdminTokenFlag {
     admin_token: Option<String>,
 }
 
-/// The admin client of the proxy at `--proxy URL` (default: the configured
-/// listen address), with `--admin-token` or else the data dir's token.
-fn admin_client(
-    cfg: &Config,
-    proxy: Option<&str>,
-    token: &AdminTokenFlag,
-) -> admin_client::AdminClient {
-    let url = proxy
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("http://{}", cfg.listen));
-    let token =
-        oceancode_proxy::admin::token::for_client(token.admin_token.as_deref(), &data_dir(cfg));
-    admin_client::AdminClient::new(&url, token)
-}
-
-/// The sessions a running proxy's ledger is behind on (its health answer);
-/// empty when no proxy answers within half a second.
-fn live_behind(client: &admin_client::AdminClient) -> Vec<String> {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        return Vec::new();
-    };
-    let wait = std::time::Duration::from_millis(500);
-    let Ok(answer) = rt.block_on(client.get("/_oceancode/health", wait)) else {
-        return Vec::new();
-    };
-    answer
-        .json
-        .pointer("/ledger/behind_sessions")
-        .and_then(|v| v.as_array())
-        .map(|list| {
-            list.iter()
-                .filter_map(|b| b["session"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Run `f` on a multi-threaded runtime.
-fn runtime_block<F: std::future::Future<Output = Result<i32>>>(f: F) -> Result<i32> {
+fn runtime_block<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<T> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("oceancode")

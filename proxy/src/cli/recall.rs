@@ -22,7 +22,8 @@ pub struct RecallArgs {
     /// The newest N matching rows (printed oldest first).
     #[arg(long, default_value_t = 20)]
     limit: usize,
-    /// Session id or unique prefix (default: the most recent session).
+    /// Session: ledger id, the client's session name or id, or a unique
+    /// prefix (default: the most recent session).
     session: Option<String>,
 }
 
@@ -33,7 +34,8 @@ enum RecallCmd {
     Entry {
         /// The row's seq.
         seq: u64,
-        /// Session id or unique prefix (default: the most recent session).
+        /// Session: ledger id, the client's session name or id, or a unique
+        /// prefix (default: the most recent session).
         #[arg(long)]
         session: Option<String>,
         /// Print the row's verbatim JSON instead of the rendering.

@@ -2,7 +2,7 @@
 //! command (its `*_BASE_URL`s point at it); exits with the child's code.
 
 use super::out::errln;
-use super::serve::{ledger_label, proxy_options};
+use super::serve::{ledger_label, proxy_options, register};
 use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -38,6 +38,10 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
     let Some((prog, args)) = cmd.split_first() else {
         bail!("run needs a command after --");
     };
+    let command = std::path::Path::new(prog)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let registration = register(&running, "run", command);
     let mut child = tokio::process::Command::new(prog)
         .args(args)
         .env("ANTHROPIC_BASE_URL", &url)
@@ -62,6 +66,7 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .collect();
     let ledger = ledger_label(&running, &data_dir);
     let off = running.app.store.is_none();
+    drop(registration);
     running.shutdown().await;
     if sessions.is_empty() || off {
         errln!("oceancode-proxy: no session was recorded (ledger: {ledger})");

@@ -7,6 +7,8 @@ use anyhow::Result;
 use clap::Args;
 use oceancode_config::{self as config, Config};
 use oceancode_ledger::store::StoreOptions;
+use oceancode_proxy::admin::token;
+use oceancode_proxy::registry::{self, Entry, Registration};
 use oceancode_proxy::runtime::{self, ProxyOptions};
 use oceancode_proxy::server::FrontConfig;
 use oceancode_proxy::sessions::{ModelLimits, ModelResolver, Settings};
@@ -131,6 +133,7 @@ async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
             }
         });
     }
+    let registration = register(&running, "serve", None);
     let ledger = ledger_label(&running, &data_dir);
     tracing::info!(addr = %running.addr, ledger = %ledger, "oceancode-proxy listening");
     errln!(
@@ -139,6 +142,9 @@ async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
     );
     shutdown_signal().await;
     tracing::info!("shutting down: draining requests and the ledger writer");
+    // Out of the registry first: a command no longer picks a proxy that is
+    // going away.
+    drop(registration);
     running.shutdown().await;
     Ok(0)
 }
@@ -148,5 +154,49 @@ pub(super) fn ledger_label(running: &runtime::Running, data_dir: &Path) -> Strin
     match running.app.store {
         Some(_) => data_dir.display().to_string(),
         None => "off".to_string(),
+    }
+}
+
+/// Register a started proxy in its data dir's registry
+/// ([`oceancode_proxy::registry`]) until the registration drops; not with
+/// the ledger off (nothing on disk then). A failure is logged: the proxy
+/// serves anyway, commands then need `--proxy`.
+pub(super) fn register(
+    running: &runtime::Running,
+    kind: &str,
+    command: Option<String>,
+) -> Option<Registration> {
+    running.app.store.as_ref()?;
+    let data_dir = &running.app.cfg.data_dir;
+    let token_file = token::read(data_dir)
+        .ok()
+        .flatten()
+        .filter(|t| *t == running.app.admin_token)
+        .map(|_| token::path(data_dir));
+    let mut addr = running.addr;
+    if addr.ip().is_unspecified() {
+        // `--allow-remote` on 0.0.0.0/[::]: commands here use loopback.
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let entry = Entry {
+        url: format!("http://{addr}"),
+        pid: std::process::id(),
+        started_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
+        kind: kind.to_string(),
+        command,
+        token_file,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    match registry::register(data_dir, &entry) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(dir = %registry::dir(data_dir).display(), error = %e, "cannot register the proxy in its data dir: commands need --proxy to find it");
+            None
+        }
     }
 }

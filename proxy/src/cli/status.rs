@@ -1,26 +1,27 @@
-//! `status [SESSION] [--json]`: the session meter, with the live line of a
-//! running proxy when one answers.
+//! `status [SESSION] [--json]`: the session meter, with the live line of the
+//! running proxy that holds the session, else the line it ran with.
 
-use super::admin_client::AdminClient;
 use super::out::{out, outln};
-use super::{admin_client, live_behind, open_store, pricer, AdminTokenFlag};
+use super::proxies::Proxies;
+use super::{open_store, pricer, runtime_block, AdminTokenFlag};
 use anyhow::{Context, Result};
 use clap::Args;
 use oceancode_config::{self as config, Config};
+use oceancode_ledger::status::{tokens, LineSource};
 use oceancode_proxy::sessions::line_label;
 use std::path::Path;
-use std::time::Duration;
 
 /// `status`'s flags.
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Session id or unique prefix (default: the most recent session).
+    /// Session: ledger id, the client's session name or id, or a unique
+    /// prefix (default: the most recent session).
     session: Option<String>,
     /// Print JSON instead of the meter.
     #[arg(long)]
     json: bool,
-    /// Admin URL of a running proxy whose live line (runtime overrides
-    /// included) is shown when it answers (default: http://<listen>).
+    /// Admin URL of the running proxy to ask for the live line (default:
+    /// the proxy registered in the data dir that holds the session).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
     proxy: Option<String>,
     #[command(flatten)]
@@ -44,13 +45,32 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     let mut calc =
         tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
     let mut spec_label = line_label(spec);
-    let client = admin_client(cfg, a.proxy.as_deref(), &a.token);
-    let live = live_line(&client, &id);
-    if let Some((line, label)) = &live {
+    let mut source = LineSource::Configured;
+    let (proxies, behind) = runtime_block(async {
+        let p = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
+        let behind = p.behind().await;
+        Ok((p, behind))
+    })?;
+    if let Some((line, label, proxy)) = live_line(&proxies, &id) {
         // The running proxy's line for this session (`serve --tideline`, a
         // `tideline` override, a learned ceiling) wins over the configured one.
-        calc.line = *line;
-        spec_label.clone_from(label);
+        calc.line = line;
+        spec_label = label;
+        source = LineSource::Live { proxy };
+    } else if let Some(rec) = store.recorded_line(&id)? {
+        // A finished session: the line it ran with, not today's config.
+        calc.line = rec.line;
+        spec_label = rec.spec;
+        source = LineSource::Recorded {
+            since_ms: rec.ts_ms,
+        };
+    } else if let Some(cut) = cuts.last() {
+        // Recorded before the ledger kept the line: its last cut's.
+        calc.line = cut.line;
+        spec_label = tokens(cut.line);
+        source = LineSource::Recorded {
+            since_ms: cut.ts_ms,
+        };
     }
     let price = pricer(cfg);
     let st = oceancode_ledger::status::Status::new(
@@ -65,8 +85,9 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         &price,
     );
     let st = oceancode_ledger::status::Status {
-        line_live: live.is_some(),
-        behind: live_behind(&client).contains(&id),
+        line_live: matches!(source, LineSource::Live { .. }),
+        line_source: source,
+        behind: behind.contains(&id),
         ..st
     };
     if a.json {
@@ -78,24 +99,14 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// The line a running proxy applies to a session (from its last request) and
-/// the spec it comes from (`20k`, `50%`: the session's override, else the
-/// proxy's own line); `None` when no proxy answers within half a second or
-/// it does not hold the session in memory.
-fn live_line(client: &AdminClient, id: &str) -> Option<(u64, String)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .ok()?;
-    let path = format!("/_oceancode/sessions/{id}");
-    let answer = rt
-        .block_on(client.get(&path, Duration::from_millis(500)))
-        .ok()?;
-    if !answer.status.is_success() {
-        return None;
-    }
-    let v = answer.json;
+/// The line the proxy holding the session applies to it (from its last
+/// request), the spec it comes from (`20k`, `50%`: the session's override,
+/// else the proxy's own line), and which proxy; `None` when no running
+/// proxy holds the session in memory.
+fn live_line(proxies: &Proxies, id: &str) -> Option<(u64, String, String)> {
+    let p = proxies.holding(id)?;
+    let v = p.session(id)?;
     let line = v.pointer("/meter/line")?.as_u64().filter(|&l| l > 0)?;
     let label = v.get("line_spec")?.as_str()?.to_string();
-    Some((line, label))
+    Some((line, label, p.describe()))
 }

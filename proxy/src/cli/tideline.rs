@@ -1,20 +1,25 @@
 //! `tideline [--session S] [50% | 500k | now | default]`: show or change a
-//! running proxy's line through its admin API.
+//! running proxy's line through its admin API — the proxy that holds the
+//! session (found in the data dir's registry), else the newest.
 
-use super::admin_client::AdminClient;
 use super::out::{errln, outln};
-use super::{admin_client, runtime_block, AdminTokenFlag};
-use anyhow::Result;
+use super::proxies::Proxies;
+use super::{open_store, runtime_block, AdminTokenFlag};
+use anyhow::{bail, Result};
 use clap::Args;
 use oceancode_config::{self as config, Config};
+use oceancode_ledger::resolve::{resolve, Candidate};
+use std::path::Path;
 
 /// `tideline`'s flags.
 #[derive(Args, Debug)]
 pub struct TidelineArgs {
-    /// Session id (default: all sessions for a set, the latest for `now`).
+    /// Session: ledger id, the client's session name or id, or a unique
+    /// prefix (default: all sessions for a set, the latest for `now`).
     #[arg(long)]
     session: Option<String>,
-    /// Admin URL of the running proxy (default: http://<listen>).
+    /// Admin URL of the running proxy (default: the proxy registered in the
+    /// data dir that holds the session, else the newest).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
     proxy: Option<String>,
     #[command(flatten)]
@@ -27,35 +32,81 @@ pub struct TidelineArgs {
 }
 
 /// `tideline`.
-pub fn run(cfg: &Config, a: &TidelineArgs) -> Result<i32> {
+pub fn run(dir: &Path, cfg: &Config, a: &TidelineArgs) -> Result<i32> {
     let mut words = a.value.clone();
     if let Some(s) = &a.session {
         words.insert(0, s.clone());
         words.insert(0, "--session".into());
     }
     let parsed = config::tideline_args(&words).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let client = admin_client(cfg, a.proxy.as_deref(), &a.token);
-    runtime_block(tideline(
-        client,
-        parsed.session,
-        a.value.first().cloned(),
-        a.json,
-    ))
+    // The recorded sessions, for a name no running proxy lists (an unknown
+    // name is answered with the closest of them all).
+    let recorded = match &parsed.session {
+        Some(_) if dir.join("oceancode.db").exists() => {
+            let store = open_store(dir)?;
+            let c = store.session_candidates()?;
+            let _ = store.shutdown();
+            c
+        }
+        _ => Vec::new(),
+    };
+    runtime_block(tideline(dir, cfg, a, parsed.session, recorded))
 }
 
 async fn tideline(
-    client: AdminClient,
-    session: Option<String>,
-    value: Option<String>,
-    json: bool,
+    dir: &Path,
+    cfg: &Config,
+    a: &TidelineArgs,
+    spec: Option<String>,
+    recorded: Vec<Candidate>,
 ) -> Result<i32> {
-    let body = serde_json::json!({"session": session, "value": value});
-    let answer = client.post_json("/_oceancode/tideline", &body).await?;
+    let proxies = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
+    if proxies.live.is_empty() {
+        return Err(proxies.none_error());
+    }
+    let (target, session) = match spec {
+        Some(spec) => {
+            let mut cands = proxies.candidates();
+            for c in recorded {
+                if !cands.iter().any(|l| l.id == c.id) {
+                    cands.push(c);
+                }
+            }
+            let id = resolve(&spec, &cands)?;
+            let target = match proxies.holding(&id) {
+                Some(p) => p,
+                // The one proxy asked for: its own answer says what it knows.
+                None if proxies.explicit => &proxies.live[0],
+                None => bail!(
+                    "session {id} is not held by a running proxy on {} (it has ended, or left memory after {} idle minutes until its next request); `oceancode-proxy status {id}` shows the line it ran with",
+                    dir.display(),
+                    oceancode_proxy::runtime::IDLE_EVICT_MS / 60_000
+                ),
+            };
+            (target, Some(id))
+        }
+        None => {
+            let target = proxies.for_latest().unwrap_or(&proxies.live[0]);
+            if proxies.live.len() > 1 {
+                errln!(
+                    "oceancode-proxy: note: {} proxies run on this data dir; this is {} (give --session or --proxy for another)",
+                    proxies.live.len(),
+                    target.describe()
+                );
+            }
+            (target, None)
+        }
+    };
+    let body = serde_json::json!({"session": session, "value": a.value.first()});
+    let answer = target
+        .client
+        .post_json("/_oceancode/tideline", &body)
+        .await?;
     if !answer.status.is_success() {
         errln!("{}", answer.error_message());
         return Ok(2);
     }
-    if json {
+    if a.json {
         outln!("{}", serde_json::to_string_pretty(&answer.json)?);
     } else {
         outln!("{}", tideline_line(&answer.json));

@@ -1,0 +1,248 @@
+//! Finding the running proxies a command talks to: `--proxy URL` /
+//! `OCEANCODE_PROXY_URL` when given; else every proxy registered in the data
+//! dir ([`oceancode_proxy::registry`]) that still runs and answers, asked
+//! for the sessions it holds; else the configured listen address. Stale
+//! entries (the process is gone, or it does not answer) are skipped with one
+//! note. A command then takes the proxy that holds its session, else the
+//! newest.
+
+use super::admin_client::{AdminClient, AdminError};
+use super::out::errln;
+use super::AdminTokenFlag;
+use oceancode_config::Config;
+use oceancode_ledger::resolve::Candidate;
+use oceancode_proxy::admin::token;
+use oceancode_proxy::registry::{self, Entry};
+use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
+
+/// Why a proxy is not usable when nothing answered.
+pub const NO_ANSWER: &str = "does not answer";
+
+/// How long a proxy has to list its sessions.
+const WAIT: Duration = Duration::from_secs(2);
+
+/// A proxy that answered, and the sessions it holds in memory.
+pub struct Live {
+    /// Its admin client.
+    pub client: AdminClient,
+    /// Its registry entry (None: `--proxy` or the configured address).
+    pub entry: Option<Entry>,
+    /// Its sessions as `GET /_oceancode/sessions` lists them.
+    pub sessions: Vec<Value>,
+}
+
+impl Live {
+    /// `the run proxy (python3, pid 9, http://…)`, `the proxy at http://…`.
+    pub fn describe(&self) -> String {
+        match &self.entry {
+            Some(e) => format!("the {}", e.describe()),
+            None => format!("the proxy at {}", self.client.url()),
+        }
+    }
+
+    /// The session `id` as this proxy lists it.
+    pub fn session(&self, id: &str) -> Option<&Value> {
+        self.sessions.iter().find(|s| s["id"] == id)
+    }
+
+    fn newest_session_ms(&self) -> Option<i64> {
+        self.sessions
+            .iter()
+            .filter_map(|s| s["last_ms"].as_i64())
+            .max()
+    }
+}
+
+/// The proxies found for a command.
+pub struct Proxies {
+    /// Those that answered, newest start first.
+    pub live: Vec<Live>,
+    /// The URLs asked that gave no usable answer, and why (for the error
+    /// of a command that needs a proxy).
+    pub unreachable: Vec<(String, String)>,
+    /// Whether `--proxy` (or `OCEANCODE_PROXY_URL`) chose the one proxy.
+    pub explicit: bool,
+}
+
+impl Proxies {
+    /// The error of a command that needs a proxy and found none.
+    pub fn none_error(&self) -> anyhow::Error {
+        match self.unreachable.first() {
+            Some((url, why)) if why != NO_ANSWER => {
+                anyhow::anyhow!("the proxy at {url} {why}")
+            }
+            Some((url, _)) => AdminError::Unreachable { url: url.clone() }.into(),
+            None => anyhow::anyhow!("no running proxy found"),
+        }
+    }
+
+    /// Find them (see the module doc); prints the one note on stale entries.
+    pub async fn find(
+        cfg: &Config,
+        data_dir: &Path,
+        proxy: Option<&str>,
+        flag: &AdminTokenFlag,
+    ) -> Proxies {
+        let explicit_token = flag.admin_token.as_deref();
+        let client_token = |file: Option<&Path>| {
+            explicit_token
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .or_else(|| {
+                    file.and_then(|f| std::fs::read_to_string(f).ok())
+                        .map(|t| t.trim().to_string())
+                        .filter(|t| !t.is_empty())
+                })
+                .or_else(|| token::for_client(None, data_dir))
+        };
+        if let Some(url) = proxy {
+            let client = AdminClient::new(url, client_token(None));
+            let url = client.url().to_string();
+            let mut found = Proxies {
+                live: Vec::new(),
+                unreachable: Vec::new(),
+                explicit: true,
+            };
+            match ask(client).await {
+                Ok(l) => found.live.push(l),
+                Err(why) => found.unreachable.push((url, why)),
+            }
+            return found;
+        }
+        let mut stale: Vec<String> = Vec::new();
+        let mut asks = Vec::new();
+        for f in registry::list(data_dir) {
+            match f.entry {
+                None => stale.push(format!("{} is unreadable", f.path.display())),
+                Some(e) if !registry::pid_alive(e.pid) => {
+                    stale.push(format!("{} has exited", e.describe()))
+                }
+                Some(e) => {
+                    let client = AdminClient::new(&e.url, client_token(e.token_file.as_deref()));
+                    asks.push(async move { (ask(client).await, e) });
+                }
+            }
+        }
+        let mut live = Vec::new();
+        for (answer, e) in futures_util::future::join_all(asks).await {
+            match answer {
+                Ok(l) => live.push(Live {
+                    entry: Some(e),
+                    ..l
+                }),
+                Err(why) => stale.push(format!("{} {why}", e.describe())),
+            }
+        }
+        if !stale.is_empty() {
+            errln!(
+                "oceancode-proxy: note: ignoring {} stale entr{} in {}: {}",
+                stale.len(),
+                if stale.len() == 1 { "y" } else { "ies" },
+                registry::dir(data_dir).display(),
+                stale.join("; ")
+            );
+        }
+        let mut unreachable = Vec::new();
+        if live.is_empty() {
+            // No registered proxy: the configured address (a proxy with its
+            // ledger off registers nowhere).
+            let url = format!("http://{}", cfg.listen);
+            match ask(AdminClient::new(&url, client_token(None))).await {
+                Ok(l) => live.push(l),
+                Err(why) => unreachable.push((url, why)),
+            }
+        }
+        Proxies {
+            live,
+            unreachable,
+            explicit: false,
+        }
+    }
+
+    /// The proxy that holds session `id` (the one it was most recently
+    /// active in, should several).
+    pub fn holding(&self, id: &str) -> Option<&Live> {
+        self.live
+            .iter()
+            .filter_map(|p| Some((p.session(id)?["last_ms"].as_i64().unwrap_or(0), p)))
+            .max_by_key(|(ms, _)| *ms)
+            .map(|(_, p)| p)
+    }
+
+    /// The proxy for a command that names no session: the one holding the
+    /// most recently active session, else the newest.
+    pub fn for_latest(&self) -> Option<&Live> {
+        self.live
+            .iter()
+            .filter_map(|p| Some((p.newest_session_ms()?, p)))
+            .max_by_key(|(ms, _)| *ms)
+            .map(|(_, p)| p)
+            .or_else(|| self.live.first())
+    }
+
+    /// The sessions the ledger of any of these proxies is behind on (their
+    /// health answers).
+    pub async fn behind(&self) -> Vec<String> {
+        let asks = self
+            .live
+            .iter()
+            .map(|p| p.client.get("/_oceancode/health", WAIT));
+        let mut out = Vec::new();
+        for answer in futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            let list = answer.json.pointer("/ledger/behind_sessions").cloned();
+            for b in list
+                .as_ref()
+                .and_then(|v| v.as_array())
+                .into_iter()
+                .flatten()
+            {
+                if let Some(id) = b["session"].as_str() {
+                    out.push(id.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// The live sessions as names may mean them.
+    pub fn candidates(&self) -> Vec<Candidate> {
+        let s = |v: &Value, k: &str| v[k].as_str().map(str::to_string);
+        self.live
+            .iter()
+            .flat_map(|p| &p.sessions)
+            .filter_map(|v| {
+                Some(Candidate {
+                    id: s(v, "id")?,
+                    client: s(v, "client").unwrap_or_default(),
+                    client_session: s(v, "client_session"),
+                    parent: s(v, "parent"),
+                    created_ms: v["created_ms"].as_i64().unwrap_or(0),
+                    last_ms: v["last_ms"].as_i64().unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Ask a proxy for its sessions; Err says why it is not usable.
+async fn ask(client: AdminClient) -> Result<Live, String> {
+    match client.get("/_oceancode/sessions", WAIT).await {
+        Ok(a) if a.status.is_success() => Ok(Live {
+            sessions: a.json["sessions"].as_array().cloned().unwrap_or_default(),
+            client,
+            entry: None,
+        }),
+        Ok(a) if a.status == http::StatusCode::UNAUTHORIZED => {
+            Err("refused the admin token (give the proxy's with --admin-token)".into())
+        }
+        Ok(a) => Err(format!("answered {}", a.status)),
+        Err(_) => Err(NO_ANSWER.into()),
+    }
+}
