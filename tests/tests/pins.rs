@@ -233,7 +233,10 @@ async fn claude_md_survives_every_cut_byte_for_byte() {
         count_tokens(&block_text(&claude_md)),
         count_tokens(&block_text(&attribution)),
     );
-    println!("pinned per request: CLAUDE.md reminder {t_md} tokens, attribution reminder {t_attr} tokens");
+    println!(
+        "pinned per request: CLAUDE.md reminder {t_md} tokens, attribution reminder {t_attr} tokens (the environment system message, kept whole as before: {} tokens)",
+        count_tokens(&block_text(&first[1]["content"][0].to_string()))
+    );
     assert!(
         t_md + t_attr < 400,
         "the capture's reminders are small: {t_md} + {t_attr}"
