@@ -11,7 +11,7 @@
 use oceancode_fakeup::{count_tokens, FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::dialect::ParsedBody;
 use oceancode_proxy::sessions::ModelLimits;
-use oceancode_tests::{captured, Captured, Harness};
+use oceancode_tests::{captured, tool_output, Captured, Harness};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -19,21 +19,6 @@ const FIRST_STEPS: usize = 30;
 const SECOND_STEPS: usize = 60;
 const STUB_PREFIX: &str = "[Earlier content of this session is past the tideline";
 const ASK2: &str = "Now also update the docs.";
-
-/// ~1.7k tokens of varied text per tool result.
-fn tool_output(step: usize) -> String {
-    let mut s = String::with_capacity(8_000);
-    for i in 0..110 {
-        s.push_str(&format!(
-            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
-            i % 7,
-            (step * 31 + i) % 97,
-            step * 13 + i,
-            (step * 2654435761 + i * 40503) as u32
-        ));
-    }
-    s
-}
 
 /// `FIRST_STEPS` tool calls, the first ask's answer, `SECOND_STEPS` tool calls, the last answer.
 fn script(tool: &str, input: Value) -> Script {
@@ -97,6 +82,39 @@ fn split<'a>(r: &'a Recorded, key: &str) -> Sent<'a> {
     }
 }
 
+/// Every request the upstream saw on `path`, once the ledger is written:
+/// one per step of the session.
+async fn settled_requests(h: &Harness, path: &str) -> Vec<Recorded> {
+    h.settle().await;
+    let reqs: Vec<Recorded> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with(path))
+        .collect();
+    assert_eq!(reqs.len(), FIRST_STEPS + SECOND_STEPS + 2);
+    reqs
+}
+
+/// The session crossed the line many times and most cut windows are past
+/// turn 1 (its ask left, its instructions stayed).
+fn assert_cut_past_turn_1(what: &str, mut stubs: Vec<&str>, past_turn_1: usize) {
+    stubs.dedup();
+    println!(
+        "{what}: cuts={} windows past turn 1={past_turn_1}",
+        stubs.len()
+    );
+    assert!(
+        stubs.len() >= 5,
+        "{what}: the line was crossed many times: {}",
+        stubs.len()
+    );
+    assert!(
+        past_turn_1 >= 30,
+        "{what}: most cut windows are past turn 1: {past_turn_1}"
+    );
+}
+
 /// Between cuts the window only appends (byte for byte): the provider's
 /// prompt cache keeps hitting.
 fn assert_append_only(reqs: &[Recorded], key: &str, stub_at: impl Fn(&Sent<'_>) -> Option<usize>) {
@@ -149,15 +167,7 @@ async fn claude_md_survives_every_cut_byte_for_byte() {
             history.push(json!({"role":"assistant","content":content}));
         }
     }
-    h.settle().await;
-
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/messages"))
-        .collect();
-    assert_eq!(reqs.len(), FIRST_STEPS + SECOND_STEPS + 2);
+    let reqs = settled_requests(&h, "/v1/messages").await;
     let pins = format!(",{claude_md},{attribution}]}}");
     let (mut cut_windows, mut ask_dropped) = (0, 0);
     let mut stubs: Vec<&str> = Vec::new();
@@ -205,21 +215,8 @@ async fn claude_md_survives_every_cut_byte_for_byte() {
         assert_eq!(sent.msgs[0]["role"], "user");
         assert_eq!(sent.msgs[1]["role"], "system");
     }
-    stubs.dedup();
-    println!(
-        "requests={} windows with a stub={cut_windows} cuts={} turn-1 ask dropped in {ask_dropped}",
-        reqs.len(),
-        stubs.len()
-    );
-    assert!(
-        stubs.len() >= 5,
-        "the line was crossed many times: {}",
-        stubs.len()
-    );
-    assert!(
-        ask_dropped >= 30,
-        "most cut windows are past turn 1 (its ask dropped, its CLAUDE.md kept): {ask_dropped}"
-    );
+    println!("requests={} windows with a stub={cut_windows}", reqs.len());
+    assert_cut_past_turn_1("claude code", stubs, ask_dropped);
     assert_append_only(&reqs, "messages", |s| is_stub(&s.msgs[0]).then_some(0));
 
     // What the kept reminders cost per request, in the provider's tokens.
@@ -280,15 +277,7 @@ async fn agents_md_and_environment_context_survive_every_cut_byte_for_byte() {
             input.push(json!({"type":"function_call_output","call_id":c["call_id"],"output":tool_output(step)}));
         }
     }
-    h.settle().await;
-
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/responses"))
-        .collect();
-    assert_eq!(reqs.len(), FIRST_STEPS + SECOND_STEPS + 2);
+    let reqs = settled_requests(&h, "/v1/responses").await;
     let stub_at = |s: &Sent<'_>| s.msgs.iter().position(is_stub);
     let (mut ask_dropped, mut stubs) = (0, Vec::new());
     for (i, r) in reqs.iter().enumerate() {
@@ -309,20 +298,7 @@ async fn agents_md_and_environment_context_survive_every_cut_byte_for_byte() {
             ask_dropped += 1;
         }
     }
-    stubs.dedup();
-    println!(
-        "cuts={} turn-1 ask dropped in {ask_dropped} windows",
-        stubs.len()
-    );
-    assert!(
-        stubs.len() >= 5,
-        "the line was crossed many times: {}",
-        stubs.len()
-    );
-    assert!(
-        ask_dropped >= 30,
-        "most cut windows are past turn 1: {ask_dropped}"
-    );
+    assert_cut_past_turn_1("codex", stubs, ask_dropped);
     assert_append_only(&reqs, "input", |s| stub_at(s));
 
     let texts: Vec<String> = first[2]["content"]
@@ -448,9 +424,7 @@ async fn mixed_instructions_survive_every_cut(d: &str) {
             );
         }
     }
-    stubs.dedup();
-    assert!(stubs.len() >= 5, "{d}: cuts {}", stubs.len());
-    assert!(dropped >= 30, "{d}: windows past turn 1: {dropped}");
+    assert_cut_past_turn_1(d, stubs, dropped);
     assert_append_only(&reqs, key, |s| stub_at(s));
 }
 
