@@ -3,7 +3,9 @@
 Claude Code with a CLAUDE.md in the project (and a nested sub/CLAUDE.md it
 loads when a file under sub/ is read), Codex with an AGENTS.md: a 20-step tool
 session at a fixed 20k tideline, then a second run on the same conversation
-(`--continue` / `exec resume --last`) with a new ask. The window is cut
+(`--continue` / `exec resume --last`) with a new ask. Qwen Code (QWEN.md in
+its system prompt; its environment, skills and tool list as reminders in the
+first user message) the same way at its suite's 40k line. The window is cut
 several times and turn 1 leaves it whole; every upstream request the tap
 recorded must still carry the instruction text, byte for byte as the client
 sent it, and the upstream must accept every request.
@@ -19,6 +21,7 @@ import agentcheck as ac
 import harness as h
 import test_claude_code as cc
 import test_codex as cx
+import test_qwen_code as qw
 
 PROJECT_RULE = "ALWAYS run make lint before committing. PROJECT_RULE_MARKER"
 NESTED_RULE = "Files under sub/ are generated: NESTED_RULE_MARKER"
@@ -34,7 +37,8 @@ def blocks_with(msgs: list, needle: str) -> list[str]:
         if isinstance(c, list):
             # Normalized per SPEC §2: Claude Code puts cache_control on the last block.
             out += [json.dumps(h.canon(b), sort_keys=True) for b in c
-                    if isinstance(b, dict) and needle in (b.get("text") or "")]
+                    if isinstance(b, dict) and needle in (b.get("text") or "")
+                    and not b["text"].startswith(h.STUB_PREFIX)]
         elif isinstance(c, str) and needle in c:
             out.append(json.dumps(c))
     return out
@@ -133,3 +137,43 @@ def test_codex_keeps_agents_md_after_every_cut(tmp_path):
     asks = [r for r in rows if r["kind"] == "prompt"]
     assert cx.PROMPT in asks[0]["raw"] and asks[0]["turn"] == 1
     led.close()
+
+
+def test_qwen_code_keeps_its_context_after_every_cut(make_stack):
+    first = qw.script()
+    more = [{"text": f"Step {i}.", "tool_calls": [{"name": "run_shell_command", "input": {
+        "command": f"seq {i * 10000} {i * 10000 + 1500}", "description": f"step {i}"}}]}
+        for i in range(qw.STEPS + 1, qw.STEPS + 7)]
+    st = make_stack(script={"replies": first["replies"] + [first["default"]] + more,
+                            "default": first["default"]}, tideline=qw.LINE)
+    proj = st.work / "proj"
+    proj.mkdir()
+    for i in range(2, qw.STEPS + 1, 2):
+        (proj / f"notes{i}.txt").write_text("".join(
+            f"line {j} of notes {i}: the quick brown fox jumps over the lazy dog\n" for j in range(300)))
+    (proj / "QWEN.md").write_text("ALWAYS run make lint before committing. QWEN_RULE_MARKER\n")
+    (st.home / ".qwen").mkdir(parents=True)
+    (st.home / ".qwen" / "settings.json").write_text(json.dumps(qw.SETTINGS, indent=1))
+    env = h.base_env(st.home)
+    env.update({"OPENAI_BASE_URL": st.url + "/v1", "OPENAI_API_KEY": "sk-test-not-a-real-key",
+                "OPENAI_MODEL": qw.MODEL, "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"})
+    base = [str(qw.qwen_bin()), "--auth-type", "openai", "--yolo", "-o", "stream-json"]
+    runs = []
+    for name, args in (("first", [qw.PROMPT]), ("continue", ["--continue", cc.PROMPT2])):
+        run = h.run(base + args, env, proj, qw.TIMEOUT, log=st.work / f"{name}-client.log")
+        assert not run.timed_out and run.code == 0, run.tail()
+        runs.append(len(st.tap.model_requests()))
+    reqs = st.tap.model_requests()
+    st.settle()
+    # `--continue` resends the first message without its date reminder: another
+    # fingerprint, so its own ledger session (Qwen Code sends no session id).
+    sessions = st.ledger.sessions()
+    assert len(sessions) == 2, [dict(s) for s in sessions]
+    for (lo, hi, least), s in zip([(0, runs[0], 2), (runs[0], runs[1], 1)], sessions):
+        info = ac.check_stub_upstream("chat", reqs[lo:hi], st.data / "sessions" / s["id"])
+        assert len(info["cut_seqs"]) >= least, f"expected cuts, got {info['cut_seqs']}"
+    # QWEN.md is in the system prompt: never cut.
+    assert all("QWEN_RULE_MARKER" in r["json"]["messages"][0]["content"] for r in reqs)
+    past = check_kept("chat", reqs, "This is the Qwen Code. We are setting up the context", qw.PROMPT)
+    assert past >= 1, f"turn 1 never left the window whole: {past}"
+    check_kept("chat", reqs, "The following skills are available for use with the Skill tool", qw.PROMPT)

@@ -358,6 +358,7 @@ async fn mixed_instructions_survive_every_cut(d: &str) {
         .collect();
     let first_ask = history.last().unwrap().to_string();
     let rules_raw = rules.to_string();
+    let ask_raw = ask.to_string();
     let fake = FakeConfig::default().with_script(script("shell", json!({"cmd": "cargo test"})));
     let h = harness_20k(fake).await;
     let hdr = [("x-oceancode-session", "mixed")];
@@ -419,8 +420,14 @@ async fn mixed_instructions_survive_every_cut(d: &str) {
                 sent.raw[at]
             );
             assert!(
-                !text.contains("fix the failing tests\""),
+                !text.contains(&ask_raw),
                 "{d} request {i}: the cut ask came back"
+            );
+            // The stub names turn 1 by its ask, not by the instructions before it.
+            assert!(
+                first_text(&sent.msgs[at]).contains("\n- t01: fix the failing tests"),
+                "{d} request {i}: {}",
+                first_text(&sent.msgs[at])
             );
         }
     }

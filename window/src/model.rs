@@ -98,6 +98,9 @@ pub enum StandingKind {
     Attribution,
     /// The list of skills: only the newest copy that left is kept.
     Skills,
+    /// The list of tools loaded on demand (deferred tools): only the newest
+    /// copy that left is kept.
+    Tools,
     /// The environment (working directory, shell, date): only the newest
     /// copy that left is kept.
     Environment,
@@ -108,7 +111,10 @@ impl StandingKind {
     pub fn superseded(self) -> bool {
         matches!(
             self,
-            StandingKind::Attribution | StandingKind::Skills | StandingKind::Environment
+            StandingKind::Attribution
+                | StandingKind::Skills
+                | StandingKind::Tools
+                | StandingKind::Environment
         )
     }
 }

@@ -454,14 +454,24 @@ pub struct MessageInfo {
     pub standing: Vec<oceancode_ledger::Standing>,
 }
 
-/// The first text of a message's `content`: the string itself, or the first
-/// part carrying `text`.
+/// The text of a message's `content` that names it: the string itself, or
+/// the first part carrying `text` that is not a context block (the user's
+/// words rather than a leading reminder), else the first part with text.
 pub(crate) fn content_text(v: &Value) -> Option<&str> {
     match v.get("content") {
         Some(Value::String(s)) => Some(s.as_str()),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .find_map(|p| p.get("text").and_then(Value::as_str)),
+        Some(Value::Array(parts)) => {
+            let mut texts = parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str));
+            let first = texts.next()?;
+            if !standing::is_context_block(first) {
+                return Some(first);
+            }
+            texts
+                .find(|t| !standing::is_context_block(t))
+                .or(Some(first))
+        }
         _ => None,
     }
 }
@@ -831,6 +841,18 @@ mod tests {
         let i = classify(Dialect::OpenaiResponses, &agents);
         assert_eq!(i.kind, RowKind::System);
         assert!(i.standing.is_empty(), "kept whole, nothing to pin");
+        // Qwen Code 0.24's first message: reminders, then the ask, which names the turn.
+        let qwen_first = json!({"role":"user","content":[
+            {"type":"text","text":"<system-reminder>\nThe following skills are available for use with the Skill tool.\n</system-reminder>"},
+            {"type":"text","text":"<system-reminder>\nThis is the Qwen Code. We are setting up the context for our chat.\n</system-reminder>"},
+            {"type":"text","text":"Work through the numbered steps."}]});
+        let i = classify(Dialect::OpenaiChat, &qwen_first);
+        assert_eq!(i.kind, RowKind::Prompt);
+        assert_eq!(
+            i.first_line.as_deref(),
+            Some("Work through the numbered steps.")
+        );
+        assert_eq!(i.standing.len(), 2);
         // Qwen Code's environment message (Chat, a string).
         let qwen = json!({"role":"user","content":"This is the Qwen Code. We are setting up the context for our chat.\nToday's date is Monday."});
         assert_eq!(classify(Dialect::OpenaiChat, &qwen).kind, RowKind::System);
