@@ -8,7 +8,9 @@
 //! `oceancode-window` and are re-exported here under their old paths.
 
 pub use oceancode_window::{media, model, tideline};
-pub use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+pub use oceancode_window::{
+    Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, Usage,
+};
 
 pub mod atif;
 pub mod export;

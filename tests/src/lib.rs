@@ -421,6 +421,11 @@ impl Harness {
     }
 }
 
+/// ~1.7k tokens of varied text: one tool result of a long test session.
+pub fn tool_output(step: usize) -> String {
+    tool_lines(step, 110, 1)
+}
+
 /// Append an Anthropic answer (its `content`) and the result of its tool
 /// call to a client-side `history`, as an agent would.
 pub fn push_tool_step(

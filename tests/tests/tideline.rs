@@ -6,18 +6,13 @@ use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::dialect::{self, ResponseCollector};
 use oceancode_proxy::sessions::ModelLimits;
-use oceancode_tests::{stub_seq, Harness};
+use oceancode_tests::{stub_seq, tool_output, Harness};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 const CONTEXT: u64 = 200_000;
 const LINE: u64 = 80_000; // 40%
 const BLOCK: u64 = 56_000; // 70% of the line
-
-fn tool_output(step: usize) -> String {
-    // ~1.7k tokens of varied text per tool result.
-    oceancode_tests::tool_lines(step, 110, 1)
-}
 
 fn upstream_messages(r: &Recorded) -> Vec<Value> {
     r.json()

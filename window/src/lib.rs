@@ -9,4 +9,4 @@ pub mod media;
 pub mod model;
 pub mod tideline;
 
-pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, Usage};

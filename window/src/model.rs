@@ -80,6 +80,57 @@ impl RowKind {
     }
 }
 
+/// What a standing part of a conversation message is: instructions or
+/// context the client sends inside a user message rather than in the system
+/// prompt (Claude Code's CLAUDE.md reminder, Codex's AGENTS.md). When its
+/// message leaves the window, the part stays (see
+/// [`crate::tideline::plan_pins`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StandingKind {
+    /// Project or user instructions (CLAUDE.md and its family, AGENTS.md):
+    /// every distinct copy is kept.
+    Instructions,
+    /// Context a hook added at session start: every distinct copy is kept.
+    HookContext,
+    /// Commit and pull-request attribution: each copy replaces the one
+    /// before, so only the newest copy that left is kept.
+    Attribution,
+    /// The list of skills: only the newest copy that left is kept.
+    Skills,
+    /// The list of tools loaded on demand (deferred tools): only the newest
+    /// copy that left is kept.
+    Tools,
+    /// The environment (working directory, shell, date): only the newest
+    /// copy that left is kept.
+    Environment,
+}
+
+impl StandingKind {
+    /// True when a later copy replaces an earlier one (only the newest is kept).
+    pub fn superseded(self) -> bool {
+        matches!(
+            self,
+            StandingKind::Attribution
+                | StandingKind::Skills
+                | StandingKind::Tools
+                | StandingKind::Environment
+        )
+    }
+}
+
+/// A standing part of one message: which content part, what it is, and a
+/// hash of its text (identical copies are kept once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Standing {
+    /// Index of the part in the message's content array.
+    pub part: u32,
+    /// What it is.
+    pub kind: StandingKind,
+    /// Hash of the part's text.
+    pub hash: u64,
+}
+
 /// One message of a session, stored verbatim.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {

@@ -6,6 +6,8 @@
 //!   Everything with `seq <= cut_upto()` is out of the window; `cut_upto` only
 //!   moves at a cut, so between cuts the outgoing request only appends.
 //! * [`plan_window`] turns `cut_upto` into a valid start on the active line.
+//! * [`plan_pins`] picks the standing parts (project instructions) of the rows
+//!   that left, kept with the stub.
 //! * [`stub_text`] is the byte-stable line that replaces the cut rows.
 //!
 //! Gauge frame: a closed block's size is the *settled* gauge growth while it was
@@ -14,9 +16,10 @@
 //! prediction; the next observation re-anchors the open block on the real
 //! numbers, so estimate errors (stub, system prompt, pins) never accumulate.
 
-use crate::model::RowKind;
+use crate::model::{RowKind, Standing, StandingKind};
 use oceancode_config::{BlockSpec, LineSpec, MIN_FIXED_LINE};
 use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
 
 /// The most output a line keeps room for (tokens).
 pub const MAX_OUTPUT_ALLOWANCE: u64 = 32_000;
@@ -485,7 +488,8 @@ pub struct WindowPlan {
 ///   them was cut), so `effective_upto_seq` is always the last row that left.
 /// * effective_upto_seq = the seq of the row before start: the last row that
 ///   actually left the window (at most `cut_upto`). Every row up to it left,
-///   except the pinned prompt and the system rows the renderer keeps.
+///   except the pinned prompt, the system rows the renderer keeps and the
+///   standing parts [`plan_pins`] keeps.
 pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
     let none = WindowPlan {
         start: 0,
@@ -525,6 +529,65 @@ pub fn plan_window(rows: &[RowInfo], cut_upto: u64) -> WindowPlan {
         effective_upto_seq: rows[start - 1].seq,
         pinned_prompt,
     }
+}
+
+/// A standing part kept in a cut window: `part` of the row at index `row`
+/// of the line (a row before the window's start that left it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pin {
+    /// Index of the row on the line.
+    pub row: usize,
+    /// Index of the part in that row's content.
+    pub part: u32,
+}
+
+/// The standing parts a cut window keeps from the rows that left it, in
+/// their original order (rendered with the stub, right after its text).
+///
+/// Rows that left = rows before `plan.start` other than the pinned prompt
+/// and the `System`/`Other` rows the renderer keeps whole. Of their standing
+/// parts (`standing(i)` for the row at index `i`), a superseded kind keeps
+/// only its newest copy; any other kind keeps every distinct copy once (the
+/// first, by text hash). The result depends only on rows before the start,
+/// so it changes only at a cut: the pinned bytes are as stable as the stub.
+pub fn plan_pins<'a>(
+    rows: &[RowInfo],
+    plan: &WindowPlan,
+    standing: impl Fn(usize) -> &'a [Standing],
+) -> Vec<Pin> {
+    let left = (0..plan.start.min(rows.len())).filter(|&i| {
+        Some(i) != plan.pinned_prompt && !matches!(rows[i].kind, RowKind::System | RowKind::Other)
+    });
+    let mut all: Vec<(Pin, Standing)> = Vec::new();
+    for i in left {
+        for s in standing(i) {
+            all.push((
+                Pin {
+                    row: i,
+                    part: s.part,
+                },
+                *s,
+            ));
+        }
+    }
+    let mut newest: HashMap<StandingKind, usize> = HashMap::new();
+    for (at, (_, s)) in all.iter().enumerate() {
+        if s.kind.superseded() {
+            newest.insert(s.kind, at);
+        }
+    }
+    let mut seen: HashSet<u64> = HashSet::new();
+    all.iter()
+        .enumerate()
+        .filter(|(at, (_, s))| {
+            if s.kind.superseded() {
+                newest.get(&s.kind) == Some(at)
+            } else {
+                seen.insert(s.hash)
+            }
+        })
+        .map(|(_, (pin, _))| *pin)
+        .collect()
 }
 
 /// The stub that opens a cut window: a pure function of its inputs.
@@ -952,6 +1015,74 @@ mod tests {
         assert_eq!(plan_window(&rows, 40), plan(2, 2, None));
         let rows = vec![ri(50, Prompt, true), ri(51, Assistant, true)];
         assert_eq!(plan_window(&rows, 40), plan(0, 0, None));
+    }
+
+    fn st(part: u32, kind: StandingKind, hash: u64) -> Standing {
+        Standing { part, kind, hash }
+    }
+
+    fn pin(row: usize, part: u32) -> Pin {
+        Pin { row, part }
+    }
+
+    #[test]
+    fn plan_pins_keeps_the_standing_parts_of_rows_that_left() {
+        use RowKind::*;
+        use StandingKind::*;
+        // 0 system, 1 ask with CLAUDE.md + attribution, 2 call, 3 result with a
+        // nested CLAUDE.md and a newer attribution, 4 call, 5 result with the
+        // same nested CLAUDE.md again, 6 ask 2, 7 call, 8 result, 9 call.
+        let rows = vec![
+            ri(1, System, true),
+            ri(2, Prompt, true),
+            ri(3, Assistant, true),
+            ri(4, ToolResult, false),
+            ri(5, Assistant, true),
+            ri(6, ToolResult, false),
+            ri(7, Prompt, true),
+            ri(8, Assistant, true),
+            ri(9, ToolResult, false),
+            ri(10, Assistant, true),
+        ];
+        let parts: Vec<Vec<Standing>> = vec![
+            vec![st(0, Instructions, 0xA)], // a system row: kept whole, never pinned
+            vec![st(0, Instructions, 1), st(1, Attribution, 2)],
+            vec![],
+            vec![st(1, Instructions, 3), st(2, Attribution, 4)],
+            vec![],
+            vec![st(1, Instructions, 3)],
+            vec![st(0, Environment, 5)],
+            vec![],
+            vec![],
+            vec![],
+        ];
+        let of = |i: usize| parts[i].as_slice();
+        // Nothing cut: nothing pinned.
+        assert!(plan_pins(&rows, &plan_window(&rows, 0), of).is_empty());
+        // Window at row 4 (seq 5) inside turn 1: the ask (row 1) is pinned
+        // whole, so its parts are not pinned again; row 3's parts are.
+        let p = plan_window(&rows, 4);
+        assert_eq!(p, plan(4, 4, Some(1)));
+        assert_eq!(plan_pins(&rows, &p, of), [pin(3, 1), pin(3, 2)]);
+        // Turn 1 left whole (window at ask 2): CLAUDE.md, the nested one once,
+        // the newest attribution only, in their original order.
+        let p = plan_window(&rows, 6);
+        assert_eq!(p, plan(6, 6, None));
+        assert_eq!(plan_pins(&rows, &p, of), [pin(1, 0), pin(3, 1), pin(3, 2)]);
+        // Later: ask 2 pinned whole, its environment part not pinned again.
+        let p = plan_window(&rows, 9);
+        assert_eq!(p, plan(9, 9, Some(6)));
+        assert_eq!(plan_pins(&rows, &p, of), [pin(1, 0), pin(3, 1), pin(3, 2)]);
+        // Stable while rows are appended.
+        let mut more = rows.clone();
+        more.push(ri(11, ToolResult, false));
+        let mut more_parts = parts.clone();
+        more_parts.push(vec![st(0, Instructions, 9)]);
+        let p2 = plan_window(&more, 9);
+        assert_eq!(
+            plan_pins(&more, &p2, |i| more_parts[i].as_slice()),
+            plan_pins(&rows, &p, of)
+        );
     }
 
     const HEAD: &str = "[Earlier content of this session is past the tideline: every row up to seq 42 left this window. The verbatim record is /d/s1/transcript/ (one file per turn) and /d/s1/SESSION.md carries the merged state. Read them when you need what was said.]";

@@ -7,6 +7,7 @@ pub mod anthropic;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod splice;
+pub mod standing;
 
 use oceancode_ledger::{Dialect, RowKind, Usage};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -447,16 +448,30 @@ pub struct MessageInfo {
     /// The message must stay with the one after it (a Responses `reasoning`
     /// item): no window may start right after it.
     pub binds_next: bool,
+    /// Parts of a user message that are standing instructions or context
+    /// (CLAUDE.md, AGENTS.md, ...; see [`standing`]), kept when the rest of
+    /// the message leaves the window. Empty for a message kept whole.
+    pub standing: Vec<oceancode_ledger::Standing>,
 }
 
-/// The first text of a message's `content`: the string itself, or the first
-/// part carrying `text`.
+/// The text of a message's `content` that names it: the string itself, or
+/// the first part carrying `text` that is not a context block (the user's
+/// words rather than a leading reminder), else the first part with text.
 pub(crate) fn content_text(v: &Value) -> Option<&str> {
     match v.get("content") {
         Some(Value::String(s)) => Some(s.as_str()),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .find_map(|p| p.get("text").and_then(Value::as_str)),
+        Some(Value::Array(parts)) => {
+            let mut texts = parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str));
+            let first = texts.next()?;
+            if !standing::is_context_block(first) {
+                return Some(first);
+            }
+            texts
+                .find(|t| !standing::is_context_block(t))
+                .or(Some(first))
+        }
         _ => None,
     }
 }
@@ -477,14 +492,15 @@ pub(crate) fn info(role: String, kind: RowKind, text: Option<&str>) -> MessageIn
     }
 }
 
-/// A user message made only of wrapped context blocks — Codex's
-/// `<environment_context>…</environment_context>` and
-/// `<user_instructions>…</user_instructions>`, Claude Code's reminder-only
-/// messages — is context, not an ask: it is kept like a system row when its
-/// part of the conversation is cut, and it does not start a turn.
+/// A user message made only of context blocks — Codex's
+/// `<environment_context>…</environment_context>`, its AGENTS.md message
+/// (`# AGENTS.md instructions for …`) and `<user_instructions>`, Claude
+/// Code's reminder-only messages, Qwen Code's environment message — is
+/// context, not an ask: it is kept like a system row when its part of the
+/// conversation is cut, and it does not start a turn.
 pub(crate) fn context_only(v: &Value) -> bool {
     match v.get("content") {
-        Some(Value::String(s)) => is_wrapped_block(s),
+        Some(Value::String(s)) => standing::is_context_block(s),
         Some(Value::Array(parts)) => {
             !parts.is_empty()
                 && parts.iter().all(|p| {
@@ -494,24 +510,11 @@ pub(crate) fn context_only(v: &Value) -> bool {
                     ) && p
                         .get("text")
                         .and_then(Value::as_str)
-                        .is_some_and(is_wrapped_block)
+                        .is_some_and(standing::is_context_block)
                 })
         }
         _ => false,
     }
-}
-
-/// `<name …>…</name>`, whitespace around it allowed.
-fn is_wrapped_block(t: &str) -> bool {
-    let t = t.trim();
-    let Some(rest) = t.strip_prefix('<') else {
-        return false;
-    };
-    let name: String = rest
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-        .collect();
-    !name.is_empty() && t.ends_with(&format!("</{name}>"))
 }
 
 /// String values of `key` in each element of `arr`.
@@ -522,13 +525,19 @@ pub(crate) fn ids_of<'a>(arr: impl IntoIterator<Item = &'a Value>, key: &str) ->
         .collect()
 }
 
-/// Classify a message of the given dialect.
+/// Classify a message of the given dialect. A user message that is an ask
+/// or carries tool results gets its standing parts (a context-only message
+/// is a system row, kept whole).
 pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
-    match d {
+    let mut info = match d {
         Dialect::Anthropic => anthropic::classify(v),
         Dialect::OpenaiChat => openai_chat::classify(v),
         Dialect::OpenaiResponses => openai_responses::classify(v),
+    };
+    if info.role == "user" && matches!(info.kind, RowKind::Prompt | RowKind::ToolResult) {
+        info.standing = standing::parts_of(v);
     }
+    info
 }
 
 /// The dialect's stub message carrying `text`, as raw JSON.
@@ -543,6 +552,47 @@ pub fn stub_message(d: Dialect, text: &str) -> String {
         }
     };
     v.to_string()
+}
+
+/// The stub message with `pinned` — raw content parts kept from rows that
+/// left the window (standing instructions, see [`standing`]) — right after
+/// the stub's text, in one user message: the parts keep the client's bytes,
+/// and no new message is added (Anthropic's user/assistant alternation is
+/// what it was). Without parts it is [`stub_message`].
+pub fn stub_message_with(d: Dialect, text: &str, pinned: &[&str]) -> String {
+    if pinned.is_empty() {
+        return stub_message(d, text);
+    }
+    let (head, ty) = match d {
+        Dialect::Anthropic | Dialect::OpenaiChat => (r#"{"role":"user","content":["#, "text"),
+        Dialect::OpenaiResponses => (
+            r#"{"type":"message","role":"user","content":["#,
+            "input_text",
+        ),
+    };
+    let part = serde_json::json!({"type": ty, "text": text}).to_string();
+    let len = head.len() + part.len() + pinned.iter().map(|p| p.len() + 1).sum::<usize>() + 2;
+    let mut out = String::with_capacity(len);
+    out.push_str(head);
+    out.push_str(&part);
+    for p in pinned {
+        out.push(',');
+        out.push_str(p);
+    }
+    out.push_str("]}");
+    out
+}
+
+/// The raw elements of a message's `content` array (slices of `raw`);
+/// None when the content is not an array or the message is not JSON.
+pub fn content_parts(raw: &str) -> Option<Vec<&str>> {
+    #[derive(serde::Deserialize)]
+    struct Msg<'a> {
+        #[serde(borrow)]
+        content: Vec<&'a RawValue>,
+    }
+    let m: Msg<'_> = serde_json::from_str(raw).ok()?;
+    Some(m.content.into_iter().map(RawValue::get).collect())
 }
 
 /// The conversation array's key in request bodies.
@@ -761,6 +811,101 @@ mod tests {
             classify(Dialect::OpenaiChat, &json!({"role":"user","content":"<b>"})).kind,
             RowKind::Prompt
         );
+    }
+
+    #[test]
+    fn standing_parts_of_captured_messages() {
+        // Claude Code 2.1.332's first user message (fixtures/captures/anthropic_11_claude_md).
+        let first = json!({"role":"user","content":[
+            {"type":"text","text":"<system-reminder>\nCodebase and user instructions are shown below. Be sure to adhere to these instructions.\n\nContents of /home/dev/proj/CLAUDE.md (project instructions, checked into the codebase):\n\nALWAYS run make lint before committing.\n</system-reminder>"},
+            {"type":"text","text":"<system-reminder>\nAttribution for git commits and pull requests you create from here on\n</system-reminder>\n"},
+            {"type":"text","text":"say hi"}]});
+        let i = classify(Dialect::Anthropic, &first);
+        assert_eq!(i.kind, RowKind::Prompt);
+        assert_eq!(i.first_line.as_deref(), Some("say hi"));
+        let kinds: Vec<_> = i.standing.iter().map(|s| (s.part, s.kind)).collect();
+        use oceancode_ledger::StandingKind::*;
+        assert_eq!(kinds, [(0, Instructions), (1, Attribution)]);
+        // A nested CLAUDE.md after a read, in the tool result's message.
+        let nested = json!({"role":"user","content":[
+            {"tool_use_id":"toolu_1","type":"tool_result","content":"1\thello"},
+            {"type":"text","text":"<system-reminder>\nContents of /p/sub/CLAUDE.md:\n\nNested rule\n</system-reminder>"}]});
+        let i = classify(Dialect::Anthropic, &nested);
+        assert_eq!(i.kind, RowKind::ToolResult);
+        assert_eq!(i.standing.iter().map(|s| s.part).collect::<Vec<_>>(), [1]);
+        // Codex 0.171's AGENTS.md + environment message is context, kept whole
+        // (fixtures/captures/openai_07_codex_agents_md); it opens no turn.
+        let agents = json!({"type":"message","role":"user","content":[
+            {"type":"input_text","text":"# AGENTS.md instructions for /home/dev/proj\n\n<INSTRUCTIONS>\nALWAYS run make lint\n\n</INSTRUCTIONS>"},
+            {"type":"input_text","text":"<environment_context>\n  <cwd>/home/dev/proj</cwd>\n</environment_context>"}]});
+        let i = classify(Dialect::OpenaiResponses, &agents);
+        assert_eq!(i.kind, RowKind::System);
+        assert!(i.standing.is_empty(), "kept whole, nothing to pin");
+        // Qwen Code 0.24's first message: reminders, then the ask, which names the turn.
+        let qwen_first = json!({"role":"user","content":[
+            {"type":"text","text":"<system-reminder>\nThe following skills are available for use with the Skill tool.\n</system-reminder>"},
+            {"type":"text","text":"<system-reminder>\nThis is the Qwen Code. We are setting up the context for our chat.\n</system-reminder>"},
+            {"type":"text","text":"Work through the numbered steps."}]});
+        let i = classify(Dialect::OpenaiChat, &qwen_first);
+        assert_eq!(i.kind, RowKind::Prompt);
+        assert_eq!(
+            i.first_line.as_deref(),
+            Some("Work through the numbered steps.")
+        );
+        assert_eq!(i.standing.len(), 2);
+        // Qwen Code's environment message (Chat, a string).
+        let qwen = json!({"role":"user","content":"This is the Qwen Code. We are setting up the context for our chat.\nToday's date is Monday."});
+        assert_eq!(classify(Dialect::OpenaiChat, &qwen).kind, RowKind::System);
+        // An assistant message quoting a reminder carries no standing part.
+        let echo = json!({"role":"assistant","content":[first["content"][0].clone()]});
+        assert!(classify(Dialect::Anthropic, &echo).standing.is_empty());
+    }
+
+    #[test]
+    fn the_stub_message_carries_pinned_parts_verbatim() {
+        let parts = [
+            r#"{"type":"text","text":"A",  "x":1}"#,
+            r#"{"text":"B","type":"text"}"#,
+        ];
+        for d in [
+            Dialect::Anthropic,
+            Dialect::OpenaiChat,
+            Dialect::OpenaiResponses,
+        ] {
+            assert_eq!(
+                stub_message_with(d, "[stub]", &[]),
+                stub_message(d, "[stub]")
+            );
+            let m = stub_message_with(d, "[stub]", &parts);
+            let v: Value = serde_json::from_str(&m).expect("valid JSON");
+            assert_eq!(v["role"], "user");
+            assert_eq!(v["content"][0]["text"], "[stub]");
+            assert_eq!(v["content"][1]["text"], "A");
+            assert_eq!(v["content"][2]["text"], "B");
+            assert!(
+                m.ends_with(&format!(",{},{}]}}", parts[0], parts[1])),
+                "{m}"
+            );
+            assert_eq!(
+                classify(d, &v).kind,
+                RowKind::Prompt,
+                "{d:?}: the stub's message reads as a user message"
+            );
+        }
+        let v: Value =
+            serde_json::from_str(&stub_message_with(Dialect::OpenaiResponses, "s", &parts))
+                .unwrap();
+        assert_eq!(
+            (v["type"].as_str(), v["content"][0]["type"].as_str()),
+            (Some("message"), Some("input_text"))
+        );
+        let raw = r#"{"role":"user","content":[ {"type":"text","text":"a"} ,{"b":[1, 2]}]}"#;
+        assert_eq!(
+            content_parts(raw),
+            Some(vec![r#"{"type":"text","text":"a"}"#, r#"{"b":[1, 2]}"#])
+        );
+        assert_eq!(content_parts(r#"{"role":"user","content":"a"}"#), None);
+        assert_eq!(content_parts("not json"), None);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct Meter {
     pub active_rows: usize,
     /// Rows sent in the last window.
     pub window_rows: usize,
+    /// Estimated tokens of the standing instructions (CLAUDE.md, AGENTS.md
+    /// parts of rows that left) the last window kept with its stub.
+    pub pinned_tokens: u64,
     /// Steps so far.
     pub steps: u32,
     /// Cuts so far.

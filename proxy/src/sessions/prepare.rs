@@ -428,8 +428,12 @@ impl SessionManager {
         if window.upto > st.recorded_cut {
             let gauge = cut_gauge.unwrap_or(st.meter.gauge);
             events.push(self.record_cut(st, window.upto, gauge, params.line));
+            if window.pinned_tokens > 0 {
+                tracing::debug!(session = %st.meta.id, upto = window.upto, pinned_tokens = window.pinned_tokens, "the cut window keeps the standing instructions of the rows that left");
+            }
         }
         st.meter.window_rows = window.rows;
+        st.meter.pinned_tokens = window.pinned_tokens;
         window
     }
 

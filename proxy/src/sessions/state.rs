@@ -12,7 +12,7 @@ use oceancode_config::LineSpec;
 use oceancode_ledger::media::{self, Cost};
 use oceancode_ledger::store::LoadedSession;
 use oceancode_ledger::tideline::{RowInfo, Tideline};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -49,6 +49,8 @@ pub(super) struct RowMem {
     pub(super) turn: u32,
     /// [`Parsed::echo`](super::parse::Parsed::echo).
     pub(super) echo: u64,
+    /// Standing parts (project instructions) kept when the row leaves.
+    pub(super) standing: Box<[Standing]>,
 }
 
 /// A step's answer until the client echoes it: its rows, and the row of
@@ -321,6 +323,7 @@ impl State {
             media,
             turn,
             echo: p.echo,
+            standing: p.info.standing.clone().into_boxed_slice(),
         });
         events.push(Row {
             seq,
@@ -564,6 +567,7 @@ impl State {
                 media: media::cost(&r.raw),
                 turn: r.turn,
                 echo: p.echo,
+                standing: p.info.standing.into_boxed_slice(),
             });
             if !hidden.contains(&r.seq) {
                 if r.from_response {

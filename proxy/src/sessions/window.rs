@@ -1,6 +1,8 @@
 //! Rendering the window sent upstream for a session's current cut: the stub
-//! (or none), the system rows kept from before the cut, the pinned ask, and
-//! every retained message byte for byte. Pure: no I/O, no locks.
+//! (or none) with the standing parts of the rows that left (project
+//! instructions: CLAUDE.md, AGENTS.md, ...) right after its text, the system
+//! rows kept from before the cut, the pinned ask, and every retained message
+//! byte for byte. Pure: no I/O, no locks.
 
 use super::state::State;
 use crate::dialect::{self, ParsedBody};
@@ -21,6 +23,8 @@ pub(super) struct Window {
     pub(super) media_out: Cost,
     /// The last row that left the window (what its stub names; 0 = none).
     pub(super) upto: u64,
+    /// Estimated tokens of the standing parts kept with the stub.
+    pub(super) pinned_tokens: u64,
 }
 
 impl Window {
@@ -32,6 +36,7 @@ impl Window {
             kept_out: 0,
             media_out: Cost::default(),
             upto: 0,
+            pinned_tokens: 0,
         }
     }
 }
@@ -67,7 +72,10 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         lines.push((st.row(*seq).turn, line.as_str()));
     }
     let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
-    let stub_msg = dialect::stub_message(st.dialect, &stub);
+    let pinned = pinned_parts(st, &infos, &plan, parsed);
+    let pinned_bytes: usize = pinned.iter().map(|p| p.len()).sum();
+    let pinned_tokens = (pinned_bytes as f64 / st.bytes_per_token).ceil() as u64;
+    let stub_msg = dialect::stub_message_with(st.dialect, &stub, &pinned);
     let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
     let mut kept_out = 0u64;
     let mut media_out = Cost::default();
@@ -99,8 +107,52 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     Window {
         body: Some(parsed.render_with(&parts)),
         rows,
-        kept_out,
+        kept_out: kept_out.saturating_sub(pinned_tokens),
         media_out,
         upto: plan.effective_upto_seq,
+        pinned_tokens,
     }
+}
+
+/// The raw standing parts [`tideline::plan_pins`] keeps, from this request's
+/// bytes of their messages. A part whose text no longer is what the row
+/// recorded (another message under the same index) is left out.
+fn pinned_parts<'a>(
+    st: &State,
+    infos: &[tideline::RowInfo],
+    plan: &tideline::WindowPlan,
+    parsed: &ParsedBody<'a>,
+) -> Vec<&'a str> {
+    let standing = |i: usize| -> &[oceancode_ledger::Standing] { &st.row(st.active[i]).standing };
+    let pins = tideline::plan_pins(infos, plan, standing);
+    let mut out = Vec::with_capacity(pins.len());
+    let mut parts_of: Option<(usize, Vec<&'a str>)> = None;
+    for pin in pins {
+        if parts_of.as_ref().map(|(row, _)| *row) != Some(pin.row) {
+            let parts = parsed
+                .messages
+                .get(pin.row)
+                .and_then(|m| dialect::content_parts(m))
+                .unwrap_or_default();
+            parts_of = Some((pin.row, parts));
+        }
+        let Some(raw) = parts_of
+            .as_ref()
+            .and_then(|(_, parts)| parts.get(pin.part as usize).copied())
+        else {
+            continue;
+        };
+        let want = standing(pin.row).iter().find(|s| s.part == pin.part);
+        let text = serde_json::from_str::<serde_json::Value>(raw)
+            .ok()
+            .and_then(|v| {
+                v.get("text")
+                    .and_then(|t| t.as_str())
+                    .map(dialect::standing::text_hash)
+            });
+        if want.is_some_and(|s| Some(s.hash) == text) {
+            out.push(raw);
+        }
+    }
+    out
 }
