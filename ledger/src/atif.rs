@@ -9,6 +9,11 @@
 //!   `metrics` (`prompt_tokens` = input + cache read + cache write,
 //!   `cached_tokens` = cache read, cost from the price table) with the cache
 //!   write in `metrics.extra.cache_write_tokens`.
+//! - What the provider billed beyond a step's window (server-side
+//!   compaction) is in its metrics too (`extra.beyond_window`), its
+//!   reasoning tokens in `extra.reasoning_tokens`, and what it did to the
+//!   context on its own (applied context edits, compactions) in
+//!   `extra.context_management` of the agent step.
 //! - Each tideline cut is a `system` step with `extra.context_management`,
 //!   placed before the agent step of the request it happened on.
 //!
@@ -234,7 +239,7 @@ pub fn trajectory(
     let mut all_priced = true;
     let (mut prompt, mut completion, mut cached, mut cache_write) = (0u64, 0u64, 0u64, 0u64);
     for rec in &records {
-        let u = rec.usage;
+        let u = crate::status::billed(rec.usage, &rec.detail);
         prompt += u.input_total();
         completion += u.output;
         cached += u.cache_read;
@@ -265,7 +270,29 @@ pub fn trajectory(
         if let Some(c) = cost {
             m["cost_usd"] = json!(c);
         }
+        let d = &rec.detail;
+        if !d.extra.is_zero() {
+            m["extra"]["beyond_window"] = json!({
+                "uncached_input_tokens": d.extra.input,
+                "cache_read_tokens": d.extra.cache_read,
+                "cache_write_tokens": d.extra.cache_write,
+                "completion_tokens": d.extra.output,
+            });
+        }
+        if d.reasoning > 0 {
+            m["extra"]["reasoning_tokens"] = json!(d.reasoning);
+        }
         let s = &mut steps[i];
+        if d.compactions > 0 || !d.edits.is_empty() {
+            let mut cm = json!({ "type": "provider" });
+            if d.compactions > 0 {
+                cm["compactions"] = json!(d.compactions);
+            }
+            if !d.edits.is_empty() {
+                cm["applied_edits"] = json!(d.edits);
+            }
+            s.extra.insert("context_management".into(), cm);
+        }
         s.metrics = Some(m);
         s.model = Some(rec.model.clone());
         s.ts_ms = Some(rec.ts_ms);

@@ -90,6 +90,27 @@ pub fn markdown(
         Some(c) => writeln!(w, "cost_usd: {c:.6}")?,
         None => writeln!(w, "cost_usd: null")?,
     }
+    if totals.reasoning > 0 {
+        writeln!(w, "reasoning_tokens: {}", totals.reasoning)?;
+    }
+    if totals.compactions > 0 || totals.beyond_window > 0 {
+        writeln!(w, "provider_compactions: {}", totals.compactions)?;
+        writeln!(w, "tokens_beyond_window: {}", totals.beyond_window)?;
+    }
+    if !totals.edits.is_empty() {
+        writeln!(w, "provider_context_edits:")?;
+        for e in &totals.edits {
+            writeln!(w, "  - type: {}", yaml_str(&e.kind))?;
+            writeln!(w, "    steps: {}", e.steps)?;
+            writeln!(w, "    cleared_input_tokens: {}", e.cleared_input_tokens)?;
+            writeln!(w, "    cleared_tool_uses: {}", e.cleared_tool_uses)?;
+            writeln!(
+                w,
+                "    cleared_thinking_turns: {}",
+                e.cleared_thinking_turns
+            )?;
+        }
+    }
     writeln!(
         w,
         "exported_by: {}",
@@ -172,6 +193,7 @@ pub fn markdown(
             t.output
         )?;
     }
+    provider_context(&mut w, &steps)?;
     writeln!(
         w,
         "\n{} turn{} · {} rows · {} steps · {} cuts · cache hit ratio {:.1}%",
@@ -183,5 +205,44 @@ pub fn markdown(
         totals.cache_hit_ratio() * 100.0
     )?;
     w.flush()?;
+    Ok(())
+}
+
+/// The steps on which the provider managed the context itself (server-side
+/// compaction, applied context edits): one table row each, none when no
+/// step had any.
+fn provider_context(w: &mut dyn Write, steps: &[crate::store::StepRecord]) -> io::Result<()> {
+    let managed: Vec<&crate::store::StepRecord> = steps
+        .iter()
+        .filter(|s| {
+            s.detail.compactions > 0 || !s.detail.edits.is_empty() || !s.detail.extra.is_zero()
+        })
+        .collect();
+    if managed.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "\nContext managed by the provider (the window column is the real input after it; billed beyond it is in the tokens above):\n"
+    )?;
+    writeln!(
+        w,
+        "| Step | Window | Compactions | Billed beyond window | Edits applied |"
+    )?;
+    writeln!(w, "|---:|---:|---:|---:|:---|")?;
+    for s in managed {
+        let mut edits = Vec::new();
+        crate::status::add_edits(&mut edits, &s.detail.edits);
+        let edits: Vec<String> = edits.iter().map(crate::status::EditTotal::label).collect();
+        writeln!(
+            w,
+            "| {} | {} | {} | {} | {} |",
+            s.step,
+            s.usage.window_total(),
+            s.detail.compactions,
+            s.detail.extra.window_total(),
+            cell(&edits.join("; "))
+        )?;
+    }
     Ok(())
 }

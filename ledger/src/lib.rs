@@ -9,7 +9,8 @@
 
 pub use oceancode_window::{media, model, tideline};
 pub use oceancode_window::{
-    Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, Usage,
+    AppliedEdit, Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, StepDetail,
+    Usage,
 };
 
 pub mod atif;

@@ -1,7 +1,12 @@
 //! The session meter of `status`: the context meter (window vs line vs the
 //! model's context), tokens in/out, the cache hit ratio and the spend from
 //! the price table. Pure: built from recorded steps and cuts.
+//!
+//! Tokens and spend count what the provider billed: a step's window usage
+//! plus what it billed beyond it ([`StepDetail::extra`]: server-side
+//! compaction). The window (the gauge) is the step's usage alone.
 
+use crate::model::{AppliedEdit, StepDetail};
 use crate::store::{CutRecord, StepRecord};
 use oceancode_config::Price;
 use serde::Serialize;
@@ -28,6 +33,75 @@ pub struct Totals {
     pub cost_usd: f64,
     /// Models without a price (their steps are not in `cost_usd`).
     pub unpriced: Vec<String>,
+    /// Of the tokens above, those billed beyond the steps' windows
+    /// (server-side compaction; in `input`..`output` already).
+    pub beyond_window: u64,
+    /// Output tokens spent on reasoning (a part of `output`).
+    pub reasoning: u64,
+    /// Server-side compactions the provider made.
+    pub compactions: u32,
+    /// Context edits the provider applied, summed per edit type.
+    pub edits: Vec<EditTotal>,
+}
+
+/// The context edits of one type the provider applied, summed over steps.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EditTotal {
+    /// The edit's type (`clear_tool_uses_20250919`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Steps it was applied on.
+    pub steps: u32,
+    /// Input tokens it cleared, in all.
+    pub cleared_input_tokens: u64,
+    /// Tool uses it cleared, in all.
+    pub cleared_tool_uses: u64,
+    /// Thinking turns it cleared, in all.
+    pub cleared_thinking_turns: u64,
+}
+
+impl EditTotal {
+    /// `clear_tool_uses_20250919 ×2 (5 tool uses, 12k tokens cleared)`.
+    pub fn label(&self) -> String {
+        let mut what = Vec::new();
+        if self.cleared_tool_uses > 0 {
+            what.push(format!("{} tool uses", self.cleared_tool_uses));
+        }
+        if self.cleared_thinking_turns > 0 {
+            what.push(format!("{} thinking turns", self.cleared_thinking_turns));
+        }
+        what.push(format!(
+            "{} tokens cleared",
+            tokens(self.cleared_input_tokens)
+        ));
+        format!("{} ×{} ({})", self.kind, self.steps, what.join(", "))
+    }
+}
+
+/// Add the edits of one step to per-type totals (in first-seen order).
+pub fn add_edits(into: &mut Vec<EditTotal>, edits: &[AppliedEdit]) {
+    for e in edits {
+        let i = match into.iter().position(|t| t.kind == e.kind) {
+            Some(i) => i,
+            None => {
+                into.push(EditTotal {
+                    kind: e.kind.clone(),
+                    ..EditTotal::default()
+                });
+                into.len() - 1
+            }
+        };
+        let t = &mut into[i];
+        t.steps += 1;
+        t.cleared_input_tokens += e.cleared_input_tokens;
+        t.cleared_tool_uses += e.cleared_tool_uses.unwrap_or(0);
+        t.cleared_thinking_turns += e.cleared_thinking_turns.unwrap_or(0);
+    }
+}
+
+/// What a step was billed: its window's usage and what came on top of it.
+pub fn billed(usage: crate::Usage, detail: &StepDetail) -> crate::Usage {
+    usage.plus(detail.extra)
 }
 
 impl Totals {
@@ -53,8 +127,12 @@ impl Totals {
 
     /// Add one step.
     pub fn add(&mut self, step: &StepRecord, price: Option<Price>) {
-        let u = step.usage;
+        let u = billed(step.usage, &step.detail);
         self.steps += 1;
+        self.beyond_window += step.detail.extra.window_total();
+        self.reasoning += step.detail.reasoning;
+        self.compactions += step.detail.compactions;
+        add_edits(&mut self.edits, &step.detail.edits);
         self.input += u.input;
         self.output += u.output;
         self.cache_read += u.cache_read;
@@ -271,11 +349,34 @@ impl Status {
             tokens(t.cache_write),
             tokens(t.output)
         );
+        if t.reasoning > 0 {
+            let _ = writeln!(
+                out,
+                "         of the output, reasoning {}",
+                tokens(t.reasoning)
+            );
+        }
         let _ = writeln!(
             out,
             "cache    hit ratio {:.1}%",
             t.cache_hit_ratio() * 100.0
         );
+        if t.compactions > 0 || t.beyond_window > 0 {
+            let _ = writeln!(
+                out,
+                "server   {} compaction{} by the provider · {} billed beyond the window (in the tokens and spend above, not in the window)",
+                t.compactions,
+                if t.compactions == 1 { "" } else { "s" },
+                tokens(t.beyond_window)
+            );
+        }
+        for e in &t.edits {
+            let _ = writeln!(
+                out,
+                "edits    {} by the provider (the window is the real input after them)",
+                e.label()
+            );
+        }
         let spend = match (t.cost_if_known(), t.cost_usd > 0.0) {
             (Some(c), _) => format!("${c:.4} at list price"),
             (None, true) => format!(
@@ -322,6 +423,89 @@ pub fn tokens(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::model::{AppliedEdit, StepDetail, Usage};
+
+    fn step(n: u32, usage: Usage, detail: StepDetail) -> StepRecord {
+        StepRecord {
+            step: n,
+            model: "m".into(),
+            status: 200,
+            usage,
+            window_rows: 3,
+            ts_ms: 0,
+            error: None,
+            detail,
+        }
+    }
+
+    #[test]
+    fn billed_beyond_the_window_is_in_tokens_and_spend_not_in_the_window() {
+        let window = Usage {
+            input: 23_000,
+            output: 1_000,
+            ..Usage::default()
+        };
+        let compaction = StepDetail {
+            extra: Usage {
+                input: 180_000,
+                output: 3_500,
+                ..Usage::default()
+            },
+            compactions: 1,
+            edits: vec![AppliedEdit {
+                kind: "clear_tool_uses_20250919".into(),
+                cleared_input_tokens: 50_000,
+                cleared_tool_uses: Some(8),
+                cleared_thinking_turns: None,
+            }],
+            ..StepDetail::default()
+        };
+        let steps = [step(1, window, compaction)];
+        let price = Price {
+            input: 3.0,
+            output: 15.0,
+            cache_read: 0.3,
+            cache_write: 3.75,
+        };
+        let (t, _) = totals(&steps, &|_| Some(price));
+        assert_eq!((t.input, t.output), (203_000, 4_500));
+        assert_eq!(t.beyond_window, 183_500);
+        let want = price.cost_usd(203_000, 4_500, 0, 0);
+        assert!((t.cost_usd - want).abs() < 1e-9, "{} vs {want}", t.cost_usd);
+        let meta = crate::SessionMeta {
+            id: "s".into(),
+            client: "anthropic-sdk".into(),
+            client_session: None,
+            dialect: crate::Dialect::Anthropic,
+            model: "m".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: 0,
+            last_ms: 0,
+        };
+        let st = Status::new(
+            &meta,
+            &steps,
+            &[],
+            1,
+            3,
+            80_000,
+            "40%".into(),
+            Some(200_000),
+            &|_| Some(price),
+        );
+        assert_eq!(st.window, 24_000, "the window is the step's own usage");
+        let text = st.render();
+        assert!(
+            text.contains("1 compaction by the provider · 184k billed beyond the window"),
+            "{text}"
+        );
+        assert!(
+            text.contains("edits    clear_tool_uses_20250919 ×1 (8 tool uses, 50k tokens cleared)"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn token_units() {

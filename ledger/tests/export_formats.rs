@@ -242,6 +242,7 @@ fn export_atif_openai_shapes_validate() {
                 window_rows: 9,
                 ts_ms: T0 + i64::from(step),
                 error: None,
+                detail: Default::default(),
             })
             .expect("step");
     }

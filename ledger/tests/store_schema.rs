@@ -1,13 +1,13 @@
 //! Schema version 4 (the client-key index, a failed step's error kind, a
-//! sibling's divergence point) and 5 (the line a session ran with), the
-//! migrations from versions 2, 3 and 4, the restorer API, resolving a
-//! session by name, and the one policy for a stored dialect this build does
-//! not know.
+//! sibling's divergence point), 5 (the line a session ran with) and 6 (what
+//! an answer reported besides its window's usage), the migrations from
+//! versions 2 to 5, the restorer API, resolving a session by name, and the
+//! one policy for a stored dialect this build does not know.
 
 mod store_common;
 
 use oceancode_ledger::store::{Store, StoreError, SCHEMA_VERSION};
-use oceancode_ledger::{Dialect, Event, RowKind, Usage};
+use oceancode_ledger::{AppliedEdit, Dialect, Event, RowKind, StepDetail, Usage};
 use store_common::*;
 
 fn step(session: &str, step: u32, status: u16, error: Option<&str>) -> Event {
@@ -20,6 +20,7 @@ fn step(session: &str, step: u32, status: u16, error: Option<&str>) -> Event {
         window_rows: 1,
         ts_ms: 1_796_000_000_100,
         error: error.map(str::to_string),
+        detail: Default::default(),
     }
 }
 
@@ -87,6 +88,7 @@ fn version_2_is_migrated() {
              ALTER TABLE sessions DROP COLUMN line;
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
+             ALTER TABLE steps DROP COLUMN detail;
              UPDATE schema_version SET version = 2;",
         )
         .expect("back to version 2");
@@ -101,7 +103,7 @@ fn version_2_is_migrated() {
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 5);
+    assert_eq!(SCHEMA_VERSION, 6);
     let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
     assert!(p.contains("USING INDEX sessions_client"), "{p}");
     let errors: Vec<Option<String>> = store
@@ -132,6 +134,7 @@ fn version_3_is_migrated_and_a_siblings_link_reads_back() {
              ALTER TABLE sessions DROP COLUMN line;
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
+             ALTER TABLE steps DROP COLUMN detail;
              UPDATE schema_version SET version = 3;",
         )
         .expect("back to version 3");
@@ -210,6 +213,7 @@ fn version_4_is_migrated() {
             "ALTER TABLE sessions DROP COLUMN line;
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
+             ALTER TABLE steps DROP COLUMN detail;
              UPDATE schema_version SET version = 4;",
         )
         .expect("back to version 4");
@@ -254,6 +258,71 @@ fn sessions_resolve_by_id_client_name_or_prefix() {
     assert!(msg.contains(&format!("{}  probe", root.id)), "{msg}");
     let msg = r("20260101").expect_err("ambiguous").to_string();
     assert!(msg.contains("ambiguous") && msg.contains(&sub.id), "{msg}");
+}
+
+/// A version-5 database (no `steps.detail`) is brought to version 6: its
+/// steps read back with nothing beyond their usage, new steps keep theirs.
+#[test]
+fn version_5_is_migrated_and_a_steps_detail_round_trips() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let store = open(tmp.path());
+        store
+            .submit(Event::Session(meta("v5", Dialect::Anthropic)))
+            .expect("session");
+        store.submit(step("v5", 1, 200, None)).expect("step");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch(
+            "ALTER TABLE steps DROP COLUMN detail;
+             UPDATE schema_version SET version = 5;",
+        )
+        .expect("back to version 5");
+    }
+    let store = open(tmp.path());
+    let detail = StepDetail {
+        extra: Usage {
+            input: 180_000,
+            output: 3_500,
+            ..Usage::default()
+        },
+        reasoning: 120,
+        compactions: 1,
+        edits: vec![AppliedEdit {
+            kind: "clear_tool_uses_20250919".into(),
+            cleared_input_tokens: 50_000,
+            cleared_tool_uses: Some(8),
+            cleared_thinking_turns: None,
+        }],
+    };
+    let mut second = step("v5", 2, 200, None);
+    if let Event::Step { detail: d, .. } = &mut second {
+        *d = detail.clone();
+    }
+    store.submit(second).expect("step");
+    store.settle_blocking().expect("settle");
+    let got: Vec<StepDetail> = store
+        .steps("v5")
+        .expect("steps")
+        .into_iter()
+        .map(|s| s.detail)
+        .collect();
+    assert_eq!(got, vec![StepDetail::default(), detail]);
+    // A step with nothing beyond its usage stores no detail at all.
+    let c = rusqlite::Connection::open(store.db_path()).expect("open");
+    let stored: Vec<Option<String>> = c
+        .prepare("SELECT detail FROM steps WHERE session = 'v5' ORDER BY step")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(stored[0].is_none(), "{stored:?}");
+    assert!(stored[1]
+        .as_deref()
+        .is_some_and(|d| d.contains("\"compactions\":1")));
 }
 
 #[test]

@@ -366,6 +366,7 @@ fn store_reopen_loads_same_session() {
                 window_rows: 5,
                 ts_ms: m.last_ms + 10,
                 error: None,
+                detail: Default::default(),
             })
             .expect("step");
         store
@@ -388,6 +389,7 @@ fn store_reopen_loads_same_session() {
                 window_rows: 9,
                 ts_ms: m.last_ms + 20,
                 error: None,
+                detail: Default::default(),
             })
             .expect("step");
         store

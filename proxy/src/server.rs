@@ -843,6 +843,8 @@ where
     let metrics = app.metrics.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
         if let Some(u) = o.collected.usage {
+            // Billed: the window and what came on top of it (compaction).
+            let u = u.plus(o.collected.detail.extra);
             metrics.input_tokens.fetch_add(u.input, Ordering::Relaxed);
             metrics.output_tokens.fetch_add(u.output, Ordering::Relaxed);
             metrics

@@ -149,6 +149,7 @@ impl Builder {
                 window_rows: self.seq as u32,
                 ts_ms: self.ts,
                 error: None,
+                detail: Default::default(),
             })
             .expect("step");
         self.step += 1;

@@ -59,6 +59,7 @@ fn populate(data: &Path) -> String {
             window_rows: 1,
             ts_ms: 1_700_000_001_000,
             error: None,
+            detail: Default::default(),
         })
         .expect("step");
     store.shutdown().expect("shutdown");

@@ -9,4 +9,7 @@ pub mod media;
 pub mod model;
 pub mod tideline;
 
-pub use model::{Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, Usage};
+pub use model::{
+    AppliedEdit, Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, StepDetail,
+    Usage,
+};

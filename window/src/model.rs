@@ -184,6 +184,89 @@ impl Usage {
     pub fn input_total(&self) -> u64 {
         self.input + self.cache_read + self.cache_write
     }
+
+    /// Field by field sum.
+    pub fn plus(self, o: Usage) -> Usage {
+        Usage {
+            input: self.input.saturating_add(o.input),
+            output: self.output.saturating_add(o.output),
+            cache_read: self.cache_read.saturating_add(o.cache_read),
+            cache_write: self.cache_write.saturating_add(o.cache_write),
+        }
+    }
+
+    /// Field by field difference, never below zero.
+    pub fn minus(self, o: Usage) -> Usage {
+        Usage {
+            input: self.input.saturating_sub(o.input),
+            output: self.output.saturating_sub(o.output),
+            cache_read: self.cache_read.saturating_sub(o.cache_read),
+            cache_write: self.cache_write.saturating_sub(o.cache_write),
+        }
+    }
+
+    /// No token at all.
+    pub fn is_zero(&self) -> bool {
+        self.window_total() == 0
+    }
+}
+
+/// What a step's answer reported besides the usage of its window.
+///
+/// `Usage` of a step is its window (what the gauge reads); what the provider
+/// billed beyond it, and what it did to the context on its own, is here.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StepDetail {
+    /// Tokens billed beyond the window's usage: Anthropic's server-side
+    /// compaction (`usage.iterations[]` entries of type `compaction`, which
+    /// the top-level usage leaves out) and the earlier sampling iterations of
+    /// a server-tool loop. Counted in tokens and spend, never in the gauge.
+    #[serde(skip_serializing_if = "Usage::is_zero")]
+    pub extra: Usage,
+    /// Output tokens spent on reasoning (`reasoning_tokens`,
+    /// `thinking_tokens`): a part of the output, never added to it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub reasoning: u64,
+    /// Server-side compactions in the answer (Anthropic `compaction` blocks).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub compactions: u32,
+    /// Context edits the provider applied to the request
+    /// (Anthropic `context_management.applied_edits`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<AppliedEdit>,
+}
+
+impl StepDetail {
+    /// Nothing beyond the window's usage.
+    pub fn is_empty(&self) -> bool {
+        *self == StepDetail::default()
+    }
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// One context edit the provider applied, as it reported it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AppliedEdit {
+    /// The edit's `type` (`clear_tool_uses_20250919`, `clear_thinking_20251015`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Input tokens the edit took out of the request.
+    pub cleared_input_tokens: u64,
+    /// Tool uses it cleared (`clear_tool_uses_*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleared_tool_uses: Option<u64>,
+    /// Thinking turns it cleared (`clear_thinking_*`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cleared_thinking_turns: Option<u64>,
 }
 
 /// Descriptive facts about a session (upserted).
@@ -274,6 +357,8 @@ pub enum Event {
         /// Why the step failed, when it did (`upstream_timeout`,
         /// `upstream_unreachable`, `stream_cut`, ...; None = it completed).
         error: Option<String>,
+        /// What the answer reported besides its window's usage.
+        detail: StepDetail,
     },
     /// The tideline moved: every row up to `upto_seq` left the window.
     Cut {

@@ -250,6 +250,7 @@ fn main() -> Result<()> {
                 window_rows: next_seq as u32 + 1,
                 ts_ms: 1_790_000_000_000 + st as i64,
                 error: None,
+                detail: Default::default(),
             });
         }
         next_seq += 2;
@@ -389,6 +390,7 @@ fn main() -> Result<()> {
                 window_rows: 100,
                 ts_ms: 1_790_000_000_000 + st as i64,
                 error: None,
+                detail: Default::default(),
             })?;
             store.settle_blocking()?;
             times.push(t0.elapsed().as_micros() as u64);
@@ -442,6 +444,7 @@ fn main() -> Result<()> {
             window_rows: 100,
             ts_ms: 1_790_000_000_000 + step as i64,
             error: None,
+            detail: Default::default(),
         })?;
     }
     store.settle_blocking()?;

@@ -256,11 +256,17 @@ pub(super) fn apply_event(
             window_rows,
             ts_ms,
             error,
+            detail,
         } => {
+            let detail = if detail.is_empty() {
+                None
+            } else {
+                serde_json::to_string(detail).ok()
+            };
             c.prepare_cached(
                 "INSERT OR REPLACE INTO steps (session, step, model, status, input, output,
-                    cache_read, cache_write, window_rows, ts_ms, error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    cache_read, cache_write, window_rows, ts_ms, error, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 session,
@@ -273,7 +279,8 @@ pub(super) fn apply_event(
                 to_i64(usage.cache_write),
                 window_rows,
                 ts_ms,
-                error
+                error,
+                detail
             ])?;
             c.prepare_cached("UPDATE sessions SET last_ms = MAX(last_ms, ?2) WHERE id = ?1")?
                 .execute(params![session, ts_ms])?;

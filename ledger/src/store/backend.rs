@@ -11,7 +11,7 @@
 //! The behind protocol is described on [`LedgerWrite`].
 
 use super::error::StoreError;
-use crate::model::{Dialect, Event, Row, SessionMeta, Usage};
+use crate::model::{Dialect, Event, Row, SessionMeta, StepDetail, Usage};
 use crate::page::Note;
 use crate::paths::DataDir;
 use crate::rebuild::{Progress, RebuildReport};
@@ -83,6 +83,9 @@ pub struct StepRecord {
     pub ts_ms: i64,
     /// Why the step failed (None = it completed).
     pub error: Option<String>,
+    /// What the answer reported besides its window's usage (billed beyond
+    /// it, reasoning, server-side compactions, context edits).
+    pub detail: StepDetail,
 }
 
 /// One recorded tideline cut.

@@ -195,7 +195,7 @@ impl Store {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms,
-                        error
+                        error, detail
                  FROM steps WHERE session = ?1 ORDER BY step",
             )?;
             let steps = stmt
@@ -213,6 +213,10 @@ impl Store {
                         window_rows: r.get::<_, i64>(7)? as u32,
                         ts_ms: r.get(8)?,
                         error: r.get(9)?,
+                        detail: r
+                            .get::<_, Option<String>>(10)?
+                            .and_then(|d| serde_json::from_str(&d).ok())
+                            .unwrap_or_default(),
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -118,6 +118,11 @@ ALTER TABLE sessions ADD COLUMN parent_seq INTEGER;
 ALTER TABLE sessions ADD COLUMN line INTEGER;
 ALTER TABLE sessions ADD COLUMN line_spec TEXT;
 ALTER TABLE sessions ADD COLUMN line_ms INTEGER;
+"#,
+    // 6: what an answer reported besides its window's usage (tokens billed
+    // beyond it, reasoning, server-side compactions, context edits), as JSON.
+    r#"
+ALTER TABLE steps ADD COLUMN detail TEXT;
 "#,
 ];
 

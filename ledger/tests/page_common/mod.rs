@@ -161,6 +161,7 @@ impl Sim {
                 window_rows: self.seq as u32,
                 ts_ms: self.ts,
                 error: None,
+                detail: Default::default(),
             })
             .expect("submit step");
         self.step += 1;

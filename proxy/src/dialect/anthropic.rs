@@ -1,9 +1,19 @@
 //! Anthropic Messages: classification of `messages[]`, and the response
 //! collector (usage from `message_start`/`message_delta`, the assistant
 //! message reassembled from content-block events).
+//!
+//! Usage shapes: the top-level usage, and with server-side compaction or a
+//! server-tool loop `usage.iterations[]`. The window is the last `message`
+//! iteration (the context the answer was sampled from); a `compaction`
+//! iteration is billed on top of the top-level numbers, which leave it out.
+//! `context_management.applied_edits` (context editing) and `compaction`
+//! blocks are read into [`StepDetail`].
 
-use super::{context_only, ids_of, info, u64_of, Collected, Keep, MessageInfo, ResponseCollector};
-use oceancode_ledger::{RowKind, Usage};
+use super::{
+    applied_edits, context_only, ids_of, info, u64_of, Collected, Keep, MessageInfo,
+    ResponseCollector,
+};
+use oceancode_ledger::{AppliedEdit, RowKind, StepDetail, Usage};
 use serde_json::{Map, Value};
 
 /// Classify one Anthropic message.
@@ -75,6 +85,38 @@ pub struct Collector {
     json_rows: Vec<String>,
     terminal: bool,
     keep: Keep,
+    /// The latest `usage.iterations[]`: (last `message` iteration, sum of
+    /// the `compaction` iterations).
+    iterations: Option<(Option<Usage>, Usage)>,
+    /// `output_tokens_details.thinking_tokens`.
+    thinking: u64,
+    edits: Vec<AppliedEdit>,
+    compactions: u32,
+}
+
+/// One usage object's token fields.
+fn usage_fields(u: &Value) -> Usage {
+    Usage {
+        input: u64_of(u, "input_tokens").unwrap_or(0),
+        output: u64_of(u, "output_tokens").unwrap_or(0),
+        cache_read: u64_of(u, "cache_read_input_tokens").unwrap_or(0),
+        cache_write: u64_of(u, "cache_creation_input_tokens").unwrap_or(0),
+    }
+}
+
+/// `usage.iterations[]`: the last `message` iteration, and the `compaction`
+/// iterations summed (their tokens are not in the top-level usage).
+fn iterations_of(items: &[Value]) -> (Option<Usage>, Usage) {
+    let mut last = None;
+    let mut compaction = Usage::default();
+    for it in items {
+        match it.get("type").and_then(Value::as_str) {
+            Some("message") => last = Some(usage_fields(it)),
+            Some("compaction") => compaction = compaction.plus(usage_fields(it)),
+            _ => {}
+        }
+    }
+    (last, compaction)
 }
 
 impl Collector {
@@ -99,7 +141,29 @@ impl Collector {
         if let Some(x) = u64_of(u, "cache_creation_input_tokens") {
             self.usage.cache_write = x;
         }
+        // Cumulative like the rest: a later event's list replaces the earlier one.
+        if let Some(items) = u.get("iterations").and_then(Value::as_array) {
+            self.iterations = Some(iterations_of(items));
+        }
+        if let Some(t) = u
+            .pointer("/output_tokens_details/thinking_tokens")
+            .and_then(Value::as_u64)
+        {
+            self.thinking = t;
+        }
         self.saw_usage = true;
+    }
+
+    /// The window's usage and what was billed beyond it.
+    fn window_and_extra(&self) -> (Usage, Usage) {
+        let top = self.usage;
+        match self.iterations {
+            Some((last, compaction)) => {
+                let window = last.unwrap_or(top);
+                (window, top.plus(compaction).minus(window))
+            }
+            None => (top, Usage::default()),
+        }
     }
 
     fn block_mut(&mut self, idx: usize) -> Option<&mut Map<String, Value>> {
@@ -181,6 +245,14 @@ impl ResponseCollector for Collector {
                             append_str(b, "signature", t);
                         }
                     }
+                    "compaction_delta" => {
+                        // One delta carries the whole summary (the SDKs set, not append).
+                        for key in ["content", "encrypted_content"] {
+                            if let Some(x) = d.get(key) {
+                                b.insert(key.into(), x.clone());
+                            }
+                        }
+                    }
                     "citations_delta" => {
                         if let Some(c) = d.get("citation") {
                             match b.get_mut("citations") {
@@ -211,6 +283,9 @@ impl ResponseCollector for Collector {
             Some("message_delta") => {
                 if let Some(u) = v.get("usage") {
                     self.take_usage(u);
+                }
+                if let Some(e) = applied_edits(&v) {
+                    self.edits = e;
                 }
                 if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
                     self.stop_reason = Some(r.to_string());
@@ -244,12 +319,16 @@ impl ResponseCollector for Collector {
         if let Some(u) = v.get("usage") {
             self.take_usage(u);
         }
+        if let Some(e) = applied_edits(&v) {
+            self.edits = e;
+        }
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         self.stop_reason = v
             .get("stop_reason")
             .and_then(Value::as_str)
             .map(str::to_string);
         if let Some(content) = v.get("content") {
+            self.compactions = compactions(content.as_array().map_or(&[], Vec::as_slice));
             let msg = serde_json::json!({"role": "assistant", "content": content});
             self.json_rows.push(msg.to_string());
         }
@@ -260,10 +339,13 @@ impl ResponseCollector for Collector {
     }
 
     fn finish(self: Box<Self>) -> Collected {
+        let (window, extra) = self.window_and_extra();
+        let mut compactions = self.compactions;
         let mut rows = self.json_rows;
         let cut = self.keep.is_cut();
         if self.message.is_some() || (cut && rows.is_empty()) {
             let mut content: Vec<Value> = self.blocks.into_iter().flatten().collect();
+            compactions += self::compactions(&content);
             if cut {
                 content.push(serde_json::json!({"type": "text", "text": self.keep.marker()}));
             }
@@ -272,15 +354,29 @@ impl ResponseCollector for Collector {
             }
         }
         Collected {
-            usage: self.saw_usage.then_some(self.usage),
+            usage: self.saw_usage.then_some(window),
             model: self.model,
             rows,
             stop_reason: self.stop_reason,
             error: self.error,
             terminal: self.terminal,
             truncated: cut,
+            detail: StepDetail {
+                extra,
+                reasoning: self.thinking.min(self.usage.output),
+                compactions,
+                edits: self.edits,
+            },
         }
     }
+}
+
+/// The `compaction` blocks of a message's content.
+fn compactions(content: &[Value]) -> u32 {
+    content
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("compaction"))
+        .count() as u32
 }
 
 #[cfg(test)]
@@ -353,6 +449,111 @@ mod tests {
                 {"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"ls"}}
             ]})
         );
+    }
+
+    #[test]
+    fn compaction_iterations_are_billed_beyond_the_window() {
+        // The shape of the compaction docs: the top-level usage is the
+        // message iteration; the compaction iteration is not in it.
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_json(br#"{"id":"m","type":"message","role":"assistant","model":"claude-opus-4-6",
+            "content":[{"type":"compaction","content":"Summary of the conversation: fixed the parser."},{"type":"text","text":"Next I'll run the tests."}],
+            "stop_reason":"end_turn",
+            "usage":{"input_tokens":23000,"output_tokens":1000,"cache_read_input_tokens":0,"cache_creation_input_tokens":0,
+              "iterations":[{"type":"compaction","input_tokens":180000,"output_tokens":3500,"cache_read_input_tokens":0,"cache_creation_input_tokens":0},
+                            {"type":"message","input_tokens":23000,"output_tokens":1000,"cache_read_input_tokens":0,"cache_creation_input_tokens":0}]}}"#);
+        let out = c.finish();
+        let window = out.usage.unwrap();
+        assert_eq!((window.input, window.output), (23_000, 1_000));
+        assert_eq!(
+            out.detail.extra,
+            Usage {
+                input: 180_000,
+                output: 3_500,
+                ..Usage::default()
+            }
+        );
+        assert_eq!(out.detail.compactions, 1);
+        // The compaction block is recorded as it came.
+        let row: Value = serde_json::from_str(&out.rows[0]).unwrap();
+        assert_eq!(
+            row["content"][0],
+            json!({"type":"compaction","content":"Summary of the conversation: fixed the parser."})
+        );
+    }
+
+    #[test]
+    fn a_server_tool_loop_windows_the_last_message_iteration() {
+        // Two sampling iterations: the top level sums them; the window is
+        // the last one's context, the first one is billed beyond it.
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_json(br#"{"type":"message","role":"assistant","content":[{"type":"text","text":"ok"}],
+            "usage":{"input_tokens":2100,"output_tokens":300,"cache_read_input_tokens":9000,"cache_creation_input_tokens":0,
+              "iterations":[{"type":"message","input_tokens":1000,"output_tokens":100,"cache_read_input_tokens":4000,"cache_creation_input_tokens":0},
+                            {"type":"message","input_tokens":1100,"output_tokens":200,"cache_read_input_tokens":5000,"cache_creation_input_tokens":0}]}}"#);
+        let out = c.finish();
+        let w = out.usage.unwrap();
+        assert_eq!((w.input, w.cache_read, w.output), (1_100, 5_000, 200));
+        assert_eq!(
+            out.detail.extra,
+            Usage {
+                input: 1_000,
+                output: 100,
+                cache_read: 4_000,
+                cache_write: 0
+            }
+        );
+        assert_eq!(w.plus(out.detail.extra).window_total(), 2_100 + 300 + 9_000);
+    }
+
+    #[test]
+    fn a_streamed_compaction_block_and_the_applied_edits_are_read() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        let evs = [
+            r#"{"type":"message_start","message":{"id":"m","type":"message","role":"assistant","model":"claude-opus-4-6","content":[],"usage":{"input_tokens":0,"output_tokens":0}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"compaction","content":null}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"Summary: the user asked for X; done."}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Go on."}}"#,
+            r#"{"type":"content_block_stop","index":1}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},
+                "context_management":{"applied_edits":[{"type":"clear_tool_uses_20250919","cleared_tool_uses":8,"cleared_input_tokens":50000},{"type":"clear_thinking_20251015","cleared_thinking_turns":3,"cleared_input_tokens":15000}]},
+                "usage":{"input_tokens":12000,"output_tokens":400,"cache_read_input_tokens":0,"cache_creation_input_tokens":0,"output_tokens_details":{"thinking_tokens":120},
+                  "iterations":[{"type":"compaction","input_tokens":160000,"output_tokens":2000,"cache_read_input_tokens":100000,"cache_creation_input_tokens":0},{"type":"message","input_tokens":12000,"output_tokens":400,"cache_read_input_tokens":0,"cache_creation_input_tokens":0}]}}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        for e in evs {
+            c.on_event("", e);
+        }
+        let out = c.finish();
+        assert_eq!(out.usage.unwrap().window_total(), 12_400);
+        assert_eq!(out.detail.extra.window_total(), 262_000);
+        assert_eq!(out.detail.compactions, 1);
+        assert_eq!(out.detail.reasoning, 120);
+        assert_eq!(
+            out.detail.edits,
+            vec![
+                AppliedEdit {
+                    kind: "clear_tool_uses_20250919".into(),
+                    cleared_input_tokens: 50_000,
+                    cleared_tool_uses: Some(8),
+                    cleared_thinking_turns: None,
+                },
+                AppliedEdit {
+                    kind: "clear_thinking_20251015".into(),
+                    cleared_input_tokens: 15_000,
+                    cleared_tool_uses: None,
+                    cleared_thinking_turns: Some(3),
+                },
+            ]
+        );
+        let row: Value = serde_json::from_str(&out.rows[0]).unwrap();
+        assert_eq!(
+            row["content"][0],
+            json!({"type":"compaction","content":"Summary: the user asked for X; done."})
+        );
+        assert_eq!(row["content"][1]["text"], "Go on.");
     }
 
     #[test]

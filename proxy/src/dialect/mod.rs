@@ -9,7 +9,7 @@ pub mod openai_responses;
 pub mod splice;
 pub mod standing;
 
-use oceancode_ledger::{Dialect, RowKind, Usage};
+use oceancode_ledger::{AppliedEdit, Dialect, RowKind, StepDetail, Usage};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -305,6 +305,10 @@ pub struct Collected {
     /// The answer was longer than what the proxy keeps of one answer: the
     /// rows hold its beginning and end with [`Keep::marker`].
     pub truncated: bool,
+    /// What the answer reported besides its window's usage: tokens billed
+    /// beyond it (Anthropic's compaction iterations), reasoning tokens,
+    /// server-side compactions, applied context edits.
+    pub detail: StepDetail,
 }
 
 /// Most bytes of one answer a collector keeps by default
@@ -711,14 +715,74 @@ pub fn first_line(text: &str, max: usize) -> Option<String> {
     Some(line.chars().take(max).collect())
 }
 
-/// Map OpenAI-style usage (`prompt`/`input` total incl. cached) to [`Usage`].
+/// Map OpenAI-style usage to [`Usage`]. OpenAI's `prompt_tokens` /
+/// `input_tokens` is the whole input and `cached_tokens` (and
+/// `cache_write_tokens`) a part of it, where Anthropic's `input_tokens`
+/// leaves the cache reads and writes out: the uncached input is what is
+/// left, so that `input + cache_read + cache_write` is the prompt total
+/// again and the gauge never counts the cache twice.
 pub fn openai_usage(input_total: u64, cached: u64, output: u64) -> Usage {
+    openai_usage_with_writes(input_total, cached, 0, output)
+}
+
+/// [`openai_usage`] with the tokens written to the cache (a part of the input too).
+pub fn openai_usage_with_writes(input_total: u64, cached: u64, written: u64, output: u64) -> Usage {
+    let cache_read = cached.min(input_total);
+    let cache_write = written.min(input_total - cache_read);
     Usage {
-        input: input_total.saturating_sub(cached),
+        input: input_total - cache_read - cache_write,
         output,
-        cache_read: cached,
-        cache_write: 0,
+        cache_read,
+        cache_write,
     }
+}
+
+/// OpenAI's usage object (Chat `usage`, Responses `response.usage`):
+/// `total`/`cached`/`written`/`output`/`reasoning` are the names of its
+/// fields in that API. Reasoning tokens are a part of the output: they are
+/// reported, never added.
+pub(crate) fn openai_usage_of(
+    u: &Value,
+    total: &str,
+    details: &str,
+    output: &str,
+    output_details: &str,
+) -> Option<(Usage, u64)> {
+    let input = u64_of(u, total)?;
+    let detail = |k: &str| {
+        u.get(details)
+            .and_then(|d| d.get(k))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let reasoning = u
+        .get(output_details)
+        .and_then(|d| d.get("reasoning_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let out = u64_of(u, output).unwrap_or(0);
+    Some((
+        openai_usage_with_writes(
+            input,
+            detail("cached_tokens"),
+            detail("cache_write_tokens"),
+            out,
+        ),
+        reasoning.min(out),
+    ))
+}
+
+/// Anthropic's `context_management.applied_edits` of a message (or of a
+/// `message_delta` event), as reported.
+pub(crate) fn applied_edits(v: &Value) -> Option<Vec<AppliedEdit>> {
+    let edits = v.pointer("/context_management/applied_edits")?.as_array()?;
+    Some(
+        edits
+            .iter()
+            .take(64)
+            .filter_map(|e| serde_json::from_value(e.clone()).ok())
+            .collect(),
+    )
 }
 
 /// Read a u64 field of a JSON object.

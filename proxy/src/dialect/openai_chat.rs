@@ -3,10 +3,10 @@
 //! assistant message reassembled from deltas).
 
 use super::{
-    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, Keep, MessageInfo,
+    content_text, context_only, ids_of, info, openai_usage_of, Collected, Keep, MessageInfo,
     ResponseCollector,
 };
-use oceancode_ledger::{RowKind, Usage};
+use oceancode_ledger::{RowKind, StepDetail, Usage};
 use serde_json::{json, Map, Value};
 
 /// Classify one Chat message.
@@ -35,7 +35,7 @@ pub fn classify(v: &Value) -> MessageInfo {
 /// Reassembles a Chat Completions response (choice 0).
 #[derive(Default)]
 pub struct Collector {
-    usage: Option<Usage>,
+    usage: Option<(Usage, u64)>,
     model: Option<String>,
     role_seen: bool,
     content: Option<String>,
@@ -58,14 +58,16 @@ impl Collector {
     }
 }
 
-fn usage_of(u: &Value) -> Option<Usage> {
-    let prompt = u64_of(u, "prompt_tokens")?;
-    let cached = u
-        .pointer("/prompt_tokens_details/cached_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let out = u64_of(u, "completion_tokens").unwrap_or(0);
-    Some(openai_usage(prompt, cached, out))
+/// `usage`: `prompt_tokens` (cached and written tokens a part of it) and
+/// `completion_tokens` (reasoning a part of it).
+fn usage_of(u: &Value) -> Option<(Usage, u64)> {
+    openai_usage_of(
+        u,
+        "prompt_tokens",
+        "prompt_tokens_details",
+        "completion_tokens",
+        "completion_tokens_details",
+    )
 }
 
 impl ResponseCollector for Collector {
@@ -210,13 +212,17 @@ impl ResponseCollector for Collector {
             rows.push(Value::Object(m).to_string());
         }
         Collected {
-            usage: self.usage,
+            usage: self.usage.map(|(u, _)| u),
             model: self.model,
             rows,
             stop_reason: self.finish,
             error: self.error,
             terminal: self.terminal,
             truncated: cut,
+            detail: StepDetail {
+                reasoning: self.usage.map_or(0, |(_, r)| r),
+                ..StepDetail::default()
+            },
         }
     }
 }
@@ -253,6 +259,38 @@ mod tests {
         assert_eq!(row["content"], "Hello");
         assert_eq!(row["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
         assert_eq!(row["tool_calls"][0]["id"], "call_1");
+    }
+
+    #[test]
+    fn cached_and_written_tokens_are_a_part_of_the_prompt_and_reasoning_of_the_output() {
+        // Chat: `prompt_tokens` holds the cached tokens (unlike Anthropic's
+        // `input_tokens`): the window is prompt + completion, never more.
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_json(br#"{"id":"c","object":"chat.completion","model":"gpt-x","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":1000,"completion_tokens":300,"total_tokens":1300,
+              "prompt_tokens_details":{"cached_tokens":640,"cache_write_tokens":200,"audio_tokens":0},
+              "completion_tokens_details":{"reasoning_tokens":256,"audio_tokens":0}}}"#);
+        let out = c.finish();
+        let u = out.usage.unwrap();
+        assert_eq!(
+            u,
+            Usage {
+                input: 160,
+                output: 300,
+                cache_read: 640,
+                cache_write: 200
+            }
+        );
+        assert_eq!(u.window_total(), 1300, "prompt + completion");
+        assert_eq!(out.detail.reasoning, 256, "a part of the 300 output tokens");
+        // Null details, and cached tokens over the prompt (never negative).
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":null,"completion_tokens_details":null}}"#);
+        assert_eq!(c.finish().usage.unwrap().input, 10);
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("", r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":50}}}"#);
+        let u = c.finish().usage.unwrap();
+        assert_eq!((u.input, u.cache_read, u.window_total()), (0, 10, 12));
     }
 
     #[test]

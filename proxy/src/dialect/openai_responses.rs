@@ -3,10 +3,10 @@
 //! `response.output_item.done`).
 
 use super::{
-    content_text, context_only, ids_of, info, openai_usage, u64_of, Collected, Keep, MessageInfo,
+    content_text, context_only, ids_of, info, openai_usage_of, Collected, Keep, MessageInfo,
     ResponseCollector,
 };
-use oceancode_ledger::{RowKind, Usage};
+use oceancode_ledger::{RowKind, StepDetail, Usage};
 use serde_json::Value;
 
 /// Classify one Responses input item.
@@ -50,7 +50,7 @@ pub fn classify(v: &Value) -> MessageInfo {
 /// Collects a Responses response.
 #[derive(Default)]
 pub struct Collector {
-    usage: Option<Usage>,
+    usage: Option<(Usage, u64)>,
     model: Option<String>,
     items: Vec<String>,
     status: Option<String>,
@@ -59,17 +59,16 @@ pub struct Collector {
     keep: Keep,
 }
 
-fn usage_of(u: &Value) -> Option<Usage> {
-    let input = u64_of(u, "input_tokens")?;
-    let cached = u
-        .pointer("/input_tokens_details/cached_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    Some(openai_usage(
-        input,
-        cached,
-        u64_of(u, "output_tokens").unwrap_or(0),
-    ))
+/// `usage`: `input_tokens` (cached and written tokens a part of it) and
+/// `output_tokens` (reasoning a part of it).
+fn usage_of(u: &Value) -> Option<(Usage, u64)> {
+    openai_usage_of(
+        u,
+        "input_tokens",
+        "input_tokens_details",
+        "output_tokens",
+        "output_tokens_details",
+    )
 }
 
 impl Collector {
@@ -179,13 +178,17 @@ impl ResponseCollector for Collector {
             );
         }
         Collected {
-            usage: self.usage,
+            usage: self.usage.map(|(u, _)| u),
             model: self.model,
             rows,
             stop_reason: self.status,
             error: self.error,
             terminal: self.terminal,
             truncated: cut,
+            detail: StepDetail {
+                reasoning: self.usage.map_or(0, |(_, r)| r),
+                ..StepDetail::default()
+            },
         }
     }
 }
@@ -237,5 +240,35 @@ mod tests {
         );
         assert_eq!(out.rows.len(), 1);
         assert!(out.rows[0].contains("c1"));
+    }
+
+    #[test]
+    fn cached_tokens_are_a_part_of_the_input_and_reasoning_of_the_output() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("response.completed", r#"{"type":"response.completed","response":{"id":"r","status":"completed","output":[],
+            "usage":{"input_tokens":5000,"input_tokens_details":{"cached_tokens":4096,"cache_write_tokens":0},
+              "output_tokens":700,"output_tokens_details":{"reasoning_tokens":512},"total_tokens":5700}}}"#);
+        let out = c.finish();
+        let u = out.usage.unwrap();
+        assert_eq!((u.input, u.cache_read, u.output), (904, 4096, 700));
+        assert_eq!(
+            u.window_total(),
+            5700,
+            "input + output, the cache counted once"
+        );
+        assert_eq!(out.detail.reasoning, 512);
+    }
+
+    #[test]
+    fn a_failed_response_keeps_its_error() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("response.failed", r#"{"type":"response.failed","sequence_number":2,"response":{"id":"r","object":"response","status":"failed","error":{"code":"context_length_exceeded","message":"Your input exceeds the context window of this model. Please adjust your input and try again."},"usage":null}}"#);
+        let out = c.finish();
+        assert!(out.terminal);
+        assert!(out.usage.is_none());
+        assert!(out
+            .error
+            .unwrap()
+            .starts_with("Your input exceeds the context window"));
     }
 }

@@ -501,10 +501,9 @@ impl State {
             // The meter follows the real window once the answer tells it
             // (after a forced cut the request's estimate was the old one).
             self.meter.gauge = u.window_total();
-            self.totals.input += u.input;
-            self.totals.output += u.output;
-            self.totals.cache_read += u.cache_read;
-            self.totals.cache_write += u.cache_write;
+            // What was billed: the window and what came on top of it
+            // (server-side compaction), which the gauge never counts.
+            self.totals = self.totals.plus(u).plus(collected.detail.extra);
         }
         let mut rows = Vec::new();
         let mut answer = Vec::new();
