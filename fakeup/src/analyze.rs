@@ -108,6 +108,20 @@ pub(crate) struct Analysis {
     pub compaction_trigger: bool,
     /// JSON schema of a structured-output request.
     pub schema: Option<Value>,
+    /// `max_tokens` (Anthropic) / `max_output_tokens` / `max_completion_tokens`.
+    pub max_tokens: Option<u64>,
+    /// Anthropic `context_management.edits`.
+    pub context: crate::context::Requested,
+    /// Anthropic: messages before the latest `compaction` block (dropped,
+    /// not counted), and their tokens.
+    pub dropped_messages: usize,
+    pub dropped_tokens: u64,
+    /// Index in `seg_hashes` of the first kept message.
+    pub first_message_seg: usize,
+    /// Anthropic: what context edits could clear (kept messages only).
+    pub clearable: crate::context::Clearable,
+    /// Number of kept messages.
+    pub messages: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -158,6 +172,9 @@ pub(crate) fn analyze(
     };
     // Segment identities come from an order-preserving parse of the same body.
     let parts: Parts = serde_json::from_slice(body).map_err(|e| Reject::BadJson(e.to_string()))?;
+    let mut first_message_seg = None;
+    let mut dropped = 0u64;
+    let mut dropped_messages = 0usize;
     let mut push = |kind: Seg, v: &Ov| {
         let (h, t) = segment(kind, v, memo);
         a.seg_hashes.push(h);
@@ -179,12 +196,25 @@ pub(crate) fn analyze(
             if let Some(t) = tools_seg {
                 push(Seg::Json, t);
             }
-            if let Some(s) = parts.system.as_ref().filter(|s| !matches!(s, Ov::Null)) {
+            let system = parts.system.as_ref().filter(|s| !matches!(s, Ov::Null));
+            if let Some(s) = system {
                 push(Seg::System, s);
             }
-            for m in items(&parts.messages) {
+            // What precedes the latest compaction block is dropped by the API.
+            let msgs = items(&parts.messages);
+            let drop = crate::context::drop_point(array(obj.get("messages")))
+                .unwrap_or(0)
+                .min(msgs.len());
+            first_message_seg =
+                Some(usize::from(tools_seg.is_some()) + usize::from(system.is_some()));
+            for m in &msgs[drop..] {
                 push(Seg::Message, m);
             }
+            dropped = msgs[..drop]
+                .iter()
+                .map(|m| segment(Seg::Message, m, memo).1)
+                .sum();
+            dropped_messages = drop;
         }
         Dialect::Chat => {
             if let Some(t) = tools_seg {
@@ -213,6 +243,20 @@ pub(crate) fn analyze(
         }
     }
     a.total = a.seg_tokens.iter().sum();
+    a.dropped_tokens = dropped;
+    a.dropped_messages = dropped_messages;
+    a.messages = array(obj.get("messages")).len() - dropped_messages;
+    a.first_message_seg = first_message_seg.unwrap_or(0);
+    a.max_tokens = ["max_tokens", "max_output_tokens", "max_completion_tokens"]
+        .iter()
+        .find_map(|k| obj.get(*k).and_then(Value::as_u64));
+    if dialect == Dialect::Anthropic {
+        a.context = crate::context::requested(obj);
+        if a.context.clear_tool_uses.is_some() || a.context.clear_thinking.is_some() {
+            a.clearable =
+                crate::context::clearable(array(obj.get("messages")), a.dropped_messages, memo);
+        }
+    }
     a.tools_empty = tools_empty;
     a.no_tools = tools_empty || matches!(obj.get("tools"), None | Some(Value::Null));
     a.compaction_trigger = dialect == Dialect::Responses

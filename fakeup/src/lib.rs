@@ -21,6 +21,7 @@
 
 mod analyze;
 mod compaction;
+mod context;
 pub mod images;
 mod json;
 mod media;
@@ -35,7 +36,7 @@ mod validate;
 
 pub use analyze::{Dialect, Endpoint};
 pub use script::{
-    ErrorReply, Reply, Script, ScriptError, TooLong, ToolCall, ToolLoop, UsageOverride,
+    ErrorReply, Reply, Script, ScriptError, StreamFail, TooLong, ToolCall, ToolLoop, UsageOverride,
     DEFAULT_TEXT,
 };
 pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};

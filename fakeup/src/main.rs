@@ -35,6 +35,14 @@ struct Args {
     /// Gzip responses when the client accepts it.
     #[arg(long)]
     gzip: bool,
+    /// Anthropic: `max_tokens` counts against `--max-context` too (input + max_tokens
+    /// over it: the `input length and max_tokens exceed context limit` error).
+    #[arg(long)]
+    count_max_tokens: bool,
+    /// Responses: a streamed request over `--max-context` gets a 200 stream ending in
+    /// `response.failed` (`context_length_exceeded`) instead of the 400.
+    #[arg(long)]
+    overflow_in_stream: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -59,6 +67,8 @@ fn main() -> anyhow::Result<()> {
         max_context_tokens: args.max_context,
         validate: !args.no_validate,
         gzip: args.gzip,
+        count_max_tokens: args.count_max_tokens,
+        overflow_in_stream: args.overflow_in_stream,
         ..FakeConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -86,6 +86,13 @@ pub(crate) struct Plan {
     pub stop: Stop,
     pub usage: Usage,
     pub delta_bytes: usize,
+    /// Anthropic: the summary of a server-side compaction (a `compaction`
+    /// block opens the answer).
+    pub compaction: Option<String>,
+    /// Anthropic `usage.iterations[]` (empty: none reported).
+    pub iterations: Vec<(&'static str, Usage)>,
+    /// Anthropic `context_management.applied_edits`.
+    pub edits: Vec<crate::context::Applied>,
 }
 
 /// Unique ids for one server.
@@ -294,6 +301,9 @@ pub(crate) fn build(
         stop,
         usage,
         delta_bytes,
+        compaction: None,
+        iterations: Vec::new(),
+        edits: Vec::new(),
     }
 }
 

@@ -89,7 +89,8 @@ pub enum ScriptError {
     Json(serde_json::Error),
 }
 
-/// One answer. Precedence: `error`, then `too_long`, then `tool_loop`, then content.
+/// One answer. Precedence: `error`, then `too_long`, then `context_limit`, then
+/// `tool_loop`, then content (`fail` cuts the content's stream short).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Reply {
@@ -134,6 +135,65 @@ pub struct Reply {
     /// Streaming only: break the connection after this many events (no clean end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub abort_after_events: Option<usize>,
+    /// Anthropic: answer with the `input length and `max_tokens` exceed context
+    /// limit` error (`true`: the configured context or 200,000; or the limit to report).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<TooLong>,
+    /// Streaming: the answer fails inside its 200 stream (Responses
+    /// `response.failed`, an Anthropic `error` event, a Chat error chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail: Option<StreamFail>,
+    /// Streaming: wait this long after the stream's opening events
+    /// (`response.created`/`in_progress`, `message_start`/`ping`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub open_delay_ms: u64,
+    /// Anthropic: compact (server-side) before answering, with this summary,
+    /// whatever the request's trigger.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<String>,
+}
+
+/// A failure inside a 200 stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamFail {
+    /// The error code (default `context_length_exceeded`).
+    #[serde(default = "default_fail_code")]
+    pub code: String,
+    /// The message (default: the provider's wording for the code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Events of the answer sent after the opening ones and before the
+    /// failure (0: the failure follows the opening events).
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub after_events: usize,
+}
+
+impl StreamFail {
+    /// OpenAI's context overflow, right after the opening events.
+    pub fn context_length_exceeded() -> Self {
+        StreamFail {
+            code: default_fail_code(),
+            message: None,
+            after_events: 0,
+        }
+    }
+
+    /// The message sent.
+    pub fn message(&self) -> String {
+        self.message.clone().unwrap_or_else(|| match self.code.as_str() {
+            "context_length_exceeded" => "Your input exceeds the context window of this model. Please adjust your input and try again.".to_string(),
+            other => format!("The model failed ({other})."),
+        })
+    }
+}
+
+fn default_fail_code() -> String {
+    "context_length_exceeded".to_string()
+}
+
+fn is_zero_usize(v: &usize) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -175,6 +235,32 @@ impl Reply {
             too_long: Some(TooLong::Flag(true)),
             ..Reply::default()
         }
+    }
+
+    /// Anthropic's `input length and `max_tokens` exceed context limit` error.
+    pub fn context_limit() -> Self {
+        Reply {
+            context_limit: Some(TooLong::Flag(true)),
+            ..Reply::default()
+        }
+    }
+
+    /// A stream that fails right after its opening events.
+    pub fn fail(fail: StreamFail) -> Self {
+        Reply {
+            fail: Some(fail),
+            ..Reply::default()
+        }
+    }
+
+    pub fn with_compaction(mut self, summary: impl Into<String>) -> Self {
+        self.compaction = Some(summary.into());
+        self
+    }
+
+    pub fn open_delay(mut self, ms: u64) -> Self {
+        self.open_delay_ms = ms;
+        self
     }
 
     /// The tool-loop rule.

@@ -35,7 +35,7 @@ use crate::compaction;
 use crate::json::obj;
 use crate::plan::{self, Ids};
 use crate::render::{self, Ctx};
-use crate::script::{Reply, Script, TooLong};
+use crate::script::{Reply, Script, StreamFail, TooLong};
 use crate::tokens::TokenMemo;
 use crate::usage::{PromptCache, Usage};
 
@@ -57,6 +57,14 @@ pub struct FakeConfig {
     pub gzip: bool,
     /// Bound of the prompt-cache prefix set and of the token-count memo.
     pub cache_entries: usize,
+    /// Anthropic: the request's `max_tokens` counts against `max_context_tokens`
+    /// too (older models): input + max_tokens over it gets the `input length and
+    /// `max_tokens` exceed context limit` error.
+    pub count_max_tokens: bool,
+    /// Responses: a streamed request over `max_context_tokens` gets a 200
+    /// stream that fails (`response.failed`, `context_length_exceeded`)
+    /// instead of the 400.
+    pub overflow_in_stream: bool,
 }
 
 impl Default for FakeConfig {
@@ -68,6 +76,8 @@ impl Default for FakeConfig {
             validate: true,
             gzip: false,
             cache_entries: 100_000,
+            count_max_tokens: false,
+            overflow_in_stream: false,
         }
     }
 }
@@ -95,6 +105,16 @@ impl FakeConfig {
 
     pub fn with_listen(mut self, addr: SocketAddr) -> Self {
         self.listen = addr;
+        self
+    }
+
+    pub fn with_count_max_tokens(mut self, on: bool) -> Self {
+        self.count_max_tokens = on;
+        self
+    }
+
+    pub fn with_overflow_in_stream(mut self, on: bool) -> Self {
+        self.overflow_in_stream = on;
         self
     }
 }
@@ -144,6 +164,8 @@ struct Settings {
     max_context: Option<u64>,
     validate: bool,
     gzip: bool,
+    count_max_tokens: bool,
+    overflow_in_stream: bool,
 }
 
 struct ScriptState {
@@ -198,6 +220,8 @@ impl FakeUpstream {
                 max_context: cfg.max_context_tokens,
                 validate: cfg.validate,
                 gzip: cfg.gzip,
+                count_max_tokens: cfg.count_max_tokens,
+                overflow_in_stream: cfg.overflow_in_stream,
             }),
             script: Mutex::new(ScriptState::new(cfg.script)),
             recorded: Mutex::new(Vec::new()),
@@ -293,6 +317,14 @@ impl FakeHandle {
 
     pub fn set_gzip(&self, on: bool) {
         self.shared.settings.write().gzip = on;
+    }
+
+    pub fn set_count_max_tokens(&self, on: bool) {
+        self.shared.settings.write().count_max_tokens = on;
+    }
+
+    pub fn set_overflow_in_stream(&self, on: bool) {
+        self.shared.settings.write().overflow_in_stream = on;
     }
 
     /// Forgets every cached prefix (next requests are cold).
@@ -416,6 +448,8 @@ enum OutBody {
         events: Vec<Bytes>,
         chunk_delay: Duration,
         abort_after: Option<usize>,
+        /// Pause this long after the first `opening` events.
+        open_pause: (usize, Duration),
     },
 }
 
@@ -481,11 +515,12 @@ impl Outcome {
                 events,
                 chunk_delay,
                 abort_after,
+                open_pause,
             } => {
                 if gzip {
                     h.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
                 }
-                BodyInner::Chan(produce(events, chunk_delay, abort_after, gzip))
+                BodyInner::Chan(produce(events, chunk_delay, abort_after, open_pause, gzip))
             }
         };
         *resp.body_mut() = FakeBody(body);
@@ -505,6 +540,7 @@ fn produce(
     events: Vec<Bytes>,
     delay: Duration,
     abort_after: Option<usize>,
+    open_pause: (usize, Duration),
     gzip: bool,
 ) -> mpsc::Receiver<Result<Bytes, std::io::Error>> {
     let (tx, rx) = mpsc::channel(16);
@@ -514,6 +550,9 @@ fn produce(
         for (i, ev) in events.into_iter().enumerate() {
             if i > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
+            }
+            if i > 0 && i == open_pause.0 && !open_pause.1.is_zero() {
+                tokio::time::sleep(open_pause.1).await;
             }
             if abort_after == Some(i) {
                 // Let the connection flush what was sent before breaking it.
@@ -757,6 +796,60 @@ fn too_long(shared: &Shared, dialect: Dialect, n: u64, max: u64) -> Outcome {
     }
 }
 
+/// Anthropic's other context error: input and `max_tokens` together over the limit.
+fn context_limit(shared: &Shared, n: u64, max_tokens: u64, max: u64) -> Outcome {
+    let rid = request_id(shared);
+    let body = render::anthropic::error(
+        "invalid_request_error",
+        &format!(
+            "input length and `max_tokens` exceed context limit: {n} + {max_tokens} > {max}, decrease input length or `max_tokens` and try again"
+        ),
+        &rid,
+    );
+    Outcome::json(StatusCode::BAD_REQUEST, body).header("request-id", &rid)
+}
+
+/// A 200 stream that fails right after its opening events (OpenAI's context
+/// overflow as Codex sees it).
+fn failed_stream(shared: &Shared, a: &crate::analyze::Analysis, fail: &StreamFail) -> Outcome {
+    let ctx = Ctx {
+        model: &a.model,
+        ids: &shared.ids,
+        created: render::unix_now(),
+        include_usage: a.include_usage,
+    };
+    let mut o = sse_outcome(render::responses::failed_stream(
+        &ctx,
+        &fail.code,
+        &fail.message(),
+    ));
+    o.stream = true;
+    let rid = request_id(shared);
+    o.header("x-request-id", &rid)
+}
+
+/// A 200 `text/event-stream` answer of `events`.
+fn sse_outcome(events: Vec<Bytes>) -> Outcome {
+    let mut o = Outcome::json(StatusCode::OK, Vec::new());
+    o.headers = vec![
+        (
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        ),
+        (
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache"),
+        ),
+    ];
+    o.body = OutBody::Events {
+        events,
+        chunk_delay: Duration::ZERO,
+        abort_after: None,
+        open_pause: (0, Duration::ZERO),
+    };
+    o
+}
+
 fn scripted_error(e: &crate::script::ErrorReply) -> Outcome {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = match &e.body {
@@ -815,8 +908,20 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
         return out;
     }
     if let Some(max) = settings.max_context {
-        if a.total > max {
-            let mut out = too_long(shared, dialect, a.total, max);
+        let over = if a.total > max {
+            Some(
+                if settings.overflow_in_stream && dialect == Dialect::Responses && a.stream {
+                    failed_stream(shared, &a, &StreamFail::context_length_exceeded())
+                } else {
+                    too_long(shared, dialect, a.total, max)
+                },
+            )
+        } else {
+            let reserved = a.max_tokens.unwrap_or(0);
+            (settings.count_max_tokens && dialect == Dialect::Anthropic && a.total + reserved > max)
+                .then(|| context_limit(shared, a.total, reserved, max))
+        };
+        if let Some(mut out) = over {
             out.total = Some(a.total);
             out.model = Some(a.model);
             out.stream = a.stream;
@@ -852,6 +957,22 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
             TooLong::Flag(_) => settings.max_context.unwrap_or(default_max(dialect)),
         };
         too_long(shared, dialect, a.total.max(max + 1), max)
+    } else if let Some(tl) = reply
+        .context_limit
+        .as_ref()
+        .filter(|t| **t != TooLong::Flag(false) && dialect == Dialect::Anthropic)
+    {
+        let max = match tl {
+            TooLong::Max(m) => *m,
+            TooLong::Flag(_) => settings.max_context.unwrap_or(default_max(dialect)),
+        };
+        let reserved = a.max_tokens.unwrap_or(4_096);
+        context_limit(
+            shared,
+            a.total.max((max + 1).saturating_sub(reserved)),
+            reserved,
+            max,
+        )
     } else {
         respond(shared, dialect, &reply, &a)
     };
@@ -913,6 +1034,7 @@ fn compact(
             events,
             chunk_delay: Duration::ZERO,
             abort_after: None,
+            open_pause: (0, Duration::ZERO),
         };
         o
     } else {
@@ -932,8 +1054,23 @@ fn respond(
     reply: &Reply,
     a: &crate::analyze::Analysis,
 ) -> Outcome {
-    let input = shared.cache.input_usage(dialect, a, true);
-    let plan = plan::build(dialect, reply, a, input, &shared.memo, &shared.ids);
+    let mut input = shared.cache.input_usage(dialect, a, true);
+    let edits = if dialect == Dialect::Anthropic {
+        crate::context::apply_edits(&a.context, &a.clearable, a.total)
+    } else {
+        Vec::new()
+    };
+    clear_edited(&mut input, a, &edits);
+    let mut plan = plan::build(dialect, reply, a, input, &shared.memo, &shared.ids);
+    plan.edits = edits;
+    let compact = dialect == Dialect::Anthropic
+        && (reply.compaction.is_some()
+            || a.context
+                .compact
+                .is_some_and(|(trigger, _)| input.total_input_tokens >= trigger));
+    if compact {
+        compact_first(shared, &mut plan, reply, a, input);
+    }
     let ctx = Ctx {
         model: &a.model,
         ids: &shared.ids,
@@ -946,34 +1083,39 @@ fn respond(
         _ => ("x-request-id", "application/json"),
     };
     let mut out = if a.stream {
-        let events = match dialect {
+        let mut events = match dialect {
             Dialect::Anthropic => render::anthropic::stream(&plan, &ctx),
             Dialect::Chat => render::chat::stream(&plan, &ctx),
             Dialect::Responses => render::responses::stream(&plan, &ctx),
         };
-        Outcome {
-            status: StatusCode::OK,
-            headers: vec![
-                (
-                    CONTENT_TYPE,
-                    HeaderValue::from_static("text/event-stream; charset=utf-8"),
-                ),
-                (
-                    http::header::CACHE_CONTROL,
-                    HeaderValue::from_static("no-cache"),
-                ),
-            ],
-            body: OutBody::Events {
+        let opening = match dialect {
+            Dialect::Anthropic => render::anthropic::OPENING_EVENTS,
+            Dialect::Chat => 0,
+            Dialect::Responses => render::responses::OPENING_EVENTS,
+        };
+        if let Some(f) = &reply.fail {
+            events.truncate((opening + f.after_events).min(events.len().saturating_sub(1)));
+            let msg = f.message();
+            events.push(match dialect {
+                Dialect::Anthropic => render::anthropic::stream_error(&f.code, &msg),
+                Dialect::Chat => render::chat::stream_error(&f.code, &msg),
+                Dialect::Responses => {
+                    render::responses::failed(events.len() as u64, &ctx, &f.code, &msg)
+                }
+            });
+        }
+        let mut o = sse_outcome(events);
+        o.body = match o.body {
+            OutBody::Events { events, .. } => OutBody::Events {
                 events,
                 chunk_delay: Duration::from_millis(reply.chunk_delay_ms),
                 abort_after: reply.abort_after_events,
+                open_pause: (opening, Duration::from_millis(reply.open_delay_ms)),
             },
-            delay_first: Duration::ZERO,
-            usage: None,
-            total: None,
-            model: None,
-            stream: true,
-        }
+            other => other,
+        };
+        o.stream = true;
+        o
     } else {
         let body = match dialect {
             Dialect::Anthropic => render::anthropic::json(&plan, &ctx),
@@ -984,8 +1126,74 @@ fn respond(
         o.headers[0].1 = HeaderValue::from_static(json_ct);
         o
     };
-    out.usage = Some(plan.usage);
+    // A stream that fails reports no usage.
+    out.usage = (reply.fail.is_none() || !a.stream).then_some(plan.usage);
     out.header(rid_header, &rid).delayed(reply.delay_first_ms)
+}
+
+/// The input as counted after context edits: what they cleared is not
+/// counted, and the prompt cache holds only what precedes the first cleared
+/// message.
+fn clear_edited(u: &mut Usage, a: &crate::analyze::Analysis, edits: &[crate::context::Applied]) {
+    let Some(first) = edits.iter().map(|e| e.first_message).min() else {
+        return;
+    };
+    let cleared: u64 = edits.iter().map(|e| e.cleared_input_tokens).sum();
+    let total = u.total_input_tokens.saturating_sub(cleared);
+    let seg = a.first_message_seg + first.saturating_sub(a.dropped_messages);
+    let before: u64 = a.seg_tokens[..seg.min(a.seg_tokens.len())].iter().sum();
+    let read = u.cache_read_input_tokens.min(before).min(total);
+    let input = u.input_tokens.min(total - read);
+    *u = Usage {
+        input_tokens: input,
+        cache_creation_input_tokens: total - read - input,
+        cache_read_input_tokens: read,
+        total_input_tokens: total,
+        ..*u
+    };
+}
+
+/// Server-side compaction before the answer: the summary step reads the whole
+/// input (a `compaction` iteration), the answer is sampled from the tools,
+/// the system prompt, the summary and the newest message (a `message`
+/// iteration, the top-level usage).
+fn compact_first(
+    shared: &Shared,
+    plan: &mut plan::Plan,
+    reply: &Reply,
+    a: &crate::analyze::Analysis,
+    input: Usage,
+) {
+    let summary = reply
+        .compaction
+        .clone()
+        .unwrap_or_else(|| crate::context::summary(a.messages, input.total_input_tokens));
+    let summary_tokens = shared.memo.text(&summary).max(1);
+    let compaction = Usage {
+        output_tokens: summary_tokens,
+        reasoning_tokens: 0,
+        ..input
+    };
+    let head: u64 = a.seg_tokens[..a.first_message_seg.min(a.seg_tokens.len())]
+        .iter()
+        .sum();
+    let newest = if a.messages > 0 {
+        a.seg_tokens.last().copied().unwrap_or(0)
+    } else {
+        0
+    };
+    let after = head + summary_tokens + 3 + newest;
+    let message = Usage {
+        input_tokens: after,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 0,
+        total_input_tokens: after,
+        output_tokens: plan.usage.output_tokens,
+        reasoning_tokens: plan.usage.reasoning_tokens,
+    };
+    plan.usage = message;
+    plan.compaction = Some(summary);
+    plan.iterations = vec![("compaction", compaction), ("message", message)];
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! Anthropic Messages: `message_start`, `ping`, content blocks (thinking with
-//! `signature_delta`, text, tool_use with several `input_json_delta`s), `message_delta`
-//! with the cumulative usage, `message_stop`.
+//! Anthropic Messages: `message_start`, `ping`, content blocks (a server-side
+//! `compaction` with one `compaction_delta`, thinking with `signature_delta`, text,
+//! tool_use with several `input_json_delta`s), `message_delta` with the cumulative
+//! usage (and its `iterations`) and the applied context edits, `message_stop`.
 
 use bytes::Bytes;
 
@@ -16,6 +17,50 @@ fn usage(u: &Usage, output: u64) -> J {
         "cache_read_input_tokens": u.cache_read_input_tokens,
         "output_tokens": output,
     }
+}
+
+/// The final usage: with `iterations` when the plan has them.
+fn final_usage(p: &Plan) -> J {
+    let mut u = usage(&p.usage, p.usage.output_tokens);
+    if let (J::O(fields), false) = (&mut u, p.iterations.is_empty()) {
+        let its = p
+            .iterations
+            .iter()
+            .map(|(kind, it)| {
+                let mut f = vec![("type", J::from(*kind))];
+                if let J::O(rest) = usage(it, it.output_tokens) {
+                    f.extend(rest);
+                }
+                J::O(f)
+            })
+            .collect();
+        fields.push(("iterations", J::A(its)));
+    }
+    u
+}
+
+/// `{"applied_edits": [...]}`, when the plan applied any.
+fn context_management(p: &Plan) -> Option<J> {
+    if p.edits.is_empty() {
+        return None;
+    }
+    let edits = p
+        .edits
+        .iter()
+        .map(|e| {
+            let what = if e.kind.starts_with("clear_thinking") {
+                "cleared_thinking_turns"
+            } else {
+                "cleared_tool_uses"
+            };
+            J::O(vec![
+                ("type", J::from(e.kind)),
+                (what, J::U(e.cleared)),
+                ("cleared_input_tokens", J::U(e.cleared_input_tokens)),
+            ])
+        })
+        .collect();
+    Some(obj! { "applied_edits": J::A(edits) })
 }
 
 fn ev(name: &'static str, data: J) -> Bytes {
@@ -62,6 +107,15 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
             obj! { "type": "content_block_stop", "index": i },
         )
     };
+    if let Some(summary) = &p.compaction {
+        out.push(start(index, obj! { "type": "compaction", "content": () }));
+        out.push(delta(
+            index,
+            obj! { "type": "compaction_delta", "content": summary },
+        ));
+        out.push(stop(index));
+        index += 1;
+    }
     if let Some(t) = &p.thinking {
         out.push(start(
             index,
@@ -112,20 +166,27 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
         out.push(stop(index));
         index += 1;
     }
-    out.push(ev(
-        "message_delta",
-        obj! {
-            "type": "message_delta",
-            "delta": obj! { "stop_reason": p.stop.anthropic(), "stop_sequence": () },
-            "usage": usage(&p.usage, p.usage.output_tokens),
-        },
-    ));
+    let mut md = vec![
+        ("type", J::from("message_delta")),
+        (
+            "delta",
+            obj! { "stop_reason": p.stop.anthropic(), "stop_sequence": () },
+        ),
+    ];
+    if let Some(cm) = context_management(p) {
+        md.push(("context_management", cm));
+    }
+    md.push(("usage", final_usage(p)));
+    out.push(ev("message_delta", J::O(md)));
     out.push(ev("message_stop", obj! { "type": "message_stop" }));
     out
 }
 
 pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
     let mut content = Vec::new();
+    if let Some(summary) = &p.compaction {
+        content.push(obj! { "type": "compaction", "content": summary });
+    }
     if let Some(t) = &p.thinking {
         content.push(obj! { "type": "thinking", "thinking": t, "signature": &p.signature });
     }
@@ -140,18 +201,35 @@ pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
             "input": c.object_input(),
         });
     }
-    obj! {
-        "id": format!("msg_fake_{}", ctx.ids.hex(20)),
-        "type": "message",
-        "role": "assistant",
-        "model": ctx.model,
-        "content": content,
-        "stop_reason": p.stop.anthropic(),
-        "stop_sequence": (),
-        "usage": usage(&p.usage, p.usage.output_tokens),
+    let mut m = vec![
+        (
+            "id",
+            J::from(format!("msg_fake_{}", ctx.ids.hex(20)).as_str()),
+        ),
+        ("type", J::from("message")),
+        ("role", J::from("assistant")),
+        ("model", J::from(ctx.model)),
+        ("content", J::A(content)),
+        ("stop_reason", J::from(p.stop.anthropic())),
+        ("stop_sequence", J::Null),
+    ];
+    if let Some(cm) = context_management(p) {
+        m.push(("context_management", cm));
     }
-    .to_vec()
+    m.push(("usage", final_usage(p)));
+    J::O(m).to_vec()
 }
+
+/// An `error` event inside a 200 stream.
+pub(crate) fn stream_error(kind: &str, message: &str) -> Bytes {
+    ev(
+        "error",
+        obj! { "type": "error", "error": obj! { "type": kind, "message": message } },
+    )
+}
+
+/// Events of a stream that open it (before any content).
+pub(crate) const OPENING_EVENTS: usize = 2;
 
 /// `{"type":"error","error":{"type":T,"message":M},"request_id":R}`
 pub(crate) fn error(kind: &str, message: &str, request_id: &str) -> Vec<u8> {

@@ -147,3 +147,11 @@ pub(crate) fn error(message: &str, kind: &str, param: Option<&str>, code: Option
     }
     .to_vec()
 }
+
+/// An error chunk inside a 200 stream (`data: {"error": {...}}`).
+pub(crate) fn stream_error(code: &str, message: &str) -> Bytes {
+    sse(
+        None,
+        &obj! { "error": obj! { "message": message, "type": "invalid_request_error", "param": (), "code": code } },
+    )
+}

@@ -312,6 +312,35 @@ pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
     response_obj(&resp_id, ctx, final_status(p), done, Some(&p.usage)).to_vec()
 }
 
+/// Events of a stream that open it (`response.created`, `response.in_progress`).
+pub(crate) const OPENING_EVENTS: usize = 2;
+
+/// `response.failed` as event number `n` of a stream: status `failed`, the
+/// error's `code` and `message`, no usage (the shape Codex reads).
+pub(crate) fn failed(n: u64, ctx: &Ctx, code: &str, message: &str) -> Bytes {
+    let resp_id = format!("resp_{}", ctx.ids.hex(24));
+    let mut r = response_obj(&resp_id, ctx, "failed", Vec::new(), None);
+    if let J::O(fields) = &mut r {
+        fields.push(("error", obj! { "code": code, "message": message }));
+    }
+    sse(
+        Some("response.failed"),
+        &J::O(vec![
+            ("type", J::from("response.failed")),
+            ("sequence_number", J::U(n)),
+            ("response", r),
+        ]),
+    )
+}
+
+/// A stream that fails right after its opening events.
+pub(crate) fn failed_stream(ctx: &Ctx, code: &str, message: &str) -> Vec<Bytes> {
+    let (_, s) = started(ctx);
+    let mut out = s.out;
+    out.push(failed(out.len() as u64, ctx, code, message));
+    out
+}
+
 /// V2 compaction answer, streamed: one `compaction` output item, then `response.completed`.
 pub(crate) fn compaction_stream(item: J, ctx: &Ctx, u: &Usage) -> Vec<Bytes> {
     let (resp_id, mut s) = started(ctx);
