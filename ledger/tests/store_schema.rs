@@ -299,7 +299,7 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
     };
     let mut second = step("v5", 2, 200, None);
     if let Event::Step { detail: d, .. } = &mut second {
-        *d = detail.clone();
+        **d = detail.clone();
     }
     store.submit(second).expect("step");
     store.settle_blocking().expect("settle");

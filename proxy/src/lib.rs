@@ -16,6 +16,7 @@ pub mod conn;
 pub mod dialect;
 pub mod error;
 pub mod identity;
+pub mod overflow;
 pub mod registry;
 pub mod runtime;
 pub mod server;

@@ -11,6 +11,7 @@ use crate::conn::{self, Activity, ConnLimits, InFlight};
 use crate::dialect::{self, Collected};
 use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
+use crate::overflow::{self, Opening};
 use crate::sessions::{Prepared, SessionManager, Ticket};
 use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
@@ -674,6 +675,9 @@ async fn provider_request(
         Some(t) if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE => {
             too_long_path(app, &parts, uri, base, resp, t).await
         }
+        Some(t) if status == StatusCode::OK && holds_opening(app, &t, resp.headers()) => {
+            overflow_in_stream_path(app, &parts, uri, base, resp, t).await
+        }
         ticket => {
             let (head, body) = resp.into_parts();
             Ok(tap_response(app, dialect, ticket, head, body))
@@ -685,37 +689,10 @@ fn full_up(b: Bytes) -> UpBody {
     Full::new(b).map_err(|never| match never {}).boxed()
 }
 
-/// Parse the ceiling out of a too-long error body, if it is one.
+/// Parse the ceiling out of a context-limit error body, if it is one
+/// (see [`overflow::context_limit`]).
 pub fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
-    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    match dialect {
-        Dialect::Anthropic => {
-            let msg = v.pointer("/error/message")?.as_str()?;
-            if !msg.starts_with("prompt is too long") {
-                return None;
-            }
-            // "prompt is too long: N tokens > M maximum"
-            let m = msg
-                .split('>')
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next())
-                .and_then(|s| s.parse().ok());
-            Some(m)
-        }
-        Dialect::OpenaiChat | Dialect::OpenaiResponses => {
-            let e = v.get("error")?;
-            if e.get("code").and_then(|c| c.as_str()) != Some("context_length_exceeded") {
-                return None;
-            }
-            let msg = e.get("message").and_then(|m| m.as_str()).unwrap_or("");
-            let m = msg
-                .split("maximum context length is ")
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next())
-                .and_then(|s| s.parse().ok());
-            Some(m)
-        }
-    }
+    overflow::context_limit(dialect, body).map(|l| l.ceiling)
 }
 
 /// How much of a 400/413 answer is read to tell a too-long error (they are
@@ -743,10 +720,7 @@ async fn too_long_path(
             read.extend_from_slice(&d);
             if read.len() > ERROR_PEEK {
                 // Not a too-long error: relay it unchanged, read so far + the rest.
-                let rest = Prefixed {
-                    head: Some(Bytes::from(read)),
-                    inner: body,
-                };
+                let rest = overflow::Held::new(Bytes::from(read), body);
                 return Ok(tap_response(app, ticket.dialect, Some(ticket), head, rest));
             }
         }
@@ -757,16 +731,18 @@ async fn too_long_path(
             .body(full(bytes))
             .map_err(|e| ProxyError::BadTarget(e.to_string()))
     };
-    let ceiling = if encoded {
+    let limit = if encoded {
         None
     } else {
-        too_long_ceiling(ticket.dialect, &bytes)
+        overflow::context_limit(ticket.dialect, &bytes)
     };
-    let Some(ceiling) = ceiling else {
+    let Some(limit) = limit else {
         ticket.complete(status, true, &Collected::default());
         return relay(bytes);
     };
+    let ceiling = limit.ceiling;
     let sessions = app.sessions.clone();
+    sessions.learn_limit(&ticket, limit);
     let retry = cpu(|| sessions.too_long(&mut ticket, ceiling));
     let Some(new_body) = retry else {
         tracing::info!(session = %ticket.session.id, "too long, and nothing left to cut: relaying the error");
@@ -780,40 +756,45 @@ async fn too_long_path(
     Ok(tap_response(app, ticket.dialect, Some(ticket), head, body))
 }
 
-/// A body whose first bytes were already read: `head`, then the rest of `inner`.
-struct Prefixed<B> {
-    head: Option<Bytes>,
-    inner: B,
+/// A Responses stream worth reading the opening of before relaying it: a
+/// plain SSE answer of a step a retry could cut.
+fn holds_opening(app: &App, t: &Ticket, h: &http::HeaderMap) -> bool {
+    t.dialect == Dialect::OpenaiResponses
+        && Framing::from_content_type(h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()))
+            == Framing::Sse
+        && h.get(header::CONTENT_ENCODING)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"))
+        && app.sessions.can_cut(t)
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Body for Prefixed<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        if let Some(h) = self.head.take() {
-            return Poll::Ready(Some(Ok(Frame::data(h))));
+/// A Responses stream that may fail with `context_length_exceeded` inside
+/// its 200: its opening events are held back (at most
+/// [`overflow::OPENING_HOLD`]); a failure before any output is answered like
+/// the 400 (cut every closed block, retry once, the failed stream dropped);
+/// anything else is relayed, held bytes first.
+async fn overflow_in_stream_path(
+    app: &Arc<App>,
+    parts: &http::request::Parts,
+    uri: http::Uri,
+    base: String,
+    resp: Response<Incoming>,
+    mut ticket: Ticket,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (head, body) = resp.into_parts();
+    let (opening, held) = overflow::hold_opening(body, overflow::OPENING_HOLD).await;
+    if opening == Opening::Overflow {
+        let sessions = app.sessions.clone();
+        if let Some(new_body) = cpu(|| sessions.too_long(&mut ticket, None)) {
+            tracing::info!(session = %ticket.session.id, "context_length_exceeded inside the stream, before any output: cut every closed block, retrying once");
+            drop(held);
+            let len = new_body.len();
+            let up = upstream_request(parts, uri, full_up(new_body), Some(len));
+            let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+            return Ok(tap_response(app, ticket.dialect, Some(ticket), head, body));
         }
-        Pin::new(&mut self.inner).poll_frame(cx)
+        tracing::info!(session = %ticket.session.id, "context_length_exceeded inside the stream, and nothing left to cut: relaying it");
     }
-
-    fn is_end_stream(&self) -> bool {
-        self.head.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let n = self.head.as_ref().map_or(0, |h| h.len() as u64);
-        let inner = self.inner.size_hint();
-        let mut h = SizeHint::new();
-        h.set_lower(inner.lower() + n);
-        if let Some(u) = inner.upper() {
-            h.set_upper(u + n);
-        }
-        h
-    }
+    Ok(tap_response(app, ticket.dialect, Some(ticket), head, held))
 }
 
 fn tap_response<B>(

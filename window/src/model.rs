@@ -357,8 +357,9 @@ pub enum Event {
         /// Why the step failed, when it did (`upstream_timeout`,
         /// `upstream_unreachable`, `stream_cut`, ...; None = it completed).
         error: Option<String>,
-        /// What the answer reported besides its window's usage.
-        detail: StepDetail,
+        /// What the answer reported besides its window's usage (boxed: most
+        /// steps have none, and events queue by value).
+        detail: Box<StepDetail>,
     },
     /// The tideline moved: every row up to `upto_seq` left the window.
     Cut {

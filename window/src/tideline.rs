@@ -377,6 +377,25 @@ impl Tideline {
         })
     }
 
+    /// The provider itself dropped every row up to `seq` from the requests
+    /// (Anthropic's server-side compaction drops what precedes its block):
+    /// those rows are out of the window from now on, like a cut, but the
+    /// gauge, which the provider's numbers never counted them in since, stays.
+    /// Blocks that end by `seq` go; one that straddles it keeps its rows
+    /// after `seq`. False when nothing changed.
+    pub fn drop_through(&mut self, seq: u64) -> bool {
+        if seq <= self.cut_upto {
+            return false;
+        }
+        self.closed.retain(|b| b.last_seq > seq);
+        for b in &mut self.closed {
+            b.first_seq = b.first_seq.max(seq + 1);
+        }
+        self.open.first_seq = self.open.first_seq.max(seq + 1);
+        self.cut_upto = seq;
+        true
+    }
+
     /// Close-if-grown, then the cut loop. `gauge`/`added` are in the current frame.
     fn step(
         &mut self,
@@ -734,6 +753,31 @@ mod tests {
         );
         assert_eq!(block_tokens(BlockSpec::Tokens(1_000_000), 100_000), 100_000);
         assert_eq!(Params::new(80_000, BlockSpec::default()).block, 56_000);
+    }
+
+    #[test]
+    fn a_provider_drop_moves_the_cut_and_keeps_the_gauge() {
+        let p = Params {
+            line: 1_000,
+            block: 30,
+        };
+        let mut t = Tideline::new();
+        t.seed(&[(1, 40), (2, 40), (3, 40), (4, 40)], obs(160, 0, 4, 4), p);
+        assert_eq!(t.closed_blocks().len(), 4);
+        let gauge = t.gauge();
+        assert!(t.drop_through(2));
+        assert_eq!(t.cut_upto(), 2);
+        assert_eq!(t.gauge(), gauge);
+        assert_eq!(t.closed_blocks(), &[cb(3, 3, 40), cb(4, 4, 40)]);
+        assert!(!t.drop_through(2), "nothing new");
+        assert!(!t.drop_through(1));
+        // A block straddling the drop keeps its later rows.
+        let mut t = Tideline::new();
+        t.seed(&[(1, 10), (2, 10), (3, 10), (4, 40)], obs(70, 0, 4, 4), p);
+        assert_eq!(t.closed_blocks()[0], cb(1, 3, 30));
+        assert!(t.drop_through(2));
+        assert_eq!(t.closed_blocks()[0], cb(3, 3, 30));
+        assert!(t.open_block().first_seq > 2);
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub fn classify(v: &Value) -> MessageInfo {
         }
     };
     let mut out = info(role, kind, text);
+    out.compaction = kind == RowKind::Assistant
+        && of_type("compaction").any(|b| b.get("content").is_some_and(Value::is_string));
     out.opens = ids_of(of_type("tool_use").chain(of_type("server_tool_use")), "id");
     // Server tool results answer within the assistant message itself.
     out.closes = blocks
@@ -404,6 +406,15 @@ mod tests {
             classify(&json!({"role":"assistant","content":"hi"})).kind,
             RowKind::Assistant
         );
+        // A compaction block with a summary makes the API drop what precedes
+        // it; one without (a failed compaction) is a no-op.
+        let c = |content: Value| {
+            classify(&json!({"role":"assistant","content":[{"type":"compaction","content":content},{"type":"text","text":"go on"}]}))
+                .compaction
+        };
+        assert!(c(json!("Summary: ...")));
+        assert!(!c(Value::Null));
+        assert!(!classify(&json!({"role":"assistant","content":"hi"})).compaction);
     }
 
     #[test]

@@ -456,6 +456,9 @@ pub struct MessageInfo {
     /// (CLAUDE.md, AGENTS.md, ...; see [`standing`]), kept when the rest of
     /// the message leaves the window. Empty for a message kept whole.
     pub standing: Vec<oceancode_ledger::Standing>,
+    /// An Anthropic assistant message holding a server-side `compaction`
+    /// block with a summary: the API drops everything before that block.
+    pub compaction: bool,
 }
 
 /// The text of a message's `content` that names it: the string itself, or

@@ -17,9 +17,11 @@
 //! | `layouts` | each client's latest body layouts, to split the next body fast |
 //! | `parse` | full parses of new messages, root hashes, token estimates |
 //! | `meter` | what the meter shows |
+//! | `limits` | what a context-limit failure teaches a session, and whether a retry could cut |
 
 mod index;
 mod layouts;
+mod limits;
 mod meter;
 mod parse;
 mod prepare;

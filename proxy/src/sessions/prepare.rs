@@ -377,6 +377,10 @@ impl SessionManager {
         let mut cut_gauge = None;
         if self.settings.tideline_enabled && !req.stateful {
             let last_seq = st.active.last().copied().unwrap_or(0);
+            // What precedes the latest server-side compaction block the
+            // provider drops anyway: the window may start at the block.
+            let floor = st.compaction_floor();
+            st.tideline.drop_through(floor);
             let cut_before = st.tideline.cut_upto();
             // A restored session knows its last real usage; otherwise the row
             // estimates are all there is (seeding).
@@ -449,7 +453,19 @@ impl SessionManager {
             .override_line
             .or(*self.global_override.lock())
             .unwrap_or(self.settings.line);
-        let calc = tideline::effective_line(spec, limits.context, limits.max_output, max_tokens);
+        let mut calc =
+            tideline::effective_line(spec, limits.context, limits.max_output, max_tokens);
+        if let (true, Some(context), Some(reserved)) =
+            (st.reserves_max_tokens, limits.context, max_tokens)
+        {
+            // Input and the whole `max_tokens` must fit (the client's
+            // `max_tokens` is never changed).
+            let room = context.saturating_sub(reserved).max(1);
+            if calc.line > room {
+                calc.line = room;
+                calc.clamped = true;
+            }
+        }
         let block = tideline::block_tokens(self.settings.block, calc.line);
         (
             Params {

@@ -51,6 +51,8 @@ pub(super) struct RowMem {
     pub(super) echo: u64,
     /// Standing parts (project instructions) kept when the row leaves.
     pub(super) standing: Box<[Standing]>,
+    /// It holds a server-side compaction block (the API drops what precedes it).
+    pub(super) compaction: bool,
 }
 
 /// A step's answer until the client echoes it: its rows, and the row of
@@ -133,6 +135,10 @@ pub struct State {
     /// The line and its label last handed to the ledger (a `Line` event).
     pub(super) recorded_line: Option<(u64, String)>,
     pub(super) learned_ceiling: Option<u64>,
+    /// The provider counts the request's `max_tokens` against the context
+    /// (it answered `input length and max_tokens exceed context limit`):
+    /// the line leaves room for all of it, not only the output allowance.
+    pub(super) reserves_max_tokens: bool,
     pub(super) tools_fp: u64,
     /// [`RootHashes::system`] of the request that opened the conversation;
     /// 0 = unknown.
@@ -170,6 +176,7 @@ impl State {
             override_line: None,
             recorded_line: None,
             learned_ceiling: None,
+            reserves_max_tokens: false,
             tools_fp,
             system_fp,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
@@ -324,6 +331,7 @@ impl State {
             turn,
             echo: p.echo,
             standing: p.info.standing.clone().into_boxed_slice(),
+            compaction: p.info.compaction,
         });
         events.push(Row {
             seq,
@@ -472,6 +480,18 @@ impl State {
             .collect()
     }
 
+    /// The last row the provider itself drops from every request: the one
+    /// before the latest row on the active line holding a server-side
+    /// compaction block (0 = none). A window may start at that block without
+    /// changing what the provider keeps.
+    pub(super) fn compaction_floor(&self) -> u64 {
+        self.active
+            .iter()
+            .rev()
+            .find(|&&s| self.row(s).compaction)
+            .map_or(0, |&s| s - 1)
+    }
+
     pub(super) fn seed_rows(&self) -> Vec<(u64, u64)> {
         self.active
             .iter()
@@ -567,6 +587,7 @@ impl State {
                 turn: r.turn,
                 echo: p.echo,
                 standing: p.info.standing.into_boxed_slice(),
+                compaction: p.info.compaction,
             });
             if !hidden.contains(&r.seq) {
                 if r.from_response {
@@ -608,6 +629,7 @@ impl State {
         fresh.system_fp = self.system_fp;
         fresh.override_line = self.override_line;
         fresh.learned_ceiling = self.learned_ceiling;
+        fresh.reserves_max_tokens = self.reserves_max_tokens;
         fresh.bytes_per_token = self.bytes_per_token;
         fresh.totals = self.totals;
         fresh.meter = Meter {

@@ -218,7 +218,7 @@ fn step_event(st: &State, t: &Ticket, status: u16, collected: &dialect::Collecte
         window_rows: t.window_rows as u32,
         ts_ms: now_ms(),
         error: None,
-        detail: collected.detail.clone(),
+        detail: Box::new(collected.detail.clone()),
     }
 }
 

@@ -3,6 +3,12 @@
 //! instructions: CLAUDE.md, AGENTS.md, ...) right after its text, the system
 //! rows kept from before the cut, the pinned ask, and every retained message
 //! byte for byte. Pure: no I/O, no locks.
+//!
+//! A window that starts at an Anthropic server-side compaction block (the
+//! provider drops whatever precedes it) keeps nothing from before it but the
+//! stub, which accounts for the rows the provider drops instead of
+//! re-sending them (the provider drops the stub too, as it would have
+//! dropped those rows).
 
 use super::state::State;
 use crate::dialect::{self, ParsedBody};
@@ -53,9 +59,15 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         return Window::unchanged(n);
     }
     let infos = st.row_infos();
-    let plan = tideline::plan_window(&infos, cut_upto);
+    let mut plan = tideline::plan_window(&infos, cut_upto);
     if plan.start == 0 || plan.effective_upto_seq == 0 {
         return Window::unchanged(n);
+    }
+    // Starting at a compaction block: what precedes it the provider drops
+    // (a pinned ask, kept system rows or standing parts would be dropped too).
+    let at_compaction = st.row(st.active[plan.start]).compaction;
+    if at_compaction {
+        plan.pinned_prompt = None;
     }
     let dir = oceancode_ledger::paths::DataDir::new(data_dir).session_dir(&st.meta.id);
     let mut lines = Vec::new();
@@ -72,7 +84,12 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         lines.push((st.row(*seq).turn, line.as_str()));
     }
     let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
-    let pinned = pinned_parts(st, &infos, &plan, parsed);
+    // Standing parts before a compaction block would be dropped with the stub.
+    let pinned = if at_compaction {
+        Default::default()
+    } else {
+        pinned_parts(st, &infos, &plan, parsed)
+    };
     let pinned_bytes: usize = pinned.iter().map(|p| p.len()).sum();
     let pinned_tokens = (pinned_bytes as f64 / st.bytes_per_token).ceil() as u64;
     let stub_msg = dialect::stub_message_with(st.dialect, &stub, &pinned);
@@ -83,7 +100,7 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         .filter(|&i| Some(i) != plan.pinned_prompt)
         .filter_map(|i| {
             let r = st.row(st.active[i]);
-            if matches!(r.kind, RowKind::System | RowKind::Other) {
+            if matches!(r.kind, RowKind::System | RowKind::Other) && !at_compaction {
                 Some(parsed.messages[i])
             } else {
                 kept_out += u64::from(r.tokens);
