@@ -26,13 +26,13 @@ class Stack:
     def __init__(self, work: Path, script=None, tideline: str | None = None,
                  max_context: int | None = None, proxy: bool = True,
                  proxy_env: dict | None = None, upstream_override: str | None = None,
-                 end_delay_ms: int = 0, gzip: bool = False):
+                 end_delay_ms: int = 0, gzip: bool = False, fake_args: list[str] | None = None):
         self.work = work
         self.home = work / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.data = work / "data"
         self.procs = []
-        self.fake = h.start_fake(work, script, max_context, gzip=gzip)
+        self.fake = h.start_fake(work, script, max_context, gzip=gzip, args=fake_args)
         self.procs.append(self.fake)
         self.tap = h.start_tap(work, self.fake.url, end_delay_ms=end_delay_ms)
         self.procs.append(self.tap)

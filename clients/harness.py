@@ -118,8 +118,10 @@ class Proc:
 
 
 def start_fake(work: Path, script: dict | list | None = None, max_context: int | None = None,
-               env: dict | None = None, name: str = "fakeup", gzip: bool = False) -> Proc:
-    cmd = [str(FAKEUP_BIN), "--listen", "127.0.0.1:0"] + (["--gzip"] if gzip else [])
+               env: dict | None = None, name: str = "fakeup", gzip: bool = False,
+               args: list[str] | None = None) -> Proc:
+    """The fake upstream; `args`: more of its flags (`--count-max-tokens`, `--overflow-in-stream`)."""
+    cmd = [str(FAKEUP_BIN), "--listen", "127.0.0.1:0"] + (["--gzip"] if gzip else []) + list(args or [])
     if script is not None:
         sp = work / f"{name}-script.json"
         sp.write_text(json.dumps(script, indent=1))

@@ -270,3 +270,134 @@ def test_stub_points_to_an_absolute_path_with_a_relative_data_dir(make_stack):
     where = ac.STUB_RX.search(stubs[0]).group(2)
     assert Path(where).is_absolute(), f"the stub points to a relative path: {where!r}"
     assert (Path(where) / "transcript").is_dir()
+
+
+# ---------------------------------------------------------------- context limits and usage shapes
+
+def cli(st, *args: str) -> str:
+    """`oceancode-proxy --data-dir <the stack's> ARGS` (the ledger CLI)."""
+    r = h.run([str(h.PROXY_BIN), "--data-dir", str(st.data), *args], h.base_env(st.home), st.work, 60)
+    assert r.code == 0 and not r.timed_out, r.tail()
+    return r.stdout
+
+
+def tool_loop_script() -> dict:
+    return {"replies": [], "default": {"text": "Checking.",
+                                       "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]}}
+
+
+def push_tool_step(msgs: list, r, step: int, lines: int = 200) -> None:
+    msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
+    uses = [b for b in r.content if b.type == "tool_use"]
+    msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
+                                              "content": su.big_text(step, lines)} for u in uses]})
+
+
+def test_input_and_max_tokens_over_the_context_is_cut_and_retried(make_stack):
+    """Anthropic's other context error, `input length and max_tokens exceed context
+    limit: N + T > M`: the proxy learns M, cuts every closed block and retries once;
+    the SDK never sees the error, and every request keeps the SDK's max_tokens."""
+    st = make_stack(script=tool_loop_script(), max_context=30_000, fake_args=["--count-max-tokens"])
+    c = su.anthropic_client(st.url)
+    msgs = [{"role": "user", "content": "Check the weather, again and again."}]
+    for i in range(1, 13):
+        with c.messages.stream(model=MODEL, max_tokens=8000, tools=TOOLS, messages=msgs) as s:
+            r = s.get_final_message()
+        push_tool_step(msgs, r, i)
+    reqs = st.tap.model_requests()
+    statuses = [q["status"] for q in reqs]
+    assert 400 in statuses, "the upstream never refused: the test proves nothing"
+    for i, q in enumerate(reqs):
+        if q["status"] == 400:
+            assert "input length and `max_tokens` exceed context limit" in q["response"], q["response"]
+            assert reqs[i + 1]["status"] == 200 and h.STUB_PREFIX in reqs[i + 1]["body"], \
+                "the retry carries a cut window"
+    assert {q["json"]["max_tokens"] for q in reqs} == {8000}, "max_tokens is never changed"
+    assert len(reqs) == 12 + statuses.count(400), "one retry per error"
+    sessions = h.http_json(st.proxy.url + "/_oceancode/sessions")["sessions"]
+    assert [x["meter"]["context"] for x in sessions if x["client"] == "anthropic-sdk"] == [30_000]
+
+
+def test_input_and_max_tokens_with_nothing_to_cut_is_relayed(make_stack):
+    st = make_stack(script=[{"context_limit": 1000}])
+    c = su.anthropic_client(st.url)
+    with pytest.raises(anthropic.BadRequestError) as ei:
+        c.messages.create(model=MODEL, max_tokens=900, messages=[{"role": "user", "content": "hi"}])
+    assert "input length and `max_tokens` exceed context limit:" in ei.value.message, ei.value.message
+    assert "+ 900 > 1000" in ei.value.message, ei.value.message
+    assert len(st.tap.model_requests()) == 1, "no retry"
+
+
+def test_server_side_compaction_is_billed_and_the_window_starts_at_its_block(make_stack):
+    """`context_management` with `compact_20260112` (beta `compact-2026-01-12`): the
+    summary step's tokens are in `usage.iterations[]`, not in the top-level usage;
+    the ledger bills them beyond the window, keeps the compaction block verbatim, and
+    from the next request on the window starts at the block (the stub accounts for
+    what the API drops anyway)."""
+    st = make_stack(script=tool_loop_script())
+    c = su.anthropic_client(st.url)
+    cm = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 12000}}]}
+    msgs = [{"role": "user", "content": "Check the weather, again and again."}]
+    compacted = None
+    for i in range(1, 12):
+        r = c.beta.messages.create(betas=["compact-2026-01-12"], model=MODEL, max_tokens=1024, tools=TOOLS,
+                                   messages=msgs, context_management=cm)
+        if compacted is None and r.content[0].type == "compaction":
+            compacted = (i, r)
+        push_tool_step(msgs, r, i)
+        if compacted and i >= compacted[0] + 2:
+            break
+    assert compacted, "the trigger was never reached"
+    i, r = compacted
+    its = r.usage.iterations
+    assert [x.type for x in its] == ["compaction", "message"]
+    assert r.usage.input_tokens == its[1].input_tokens
+    s, rows = su.session_rows(st, "anthropic-sdk")
+    steps = st.ledger.steps(s["id"])
+    d = json.loads(steps[i - 1]["detail"])
+    assert d["compactions"] == 1
+    assert d["extra"]["input"] == its[0].input_tokens and d["extra"]["output"] == its[0].output_tokens
+    assert steps[i - 1]["input"] == r.usage.input_tokens, "the step's usage is the window (the message)"
+    block = [x for x in rows if '"compaction"' in x["raw"]]
+    assert json.loads(block[0]["raw"])["content"][0] == r.content[0].model_dump(exclude_none=True)
+    nxt = st.tap.model_requests()[i]["json"]["messages"]
+    assert h.STUB_PREFIX in json.dumps(nxt[0])
+    assert f"every row up to seq {block[0]['seq'] - 1} left" in json.dumps(nxt[0])
+    assert nxt[1]["content"][0]["type"] == "compaction"
+    out = cli(st, "status", s["id"])
+    assert "1 compaction by the provider" in out, out
+    md = cli(st, "export", "--md", s["id"])
+    assert "provider_compactions: 1" in md
+
+
+def test_applied_context_edits_are_in_status_and_exports(make_stack):
+    """Context editing requested by the client (`clear_tool_uses_20250919`): the
+    answer's `context_management.applied_edits` shows in `status` and both exports;
+    the window is the real input after the edits."""
+    st = make_stack(script=tool_loop_script())
+    c = su.anthropic_client(st.url)
+    cm = {"edits": [{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 6000},
+                     "keep": {"type": "tool_uses", "value": 2}}]}
+    msgs = [{"role": "user", "content": "Check the weather, again and again."}]
+    applied = []
+    for i in range(1, 8):
+        with c.beta.messages.stream(betas=["context-management-2025-06-27"], model=MODEL, max_tokens=1024,
+                                    tools=TOOLS, messages=msgs, context_management=cm) as s:
+            r = s.get_final_message()
+        applied.append(r.context_management.applied_edits if r.context_management else [])
+        push_tool_step(msgs, r, i)
+    edited = [e for e in applied if e]
+    assert len(edited) >= 2, applied
+    s, _ = su.session_rows(st, "anthropic-sdk")
+    steps = st.ledger.steps(s["id"])
+    for step, edits in zip(steps, applied):
+        got = json.loads(step["detail"])["edits"] if step["detail"] else []
+        assert got == [e.model_dump() for e in edits], (got, edits)
+    cleared = sum(e.cleared_tool_uses for es in edited for e in es)
+    out = cli(st, "status", s["id"])
+    assert f"clear_tool_uses_20250919 ×{len(edited)} ({cleared} tool uses" in out, out
+    md = cli(st, "export", "--md", s["id"])
+    assert "provider_context_edits:" in md and "clear_tool_uses_20250919" in md
+    atif = json.loads(cli(st, "export", "--atif", s["id"]))
+    with_edits = [x for x in atif["steps"] if (x.get("extra") or {}).get("context_management", {}).get("applied_edits")]
+    assert len(with_edits) == len(edited)

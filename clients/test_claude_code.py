@@ -385,6 +385,39 @@ def test_claude_code_prompt_too_long_is_absorbed_by_the_proxy(make_stack, tmp_pa
     assert len(cc) == 1 and cc[0]["meter"]["context"] == 45_000, cc
 
 
+def test_claude_code_input_plus_max_tokens_is_absorbed_by_the_proxy(make_stack, tmp_path):
+    """An upstream of 60k that counts `max_tokens` against the context, as older
+    Claude models do: once input + max_tokens is over it, it answers `input length
+    and max_tokens exceed context limit: N + T > 60000`; the proxy learns the
+    ceiling, cuts and retries once with Claude Code's own max_tokens, so Claude Code
+    never sees the error (it would lower max_tokens itself) and never compacts."""
+    proj = tmp_path / "proj"
+    make_project(proj)
+    st = make_stack(script=script_for(proj, STEPS), max_context=60_000, fake_args=["--count-max-tokens"])
+    env = cc_env(st.home)
+    env["ANTHROPIC_BASE_URL"] = st.proxy.url
+    env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "20000"
+    r = h.run(cc_cmd(PROMPT), env, proj, TIMEOUT, log=st.work / "client.log")
+    assert r.code == 0 and not r.timed_out, r.tail()
+    evs = events(r.stdout)
+    result = [e for e in evs if e.get("type") == "result"][-1]
+    assert result["subtype"] == "success" and not result.get("is_error"), result
+    assert "FINAL_ANSWER_MARKER" in result["result"]
+    assert not [e for e in evs if e.get("subtype") == "compact_boundary"]
+    reqs = st.tap.model_requests()
+    assert not compaction_requests(reqs)
+    statuses = [q["status"] for q in reqs]
+    assert 400 in statuses, "the upstream never refused: the test proves nothing"
+    for k, q in enumerate(reqs):
+        if q["status"] == 400:
+            assert "input length and `max_tokens` exceed context limit" in q["response"], q["response"]
+            assert reqs[k + 1]["status"] == 200 and h.STUB_PREFIX in reqs[k + 1]["body"]
+            assert reqs[k + 1]["json"]["max_tokens"] == q["json"]["max_tokens"], "max_tokens is never changed"
+    sessions = h.http_json(st.proxy.url + "/_oceancode/sessions")["sessions"]
+    cc = [s for s in sessions if s["client"] == "claude-code"]
+    assert len(cc) == 1 and cc[0]["meter"]["context"] == 60_000, cc
+
+
 def test_claude_code_subagent_gets_a_linked_session(tmp_path):
     """The Agent tool: the sub-agent's requests (another system prompt and tools)
     become their own ledger session, linked to the parent."""

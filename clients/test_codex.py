@@ -325,7 +325,7 @@ def serve_codex(st, args: list[str]) -> CodexRun:
     o.work, o.home, o.proj, o.data = st.work, st.home, st.work / "proj", st.data
     o.codex_home = st.work / "codex_home"
     o.codex_home.mkdir(exist_ok=True)
-    (o.codex_home / "config.toml").write_text(CONFIG.format(model=MODEL, base_url=st.proxy.url + "/v1"))
+    (o.codex_home / "config.toml").write_text(CONFIG.format(model=MODEL, base_url=st.url + "/v1"))
     env = h.base_env(o.home)
     env.update({"OPENAI_API_KEY": "sk-test-not-a-real-key", "CODEX_HOME": str(o.codex_home), "RUST_LOG": "warn"})
     o.run = h.run([str(codex_bin()), "exec", "--skip-git-repo-check", "--json", *args], env, o.proj, TIMEOUT,
@@ -349,6 +349,38 @@ def test_codex_context_length_exceeded_is_absorbed_by_the_proxy(make_stack):
     assert "context_length_exceeded" in o.reqs[i]["response"]
     assert statuses[i + 1] == 200 and h.STUB_PREFIX in o.reqs[i + 1]["body"]
     assert h.metrics(st.proxy.url).get("oceancode_too_long_retries_total", 0) >= 1
+
+
+def test_codex_context_overflow_inside_the_stream_is_absorbed_by_the_proxy(make_stack):
+    """The same 40k upstream, which now reports the overflow inside its 200 stream
+    (`response.created`, `response.in_progress`, `response.failed` with
+    `context_length_exceeded`, what Codex turns into `turn.failed`): the proxy holds
+    back only the stream's opening events, cuts and retries once, and Codex never
+    sees the failure nor compacts."""
+    st = make_stack(script=script_for(STEPS), max_context=40_000, fake_args=["--overflow-in-stream"])
+    make_project(st.work / "proj")
+    o = serve_codex(st, [PROMPT])
+    check_completed(o)
+    failed = [k for k, q in enumerate(o.reqs) if "response.failed" in q["response"]]
+    assert failed, "the upstream never overflowed: the test proves nothing"
+    for k in failed:
+        assert "context_length_exceeded" in o.reqs[k]["response"]
+        assert o.reqs[k]["status"] == 200
+        assert h.STUB_PREFIX in o.reqs[k + 1]["body"] and "response.completed" in o.reqs[k + 1]["response"]
+    assert h.metrics(st.proxy.url).get("oceancode_too_long_retries_total", 0) >= len(failed)
+
+
+def test_control_without_proxy_codex_fails_on_an_overflow_inside_the_stream(make_stack):
+    """Not a proxy test: proves the check above can fail. Straight to the same
+    upstream, Codex gets the failed stream (and fails the turn, or compacts)."""
+    st = make_stack(script=script_for(STEPS), max_context=40_000, fake_args=["--overflow-in-stream"],
+                    proxy=False)
+    make_project(st.work / "proj")
+    o = serve_codex(st, [PROMPT])
+    assert not o.run.timed_out, o.run.tail()
+    assert [q for q in o.reqs if "response.failed" in q["response"]], "no overflow: the control proves nothing"
+    failed = [e for e in o.events if e.get("type") in ("turn.failed", "error")]
+    assert failed or compaction_requests(o.reqs), o.run.tail()
 
 
 def test_codex_upstream_error_exit_code(tmp_path):

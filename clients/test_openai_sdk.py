@@ -532,3 +532,69 @@ def test_named_session(make_stack, how):
     st.settle()
     keys = sorted(s["client_session"] for s in st.ledger.sessions())
     assert keys == ["name:task-a", "name:task-b"], keys
+
+
+# ---------------------------------------------------------------- context limits and usage shapes
+
+def test_responses_stream_failing_before_output_is_cut_and_retried(make_stack):
+    """A Responses stream that fails inside its 200 with `context_length_exceeded`
+    (`response.failed`, what Codex turns into `turn.failed`) before any output: the
+    proxy holds back only the opening events, cuts and retries once; the SDK's
+    streams all complete."""
+    script = {"replies": [], "default": {"text": "Checking.",
+                                         "tool_calls": [{"name": "get_weather", "input": {"city": "Paris"}}]}}
+    st = make_stack(script=script, max_context=20_000, fake_args=["--overflow-in-stream"])
+    c = su.openai_client(st.url)
+    items = [{"role": "user", "content": "Check the weather, again and again."}]
+    for i in range(1, 12):
+        with c.responses.stream(model=RESP_MODEL, input=items, tools=RESP_TOOLS) as s:
+            kinds = [ev.type for ev in s]
+            r = s.get_final_response()
+        assert r.status == "completed" and "response.failed" not in kinds, kinds
+        assert kinds.count("response.created") == 1
+        items += [o.model_dump(exclude_none=True) for o in r.output]
+        for f in [o for o in r.output if o.type == "function_call"]:
+            items.append({"type": "function_call_output", "call_id": f.call_id, "output": su.big_text(i, 200)})
+    reqs = st.tap.model_requests()
+    failed = [k for k, q in enumerate(reqs) if "response.failed" in q["response"]]
+    assert failed, "the upstream never overflowed: the test proves nothing"
+    for k in failed:
+        assert "context_length_exceeded" in reqs[k]["response"]
+        assert h.STUB_PREFIX in reqs[k + 1]["body"] and "response.completed" in reqs[k + 1]["response"]
+    assert len(reqs) == 11 + len(failed), "one retry per overflow"
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_cached_and_reasoning_tokens_in_the_meter(make_stack, api):
+    """OpenAI's cached tokens are a part of the prompt tokens (Anthropic's cache
+    reads are not a part of input_tokens): the ledger takes them out of the
+    uncached input, so the window is prompt + completion, never more; reasoning
+    tokens are a part of the completion."""
+    st = make_stack(script={"replies": [], "default": {"text": "Done. FINAL_ANSWER_MARKER", "thinking": "Think first."}})
+    c = su.openai_client(st.url)
+    system = su.big_text(0, 150)
+    usages = []
+    if api == "chat":
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+        for _ in range(2):
+            r = c.chat.completions.create(model=CHAT_MODEL, messages=msgs)
+            u = r.usage
+            usages.append((u.prompt_tokens, u.prompt_tokens_details.cached_tokens, u.completion_tokens,
+                           u.completion_tokens_details.reasoning_tokens))
+            msgs += [assistant_message(r.choices[0].message), {"role": "user", "content": "again"}]
+    else:
+        items = [{"role": "user", "content": "hi"}]
+        for _ in range(2):
+            r = c.responses.create(model=RESP_MODEL, instructions=system, input=items)
+            u = r.usage
+            usages.append((u.input_tokens, u.input_tokens_details.cached_tokens, u.output_tokens,
+                           u.output_tokens_details.reasoning_tokens))
+            items += [o.model_dump(exclude_none=True) for o in r.output] + [{"role": "user", "content": "again"}]
+    s, _ = su.session_rows(st, "openai-sdk")
+    steps = st.ledger.steps(s["id"])
+    prompt, cached, out, reasoning = usages[1]
+    assert cached > 0 and reasoning > 0
+    x = steps[1]
+    assert (x["input"], x["cache_read"], x["output"]) == (prompt - cached, cached, out)
+    assert x["input"] + x["cache_read"] + x["cache_write"] + x["output"] == prompt + out
+    assert json.loads(x["detail"])["reasoning"] == reasoning
