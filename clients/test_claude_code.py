@@ -353,16 +353,12 @@ def test_control_without_proxy_claude_code_compacts(tmp_path):
     assert compacted, "without the proxy Claude Code did not compact: the no-compaction check proves nothing"
 
 
-def test_claude_code_prompt_too_long_is_absorbed_by_the_proxy(make_stack, tmp_path):
-    """`oceancode-proxy serve` at its default line, against an upstream whose real
-    context is only 45k: when the conversation outgrows it, the upstream answers
-    "prompt is too long"; the proxy learns the ceiling, cuts and retries once, so
-    Claude Code never sees the error and never compacts."""
-    proj = tmp_path / "proj"
-    make_project(proj)
-    st = make_stack(script=script_for(proj, STEPS), max_context=45_000)
+def serve_cc_clean(st, proj: Path, **env_extra: str) -> list[dict]:
+    """Claude Code against `oceancode-proxy serve` (the stack's proxy): it must finish
+    cleanly without compacting. Returns the upstream's model requests."""
     env = cc_env(st.home)
     env["ANTHROPIC_BASE_URL"] = st.proxy.url
+    env.update(env_extra)
     r = h.run(cc_cmd(PROMPT), env, proj, TIMEOUT, log=st.work / "client.log")
     assert r.code == 0 and not r.timed_out, r.tail()
     evs = events(r.stdout)
@@ -372,6 +368,26 @@ def test_claude_code_prompt_too_long_is_absorbed_by_the_proxy(make_stack, tmp_pa
     assert not [e for e in evs if e.get("subtype") == "compact_boundary"]
     reqs = st.tap.model_requests()
     assert not compaction_requests(reqs)
+    return reqs
+
+
+def claude_code_context(st) -> int:
+    """The context window the proxy's meter holds for the one Claude Code session."""
+    sessions = h.http_json(st.proxy.url + "/_oceancode/sessions")["sessions"]
+    cc = [s for s in sessions if s["client"] == "claude-code"]
+    assert len(cc) == 1, cc
+    return cc[0]["meter"]["context"]
+
+
+def test_claude_code_prompt_too_long_is_absorbed_by_the_proxy(make_stack, tmp_path):
+    """`oceancode-proxy serve` at its default line, against an upstream whose real
+    context is only 45k: when the conversation outgrows it, the upstream answers
+    "prompt is too long"; the proxy learns the ceiling, cuts and retries once, so
+    Claude Code never sees the error and never compacts."""
+    proj = tmp_path / "proj"
+    make_project(proj)
+    st = make_stack(script=script_for(proj, STEPS), max_context=45_000)
+    reqs = serve_cc_clean(st, proj)
     statuses = [q["status"] for q in reqs]
     assert statuses.count(400) >= 1, "the upstream never said the prompt was too long: the test proves nothing"
     first_400 = statuses.index(400)
@@ -380,9 +396,7 @@ def test_claude_code_prompt_too_long_is_absorbed_by_the_proxy(make_stack, tmp_pa
         "the retry after a too-long error must carry a cut window"
     m = h.metrics(st.proxy.url)
     assert m.get("oceancode_too_long_retries_total", 0) >= 1
-    sessions = h.http_json(st.proxy.url + "/_oceancode/sessions")["sessions"]
-    cc = [s for s in sessions if s["client"] == "claude-code"]
-    assert len(cc) == 1 and cc[0]["meter"]["context"] == 45_000, cc
+    assert claude_code_context(st) == 45_000
 
 
 def test_claude_code_input_plus_max_tokens_is_absorbed_by_the_proxy(make_stack, tmp_path):
@@ -394,18 +408,7 @@ def test_claude_code_input_plus_max_tokens_is_absorbed_by_the_proxy(make_stack, 
     proj = tmp_path / "proj"
     make_project(proj)
     st = make_stack(script=script_for(proj, STEPS), max_context=60_000, fake_args=["--count-max-tokens"])
-    env = cc_env(st.home)
-    env["ANTHROPIC_BASE_URL"] = st.proxy.url
-    env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = "20000"
-    r = h.run(cc_cmd(PROMPT), env, proj, TIMEOUT, log=st.work / "client.log")
-    assert r.code == 0 and not r.timed_out, r.tail()
-    evs = events(r.stdout)
-    result = [e for e in evs if e.get("type") == "result"][-1]
-    assert result["subtype"] == "success" and not result.get("is_error"), result
-    assert "FINAL_ANSWER_MARKER" in result["result"]
-    assert not [e for e in evs if e.get("subtype") == "compact_boundary"]
-    reqs = st.tap.model_requests()
-    assert not compaction_requests(reqs)
+    reqs = serve_cc_clean(st, proj, CLAUDE_CODE_MAX_OUTPUT_TOKENS="20000")
     statuses = [q["status"] for q in reqs]
     assert 400 in statuses, "the upstream never refused: the test proves nothing"
     for k, q in enumerate(reqs):
@@ -413,9 +416,7 @@ def test_claude_code_input_plus_max_tokens_is_absorbed_by_the_proxy(make_stack, 
             assert "input length and `max_tokens` exceed context limit" in q["response"], q["response"]
             assert reqs[k + 1]["status"] == 200 and h.STUB_PREFIX in reqs[k + 1]["body"]
             assert reqs[k + 1]["json"]["max_tokens"] == q["json"]["max_tokens"], "max_tokens is never changed"
-    sessions = h.http_json(st.proxy.url + "/_oceancode/sessions")["sessions"]
-    cc = [s for s in sessions if s["client"] == "claude-code"]
-    assert len(cc) == 1 and cc[0]["meter"]["context"] == 60_000, cc
+    assert claude_code_context(st) == 60_000
 
 
 def test_claude_code_subagent_gets_a_linked_session(tmp_path):

@@ -1018,25 +1018,7 @@ fn compact(
             render::responses::compacted(output, &ctx, &usage),
         )
     } else if a.stream {
-        let events = render::responses::compaction_stream(item, &ctx, &usage);
-        let mut o = Outcome::json(StatusCode::OK, Vec::new());
-        o.headers = vec![
-            (
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream; charset=utf-8"),
-            ),
-            (
-                http::header::CACHE_CONTROL,
-                HeaderValue::from_static("no-cache"),
-            ),
-        ];
-        o.body = OutBody::Events {
-            events,
-            chunk_delay: Duration::ZERO,
-            abort_after: None,
-            open_pause: (0, Duration::ZERO),
-        };
-        o
+        sse_outcome(render::responses::compaction_stream(item, &ctx, &usage))
     } else {
         Outcome::json(
             StatusCode::OK,

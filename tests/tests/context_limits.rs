@@ -17,19 +17,40 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// ~1.7k tokens of varied tool output.
 fn tool_output(step: usize) -> String {
-    // ~1.7k tokens of varied text.
-    let mut s = String::with_capacity(8_000);
-    for i in 0..110 {
-        s.push_str(&format!(
-            "step {step} line {i}: src/mod_{}/file_{}.rs ok {} bytes, hash {:08x}\n",
-            i % 7,
-            (step * 31 + i) % 97,
-            step * 13 + i,
-            (step * 2654435761 + i * 40503) as u32
-        ));
-    }
-    s
+    oceancode_tests::tool_lines(step, 110, 1)
+}
+
+/// A proxy that knows no context window for its models but a learned one.
+async fn harness_unknown_context(fake: FakeConfig, max_output: u64) -> Harness {
+    Harness::start(fake, move |o| {
+        o.sessions.models = Arc::new(move |_m: &str, l: Option<u64>| ModelLimits {
+            context: l,
+            max_output: Some(max_output),
+        });
+    })
+    .await
+}
+
+/// A proxy whose models have a 200k context.
+async fn harness_200k(fake: FakeConfig) -> Harness {
+    Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(200_000),
+            max_output: Some(64_000),
+        });
+    })
+    .await
+}
+
+/// The model's messages requests the fake received.
+fn message_requests(h: &Harness) -> Vec<Recorded> {
+    h.fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/v1/messages"))
+        .collect()
 }
 
 fn messages_of(r: &Recorded) -> Vec<Value> {
@@ -100,13 +121,7 @@ async fn anthropic_input_plus_max_tokens_over_the_context_is_cut_and_retried_onc
             json!({"command": "ls"}),
         )));
     // The model's context is unknown to the proxy: only the error teaches it.
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, l: Option<u64>| ModelLimits {
-            context: l,
-            max_output: Some(64_000),
-        });
-    })
-    .await;
+    let h = harness_unknown_context(fake, 64_000).await;
     let hdr = [("x-oceancode-session", "mt")];
     let body = |history: &Vec<Value>| {
         json!({"model": "claude-x", "max_tokens": MAX_TOKENS, "tools": [{"name": "Bash", "input_schema": {"type": "object"}}], "messages": history}).to_string()
@@ -220,13 +235,7 @@ async fn a_responses_stream_failing_before_output_is_cut_and_retried_once() {
             "shell",
             json!({"cmd": "ls"}),
         )));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, l: Option<u64>| ModelLimits {
-            context: l,
-            max_output: Some(128_000),
-        });
-    })
-    .await;
+    let h = harness_unknown_context(fake, 128_000).await;
     let hdr = [("session-id", "rs-1")];
     let body = |input: &Vec<Value>| {
         json!({"model": "gpt-x", "stream": true, "store": false, "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}], "input": input}).to_string()
@@ -384,13 +393,7 @@ async fn compaction_is_billed_recorded_and_the_window_starts_at_its_block() {
         "Bash",
         json!({"command": "ls"}),
     )));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(200_000),
-            max_output: Some(64_000),
-        });
-    })
-    .await;
+    let h = harness_200k(fake).await;
     let hdr = [
         ("x-oceancode-session", "cmp"),
         ("anthropic-beta", "compact-2026-01-12"),
@@ -444,12 +447,7 @@ async fn compaction_is_billed_recorded_and_the_window_starts_at_its_block() {
     assert_eq!(raw["content"][0], answers[c]["content"][0]);
     // From the next request on the window starts at the block: a stub that
     // accounts for every row before it, then the block's message as sent.
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/messages"))
-        .collect();
+    let reqs = message_requests(&h);
     let next = &reqs[c + 1];
     let sent = messages_of(next);
     assert_eq!(stub_seq(&sent[0]), Some(block_row.seq - 1));
@@ -544,13 +542,7 @@ async fn applied_context_edits_show_in_status_and_exports_and_the_gauge_stays_re
     let fake = FakeConfig::default().with_script(Script::always(
         Reply::tool_call("Bash", json!({"command": "ls"})).with_thinking("plan the next command"),
     ));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(200_000),
-            max_output: Some(64_000),
-        });
-    })
-    .await;
+    let h = harness_200k(fake).await;
     let hdr = [
         ("x-oceancode-session", "edits"),
         ("anthropic-beta", "context-management-2025-06-27"),
