@@ -42,3 +42,21 @@ pub use script::{
 pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};
 pub use tokens::count_tokens;
 pub use usage::Usage;
+
+/// Check a request body's conversation against the providers' structural
+/// rules as the fake upstream does before answering (the first non-system
+/// message from the user, every tool call answered, every result after its
+/// call), without serving it; the error is the provider's wording. The
+/// window fuzz target uses it as its oracle.
+pub fn validate_conversation(dialect: Dialect, body: &[u8]) -> Result<(), String> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| "request body must be a JSON object".to_string())?;
+    match dialect {
+        Dialect::Anthropic => validate::anthropic(obj),
+        Dialect::Chat => validate::chat(obj),
+        Dialect::Responses => validate::responses(obj),
+    }
+    .map_err(|(message, _)| message)
+}

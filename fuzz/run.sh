@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Run every fuzz target for a bounded time, starting from its checked-in
+# corpus, and fail on the first crash, timeout or memory blow-up.
+#   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all five)
+# Needs the nightly toolchain and cargo-fuzz (.ci/run installs them).
+# New inputs go to a scratch corpus under target/, never into fuzz/corpus/
+# (minimize with `cargo fuzz cmin` and check in by hand); a crash is saved
+# under target/fuzz-artifacts/<target>/ and is replayed by
+# `cargo +nightly fuzz run <target> <file>`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(sse splice window decode usage)
+tdir="$PWD/target/fuzz"
+bin="$tdir/x86_64-unknown-linux-gnu/release"
+
+# Coverage instrumentation, no sanitizer (the code under test is safe Rust),
+# debug assertions and overflow checks on.
+cargo +nightly fuzz build --sanitizer none --debug-assertions --target-dir "$tdir"
+
+declare -A max_len=([sse]=8192 [splice]=16384 [window]=4096 [decode]=4096 [usage]=8192)
+status=0
+for t in "${targets[@]}"; do
+  scratch="$tdir/scratch/$t"
+  art="$PWD/target/fuzz-artifacts/$t/"
+  mkdir -p "$scratch" "$art"
+  log="$tdir/$t.log"
+  echo "== fuzz $t (${secs}s)"
+  if "$bin/$t" "$scratch" "fuzz/corpus/$t" \
+      -max_total_time="$secs" -max_len="${max_len[$t]}" -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="$art" -print_final_stats=1 >"$log" 2>&1; then
+    last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
+    execs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}')
+    rate=$(grep -E '^stat::average_exec_per_sec' "$log" | awk '{print $2}')
+    cov=$(sed -nE 's/.* cov: ([0-9]+) ft: ([0-9]+) .*/edges \1, features \2/p' <<<"$last")
+    echo "fuzz $t: ok, $execs execs ($rate/s), $cov"
+  else
+    status=1
+    echo "fuzz $t: FAILED; the end of its log ($log):"
+    tail -40 "$log"
+    ls -l "$art"
+  fi
+done
+exit $status
