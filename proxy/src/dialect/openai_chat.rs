@@ -170,7 +170,8 @@ impl ResponseCollector for Collector {
                 .get("finish_reason")
                 .and_then(Value::as_str)
                 .map(str::to_string);
-            if let Some(m) = choice.get("message") {
+            // A message that is not an object is not the assistant's row.
+            if let Some(m) = choice.get("message").filter(|m| m.is_object()) {
                 self.json_rows.push(m.to_string());
             }
         }
@@ -230,6 +231,22 @@ impl ResponseCollector for Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the usage fuzz target: `"message":"tool_calls"` was recorded
+    /// as the assistant's row.
+    #[test]
+    fn a_message_that_is_not_an_object_is_not_a_row() {
+        for m in [r#""tool_calls""#, "5", "null", "[1]"] {
+            let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+            let body = format!(
+                r#"{{"choices":[{{"message":{m},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":3,"completion_tokens":1}}}}"#
+            );
+            c.on_json(body.as_bytes());
+            let got = c.finish();
+            assert!(got.rows.is_empty(), "{m}: {:?}", got.rows);
+            assert_eq!(got.usage.map(|u| u.input), Some(3));
+        }
+    }
 
     #[test]
     fn reassembles_deltas_and_reads_the_final_usage_chunk() {

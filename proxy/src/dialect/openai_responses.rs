@@ -100,7 +100,8 @@ impl Collector {
         }
         if with_items && self.items.is_empty() {
             if let Some(out) = r.get("output").and_then(Value::as_array) {
-                for item in out {
+                // Only objects are items (anything else is not a row to record).
+                for item in out.iter().filter(|i| i.is_object()) {
                     let item = item.to_string();
                     if !self.keep.take(item.len()) {
                         break;
@@ -119,7 +120,11 @@ impl ResponseCollector for Collector {
         };
         match v.get("type").and_then(Value::as_str) {
             Some("response.output_item.done") => {
-                if let Some(item) = v.get("item").filter(|_| self.keep.take(data.len())) {
+                if let Some(item) = v
+                    .get("item")
+                    .filter(|i| i.is_object())
+                    .filter(|_| self.keep.take(data.len()))
+                {
                     self.items.push(item.to_string());
                 }
             }
@@ -197,6 +202,22 @@ impl ResponseCollector for Collector {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Found alongside the Chat case by the usage fuzz target: an output
+    /// item that is not an object was recorded as a row.
+    #[test]
+    fn an_item_that_is_not_an_object_is_not_a_row() {
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_json(br#"{"status":"completed","output":["x",{"type":"message","role":"assistant","content":[]},7]}"#);
+        assert_eq!(c.finish().rows.len(), 1);
+        let mut c: Box<dyn ResponseCollector> = Box::<Collector>::default();
+        c.on_event("", r#"{"type":"response.output_item.done","item":"x"}"#);
+        c.on_event(
+            "",
+            r#"{"type":"response.output_item.done","item":{"type":"reasoning","summary":[]}}"#,
+        );
+        assert_eq!(c.finish().rows.len(), 1);
+    }
 
     #[test]
     fn classifies_items() {
