@@ -15,10 +15,11 @@
 //!   call (by the dialect's own classification);
 //! * a rewritten body has exactly one stub, first in Anthropic, after the
 //!   kept system rows in OpenAI; an unchanged body none;
-//! * every other message is one of the request's, byte for byte, in the
-//!   request's order; the newest message is always there; a reasoning item
-//!   is followed by the item that followed it; the other members of the
-//!   body are unchanged;
+//! * it ends with the request's newest messages as they came (at least the
+//!   newest one); the rows kept from before them are the request's own,
+//!   byte for byte, each once: system rows and at most one ask (pinned);
+//!   a reasoning item is followed by the item that followed it; the other
+//!   members of the body are unchanged;
 //! * after a `tideline now` that names rows, the next window has its stub.
 
 use arbitrary::{Arbitrary, Unstructured};
