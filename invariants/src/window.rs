@@ -109,6 +109,7 @@ pub fn run(script: &Script) {
             max_output: Some(8_000),
         }),
         tideline_enabled: true,
+        live_window: oceancode_proxy::sessions::LIVE_WINDOW,
     };
     let mut sim = Sim {
         d,
@@ -420,8 +421,8 @@ impl Sim {
             model: Some("fuzz-model".into()),
             rows,
             stop_reason: Some("end_turn".into()),
-            error: None,
             terminal: true,
+            ..Collected::default()
         };
         t.complete(200, true, &c);
     }
