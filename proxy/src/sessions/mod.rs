@@ -243,7 +243,8 @@ impl SessionManager {
 
     /// `tideline now`: cut at the next request of the session, which
     /// records it (a `Cut` event) like any other. Returns the last row the
-    /// next window leaves out.
+    /// next window leaves out, which is on the active line: after a rewind
+    /// the session's recorded cut may name rows of the line it left.
     pub fn cut_now(&self, id: &str) -> Result<u64, String> {
         let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
         let mut st = s.state.lock();
@@ -252,6 +253,9 @@ impl SessionManager {
             .cut_now(boundary)
             .ok_or_else(|| "nothing to cut yet".to_string())?;
         let plan = tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
-        Ok(plan.effective_upto_seq.max(st.recorded_cut))
+        if plan.effective_upto_seq == 0 {
+            return Err("nothing to cut yet".to_string());
+        }
+        Ok(plan.effective_upto_seq)
     }
 }

@@ -495,3 +495,56 @@ fn the_line_in_force_is_recorded_when_it_changes() {
         vec![(30_000, "30k".to_string())]
     );
 }
+
+/// Found by the window fuzz target: after a rewind to a new first message
+/// (a branch of the same session), `tideline now` answered with the seq of
+/// the abandoned line's cut although the next window left nothing out.
+#[test]
+fn tideline_now_after_a_rewind_reports_only_what_the_active_line_loses() {
+    let (m, _seen) = manager();
+    let who = ident("rewind");
+    let a1 = r#"{"role":"user","content":"first ask"}"#;
+    let a2 = r#"{"role":"user","content":"second ask"}"#;
+    let p = m.prepare(Dialect::Anthropic, ReqKind::Main, &who, body(&[a1]));
+    let t = p.ticket.expect("a ticket");
+    let id = t.session.id.clone();
+    t.complete(200, true, &answer(USAGE));
+    let p = m.prepare(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        &who,
+        body(&[a1, ANSWER, a2]),
+    );
+    p.ticket
+        .expect("a ticket")
+        .complete(200, true, &answer(USAGE));
+    let upto = m.cut_now(&id).expect("the first turn can be cut");
+    assert!(upto > 0);
+    let p = m.prepare(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        &who,
+        body(&[a1, ANSWER, a2]),
+    );
+    assert!(String::from_utf8_lossy(&p.body).contains("past the tideline"));
+    let t = p.ticket.expect("a ticket");
+    t.complete(200, true, &answer(USAGE));
+    // The client goes back before its first ask and asks something else.
+    let b1 = r#"{"role":"user","content":"another first ask"}"#;
+    let p = m.prepare(Dialect::Anthropic, ReqKind::Main, &who, body(&[b1]));
+    let t = p.ticket.expect("a ticket");
+    assert_eq!(t.session.id, id, "a branch of the same session");
+    t.complete(200, true, &answer(USAGE));
+    let said = m.cut_now(&id);
+    let p = m.prepare(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        &who,
+        body(&[b1, ANSWER, a2]),
+    );
+    let stub = String::from_utf8_lossy(&p.body).contains("past the tideline");
+    match said {
+        Ok(upto) => assert!(stub, "tideline now said rows up to {upto} leave, none did"),
+        Err(_) => assert!(!stub),
+    }
+}
