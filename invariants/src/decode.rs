@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use oceancode_proxy::dialect::{self, Collected};
-use oceancode_proxy::tap::{Framing, TapBody, TapEnd, TapOutcome};
+use oceancode_proxy::tap::{Framing, TapBody, TapEnd, TapLimits, TapOutcome};
 use oceancode_window::Dialect;
 use std::convert::Infallible;
 use std::io::Write;
@@ -79,18 +79,29 @@ pub(crate) fn run(
     encoding: Option<&str>,
     d: Dialect,
 ) -> (Vec<u8>, TapOutcome) {
+    run_with(chunks, framing, encoding, d, TapLimits::default())
+}
+
+fn run_with(
+    chunks: &[&[u8]],
+    framing: Framing,
+    encoding: Option<&str>,
+    d: Dialect,
+    limits: TapLimits,
+) -> (Vec<u8>, TapOutcome) {
     let frames: Vec<Result<Frame<Bytes>, Infallible>> = chunks
         .iter()
         .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
         .collect();
     let seen: Arc<Mutex<Vec<TapOutcome>>> = Arc::default();
     let sink = seen.clone();
-    let body = TapBody::new(
+    let body = TapBody::with_limits(
         StreamBody::new(futures_util::stream::iter(frames)),
         framing,
         encoding,
-        dialect::collector(d),
+        dialect::collector_keeping(d, limits.max_kept),
         Box::new(move |o| sink.lock().unwrap_or_else(|e| e.into_inner()).push(o)),
+        limits,
     );
     let out = body
         .collect()
@@ -128,7 +139,17 @@ fn compress(encoding: &str, plain: &[u8]) -> Vec<u8> {
     }
 }
 
-/// What a plain answer yields (used by the usage target).
-pub(crate) fn collected_through_tap(chunks: &[&[u8]], framing: Framing, d: Dialect) -> Collected {
-    run(chunks, framing, None, d).1.collected
+/// What a plain answer yields through a tap keeping `max_kept` bytes (used
+/// by the usage target).
+pub(crate) fn collected_through_tap(
+    chunks: &[&[u8]],
+    framing: Framing,
+    d: Dialect,
+    max_kept: usize,
+) -> Collected {
+    let limits = TapLimits {
+        max_kept,
+        ..TapLimits::default()
+    };
+    run_with(chunks, framing, None, d, limits).1.collected
 }

@@ -10,27 +10,47 @@ use oceancode_proxy::tap::Framing;
 use oceancode_window::{Dialect, RowKind};
 use serde_json::Value;
 
-/// Input: `[flags, n, n × u16 split points, answer]`; flag bit 0 picks JSON
-/// over SSE, bits 1–2 the dialect.
+/// Input: `[flags, limit, n, n × u16 split points, answer]`; flag bit 0
+/// picks JSON over SSE, bits 1–2 the dialect; `limit` bounds what the tap
+/// and the collector keep (0: the default, else `limit × 16` bytes).
 pub fn check(data: &[u8]) {
-    let Some((&flags, rest)) = data.split_first() else {
+    let [flags, l, rest @ ..] = data else {
         return;
     };
     let json = flags & 1 == 1;
     let d = dialect_of(flags >> 1);
-    let (cuts, answer) = crate::cuts_and_payload(rest);
-    let mut c = dialect::collector(d);
-    if json {
-        c.on_json(answer);
+    let max = if *l == 0 {
+        dialect::DEFAULT_KEEP
     } else {
-        let mut p = SseParser::new();
-        let emit = &mut |e: oceancode_proxy::sse::SseEvent| c.on_event(&e.event, &e.data);
-        p.feed(answer, emit);
-        p.finish(emit);
+        usize::from(*l) * 16
+    };
+    let (cuts, answer) = crate::cuts_and_payload(rest);
+    // The collector reads the whole answer; an event too long to keep is
+    // dropped, and the collector told so, before the next one.
+    let mut c = dialect::collector_keeping(d, max);
+    if json {
+        if answer.len() > max {
+            c.truncated();
+        } else {
+            c.on_json(answer);
+        }
+    } else {
+        let mut p = SseParser::with_limit(max);
+        for b in answer.chunks(1) {
+            p.feed(b, &mut |e| c.on_event(&e.event, &e.data));
+            if p.take_dropped() > 0 {
+                c.truncated();
+            }
+        }
+        p.finish(&mut |e| c.on_event(&e.event, &e.data));
+        if p.take_dropped() > 0 {
+            c.truncated();
+        }
     }
     let direct = c.finish();
     let framing = if json { Framing::Json } else { Framing::Sse };
-    let tapped = crate::decode::collected_through_tap(&crate::split_at(answer, &cuts), framing, d);
+    let tapped =
+        crate::decode::collected_through_tap(&crate::split_at(answer, &cuts), framing, d, max);
     assert_eq!(
         tapped, direct,
         "the tap in any split reads what the collector reads"
