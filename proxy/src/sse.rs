@@ -10,6 +10,15 @@ pub struct SseEvent {
     pub data: String,
 }
 
+/// What [`SseParser::feed_items`] hands over, in stream order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SseItem {
+    /// A whole event.
+    Event(SseEvent),
+    /// An event dropped for its size, where it ended.
+    Dropped,
+}
+
 /// Most bytes of one event a parser from [`SseParser::new`] keeps.
 pub const DEFAULT_MAX_EVENT: usize = 16 << 20;
 
@@ -72,7 +81,17 @@ impl SseParser {
     }
 
     /// Feed bytes; `emit` is called for every event completed by them.
-    pub fn feed(&mut self, mut bytes: &[u8], emit: &mut dyn FnMut(SseEvent)) {
+    pub fn feed(&mut self, bytes: &[u8], emit: &mut dyn FnMut(SseEvent)) {
+        self.feed_items(bytes, &mut |i| {
+            if let SseItem::Event(e) = i {
+                emit(e)
+            }
+        });
+    }
+
+    /// [`SseParser::feed`], with a [`SseItem::Dropped`] where an event too
+    /// long to keep ended (so that a reader knows what came after it).
+    pub fn feed_items(&mut self, mut bytes: &[u8], emit: &mut dyn FnMut(SseItem)) {
         while !bytes.is_empty() {
             if self.last_was_cr {
                 self.last_was_cr = false;
@@ -117,6 +136,15 @@ impl SseParser {
 
     /// Dispatch a trailing event that was not followed by a blank line.
     pub fn finish(&mut self, emit: &mut dyn FnMut(SseEvent)) {
+        self.finish_items(&mut |i| {
+            if let SseItem::Event(e) = i {
+                emit(e)
+            }
+        });
+    }
+
+    /// [`SseParser::finish`], with [`SseItem::Dropped`] as in [`SseParser::feed_items`].
+    pub fn finish_items(&mut self, emit: &mut dyn FnMut(SseItem)) {
         if !self.line.is_empty() && !self.skip_line {
             let line = std::mem::take(&mut self.line);
             self.process_line(&line, emit);
@@ -125,7 +153,7 @@ impl SseParser {
         self.dispatch(emit);
     }
 
-    fn process_line(&mut self, line: &[u8], emit: &mut dyn FnMut(SseEvent)) {
+    fn process_line(&mut self, line: &[u8], emit: &mut dyn FnMut(SseItem)) {
         if line.is_empty() {
             self.dispatch(emit);
             return;
@@ -160,20 +188,21 @@ impl SseParser {
         }
     }
 
-    fn dispatch(&mut self, emit: &mut dyn FnMut(SseEvent)) {
+    fn dispatch(&mut self, emit: &mut dyn FnMut(SseItem)) {
         let event = std::mem::take(&mut self.event);
         if std::mem::take(&mut self.oversize) {
             self.has_data = false;
             self.data = String::new();
             self.dropped += 1;
+            emit(SseItem::Dropped);
             return;
         }
         if self.has_data {
             self.has_data = false;
-            emit(SseEvent {
+            emit(SseItem::Event(SseEvent {
                 event,
                 data: std::mem::take(&mut self.data),
-            });
+            }));
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::dialect::{self, Collected, ResponseCollector, StreamCut};
 use crate::error::BoxError;
-use crate::sse::SseParser;
+use crate::sse::{SseItem, SseParser};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use oceancode_ledger::Dialect;
@@ -121,12 +121,9 @@ impl Consumer {
             return;
         };
         match &mut self.mode {
-            Mode::Sse(p) => {
-                p.feed(plain, &mut |ev| collector.on_event(&ev.event, &ev.data));
-                if p.take_dropped() > 0 {
-                    collector.truncated();
-                }
-            }
+            // The collector hears of a dropped event where it was, so that
+            // what it keeps after it does not depend on the chunking.
+            Mode::Sse(p) => p.feed_items(plain, &mut |item| read_item(collector, item)),
             Mode::Json(buf) => {
                 if buf.len() + plain.len() > self.max_kept {
                     collector.truncated();
@@ -160,6 +157,14 @@ impl Write for Consumer {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+/// One parsed item of the copy, to the collector.
+fn read_item(collector: &mut Box<dyn ResponseCollector>, item: SseItem) {
+    match item {
+        SseItem::Event(ev) => collector.on_event(&ev.event, &ev.data),
+        SseItem::Dropped => collector.truncated(),
     }
 }
 
@@ -269,12 +274,7 @@ impl TapState {
         let mut collector = c.collector.take();
         if let (true, Some(col)) = (end == TapEnd::Complete, collector.as_mut()) {
             match &mut c.mode {
-                Mode::Sse(p) => {
-                    p.finish(&mut |ev| col.on_event(&ev.event, &ev.data));
-                    if p.take_dropped() > 0 {
-                        col.truncated();
-                    }
-                }
+                Mode::Sse(p) => p.finish_items(&mut |item| read_item(col, item)),
                 Mode::Json(buf) => col.on_json(buf),
                 Mode::Off => {}
             }
@@ -581,6 +581,51 @@ mod tests {
         let out = block_on(body.collect()).unwrap().to_bytes().to_vec();
         let outcomes = sink.lock().unwrap().clone();
         (out, outcomes)
+    }
+
+    /// Found by the usage fuzz target: an event too long to keep was
+    /// reported to the collector only after the rest of its chunk, so the
+    /// events after it in the same chunk were recorded or not depending on
+    /// how the stream was split.
+    #[test]
+    fn what_is_recorded_after_a_dropped_event_does_not_depend_on_the_split() {
+        let long = format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{}\"}}}}\n\n",
+            "x".repeat(300)
+        );
+        let stream = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"content\":[]}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        )
+        .to_string()
+            + &long
+            + "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"after\"}}\n\n";
+        let collect = |chunks: Vec<Bytes>| {
+            let sink: Sink = Arc::default();
+            let s = sink.clone();
+            let body = TapBody::with_limits(
+                StreamBody::new(futures_util::stream::iter(
+                    chunks
+                        .into_iter()
+                        .map(|c| Ok::<_, Infallible>(Frame::data(c))),
+                )),
+                Framing::Sse,
+                None,
+                dialect::collector_keeping(Dialect::Anthropic, 256),
+                Box::new(move |o| s.lock().unwrap().push(o)),
+                TapLimits {
+                    max_kept: 256,
+                    ..TapLimits::default()
+                },
+            );
+            block_on(body.collect()).unwrap();
+            let o = sink.lock().unwrap().clone();
+            o[0].collected.clone()
+        };
+        let whole = collect(vec![Bytes::from(stream.clone())]);
+        let bytes = collect(stream.bytes().map(|b| Bytes::from(vec![b])).collect());
+        assert!(whole.truncated);
+        assert_eq!(whole, bytes);
     }
 
     fn expected_usage() -> Usage {
