@@ -168,6 +168,10 @@ fn read_item(collector: &mut Box<dyn ResponseCollector>, item: SseItem) {
     }
 }
 
+/// The largest zstd window the tap decodes (2^23 = 8 MiB; zstd's own
+/// default limit is 128 MiB).
+const ZSTD_WINDOW_LOG_MAX: u32 = 23;
+
 /// Compressed bytes in, the consumer fed with what they decode to.
 enum Pipeline {
     Plain(Consumer),
@@ -191,8 +195,14 @@ impl Pipeline {
             "br" => Pipeline::Brotli(Box::new(brotli::DecompressorWriter::new(c, 4096))),
             // zstd fails only when it cannot allocate its context; the
             // consumer is lost with it (the answer's usage is unknown).
+            // A frame may declare a window of up to 2 GiB, which the decoder
+            // would allocate (outside the decoded-bytes bound); streaming
+            // answers use far smaller ones, so a larger window is not read.
             "zstd" => match zstd::stream::write::Decoder::new(c) {
-                Ok(d) => Pipeline::Zstd(d),
+                Ok(mut d) => match d.window_log_max(ZSTD_WINDOW_LOG_MAX) {
+                    Ok(()) => Pipeline::Zstd(d),
+                    Err(_) => Pipeline::Plain(Consumer::off()),
+                },
                 Err(_) => Pipeline::Plain(Consumer::off()),
             },
             _ => {
@@ -686,6 +696,24 @@ mod tests {
         out.extend(std::iter::repeat_n(Bytes::from(ev), deltas));
         out.push(Bytes::from(tail.to_string()));
         out
+    }
+
+    #[test]
+    fn a_zstd_frame_with_a_huge_window_is_not_decoded() {
+        // The frame header declares a 128 MiB window: decoding it would
+        // allocate that much whatever the answer's size.
+        let wide = |log: u32| {
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            e.window_log(log).unwrap();
+            e.long_distance_matching(true).unwrap();
+            e.write_all(STREAM.as_bytes()).unwrap();
+            e.finish().unwrap()
+        };
+        let (out, o) = run(split(&wide(27), &[5]), Some("zstd"));
+        assert_eq!(out, wide(27), "the client gets the bytes unchanged");
+        assert_eq!(o[0].collected.usage, None, "usage unknown");
+        let (_, o) = run(split(&wide(20), &[5]), Some("zstd"));
+        assert_eq!(o[0].collected.usage, Some(expected_usage()));
     }
 
     #[test]
