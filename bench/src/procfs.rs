@@ -62,6 +62,7 @@ pub fn mib(bytes: u64) -> String {
 }
 
 /// Clock ticks per second of `/proc/*/stat` times.
+#[allow(unsafe_code)] // sysconf(3) has no safe std equivalent
 fn ticks_per_sec() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

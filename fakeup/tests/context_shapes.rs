@@ -3,6 +3,7 @@
 //! `context_length_exceeded`, Anthropic server-side compaction (the summary
 //! block, `usage.iterations[]`, what precedes the block dropped next time) and
 //! context editing (`context_management.applied_edits`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Endpoint shapes and event order for every dialect, streaming and not.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 

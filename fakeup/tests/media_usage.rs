@@ -1,5 +1,6 @@
 //! The fake's usage prices images and documents the way the providers do:
 //! by the image's size and the page count, not by the base64's bytes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 

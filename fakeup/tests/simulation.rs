@@ -1,4 +1,5 @@
 //! Prompt-cache arithmetic, context limits, validation, scripted errors and tool loops.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Timing, gzip, h2c, concurrency, aborted streams, and the binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 

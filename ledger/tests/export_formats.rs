@@ -1,5 +1,6 @@
 //! `export --md` and `export --atif` (validated with the PyPI `atif`
 //! package when python3 has it), plus the 10,000-row timing run (ignored).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod page_common;
 

@@ -1,5 +1,6 @@
 //! SESSION.md written by the writer, and `ledger rebuild` reproducing the
 //! live files byte for byte.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod page_common;
 

@@ -1,5 +1,6 @@
 //! Recall: a session's log (LIKE, before, limit), one entry, and FTS5
 //! search across sessions; rows hidden by a rewind are read too.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod page_common;
 

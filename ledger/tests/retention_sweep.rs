@@ -1,5 +1,6 @@
 //! Retention: idle sessions lose their rows and directory together;
 //! `vacuum` compacts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod page_common;
 

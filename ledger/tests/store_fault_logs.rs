@@ -2,6 +2,7 @@
 //! writer with a full queue under several sessions logs that commits fail
 //! and that the queue sheds, once each, and says when it recovered.
 //! (Its own test binary: it installs the process's global subscriber.)
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

@@ -3,6 +3,7 @@
 //! already submitted is lost while the process lives; what had to be shed
 //! leaves its session *behind*, and a resync plus the client's full resend
 //! heals it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

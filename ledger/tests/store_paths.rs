@@ -1,4 +1,5 @@
 //! Data-dir layout and permissions.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

@@ -3,6 +3,7 @@
 //! an answer reported besides its window's usage), the migrations from
 //! versions 2 to 5, the restorer API, resolving a session by name, and the
 //! one policy for a stored dialect this build does not know.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

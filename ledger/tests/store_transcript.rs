@@ -1,4 +1,5 @@
 //! Transcript rendering (pure) and the files the writer produces.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

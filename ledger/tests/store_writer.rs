@@ -1,5 +1,6 @@
 //! The single writer: ordering, gap-free prefix, settle, batching, shutdown,
 //! reload, branches, metrics.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod store_common;
 

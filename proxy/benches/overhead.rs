@@ -7,6 +7,7 @@
 //! `cargo bench -p oceancode-proxy --bench overhead` (not part of `cargo test`).
 //! The end-to-end load runs (direct vs nginx vs proxy) are `bench/run.sh`;
 //! see docs/benchmarks.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};

@@ -135,6 +135,7 @@ pub fn list(data_dir: &Path) -> Vec<Found> {
 
 /// Whether process `pid` exists (signal 0; a process of another user
 /// counts as existing).
+#[allow(unsafe_code)] // kill(2) has no safe std equivalent
 pub fn pid_alive(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;

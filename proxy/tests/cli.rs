@@ -1,6 +1,7 @@
 //! The `oceancode-proxy` command line, as a user runs it: `ledger list|path`,
 //! `tideline` against a running `serve`, the `run` wrapper (exit code, ledger
 //! path, base URLs, `--tideline`), and config-file errors and warnings.
+#![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)] // a test: failures panic; libc calls
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -6,6 +6,7 @@
 //! in-order prefix of what its client sent. A restarted proxy on the same
 //! data dir must then let each client's full resend heal its session: every
 //! message verbatim, in order, gap-free, with no spurious branch.
+#![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)] // a test: failures panic; libc calls
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

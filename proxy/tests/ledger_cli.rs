@@ -1,5 +1,6 @@
 //! The ledger commands of the binary: `ledger rebuild [--merge]`,
 //! `ledger vacuum`, `export`, `recall`, `status`, and `/metrics`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};

@@ -5,6 +5,7 @@
 //! finished session shows the line it ran with. Sessions are named by the
 //! client's own key (issue 13, item 6) in every command, and an unknown or
 //! ambiguous name exits 2 with the closest sessions.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -2,6 +2,7 @@
 //! model names and message content (an OSC 52 clipboard write, a title
 //! change, a screen clear) are shown escaped, never sent to the terminal;
 //! into a pipe the text stays as recorded.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 mod common;
 use common::{output, proxy_cmd};

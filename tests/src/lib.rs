@@ -1,6 +1,8 @@
 //! Test harness: a fake upstream, a proxy in-process on loopback port 0 with
 //! its ledger in a temp dir, a plain HTTP client, and a "replay" upstream that
 //! sends fixed bytes with fixed pauses (for byte-equality and timing tests).
+// A test harness: a failed setup should panic with its reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};

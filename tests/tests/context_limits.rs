@@ -4,6 +4,7 @@
 //! with `context_length_exceeded`, server-side compaction (usage iterations,
 //! the compaction block, the window starting at it), context editing
 //! (`applied_edits` in status and exports), OpenAI cached and reasoning tokens.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use http_body_util::BodyExt;

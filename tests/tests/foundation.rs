@@ -1,5 +1,6 @@
 //! Foundation: transparent streaming passthrough, usage capture, header
 //! handling and the error paths, over real loopback servers.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use http::Method;

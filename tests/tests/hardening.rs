@@ -2,6 +2,7 @@
 //! admin Content-Type, remote listening), request targets (`OPTIONS *`,
 //! dot-segments), duplicate keys, error relay, streams cut mid-way, and the
 //! resource bounds (body budget, connection timers and cap, upstream pool).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use http::Method;

@@ -10,6 +10,7 @@
 //!    request and health latency while the writer is stalled.
 //! 3. The data dir deleted while serving: rows in the ledger (as a fresh
 //!    store reads the dir after shutdown) against rows sent.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_ledger::store::{Store, StoreOptions};

@@ -5,6 +5,7 @@
 //! session — one created during the fault too — heals from its client's next
 //! full resend, without a restart: the ledger then holds exactly what a
 //! fault-free run would.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_ledger::store::StoreOptions;

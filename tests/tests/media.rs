@@ -4,6 +4,7 @@
 //! screenshots cut only when the real window is over the line. Anthropic,
 //! Chat and Responses shapes, against the fake upstream (which charges the
 //! providers' image rules).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::images;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};

@@ -7,6 +7,7 @@
 //! built from real captures (`fixtures/captures/anthropic_11_claude_md`,
 //! `fixtures/captures/openai_07_codex_agents_md`) at a fixed 20k line: 30 tool
 //! steps, a second ask, 60 more steps.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{count_tokens, FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::dialect::ParsedBody;

@@ -1,6 +1,7 @@
 //! Scale: a 2,000-row tool-using session whose follow-up requests cost only
 //! their new messages (old history is hashed, never parsed), and the ledger
 //! writer's lag under a burst of concurrent sessions.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_proxy::sessions::FULL_PARSES;

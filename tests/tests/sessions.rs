@@ -1,5 +1,6 @@
 //! Sessions and the verbatim ledger: identity, longest-common-prefix matching
 //! on real Claude Code and Codex traffic, branches, transcripts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::FakeConfig;
 use oceancode_ledger::RowKind;

@@ -3,6 +3,7 @@
 //! is its own session, a sibling linked to the first at the shared opening,
 //! with its own tideline, cuts and stub; rows are written once per message.
 //! And a genuine rewind of such a client is still a branch of its session.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_ledger::store::LoadedSession;

@@ -1,6 +1,7 @@
 //! The tideline end to end: a scripted long tool-using session through the
 //! proxy against the fake upstream (which validates every request and
 //! simulates prompt caching).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};

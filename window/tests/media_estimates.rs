@@ -1,6 +1,7 @@
 //! Images and documents are estimated by what the provider charges, not by
 //! their bytes: sizes read from real headers (PNG, JPEG, GIF, WebP) of several
 //! sizes, the providers' formulas, every place a binary part can sit.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::images::{self, WebP};
 use oceancode_window::media::{self, Detail, Kind, Rule};

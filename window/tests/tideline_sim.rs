@@ -1,6 +1,7 @@
 //! Tideline properties over simulated sessions: a fake provider measures the
 //! real window (system prompt + stub + pinned ask + retained rows) and the
 //! tideline only ever sees the numbers a proxy would see.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_window::tideline::{

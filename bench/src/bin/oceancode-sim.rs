@@ -404,7 +404,9 @@ fn run_client(c: &Ctx, mode: Client) -> Totals {
             let sid = next_id;
             next_id += 1;
             kinds.insert(sid, RowKind::Prompt);
-            let newest = *hist.last().expect("the new row");
+            let Some(&newest) = hist.last() else {
+                unreachable!("a row was just pushed")
+            };
             hist = vec![
                 Item {
                     id: sid,

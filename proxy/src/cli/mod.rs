@@ -97,6 +97,7 @@ pub fn main() {
         // handle, not a reason to exit.)
         // SAFETY: called before any thread is started; SIG_DFL is a valid
         // disposition for SIGPIPE.
+        #[allow(unsafe_code)] // signal(2) has no safe std equivalent
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
