@@ -13,6 +13,7 @@
 pub mod access;
 pub mod admin;
 pub mod conn;
+pub mod context;
 pub mod dialect;
 pub mod error;
 pub mod identity;

@@ -1,0 +1,17 @@
+//! The agent edits its own context: `context.txt` (the session's live
+//! window as a file to edit), the edit set it yields (kept in the ledger,
+//! applied to every later request), and the receipt that says whether an
+//! edit was taken.
+//!
+//! | module | holds | I/O |
+//! |---|---|---|
+//! | `body` | one message as a block body and back (rewrites) | none |
+//! | `file` | rendering an export, parsing an edited file | none |
+//! | `edits` | the edit set, the changes a file makes, closure, notes, the check | none |
+//! | `receipt` | the receipt's text | none |
+//! | `io` | writing the file behind the request, reading an edit at the next | files |
+
+pub mod body;
+pub mod edits;
+pub mod file;
+pub mod receipt;
