@@ -416,6 +416,7 @@ fn store_reopen_loads_same_session() {
         cut_upto: 5,
         last_usage: Some(usage),
         steps: 2,
+        context: None,
     };
     assert_eq!(got, want);
     assert_eq!(

@@ -4,6 +4,7 @@
 //! `Content-Type: application/json`, which a web page cannot send to
 //! another origin without asking first.
 
+mod context;
 pub mod prom;
 pub mod token;
 
@@ -266,6 +267,18 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 .map(|s| vec![s.to_string()])
                 .unwrap_or_default();
             tideline(&app, session, args)
+        }
+        (Method::POST, "/_oceancode/context") => {
+            let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return bad(&format!("cannot read body: {e}")),
+            };
+            match serde_json::from_slice::<serde_json::Value>(&body) {
+                Ok(v) => context::handle(&app, &v).await,
+                Err(e) => bad(&format!(
+                    "body must be JSON {{\"session\":..,\"drop\":[..],\"keep\":[..],\"note\":..}}: {e}"
+                )),
+            }
         }
         _ => not_found(&format!("no admin endpoint {path}")),
     }

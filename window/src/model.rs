@@ -374,6 +374,25 @@ pub enum Event {
         /// Unix milliseconds.
         ts_ms: i64,
     },
+    /// The agent (or the user) edited the session's context: edit `n` was
+    /// taken, and `set` (the edit set's JSON) is what every later request
+    /// applies. The rows stay as they are: the edit is rendering.
+    ContextEdit {
+        /// Ledger session id.
+        session: String,
+        /// 1-based number of the edit in the session.
+        n: u32,
+        /// The edit set in force after it, as JSON.
+        set: String,
+        /// The seqs it deleted, rewrote or restored.
+        seqs: Vec<u64>,
+        /// Estimated tokens of the window before and after it.
+        tokens_before: u64,
+        /// See `tokens_before`.
+        tokens_after: u64,
+        /// Unix milliseconds.
+        ts_ms: i64,
+    },
     /// The line in force for the session changed (its first request, a
     /// `tideline` override, a learned ceiling): what `status` shows for a
     /// session no running proxy holds.
@@ -400,7 +419,8 @@ impl Event {
             | Event::Hide { session, .. }
             | Event::Step { session, .. }
             | Event::Cut { session, .. }
-            | Event::Line { session, .. } => session,
+            | Event::Line { session, .. }
+            | Event::ContextEdit { session, .. } => session,
         }
     }
 }

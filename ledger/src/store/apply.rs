@@ -320,5 +320,30 @@ pub(super) fn apply_event(
             .execute(params![session, to_i64(*line), spec, ts_ms])?;
             Ok(Outcome::Applied(None, Vec::new(), false))
         }
+        Event::ContextEdit {
+            session,
+            n,
+            set,
+            seqs,
+            tokens_before,
+            tokens_after,
+            ts_ms,
+        } => {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO context_edits
+                    (session, n, ts_ms, set_json, seqs_json, tokens_before, tokens_after)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                session,
+                n,
+                ts_ms,
+                set,
+                serde_json::to_string(seqs).unwrap_or_default(),
+                to_i64(*tokens_before),
+                to_i64(*tokens_after)
+            ])?;
+            Ok(Outcome::Applied(None, Vec::new(), false))
+        }
     }
 }

@@ -64,6 +64,26 @@ pub struct LoadedSession {
     pub last_usage: Option<Usage>,
     /// Highest step number recorded (0 = none).
     pub steps: u32,
+    /// The context edit set in force (its JSON) and the number of edits
+    /// taken (None = never edited).
+    pub context: Option<(u32, String)>,
+}
+
+/// One taken context edit (`Event::ContextEdit`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextEditRecord {
+    /// 1-based number of the edit.
+    pub n: u32,
+    /// Unix milliseconds.
+    pub ts_ms: i64,
+    /// The seqs it deleted, rewrote or restored.
+    pub seqs: Vec<u64>,
+    /// Estimated tokens of the window before it.
+    pub tokens_before: u64,
+    /// Estimated tokens of the window after it.
+    pub tokens_after: u64,
+    /// The edit set in force after it (JSON).
+    pub set: String,
 }
 
 /// One recorded step (request/response).

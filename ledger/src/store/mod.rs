@@ -48,8 +48,9 @@ mod sql;
 mod writer;
 
 pub use backend::{
-    Behind, BehindReason, CutRecord, Health, HealthStatus, LedgerRead, LedgerStore, LedgerWrite,
-    LineRecord, LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
+    Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LedgerRead,
+    LedgerStore, LedgerWrite, LineRecord, LoadedSession, SessionSummary, SettleFuture, StepRecord,
+    StoreMetrics, LAG_WINDOW,
 };
 pub(crate) use error::io_err;
 pub use error::StoreError;

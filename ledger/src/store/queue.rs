@@ -37,6 +37,7 @@ pub(super) fn event_bytes(ev: &Event) -> usize {
         Event::Step { model, error, .. } => model.len() + error.as_ref().map_or(0, String::len),
         Event::Cut { .. } => 0,
         Event::Line { spec, .. } => spec.len(),
+        Event::ContextEdit { set, seqs, .. } => set.len() + seqs.len() * 8,
     }
 }
 

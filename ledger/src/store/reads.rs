@@ -224,6 +224,29 @@ impl Store {
         })
     }
 
+    /// A session's taken context edits in order.
+    pub fn context_edits(&self, id: &str) -> Result<Vec<super::ContextEditRecord>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
+                 FROM context_edits WHERE session = ?1 ORDER BY n",
+            )?;
+            let edits = stmt
+                .query_map([id], |r| {
+                    Ok(super::ContextEditRecord {
+                        n: r.get::<_, i64>(0)?.max(0) as u32,
+                        ts_ms: r.get(1)?,
+                        seqs: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
+                        tokens_before: r.get::<_, i64>(3)?.max(0) as u64,
+                        tokens_after: r.get::<_, i64>(4)?.max(0) as u64,
+                        set: r.get(5)?,
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(edits)
+        })
+    }
+
     /// A session's tideline cuts in order.
     pub fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
         self.with_reader(|c| {

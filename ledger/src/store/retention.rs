@@ -12,6 +12,7 @@ use std::path::Path;
 /// Tables holding a session's data (column `session`).
 const SESSION_TABLES: &[&str] = &[
     "rows",
+    "context_edits",
     "row_text",
     "branches",
     "steps",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -123,6 +123,20 @@ ALTER TABLE sessions ADD COLUMN line_ms INTEGER;
     // beyond it, reasoning, server-side compactions, context edits), as JSON.
     r#"
 ALTER TABLE steps ADD COLUMN detail TEXT;
+"#,
+    // 7: the context edits the agent (or the user) made: each taken edit,
+    // and the edit set in force after it (the latest is what requests apply).
+    r#"
+CREATE TABLE context_edits (
+    session       TEXT NOT NULL,
+    n             INTEGER NOT NULL,
+    ts_ms         INTEGER NOT NULL,
+    set_json      TEXT NOT NULL,
+    seqs_json     TEXT NOT NULL,
+    tokens_before INTEGER NOT NULL,
+    tokens_after  INTEGER NOT NULL,
+    PRIMARY KEY (session, n)
+);
 "#,
 ];
 

@@ -163,6 +163,13 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
             },
         )
         .optional()?;
+    let context = c
+        .query_row(
+            "SELECT n, set_json FROM context_edits WHERE session = ?1 ORDER BY n DESC LIMIT 1",
+            [id],
+            |r| Ok((r.get::<_, i64>(0)?.max(0) as u32, r.get::<_, String>(1)?)),
+        )
+        .optional()?;
     Ok(Some(LoadedSession {
         meta,
         rows,
@@ -171,6 +178,7 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
         cut_upto: cut_upto as u64,
         last_usage,
         steps: steps as u32,
+        context,
     }))
 }
 

@@ -536,7 +536,10 @@ impl Writer {
                     t.index |= index;
                     t.page |= !matches!(
                         ev,
-                        Event::Session(_) | Event::Step { .. } | Event::Line { .. }
+                        Event::Session(_)
+                            | Event::Step { .. }
+                            | Event::Line { .. }
+                            | Event::ContextEdit { .. }
                     );
                     continue;
                 }

@@ -401,22 +401,59 @@ pub fn nonce_of(first: &str) -> Option<&str> {
     after.split(' ').next()
 }
 
+/// The seq range a first line names, and the line with its range and
+/// count taken out (what stays the same while an export is refreshed).
+fn range_of(first: &str) -> Option<((u64, u64), String)> {
+    let (head, rest) = first.split_once(" · seq ")?;
+    let (range, rest) = rest.split_once(" · ")?;
+    let (a, b) = range.split_once('–')?;
+    let (count, tail) = rest.split_once(" · ")?;
+    count.strip_suffix(" messages")?.parse::<usize>().ok()?;
+    Some(((a.parse().ok()?, b.parse().ok()?), format!("{head}|{tail}")))
+}
+
 /// The changes `f` makes against `export`, or why it is refused. `set`
 /// says which rows are edited (a removed row's header written back
 /// restores it; an edited block emptied restores its original).
+///
+/// A refresh after a request keeps the export's nonce: it only adds the
+/// request's new messages at the end and drops what the tideline cut. A
+/// file written by an earlier refresh of the same export is read against
+/// the rows its first line covers: rows after them are kept, rows cut
+/// since are no longer in the window (their edits leave with them).
 pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change>, Refusal> {
+    let mut upto = u64::MAX;
     if f.first_line != export.first {
-        return match nonce_of(&f.first_line) {
-            Some(n) if n != export.nonce => refuse(
-                1,
-                format!(
-                    "the edit was made against export {n}, an older one than the latest ({}): the file was written again since (another edit, or a request); edit the file as it is now",
-                    export.nonce
-                ),
-            ),
-            _ => refuse(1, "the first line changed: it names the export and must be kept as written"),
-        };
+        match nonce_of(&f.first_line) {
+            Some(n) if n != export.nonce => {
+                return refuse(
+                    1,
+                    format!(
+                        "the edit was made against export {n}, an older one than the latest ({}): the file was written again since (another edit was read, or `context` ran); edit the file as it is now",
+                        export.nonce
+                    ),
+                )
+            }
+            _ => {}
+        }
+        match (range_of(&f.first_line), range_of(&export.first)) {
+            (Some(((_, b), rest)), Some((_, want))) if rest == want => upto = b,
+            _ => {
+                return refuse(
+                    1,
+                    "the first line changed: it names the export and must be kept as written",
+                )
+            }
+        }
     }
+    let first_exported = export
+        .blocks
+        .iter()
+        .find_map(|b| match b {
+            Exported::Row { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .unwrap_or(0);
     let mut index: HashMap<u64, (usize, u64)> = HashMap::new();
     let mut notes: HashMap<u32, u64> = HashMap::new();
     let mut fixed: Vec<(&str, u64, bool)> = Vec::new();
@@ -487,6 +524,8 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                     None if set.deleted.contains(seq) => {
                         changes.push(Change::Restore { seq: *seq, line })
                     }
+                    // Cut since the file was written: it left the window.
+                    None if *seq < first_exported => {}
                     None => {
                         return refuse(
                             line,
@@ -523,6 +562,11 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                 }
             }
             Header::Fixed(label) => {
+                // The proxy writes it (a refresh after a cut changes it):
+                // checked against the latest export only.
+                if upto != u64::MAX {
+                    continue;
+                }
                 match fixed
                     .iter_mut()
                     .find(|(l, _, seen)| *l == label.as_str() && !*seen)
@@ -543,7 +587,7 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
             }
         }
     }
-    if let Some((label, _, _)) = fixed.iter().find(|(_, _, seen)| !seen) {
+    if let Some((label, _, _)) = fixed.iter().find(|(_, _, seen)| !seen && upto == u64::MAX) {
         return refuse(
             0,
             format!("the {label} block was removed: it is not editable (the proxy writes it)"),
@@ -551,7 +595,7 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
     }
     for b in &export.blocks {
         match b {
-            Exported::Row { seq, .. } if !seen.contains_key(seq) => {
+            Exported::Row { seq, .. } if !seen.contains_key(seq) && *seq <= upto => {
                 changes.push(Change::Delete { seq: *seq, line: 0 })
             }
             Exported::Note { id, .. } if !seen_notes.contains(id) => {
@@ -1061,6 +1105,14 @@ mod tests {
             .unwrap_err()
             .reason
             .contains("older one"));
+        // An earlier refresh of the same export (it covered seq 1–2): seq 3
+        // came after it and is kept; seq 2 it lacks is deleted.
+        let mut f = blocks(&[(1, "one")], None);
+        f.first_line = file::first_line("s", "n1", (1, 2), 2);
+        assert_eq!(
+            diff(&export, &f, &EditSet::default()).unwrap(),
+            vec![Change::Delete { seq: 2, line: 0 }]
+        );
         // The stub is not editable.
         let mut f = blocks(&[(1, "one")], None);
         f.blocks[0].body = "mine".into();

@@ -9,9 +9,14 @@
 //! | `file` | rendering an export, parsing an edited file | none |
 //! | `edits` | the edit set, the changes a file makes, closure, notes, the check | none |
 //! | `receipt` | the receipt's text | none |
-//! | `io` | writing the file behind the request, reading an edit at the next | files |
+//! | `live` | what a live session keeps: the edit set, the export, the last layout | stat |
+//! | `export` | the blocks of a window, and the export record an edit is read against | none |
+//! | `io` | writing the file (behind the request) and the receipt | files |
 
 pub mod body;
 pub mod edits;
+pub mod export;
 pub mod file;
+pub mod io;
+pub mod live;
 pub mod receipt;

@@ -19,6 +19,7 @@
 //! | `meter` | what the meter shows |
 //! | `limits` | what a context-limit failure teaches a session, and whether a retry could cut |
 
+mod context;
 mod index;
 mod layouts;
 mod limits;
@@ -30,6 +31,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 mod window;
+pub use context::ContextAnswer;
 
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};

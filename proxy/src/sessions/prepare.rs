@@ -234,6 +234,7 @@ impl SessionManager {
             }
             None => body.clone(),
         };
+        super::context::refresh(&session, &out);
         let body_len = out.len();
         let ticket = Ticket::new(
             session,
@@ -424,11 +425,15 @@ impl SessionManager {
         cut_gauge: Option<u64>,
         events: &mut Vec<Event>,
     ) -> Window {
-        let window = if req.windowed(self.settings.tideline_enabled) {
-            window::render(&self.settings.data_dir, st, parsed)
+        let mut window = if req.windowed(self.settings.tideline_enabled) {
+            // The agent's edit of its context file, read first (a stat when none).
+            let edit = super::context::read_edit(st, parsed);
+            let w = window::render(&self.settings.data_dir, st, parsed);
+            super::context::settle(&self.settings.data_dir, st, parsed, edit, w, events)
         } else {
             Window::unchanged(parsed.messages.len())
         };
+        super::context::remember(st, &mut window);
         if window.upto > st.recorded_cut {
             let gauge = cut_gauge.unwrap_or(st.meter.gauge);
             events.push(self.record_cut(st, window.upto, gauge, params.line));

@@ -151,6 +151,8 @@ pub struct State {
     pub totals: Usage,
     /// Last computed numbers, for the meter.
     pub meter: Meter,
+    /// The context edits: the edit set in force, the exported file.
+    pub(crate) context: crate::context::live::Live,
 }
 
 impl State {
@@ -182,6 +184,7 @@ impl State {
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             totals: Usage::default(),
             meter: Meter::default(),
+            context: Default::default(),
         }
     }
 
@@ -612,6 +615,15 @@ impl State {
         st.recorded_cut = l.cut_upto;
         st.meter.cut_upto = l.cut_upto;
         st.needs_seed = true;
+        if let Some((n, set)) = l.context {
+            st.context.taken = n;
+            match serde_json::from_str(&set) {
+                Ok(s) => st.context.set = s,
+                Err(e) => {
+                    tracing::warn!(session = %st.meta.id, error = %e, "the recorded context edit set cannot be read; the session goes on unedited")
+                }
+            }
+        }
         st
     }
 
@@ -632,6 +644,8 @@ impl State {
         fresh.reserves_max_tokens = self.reserves_max_tokens;
         fresh.bytes_per_token = self.bytes_per_token;
         fresh.totals = self.totals;
+        // The edit set in force and the exported file are the live session's.
+        fresh.context = std::mem::take(&mut self.context);
         fresh.meter = Meter {
             cut_upto: fresh.meter.cut_upto,
             ..self.meter

@@ -11,6 +11,7 @@
 //! dropped those rows).
 
 use super::state::State;
+use crate::context::edits::{self, Src};
 use crate::dialect::{self, ParsedBody};
 use oceancode_ledger::media::Cost;
 use oceancode_ledger::tideline;
@@ -31,6 +32,13 @@ pub(super) struct Window {
     pub(super) upto: u64,
     /// Estimated tokens of the standing parts kept with the stub.
     pub(super) pinned_tokens: u64,
+    /// Where each message sent comes from (None = the request as it came).
+    pub(super) layout: Option<Vec<Src>>,
+    /// The stub message sent, if any.
+    pub(super) stub: Option<String>,
+    /// The session's edit set would have made the request invalid: it was
+    /// sent unedited, and this says why.
+    pub(super) edit_error: Option<String>,
 }
 
 impl Window {
@@ -43,8 +51,70 @@ impl Window {
             media_out: Cost::default(),
             upto: 0,
             pinned_tokens: 0,
+            layout: None,
+            stub: None,
+            edit_error: None,
         }
     }
+}
+
+/// The validity facts of a row, for the edit set's closure and check.
+pub(super) fn facts<'s>(st: &'s State) -> impl Fn(u64) -> edits::Facts<'s> + Copy + 's {
+    move |seq| {
+        let r = st.row(seq);
+        edits::Facts {
+            kind: r.kind,
+            opens: &r.calls.opens,
+            closes: &r.calls.closes,
+            binds_next: r.calls.binds_next,
+        }
+    }
+}
+
+/// The request's messages as pieces of a window (`Tail` past the active line).
+fn as_sent<'a>(st: &State, parsed: &ParsedBody<'a>) -> Vec<(Src, &'a str)> {
+    parsed
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (st.active.get(i).map_or(Src::Tail, |&s| Src::Row(s)), *m))
+        .collect()
+}
+
+/// The window's pieces with the session's edit set applied (and checked:
+/// a set that would make the request invalid is not applied), rendered.
+fn finish(
+    st: &State,
+    parsed: &ParsedBody<'_>,
+    pieces: Vec<(Src, &str)>,
+    stub: Option<String>,
+    mut w: Window,
+) -> Window {
+    let set = &st.context.set;
+    let pieces = if set.is_empty() {
+        pieces
+    } else {
+        let applied = edits::apply(set, &pieces, facts(st));
+        match edits::check(st.dialect, &applied, facts(st)) {
+            Ok(()) => applied,
+            Err(e) => {
+                w.edit_error = Some(e);
+                pieces
+            }
+        }
+    };
+    let parts: Vec<&str> = pieces
+        .iter()
+        .map(|(src, raw)| match (src, &stub) {
+            (Src::Fixed("stub"), Some(s)) => s.as_str(),
+            _ => raw,
+        })
+        .collect();
+    w.rows = parts.len();
+    w.body = Some(parsed.render_with(&parts));
+    w.layout = Some(pieces.iter().map(|p| p.0).collect());
+    w.stub = stub;
+    w
 }
 
 /// Render the window of `parsed` (the request's messages, mapped onto the
@@ -55,13 +125,20 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     let cut_upto = st.tideline.cut_upto();
     // Messages past the active line (a count_tokens request's new tail)
     // are retained as they are.
+    let unedited = st.context.set.is_empty();
     if cut_upto == 0 || st.active.len() > n {
-        return Window::unchanged(n);
+        if unedited {
+            return Window::unchanged(n);
+        }
+        return finish(st, parsed, as_sent(st, parsed), None, Window::unchanged(n));
     }
     let infos = st.row_infos();
     let mut plan = tideline::plan_window(&infos, cut_upto);
     if plan.start == 0 || plan.effective_upto_seq == 0 {
-        return Window::unchanged(n);
+        if unedited {
+            return Window::unchanged(n);
+        }
+        return finish(st, parsed, as_sent(st, parsed), None, Window::unchanged(n));
     }
     // Starting at a compaction block: what precedes it the provider drops
     // (a pinned ask, kept system rows or standing parts would be dropped too).
@@ -93,15 +170,15 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     let pinned_bytes: usize = pinned.iter().map(|p| p.len()).sum();
     let pinned_tokens = (pinned_bytes as f64 / st.bytes_per_token).ceil() as u64;
     let stub_msg = dialect::stub_message_with(st.dialect, &stub, &pinned);
-    let mut parts: Vec<&str> = Vec::with_capacity(n - plan.start + 4);
+    let mut parts: Vec<(Src, &str)> = Vec::with_capacity(n - plan.start + 4);
     let mut kept_out = 0u64;
     let mut media_out = Cost::default();
-    let kept: Vec<&str> = (0..plan.start)
+    let kept: Vec<(Src, &str)> = (0..plan.start)
         .filter(|&i| Some(i) != plan.pinned_prompt)
         .filter_map(|i| {
             let r = st.row(st.active[i]);
             if matches!(r.kind, RowKind::System | RowKind::Other) && !at_compaction {
-                Some(parsed.messages[i])
+                Some((Src::Row(st.active[i]), parsed.messages[i]))
             } else {
                 kept_out += u64::from(r.tokens);
                 media_out = media_out.plus(r.media);
@@ -109,26 +186,32 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
             }
         })
         .collect();
+    // The stub's piece: its bytes are put in by `finish`.
+    let stub_piece = (Src::Fixed("stub"), "");
     if st.dialect == Dialect::Anthropic {
-        parts.push(&stub_msg);
+        parts.push(stub_piece);
         parts.extend(kept);
     } else {
         parts.extend(kept);
-        parts.push(&stub_msg);
+        parts.push(stub_piece);
     }
     if let Some(i) = plan.pinned_prompt {
-        parts.push(parsed.messages[i]);
+        parts.push((Src::Row(st.active[i]), parsed.messages[i]));
     }
-    parts.extend(parsed.messages[plan.start..].iter().copied());
-    let rows = parts.len();
-    Window {
-        body: Some(parsed.render_with(&parts)),
-        rows,
+    parts.extend((plan.start..n).map(|i| {
+        (
+            st.active.get(i).map_or(Src::Tail, |&s| Src::Row(s)),
+            parsed.messages[i],
+        )
+    }));
+    let w = Window {
         kept_out: kept_out.saturating_sub(pinned_tokens),
         media_out,
         upto: plan.effective_upto_seq,
         pinned_tokens,
-    }
+        ..Window::unchanged(n)
+    };
+    finish(st, parsed, parts, Some(stub_msg), w)
 }
 
 /// The raw standing parts [`tideline::plan_pins`] keeps, from this request's

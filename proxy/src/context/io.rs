@@ -1,0 +1,166 @@
+//! Writing `context.txt` behind the request: one thread, a job per session
+//! (a newer one replaces the one not yet written: coalesced), atomic
+//! replace, `0600`; and the receipt next to it. A file edited since the
+//! proxy last wrote it is never overwritten: the next request reads the
+//! edit first.
+
+use super::edits::{Note, Src};
+use super::export;
+use super::live::{Slot, Stamp};
+use crate::dialect::{self, ParsedBody};
+use bytes::Bytes;
+use oceancode_ledger::Dialect;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// One refresh of a session's file.
+pub struct Job {
+    /// The file.
+    pub slot: Arc<Slot>,
+    /// The session's dialect.
+    pub dialect: Dialect,
+    /// The nonce the file carries.
+    pub nonce: String,
+    /// The body sent upstream.
+    pub body: Bytes,
+    /// Where each of its messages comes from.
+    pub layout: Vec<Src>,
+    /// The notes in force.
+    pub notes: Vec<Note>,
+    /// A receipt to write with it.
+    pub receipt: Option<String>,
+}
+
+/// The writer's queue.
+struct Writer {
+    jobs: Mutex<HashMap<String, Job>>,
+    wake: Condvar,
+}
+
+fn writer() -> &'static Writer {
+    static W: OnceLock<&'static Writer> = OnceLock::new();
+    W.get_or_init(|| {
+        let w: &'static Writer = Box::leak(Box::new(Writer {
+            jobs: Mutex::new(HashMap::new()),
+            wake: Condvar::new(),
+        }));
+        let spawned = std::thread::Builder::new()
+            .name("oceancode-context".into())
+            .spawn(move || loop {
+                let job = {
+                    let mut jobs = w.jobs.lock();
+                    loop {
+                        if let Some(k) = jobs.keys().next().cloned() {
+                            break jobs.remove(&k);
+                        }
+                        w.wake.wait(&mut jobs);
+                    }
+                };
+                if let Some(job) = job {
+                    if let Err(e) = write(&job) {
+                        tracing::warn!(session = %job.slot.session, error = %e, "cannot write context.txt");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the context.txt writer");
+        }
+        w
+    })
+}
+
+/// Queue a refresh (it replaces the session's refresh not yet written).
+pub fn submit(job: Job) {
+    let w = writer();
+    w.jobs.lock().insert(job.slot.session.clone(), job);
+    w.wake.notify_one();
+}
+
+/// The file's text and record for a window's pieces.
+pub fn render(
+    d: Dialect,
+    session: &str,
+    nonce: &str,
+    pieces: &[(Src, &str)],
+    notes: &[Note],
+) -> (String, super::edits::Export) {
+    let blocks = export::blocks(d, pieces, notes);
+    export::file(session, nonce, &blocks)
+}
+
+/// Write `text` as the slot's file unless it was edited since the proxy
+/// last wrote (or read) it; then `record` is what edits are read against.
+/// Returns whether it wrote.
+pub fn replace(slot: &Slot, text: &str, record: super::edits::Export) -> std::io::Result<bool> {
+    let mut st = slot.state.lock();
+    let now = Stamp::of(&slot.path);
+    if st.stamp.is_some() && now != st.stamp {
+        // Edited (or removed) since: the next request reads it first.
+        return Ok(false);
+    }
+    if let Some(dir) = slot.path.parent() {
+        oceancode_ledger::paths::create_private_dir_all(dir)?;
+    }
+    oceancode_ledger::paths::write_atomic(&slot.path, text.as_bytes())?;
+    st.stamp = Stamp::of(&slot.path);
+    st.export = record;
+    Ok(true)
+}
+
+/// Write a receipt.
+pub fn write_receipt(slot: &Slot, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = slot.receipt.parent() {
+        oceancode_ledger::paths::create_private_dir_all(dir)?;
+    }
+    oceancode_ledger::paths::write_atomic(&slot.receipt, text.as_bytes())
+}
+
+fn write(job: &Job) -> std::io::Result<()> {
+    let parsed = ParsedBody::parse(&job.body, dialect::conv_key(job.dialect))
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let pieces: Vec<(Src, &str)> = job
+        .layout
+        .iter()
+        .copied()
+        .zip(parsed.messages.iter().copied())
+        .collect();
+    let (text, record) = render(
+        job.dialect,
+        &job.slot.session,
+        &job.nonce,
+        &pieces,
+        &job.notes,
+    );
+    replace(&job.slot, &text, record)?;
+    if let Some(r) = &job.receipt {
+        write_receipt(&job.slot, r)?;
+    }
+    Ok(())
+}
+
+/// Read an edited file (at most [`super::file::MAX_FILE_BYTES`] of it: a
+/// larger one is refused unread).
+pub fn read(path: &std::path::Path, len: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    if len > super::file::MAX_FILE_BYTES {
+        return Err(format!(
+            "the file is {len} bytes, over the {} bytes read back",
+            super::file::MAX_FILE_BYTES
+        ));
+    }
+    let f = std::fs::File::open(path).map_err(|e| format!("cannot open the file: {e}"))?;
+    let mut out = Vec::with_capacity(len as usize);
+    f.take(super::file::MAX_FILE_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("cannot read the file: {e}"))?;
+    Ok(out)
+}
+
+/// Wait until no refresh is queued (tests, the `context` command).
+pub fn drain(timeout: std::time::Duration) {
+    let until = std::time::Instant::now() + timeout;
+    while !writer().jobs.lock().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}

@@ -1,0 +1,89 @@
+//! What a live session keeps of its context edits: the edit set in force,
+//! the export the file was last written from (shared with the writer), and
+//! the layout of the last window (what `context` exports).
+
+use super::edits::{EditSet, Export, Src};
+use parking_lot::Mutex;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// What identifies a version of the file on disk (size, mtime, inode): a
+/// stat, never a read, tells whether it changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Bytes.
+    pub len: u64,
+    /// Modification time, ns since the epoch.
+    pub mtime_ns: i128,
+    /// Inode (an atomic replace makes a new one).
+    pub ino: u64,
+}
+
+impl Stamp {
+    /// The stamp of `path` (None = no file).
+    pub fn of(path: &std::path::Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// The export in the file, shared by the request path (which reads edits
+/// against it) and the writer (which replaces it).
+#[derive(Debug, Default)]
+pub struct SlotState {
+    /// What the file was last written from.
+    pub export: Export,
+    /// The file as the proxy last wrote it or read it (None = not yet).
+    pub stamp: Option<Stamp>,
+}
+
+/// A session's exported file.
+#[derive(Debug)]
+pub struct Slot {
+    /// Ledger session id.
+    pub session: String,
+    /// `sessions/<id>/context.txt`.
+    pub path: PathBuf,
+    /// `sessions/<id>/context.receipt.txt`.
+    pub receipt: PathBuf,
+    /// The export and the stamp.
+    pub state: Mutex<SlotState>,
+}
+
+/// A live session's context edits.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// The edit set in force.
+    pub set: EditSet,
+    /// Edits taken so far (the ledger numbers them).
+    pub taken: u32,
+    /// The exported file (None = nobody exported this session).
+    pub slot: Option<Arc<Slot>>,
+    /// Exports written (the nonce of the next is `e<exports + 1>`).
+    pub exports: u32,
+    /// The nonce the file carries (changes with every export: the
+    /// `context` command, and each edit read, taken or refused).
+    pub nonce: String,
+    /// The layout of the last window (None = the whole active line, as sent).
+    pub layout: Option<Vec<Src>>,
+    /// The stub message of the last window.
+    pub stub: Option<String>,
+    /// A receipt to write with the next refresh of the file.
+    pub receipt: Option<String>,
+    /// The last receipt written.
+    pub last_receipt: Option<String>,
+}
+
+impl Live {
+    /// A new nonce for the next export.
+    pub fn mint(&mut self) -> String {
+        self.exports += 1;
+        self.nonce = format!("e{}", self.exports);
+        self.nonce.clone()
+    }
+}
