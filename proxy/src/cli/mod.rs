@@ -14,9 +14,11 @@
 //! | `recall` | `recall`, `recall entry`, `recall search` |
 //! | `status` | `status`: the session meter |
 //! | `tideline` | `tideline`: show or change a running proxy's line |
+//! | `context` | `context`: export the window to context.txt, edit it without the file, the receipt |
 //! | `proxies` | the running proxies of a data dir, and which one holds a session |
 
 mod admin_client;
+mod context;
 mod export;
 mod ledger;
 mod merge;
@@ -65,6 +67,9 @@ enum Command {
     Ledger(ledger::LedgerCmd),
     /// Show or change the tideline of a running proxy.
     Tideline(tideline::TidelineArgs),
+    /// Export the session's live window to context.txt for the agent (or
+    /// you) to edit, or make the same edit without the file.
+    Context(context::ContextArgs),
     /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
     Export(export::ExportArgs),
     /// Read the verbatim record back: a session's log, one entry, or a search
@@ -225,6 +230,10 @@ fn real_main(cli: Cli) -> Result<i32> {
         Command::Tideline(a) => {
             let (cfg, dir) = reader(&cli)?;
             tideline::run(&dir, &cfg, a)
+        }
+        Command::Context(a) => {
+            let (cfg, dir) = reader(&cli)?;
+            context::run(&dir, &cfg, a)
         }
     }
 }

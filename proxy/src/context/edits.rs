@@ -150,7 +150,9 @@ pub fn apply<'a, 'f>(
         return kept;
     }
     // Places a note may go: before an ask (no tool result in it) with
-    // something said before it, no call open and no item bound to it.
+    // something said before it, no call open and no item bound to it; for
+    // an ask that opens the conversation, right after it when the
+    // assistant's answer follows (the two are one assistant turn).
     let mut places: Vec<(usize, u64)> = Vec::new();
     let mut open: HashSet<u64> = HashSet::new();
     let mut said = false;
@@ -158,13 +160,16 @@ pub fn apply<'a, 'f>(
     for (k, (src, _)) in kept.iter().enumerate() {
         let f = src.seq().map_or(NO_FACTS, &facts);
         if let Some(seq) = src.seq() {
-            if f.kind == RowKind::Prompt
-                && f.closes.is_empty()
-                && open.is_empty()
-                && !prev_binds
-                && said
-            {
-                places.push((k, seq));
+            if f.kind == RowKind::Prompt && f.closes.is_empty() && open.is_empty() && !prev_binds {
+                if said {
+                    places.push((k, seq));
+                } else if kept
+                    .get(k + 1)
+                    .and_then(|(s, _)| s.seq())
+                    .is_some_and(|n| facts(n).kind == RowKind::Assistant)
+                {
+                    places.push((k + 1, seq));
+                }
             }
         }
         for c in f.closes {
@@ -828,9 +833,11 @@ pub fn drop_spans<'f>(
             }
         }
     }
-    for k in keep {
-        out.remove(k);
-    }
+    // What is kept keeps what it is tied to.
+    close_over(&mut out, line, facts);
+    let mut held: BTreeSet<u64> = keep.iter().copied().collect();
+    close_over(&mut held, line, facts);
+    out.retain(|s| !held.contains(s));
     Ok(out)
 }
 
@@ -933,10 +940,11 @@ mod tests {
         assert_eq!(srcs[6], Src::Row(6));
         check(Dialect::Anthropic, &out, l.facts()).unwrap();
         // Anchored in the first turn: before its ask there is only a
-        // system row, so it goes before the next ask.
+        // system row, so it goes right after that ask, before its answer.
         set.notes[0].after = 3;
         let out = apply(&set, &p, l.facts());
-        assert_eq!(out[5].0, Src::Note(1));
+        assert_eq!(out[2].0, Src::Note(1));
+        check(Dialect::Anthropic, &out, l.facts()).unwrap();
     }
 
     #[test]
@@ -1010,8 +1018,10 @@ mod tests {
         );
         let r = drop_spans(&["2-5".into()], &[2], &line, &ids, l.facts()).unwrap();
         assert_eq!(r, BTreeSet::from([3, 4, 5]));
+        let r = drop_spans(&["t".into()], &[4], &line, &ids, l.facts()).unwrap();
+        assert_eq!(r, BTreeSet::from([7, 8]), "seq 4 kept keeps its call");
         let i = drop_spans(&["toolu_a".into()], &[], &line, &ids, l.facts()).unwrap();
-        assert_eq!(i, BTreeSet::from([3]));
+        assert_eq!(i, BTreeSet::from([3, 4]));
         assert!(drop_spans(&["nope".into()], &[], &line, &ids, l.facts()).is_err());
     }
 

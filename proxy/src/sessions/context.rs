@@ -21,6 +21,8 @@ use std::sync::Arc;
 pub(super) struct Pending {
     old: EditSet,
     taken: Taken,
+    /// The export it was read against.
+    nonce: String,
 }
 
 /// An RFC 3339 UTC time for receipts.
@@ -106,7 +108,7 @@ pub(super) fn read_edit(st: &mut State, parsed: &ParsedBody<'_>) -> Option<Pendi
         }
         Ok((set, taken)) => {
             let old = std::mem::replace(&mut st.context.set, set);
-            Some(Pending { old, taken })
+            Some(Pending { old, taken, nonce })
         }
     }
 }
@@ -166,7 +168,7 @@ pub(super) fn settle(
     let Some(p) = pending else {
         return window;
     };
-    let nonce = st.context.nonce.clone();
+    let nonce = p.nonce.clone();
     if let Some(e) = window.edit_error {
         st.context.set = p.old;
         st.context.receipt = Some(receipt::refused(

@@ -1,0 +1,150 @@
+//! `context [SESSION] [--drop SPANS] [--keep SEQS] [--note TEXT] [--receipt]`:
+//! export the session's live window to `sessions/<id>/context.txt` (the
+//! proxy keeps it fresh from then on and reads the edits made to it), or
+//! make the same edit without the file, or print the last receipt — through
+//! the admin API of the proxy holding the session.
+
+use super::out::{errln, outln};
+use super::proxies::Proxies;
+use super::{open_store, runtime_block, AdminTokenFlag};
+use anyhow::{bail, Result};
+use clap::Args;
+use oceancode_config::Config;
+use oceancode_ledger::resolve::{resolve, Candidate};
+use std::path::Path;
+
+/// `context`'s flags.
+#[derive(Args, Debug)]
+pub struct ContextArgs {
+    /// Session: ledger id, the client's session name or id, or a unique
+    /// prefix (default: the most recent one).
+    session: Option<String>,
+    /// Drop these from the window: `t` (every tool call and result but the
+    /// running round), seqs, `A-B` ranges, tool-call ids (comma-separated
+    /// or repeated).
+    #[arg(long, value_name = "SPANS")]
+    drop: Vec<String>,
+    /// Seqs held back from `--drop`.
+    #[arg(long, value_name = "SEQS")]
+    keep: Vec<String>,
+    /// A note kept in the window, read as the agent's own words.
+    #[arg(long, value_name = "TEXT")]
+    note: Option<String>,
+    /// Print the last receipt.
+    #[arg(long)]
+    receipt: bool,
+    /// Admin URL of the running proxy (default: the one holding the session).
+    #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
+    proxy: Option<String>,
+    #[command(flatten)]
+    token: AdminTokenFlag,
+    /// Print the admin API's JSON answer.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `context`.
+pub fn run(dir: &Path, cfg: &Config, a: &ContextArgs) -> Result<i32> {
+    let recorded = match &a.session {
+        Some(_) if dir.join("oceancode.db").exists() => {
+            let store = open_store(dir)?;
+            let c = store.session_candidates()?;
+            let _ = store.shutdown();
+            c
+        }
+        _ => Vec::new(),
+    };
+    runtime_block(context(dir, cfg, a, recorded))
+}
+
+async fn context(
+    dir: &Path,
+    cfg: &Config,
+    a: &ContextArgs,
+    recorded: Vec<Candidate>,
+) -> Result<i32> {
+    let proxies = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
+    let resolved = match &a.session {
+        Some(spec) => {
+            let mut cands = proxies.candidates();
+            for c in recorded {
+                if !cands.iter().any(|l| l.id == c.id) {
+                    cands.push(c);
+                }
+            }
+            Some(resolve(spec, &cands)?)
+        }
+        None => None,
+    };
+    if proxies.live.is_empty() {
+        if a.receipt {
+            // The receipt is a file: readable without a proxy.
+            if let Some(id) = &resolved {
+                let p = oceancode_ledger::paths::DataDir::new(dir)
+                    .session_dir(id)
+                    .join("context.receipt.txt");
+                if let Ok(t) = std::fs::read_to_string(&p) {
+                    outln!("{}", t.trim_end());
+                    return Ok(0);
+                }
+            }
+        }
+        return Err(proxies.none_error());
+    }
+    let target = match &resolved {
+        Some(id) => match proxies.holding(id) {
+            Some(p) => p,
+            None if proxies.explicit => &proxies.live[0],
+            None => bail!(
+                "session {id} is not held by a running proxy on {} (its context is exported by the proxy that serves it; it is held again from its next request)",
+                dir.display()
+            ),
+        },
+        None => proxies.for_latest().unwrap_or(&proxies.live[0]),
+    };
+    let mut body = serde_json::json!({"session": resolved.as_deref().unwrap_or("latest")});
+    if a.receipt {
+        body["receipt"] = true.into();
+    }
+    if !a.drop.is_empty() {
+        body["drop"] = serde_json::json!(a.drop);
+    }
+    if !a.keep.is_empty() {
+        body["keep"] = serde_json::json!(a.keep);
+    }
+    if let Some(n) = &a.note {
+        body["note"] = serde_json::json!(n);
+    }
+    let answer = target
+        .client
+        .post_json("/_oceancode/context", &body)
+        .await?;
+    if !answer.status.is_success() {
+        errln!("{}", answer.error_message());
+        return Ok(2);
+    }
+    let v = &answer.json;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(v)?);
+    } else if a.receipt
+        || v.get("receipt").is_some_and(|r| r.is_string()) && v.get("path").is_none()
+    {
+        match v["receipt"].as_str() {
+            Some(r) => outln!("{}", r.trim_end()),
+            None => outln!(
+                "no receipt yet for session {}",
+                v["session"].as_str().unwrap_or("?")
+            ),
+        }
+    } else {
+        outln!("{}", v["path"].as_str().unwrap_or(""));
+        errln!(
+            "oceancode-proxy: exported {} messages of session {} (export {}); edit the file, the next request reads it; the receipt: {}",
+            v["messages"].as_u64().unwrap_or(0),
+            v["session"].as_str().unwrap_or("?"),
+            v["nonce"].as_str().unwrap_or("?"),
+            v["receipt_path"].as_str().unwrap_or("")
+        );
+    }
+    Ok(0)
+}
