@@ -77,7 +77,7 @@ impl Agent {
         got.json()
     }
 
-    fn receipt(&self, path: &PathBuf) -> String {
+    fn receipt(&self, path: &std::path::Path) -> String {
         std::fs::read_to_string(path.with_file_name("context.receipt.txt")).unwrap_or_default()
     }
 }

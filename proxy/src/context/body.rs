@@ -393,6 +393,9 @@ fn slot_text(v: &Value, kind: SlotKind, path: &[Step]) -> String {
     }
 }
 
+/// A marker line of an edited body (its line and text) and the lines under it.
+type Chunk = (Option<(usize, String)>, Vec<String>);
+
 /// Why a rewritten body cannot become a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unfit {
@@ -408,7 +411,7 @@ pub struct Unfit {
 /// edited tool result ends with [`recall_line`]. Returns the new raw JSON.
 pub fn rewrite(body: &Body, v: &Value, new_text: &str, seq: u64) -> Result<String, Unfit> {
     // Split the new text at marker lines.
-    let mut chunks: Vec<(Option<(usize, String)>, Vec<String>)> = vec![(None, Vec::new())];
+    let mut chunks: Vec<Chunk> = vec![(None, Vec::new())];
     for (i, line) in new_text.split('\n').enumerate() {
         if is_marker(line) {
             chunks.push((Some((i, line.trim_end().to_string())), Vec::new()));
