@@ -268,6 +268,41 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 .unwrap_or_default();
             tideline(&app, session, args)
         }
+        (Method::POST, "/_oceancode/evict") => {
+            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return bad(&format!("cannot read body: {e}")),
+            };
+            let v: serde_json::Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return bad(&format!(
+                        "body must be JSON {{\"session\":..,\"value\":..}}: {e}"
+                    ))
+                }
+            };
+            let spec = v
+                .get("session")
+                .and_then(|s| s.as_str())
+                .unwrap_or("latest");
+            let s = match live_session(&app, spec) {
+                Ok(s) => s,
+                Err(e) => return no_live_session(spec, &e),
+            };
+            let words: Vec<String> = v
+                .get("value")
+                .and_then(|s| s.as_str())
+                .map(|s| s.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default();
+            match crate::sessions::Evict::parse(&words).and_then(|how| app.sessions.evict(&s, how))
+            {
+                Ok(e) => json_response(
+                    StatusCode::OK,
+                    serde_json::to_string(&e).unwrap_or_default(),
+                ),
+                Err(e) => bad(&e),
+            }
+        }
         (Method::POST, "/_oceancode/context") => {
             let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
                 Ok(b) => b.to_bytes(),

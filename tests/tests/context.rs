@@ -368,3 +368,48 @@ async fn the_edit_without_the_file_drops_tool_rounds_and_survives_idle_eviction(
         .await;
     assert_eq!(got["receipt"].as_str(), Some(receipt));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_by_hand_cuts_through_a_turn_and_keeps_the_newest() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(0, 100, 1)).await;
+    // Turn 2 and 3: a new ask after the tool round.
+    for (turn, ask) in [(2, "Now the docs."), (3, "And the changelog.")] {
+        a.history.push(json!({"role":"assistant","content":[{"type":"text","text": format!("Turn {} done.", turn - 1)}]}));
+        a.history.push(json!({"role":"user","content": ask}));
+        a.step(&tool_lines(turn, 100, 1)).await;
+    }
+    let got = evict(&a.h, "through 1").await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let upto = got.json()["upto"].as_u64().unwrap();
+    assert!(upto >= 2, "{}", got.text());
+    let r = a.step("ok").await;
+    let msgs = messages(&r);
+    assert_eq!(
+        oceancode_tests::stub_seq(&msgs[0]),
+        Some(upto),
+        "the stub names the eviction"
+    );
+    assert!(!has_result(&msgs, "step 0 line 1"), "turn 1 left");
+    assert!(
+        has_result(&msgs, "And the changelog."),
+        "the newest turn stays"
+    );
+    // Nothing older than the newest turn is left to evict through turn 1.
+    assert_eq!(evict(&a.h, "through 1").await.status, 400);
+    assert_eq!(evict(&a.h, "nonsense words here").await.status, 400);
+}
+
+async fn evict(h: &Harness, v: &str) -> oceancode_tests::Got {
+    oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            http::Method::POST,
+            "/_oceancode/evict",
+            &[],
+            Bytes::from(json!({"session": SESSION, "value": v}).to_string()),
+        )
+        .await,
+    )
+    .await
+}

@@ -148,3 +148,80 @@ async fn context(
     }
     Ok(0)
 }
+
+/// `evict`'s flags.
+#[derive(Args, Debug)]
+pub struct EvictArgs {
+    /// `[SESSION] [PERCENT | through TURN]`: cut now down to PERCENT of the
+    /// model's context (default 50%) or through turn TURN; the newest turn
+    /// always stays. SESSION defaults to the most recent one.
+    words: Vec<String>,
+    /// Admin URL of the running proxy (default: the one holding the session).
+    #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
+    proxy: Option<String>,
+    #[command(flatten)]
+    token: AdminTokenFlag,
+}
+
+/// `evict`.
+pub fn run_evict(dir: &Path, cfg: &Config, a: &EvictArgs) -> Result<i32> {
+    let mut words = a.words.clone();
+    let is_value = |w: &str| w == "through" || w.trim_end_matches('%').parse::<u8>().is_ok();
+    let session = match words.first() {
+        Some(w) if !is_value(w) => Some(words.remove(0)),
+        _ => None,
+    };
+    let recorded = match &session {
+        Some(_) if dir.join("oceancode.db").exists() => {
+            let store = open_store(dir)?;
+            let c = store.session_candidates()?;
+            let _ = store.shutdown();
+            c
+        }
+        _ => Vec::new(),
+    };
+    runtime_block(async move {
+        let proxies = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
+        if proxies.live.is_empty() {
+            return Err(proxies.none_error());
+        }
+        let (target, id) = match &session {
+            Some(spec) => {
+                let mut cands = proxies.candidates();
+                for c in recorded {
+                    if !cands.iter().any(|l| l.id == c.id) {
+                        cands.push(c);
+                    }
+                }
+                let id = resolve(spec, &cands)?;
+                let t = match proxies.holding(&id) {
+                    Some(p) => p,
+                    None if proxies.explicit => &proxies.live[0],
+                    None => bail!(
+                        "session {id} is not held by a running proxy on {}",
+                        dir.display()
+                    ),
+                };
+                (t, id)
+            }
+            None => (
+                proxies.for_latest().unwrap_or(&proxies.live[0]),
+                "latest".to_string(),
+            ),
+        };
+        let body = serde_json::json!({"session": id, "value": words.join(" ")});
+        let answer = target.client.post_json("/_oceancode/evict", &body).await?;
+        if !answer.status.is_success() {
+            errln!("{}", answer.error_message());
+            return Ok(2);
+        }
+        let v = &answer.json;
+        outln!(
+            "session {}: the next request cuts up to seq {} (~{} tokens leave the window)",
+            v["session"].as_str().unwrap_or("?"),
+            v["upto"].as_u64().unwrap_or(0),
+            oceancode_ledger::status::tokens(v["tokens"].as_u64().unwrap_or(0))
+        );
+        Ok(0)
+    })
+}

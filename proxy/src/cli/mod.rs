@@ -14,7 +14,7 @@
 //! | `recall` | `recall`, `recall entry`, `recall search` |
 //! | `status` | `status`: the session meter |
 //! | `tideline` | `tideline`: show or change a running proxy's line |
-//! | `context` | `context`: export the window to context.txt, edit it without the file, the receipt |
+//! | `context` | `context`: export the window to context.txt, edit it without the file, the receipt; `evict` |
 //! | `proxies` | the running proxies of a data dir, and which one holds a session |
 
 mod admin_client;
@@ -70,6 +70,9 @@ enum Command {
     /// Export the session's live window to context.txt for the agent (or
     /// you) to edit, or make the same edit without the file.
     Context(context::ContextArgs),
+    /// Cut now: down to PERCENT of the model's context (default 50%) or
+    /// through a turn; the newest turn always stays.
+    Evict(context::EvictArgs),
     /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
     Export(export::ExportArgs),
     /// Read the verbatim record back: a session's log, one entry, or a search
@@ -234,6 +237,10 @@ fn real_main(cli: Cli) -> Result<i32> {
         Command::Context(a) => {
             let (cfg, dir) = reader(&cli)?;
             context::run(&dir, &cfg, a)
+        }
+        Command::Evict(a) => {
+            let (cfg, dir) = reader(&cli)?;
+            context::run_evict(&dir, &cfg, a)
         }
     }
 }

@@ -420,3 +420,111 @@ impl SessionManager {
         std::fs::read_to_string(&slot.receipt).ok()
     }
 }
+
+/// How far `evict` cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evict {
+    /// Down to this percent of the model's context.
+    Percent(u8),
+    /// Every turn up to this one.
+    Through(u32),
+}
+
+impl Evict {
+    /// `50%`, `50`, `through 3` (none: 50%).
+    pub fn parse(words: &[String]) -> Result<Evict, String> {
+        let usage = "evict takes PERCENT (e.g. 50%) or `through TURN`";
+        match words {
+            [] => Ok(Evict::Percent(50)),
+            [w] => {
+                let p: u8 = w
+                    .trim_end_matches('%')
+                    .parse()
+                    .map_err(|_| format!("{w:?}: {usage}"))?;
+                if p == 0 || p >= 100 {
+                    return Err(format!("{w:?}: the percent is between 1 and 99"));
+                }
+                Ok(Evict::Percent(p))
+            }
+            [t, n] if t == "through" => n
+                .parse()
+                .map(Evict::Through)
+                .map_err(|_| format!("{n:?} is not a turn number: {usage}")),
+            _ => Err(usage.into()),
+        }
+    }
+}
+
+/// What `evict` did.
+#[derive(Debug, serde::Serialize)]
+pub struct Evicted {
+    /// Ledger session id.
+    pub session: String,
+    /// Every row up to this seq leaves the window at the next request.
+    pub upto: u64,
+    /// Estimated tokens that leave.
+    pub tokens: u64,
+}
+
+impl SessionManager {
+    /// `evict`: cut now (from the next request, which records the cut like
+    /// any other) down to a percent of the model's context or through a
+    /// turn; the newest turn always stays.
+    pub fn evict(&self, session: &Session, how: Evict) -> Result<Evicted, String> {
+        let mut st = session.state.lock();
+        let newest = st
+            .active
+            .iter()
+            .rposition(|&s| st.row(s).kind == oceancode_ledger::RowKind::Prompt)
+            .unwrap_or(0);
+        let cut = st.tideline.cut_upto();
+        let candidates: Vec<u64> = st.active[..newest]
+            .iter()
+            .copied()
+            .filter(|&s| s > cut)
+            .collect();
+        let upto = match how {
+            Evict::Through(turn) => candidates
+                .iter()
+                .copied()
+                .filter(|&s| st.row(s).turn <= turn)
+                .max()
+                .unwrap_or(0),
+            Evict::Percent(p) => {
+                let context = st
+                    .meter
+                    .context
+                    .ok_or("the model's context is unknown: give `through TURN`")?;
+                let target = context * u64::from(p) / 100;
+                let mut gauge = st.meter.gauge;
+                let mut upto = 0;
+                for &s in &candidates {
+                    if gauge <= target {
+                        break;
+                    }
+                    gauge = gauge.saturating_sub(u64::from(st.row(s).tokens));
+                    upto = s;
+                }
+                upto
+            }
+        };
+        if upto == 0 {
+            return Err(
+                "nothing to evict: the window is already under that, or holds only the newest turn"
+                    .into(),
+            );
+        }
+        let tokens = candidates
+            .iter()
+            .filter(|&&s| s <= upto)
+            .map(|&s| u64::from(st.row(s).tokens))
+            .sum();
+        st.tideline.drop_through(upto);
+        let plan = oceancode_ledger::tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
+        Ok(Evicted {
+            session: st.meta.id.clone(),
+            upto: plan.effective_upto_seq.max(upto),
+            tokens,
+        })
+    }
+}

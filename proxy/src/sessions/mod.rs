@@ -31,7 +31,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 mod window;
-pub use context::ContextAnswer;
+pub use context::{ContextAnswer, Evict, Evicted};
 
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
