@@ -131,6 +131,7 @@ pub fn trajectory(
     let hidden_rows = all.iter().filter(|(_, h)| *h).count();
     let records = store.steps(session)?;
     let cuts = store.cuts(session)?;
+    let edits = store.context_edits(session)?;
 
     let mut steps: Vec<Step> = Vec::new();
     // Tool call id → index of the agent step that made it.
@@ -306,6 +307,46 @@ pub fn trajectory(
         .filter_map(|(i, s)| s.ts_ms.filter(|_| s.source == "agent").map(|t| (i, t)))
         .collect();
     let mut inserts: Vec<(usize, Step)> = Vec::new();
+    for e in &edits {
+        let at = agent_times
+            .iter()
+            .find(|(_, t)| *t >= e.ts_ms)
+            .map_or(steps.len(), |(i, _)| *i);
+        let mut extra = Map::new();
+        extra.insert(
+            "context_management".into(),
+            json!({
+                "type": "edit",
+                "edit": e.n,
+                "seqs": e.seqs,
+                "tokens_before": e.tokens_before,
+                "tokens_after": e.tokens_after,
+            }),
+        );
+        inserts.push((
+            at,
+            Step {
+                source: "system",
+                message: format!(
+                    "Context edit {}: the agent edited its context (context.txt); seq {} changed in every later request (tokens {} → {}). The ledger keeps every original.",
+                    e.n,
+                    e.seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                    e.tokens_before,
+                    e.tokens_after
+                ),
+                reasoning: Vec::new(),
+                calls: Vec::new(),
+                results: Vec::new(),
+                llm_step: None,
+                seqs: Vec::new(),
+                turn: 0,
+                extra,
+                metrics: None,
+                model: None,
+                ts_ms: Some(e.ts_ms),
+            },
+        ));
+    }
     for c in &cuts {
         let at = agent_times
             .iter()

@@ -52,6 +52,7 @@ pub fn markdown(
     }
     let steps = store.steps(session)?;
     let cuts = store.cuts(session)?;
+    let edits = store.context_edits(session)?;
     let cut_upto = cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0);
     let (totals, by_model) = crate::status::totals(&steps, pricer);
     let rows_total: usize = turns.values().map(Vec::len).sum();
@@ -80,6 +81,9 @@ pub fn markdown(
     writeln!(w, "hidden_rows: {hidden_rows}")?;
     writeln!(w, "steps: {}", steps.len())?;
     writeln!(w, "cuts: {}", cuts.len())?;
+    if !edits.is_empty() {
+        writeln!(w, "context_edits: {}", edits.len())?;
+    }
     writeln!(w, "past_tideline_upto_seq: {cut_upto}")?;
     writeln!(w, "tokens_in: {}", totals.input_total())?;
     writeln!(w, "tokens_out: {}", totals.output)?;
@@ -131,6 +135,51 @@ pub fn markdown(
         done += rows.len() as u64;
         if let Some(p) = progress {
             p(done, total);
+        }
+    }
+
+    if let Some(last) = edits.last() {
+        // The rows the edit set in force changes in every request (the
+        // transcript above keeps their originals).
+        let set: serde_json::Value = serde_json::from_str(&last.set).unwrap_or_default();
+        let seqs = |k: &str| -> Vec<u64> {
+            match &set[k] {
+                serde_json::Value::Array(a) => {
+                    a.iter().filter_map(serde_json::Value::as_u64).collect()
+                }
+                serde_json::Value::Object(m) => m.keys().filter_map(|s| s.parse().ok()).collect(),
+                _ => Vec::new(),
+            }
+        };
+        writeln!(w, "\n## Context edits\n")?;
+        writeln!(w, "| Edit | Seqs | Tokens before | Tokens after |")?;
+        writeln!(w, "|---:|:---|---:|---:|")?;
+        for e in &edits {
+            let s: Vec<String> = e.seqs.iter().map(u64::to_string).collect();
+            writeln!(
+                w,
+                "| {} | {} | {} | {} |",
+                e.n,
+                s.join(", "),
+                e.tokens_before,
+                e.tokens_after
+            )?;
+        }
+        writeln!(w, "\n| Seq | Edited (in every later request) |")?;
+        writeln!(w, "|---:|:---|")?;
+        for s in seqs("deleted") {
+            writeln!(w, "| {s} | deleted |")?;
+        }
+        for s in seqs("rewritten") {
+            writeln!(w, "| {s} | rewritten |")?;
+        }
+        let notes = set["notes"].as_array().map_or(0, Vec::len);
+        if notes > 0 {
+            writeln!(
+                w,
+                "\n{notes} note{} of the agent's in force.",
+                if notes == 1 { "" } else { "s" }
+            )?;
         }
     }
 

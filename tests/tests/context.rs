@@ -251,6 +251,30 @@ async fn an_agent_drops_a_big_log_adds_a_note_and_the_edit_holds() {
         "{}",
         a.receipt(&path)
     );
+    // The exports record the edits; the log itself is never edited.
+    let id = a.h.store().latest_session().unwrap().unwrap();
+    let t = oceancode_ledger::atif::trajectory(a.h.store(), &id, &|_| None).unwrap();
+    let edits: Vec<&Value> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["extra"]["context_management"]["type"] == "edit")
+        .collect();
+    assert_eq!(edits.len(), 2, "the drop and the restore");
+    assert_eq!(edits[0]["source"], "system");
+    assert_eq!(
+        edits[0]["extra"]["context_management"]["seqs"],
+        json!([2, 3])
+    );
+    let mut md = Vec::new();
+    oceancode_ledger::export::markdown(a.h.store(), &id, &|_| None, &mut md, None).unwrap();
+    let md = String::from_utf8(md).unwrap();
+    assert!(md.contains("context_edits: 2"), "frontmatter");
+    assert!(md.contains("## Context edits"));
+    assert!(
+        md.contains("step 1 line 2499"),
+        "the transcript keeps the original"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -306,6 +306,11 @@ pub trait LedgerRead: Send + Sync {
     fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError>;
     /// A session's tideline cuts in order.
     fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError>;
+    /// A session's taken context edits in order (none by default: an
+    /// engine without them records no edit).
+    fn context_edits(&self, _id: &str) -> Result<Vec<ContextEditRecord>, StoreError> {
+        Ok(Vec::new())
+    }
     /// The line a session last ran with, if one was recorded.
     fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError>;
     /// A whole session (settles first).

@@ -81,6 +81,9 @@ impl LedgerRead for Store {
     fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
         Store::cuts(self, id)
     }
+    fn context_edits(&self, id: &str) -> Result<Vec<super::ContextEditRecord>, StoreError> {
+        Store::context_edits(self, id)
+    }
     fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
         Store::recorded_line(self, id)
     }
