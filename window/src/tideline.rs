@@ -614,7 +614,8 @@ pub fn plan_pins<'a>(
 /// First line, exactly: `[Earlier content of this session is past the tideline:
 /// every row up to seq N left this window. The verbatim record is
 /// <dir>/transcript/ (one file per turn) and <dir>/SESSION.md carries the merged
-/// state. Read them when you need what was said.]` (a trailing `/` of `dir` is
+/// state. Read them when you need what was said; `oceancode-proxy context`
+/// gives this window as a file to edit.]` (a trailing `/` of `dir` is
 /// dropped). Then, for the newest [`STUB_MAX_TURNS`] of `cut_turns`
 /// (`(turn, text)`, in the given order), one line `- tNN: <first line>` where
 /// `NN` is the turn zero-padded to two digits and the first line is the first
@@ -631,7 +632,7 @@ pub fn stub_text<S: AsRef<str>>(upto_seq: u64, dir: &str, cut_turns: &[(u32, S)]
         .filter(|d| !d.is_empty())
         .unwrap_or(dir);
     let mut out = format!(
-        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said.]"
+        "[Earlier content of this session is past the tideline: every row up to seq {upto_seq} left this window. The verbatim record is {dir}/transcript/ (one file per turn) and {dir}/SESSION.md carries the merged state. Read them when you need what was said; `oceancode-proxy context` gives this window as a file to edit.]"
     );
     let skip = cut_turns.len().saturating_sub(STUB_MAX_TURNS);
     for (turn, text) in &cut_turns[skip..] {
@@ -1129,7 +1130,7 @@ mod tests {
         );
     }
 
-    const HEAD: &str = "[Earlier content of this session is past the tideline: every row up to seq 42 left this window. The verbatim record is /d/s1/transcript/ (one file per turn) and /d/s1/SESSION.md carries the merged state. Read them when you need what was said.]";
+    const HEAD: &str = "[Earlier content of this session is past the tideline: every row up to seq 42 left this window. The verbatim record is /d/s1/transcript/ (one file per turn) and /d/s1/SESSION.md carries the merged state. Read them when you need what was said; `oceancode-proxy context` gives this window as a file to edit.]";
 
     #[test]
     fn stub_exact() {

@@ -49,6 +49,12 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
         LedgerCmd::Path { session } => {
             let id = store.resolve_session(session.as_deref())?;
             outln!("{}", store.session_dir(&id).display());
+            if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                super::out::errln!(
+                    "oceancode-proxy: `oceancode-proxy context {id}` writes its live window to {} to edit",
+                    store.session_dir(&id).join("context.txt").display()
+                );
+            }
         }
         LedgerCmd::Rebuild {
             session,
