@@ -399,6 +399,11 @@ fn refuse<T>(line: usize, reason: impl Into<String>) -> Result<T, Refusal> {
     })
 }
 
+/// A block whose body starts with this line is deleted: the edit a file
+/// tool makes in one small replacement (a 40k-token block need not be
+/// quoted whole to be removed).
+pub const DELETE: &str = "[[delete]]";
+
 /// The nonce a first line names (`[[context S export NONCE · …`).
 pub fn nonce_of(first: &str) -> Option<&str> {
     let rest = first.strip_prefix("[[context ")?;
@@ -509,7 +514,9 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                             }
                         }
                         last_pos = Some((pos, *seq));
-                        if body_hash(body) != hash {
+                        if body.lines().next().map(str::trim_end) == Some(DELETE) {
+                            changes.push(Change::Delete { seq: *seq, line });
+                        } else if body_hash(body) != hash {
                             if body.trim().is_empty() && set.rewritten.contains_key(seq) {
                                 changes.push(Change::Restore { seq: *seq, line });
                             } else if body.trim().is_empty() {
@@ -1070,6 +1077,11 @@ mod tests {
             }
             file::parse(text.as_bytes()).unwrap()
         };
+        let f = blocks(&[(1, "[[delete]]\nwhatever"), (2, "two"), (3, "three")], None);
+        assert_eq!(
+            diff(&export, &f, &EditSet::default()).unwrap(),
+            vec![Change::Delete { seq: 1, line: 5 }]
+        );
         let f = blocks(&[(1, "one"), (3, "THREE")], Some("remember"));
         let c = diff(&export, &f, &EditSet::default()).unwrap();
         assert!(c.contains(&Change::Delete { seq: 2, line: 0 }), "{c:?}");
