@@ -1077,7 +1077,10 @@ mod tests {
             }
             file::parse(text.as_bytes()).unwrap()
         };
-        let f = blocks(&[(1, "[[delete]]\nwhatever"), (2, "two"), (3, "three")], None);
+        let f = blocks(
+            &[(1, "[[delete]]\nwhatever"), (2, "two"), (3, "three")],
+            None,
+        );
         assert_eq!(
             diff(&export, &f, &EditSet::default()).unwrap(),
             vec![Change::Delete { seq: 1, line: 5 }]
