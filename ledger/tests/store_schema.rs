@@ -90,6 +90,7 @@ fn version_2_is_migrated() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
+             DROP TABLE context_edits;
              UPDATE schema_version SET version = 2;",
         )
         .expect("back to version 2");
@@ -104,7 +105,7 @@ fn version_2_is_migrated() {
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 6);
+    assert_eq!(SCHEMA_VERSION, 7);
     let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
     assert!(p.contains("USING INDEX sessions_client"), "{p}");
     let errors: Vec<Option<String>> = store
@@ -136,6 +137,7 @@ fn version_3_is_migrated_and_a_siblings_link_reads_back() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
+             DROP TABLE context_edits;
              UPDATE schema_version SET version = 3;",
         )
         .expect("back to version 3");
@@ -215,6 +217,7 @@ fn version_4_is_migrated() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
+             DROP TABLE context_edits;
              UPDATE schema_version SET version = 4;",
         )
         .expect("back to version 4");
@@ -278,6 +281,7 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
         let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
         c.execute_batch(
             "ALTER TABLE steps DROP COLUMN detail;
+             DROP TABLE context_edits;
              UPDATE schema_version SET version = 5;",
         )
         .expect("back to version 5");
@@ -399,4 +403,54 @@ fn an_unknown_stored_dialect_is_one_policy() {
     store.settle_blocking().expect("settle");
     assert_eq!(store.session_rows("fine", false).expect("rows").len(), 1);
     let _: &Store = &store;
+}
+
+/// A version-6 database (no `context_edits`) is brought to version 7: a
+/// session reads back unedited, a context edit then round-trips (the edit
+/// set in force is what `load_session` hands back).
+#[test]
+fn version_6_is_migrated_and_a_context_edit_reads_back() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let store = open(tmp.path());
+        store
+            .submit(Event::Session(meta("v6", Dialect::Anthropic)))
+            .expect("session");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch("DROP TABLE context_edits; UPDATE schema_version SET version = 6;")
+            .expect("back to version 6");
+    }
+    let store = open(tmp.path());
+    assert_eq!(
+        store
+            .load_session("v6")
+            .expect("load")
+            .expect("there")
+            .context,
+        None
+    );
+    for n in 1..=2u32 {
+        store
+            .submit(Event::ContextEdit {
+                session: "v6".into(),
+                n,
+                set: format!("{{\"deleted\":[{n}]}}"),
+                seqs: vec![u64::from(n)],
+                tokens_before: 1000,
+                tokens_after: 400,
+                ts_ms: 5,
+            })
+            .expect("edit");
+    }
+    let l = store.load_session("v6").expect("load").expect("there");
+    assert_eq!(l.context, Some((2, "{\"deleted\":[2]}".to_string())));
+    let edits = store.context_edits("v6").expect("edits");
+    assert_eq!(edits.len(), 2);
+    assert_eq!(
+        (edits[1].n, edits[1].seqs.clone(), edits[1].tokens_after),
+        (2, vec![2], 400)
+    );
 }
