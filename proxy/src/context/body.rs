@@ -463,7 +463,6 @@ pub fn rewrite(body: &Body, v: &Value, new_text: &str, seq: u64) -> Result<Strin
         slots.push((line, t));
     }
     let mut v = v.clone();
-    let with_slots: Vec<&Part> = body.parts.iter().filter(|p| p.slot.is_some()).collect();
     let mut texts = slots.into_iter();
     let mut changed_result_slot: Option<Vec<Step>> = None;
     let mut last_result_slot: Option<Vec<Step>> = None;
@@ -519,7 +518,6 @@ pub fn rewrite(body: &Body, v: &Value, new_text: &str, seq: u64) -> Result<Strin
             *at = new;
         }
     }
-    let _ = with_slots;
     if changed_result_slot.is_some() {
         if let Some(path) = last_result_slot {
             if let Some(Value::String(s)) = get_mut(&mut v, &path) {

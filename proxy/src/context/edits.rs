@@ -1160,4 +1160,94 @@ mod tests {
             .reason
             .contains("nothing to restore"));
     }
+
+    /// Any deletion set, closed over the line's ties, with notes anywhere,
+    /// leaves a valid window (a property over random lines: parallel calls,
+    /// reasoning items bound to their call, asks between rounds).
+    #[test]
+    fn any_closed_deletion_with_notes_stays_valid() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for case in 0..400 {
+            // Build a line: ask, then rounds of (reasoning?) call(s) + result(s).
+            let mut rows: Vec<(RowKind, Vec<u64>, Vec<u64>, bool)> =
+                vec![(RowKind::Prompt, vec![], vec![], false)];
+            let mut id = 100u64;
+            for _ in 0..(3 + rnd(12)) {
+                match rnd(4) {
+                    0 => rows.push((RowKind::Prompt, vec![], vec![], false)),
+                    1 => {
+                        // Responses: reasoning bound to a call, one output per call.
+                        rows.push((RowKind::Assistant, vec![], vec![], true));
+                        let calls: Vec<u64> = (0..1 + rnd(3)).map(|k| id + k).collect();
+                        id += 10;
+                        for c in &calls {
+                            rows.push((RowKind::Assistant, vec![*c], vec![], false));
+                        }
+                        for c in &calls {
+                            rows.push((RowKind::ToolResult, vec![], vec![*c], false));
+                        }
+                    }
+                    _ => {
+                        let calls: Vec<u64> = (0..1 + rnd(3)).map(|k| id + k).collect();
+                        id += 10;
+                        rows.push((RowKind::Assistant, calls.clone(), vec![], false));
+                        rows.push((RowKind::ToolResult, vec![], calls, false));
+                    }
+                }
+            }
+            rows.push((RowKind::Assistant, vec![], vec![], false));
+            let facts = |s: u64| {
+                let (kind, o, c, b) = &rows[(s - 1) as usize];
+                Facts {
+                    kind: *kind,
+                    opens: o,
+                    closes: c,
+                    binds_next: *b,
+                }
+            };
+            let line: Vec<u64> = (1..=rows.len() as u64).collect();
+            let raws: Vec<String> = line.iter().map(|s| format!("{{\"m\":{s}}}")).collect();
+            let p = pieces(&raws);
+            check(Dialect::OpenaiResponses, &p, facts)
+                .unwrap_or_else(|e| panic!("case {case}: the line itself: {e}"));
+            let mut set = EditSet::default();
+            for &s in &line {
+                if rnd(3) == 0 {
+                    set.deleted.insert(s);
+                }
+            }
+            close_over(&mut set.deleted, &line, facts);
+            for id in 0..rnd(4) as u32 {
+                set.notes.push(Note {
+                    id,
+                    after: rnd(line.len() as u64 + 1),
+                    text: "n".into(),
+                    raw: "{}".into(),
+                });
+            }
+            let out = apply(&set, &p, facts);
+            for d in [Dialect::OpenaiChat, Dialect::OpenaiResponses] {
+                check(d, &out, facts).unwrap_or_else(|e| {
+                    panic!("case {case} {d:?}: {e}; deleted {:?}", set.deleted)
+                });
+            }
+            // Everything before the first edited piece is the same slices.
+            let first = p
+                .iter()
+                .position(|(s, _)| s.seq().is_some_and(|q| set.deleted.contains(&q)));
+            let first_note = out.iter().position(|(s, _)| matches!(s, Src::Note(_)));
+            let upto = first
+                .unwrap_or(p.len())
+                .min(first_note.unwrap_or(usize::MAX));
+            for i in 0..upto {
+                assert!(std::ptr::eq(out[i].1, p[i].1), "case {case}: piece {i}");
+            }
+        }
+    }
 }
