@@ -437,3 +437,84 @@ async fn evict(h: &Harness, v: &str) -> oceancode_tests::Got {
     )
     .await
 }
+
+/// The Responses API (Codex's shape): a reasoning item bound to its call,
+/// a function_call_output deleted with `[[delete]]` takes its call and the
+/// reasoning item with it; the request stays valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_session_deletes_an_output_with_its_call_and_reasoning() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("shell", json!({"cmd": "make"})).with_thinking("Build it."),
+    ));
+    let h = Harness::start(fake, |_| {}).await;
+    let mut input = vec![
+        json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]}),
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "build the repo"}]}),
+    ];
+    let mut last = None;
+    for step in 0..3 {
+        let body = json!({"model": "gpt-x", "store": false, "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}], "input": input});
+        let got = h
+            .post(
+                "/v1/responses",
+                &[("session-id", "codex-ctx")],
+                body.to_string(),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        for item in got.json()["output"].as_array().unwrap() {
+            input.push(item.clone());
+            if let Some(c) = item["call_id"].as_str() {
+                let out = if step == 0 {
+                    tool_lines(9, 800, 2)
+                } else {
+                    format!("ok {step}")
+                };
+                input.push(json!({"type": "function_call_output", "call_id": c, "output": out}));
+            }
+        }
+        h.settle().await;
+        last = h.fake.requests().into_iter().last();
+        assert_eq!(last.as_ref().unwrap().status, 200);
+        if step == 1 {
+            let got = oceancode_tests::collect(
+                h.send(
+                    &h.url(),
+                    http::Method::POST,
+                    "/_oceancode/context",
+                    &[],
+                    Bytes::from(json!({"session": "codex-ctx"}).to_string()),
+                )
+                .await,
+            )
+            .await;
+            let path = PathBuf::from(got.json()["path"].as_str().unwrap().to_string());
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(text.contains("[[reasoning · kept as is]]"), "{text}");
+            let marker = text
+                .lines()
+                .find(|l| l.starts_with("[[tool_result "))
+                .unwrap()
+                .to_string();
+            std::fs::write(
+                &path,
+                text.replacen(&marker, &format!("[[delete]]\n{marker}"), 1),
+            )
+            .unwrap();
+        }
+    }
+    let r = last.unwrap();
+    let items = r.json().unwrap()["input"].as_array().cloned().unwrap();
+    let s = serde_json::to_string(&items).unwrap();
+    assert!(!s.contains("step 9 line 799"), "the output left");
+    let calls = items
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .count();
+    let reasoning = items.iter().filter(|i| i["type"] == "reasoning").count();
+    assert_eq!(
+        (calls, reasoning),
+        (1, 1),
+        "the first call and its reasoning left with its output; the second stays"
+    );
+}
