@@ -6,6 +6,7 @@
 //! removed keys `low`, `reserve`, `profile`, `hard_tokens` (in `ledger` or
 //! `ledger.tideline`) still load and produce one warning.
 
+use crate::budget::{parse_duration, SessionLimitsConfig};
 use crate::error::ConfigError;
 use crate::tideline::{Amount, BlockSpec, LineSpec, MIN_FIXED_LINE};
 use serde::de::{self, Visitor};
@@ -53,6 +54,12 @@ pub mod vars {
     pub const RETENTION_DAYS: &str = "OCEANCODE_RETENTION_DAYS";
     /// Log filter (`info`, `oceancode_proxy=debug`, ...).
     pub const LOG: &str = "OCEANCODE_LOG";
+    /// `limits.session.spend_usd`: most USD a session may spend.
+    pub const MAX_SPEND: &str = "OCEANCODE_MAX_SPEND";
+    /// `limits.session.steps`: most steps a session may make.
+    pub const MAX_STEPS: &str = "OCEANCODE_MAX_STEPS";
+    /// `limits.session.time`: longest a session may run (`30m`, `2h`).
+    pub const MAX_TIME: &str = "OCEANCODE_MAX_TIME";
     /// Context window override for every model (tokens; read by `models::context_window`).
     pub const CONTEXT_TOKENS: &str = "OCEANCODE_CONTEXT_TOKENS";
     /// XDG config home.
@@ -515,7 +522,7 @@ impl Default for RetentionConfig {
 }
 
 /// `limits`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
     /// Largest request body accepted, in bytes (default 64 MiB).
@@ -545,6 +552,8 @@ pub struct LimitsConfig {
     /// Most decoded bytes the usage tap reads of one compressed answer
     /// (default 64 MiB); past it, the answer's usage is unknown.
     pub max_decoded_response_bytes: u64,
+    /// What one session may spend, in USD, steps and time (`limits.session`).
+    pub session: SessionLimitsConfig,
 }
 
 impl Default for LimitsConfig {
@@ -562,6 +571,7 @@ impl Default for LimitsConfig {
             upstream_pool_idle_timeout_ms: 90_000,
             max_recorded_response_bytes: 4 << 20,
             max_decoded_response_bytes: 64 << 20,
+            session: SessionLimitsConfig::default(),
         }
     }
 }
@@ -653,6 +663,12 @@ pub struct Overrides {
     pub tideline: Option<LineSpec>,
     /// `serve --allow-remote` (true sets `access.allow_remote`).
     pub allow_remote: bool,
+    /// `--max-spend USD` (`limits.session.spend_usd`).
+    pub max_spend_usd: Option<f64>,
+    /// `--max-steps N` (`limits.session.steps`).
+    pub max_steps: Option<u32>,
+    /// `--max-time DURATION` (`limits.session.time`).
+    pub max_time: Option<Duration>,
 }
 
 /// A loaded configuration.
@@ -819,6 +835,20 @@ impl Config {
         if let Some(v) = env_value(env, vars::LOG) {
             self.log = Some(v);
         }
+        if let Some(v) = env_value(env, vars::MAX_SPEND) {
+            let usd = parse_usd(&v).map_err(|m| ConfigError::env(vars::MAX_SPEND, &v, m))?;
+            self.limits.session.spend_usd = Some(usd);
+        }
+        if let Some(v) = env_value(env, vars::MAX_STEPS) {
+            let n = v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                ConfigError::env(vars::MAX_STEPS, &v, "expected a whole number of steps above 0")
+            })?;
+            self.limits.session.steps = Some(n);
+        }
+        if let Some(v) = env_value(env, vars::MAX_TIME) {
+            let d = parse_duration(&v).map_err(|m| ConfigError::env(vars::MAX_TIME, &v, m))?;
+            self.limits.session.time = Some(d);
+        }
         // Read where a model's window is needed; checked here so a bad value
         // stops the start instead of being ignored at every request.
         if let Some(v) = env_value(env, vars::CONTEXT_TOKENS) {
@@ -861,6 +891,16 @@ impl Config {
         }
         if o.allow_remote {
             self.access.allow_remote = true;
+        }
+        let b = &mut self.limits.session;
+        if let Some(v) = o.max_spend_usd {
+            b.spend_usd = Some(v);
+        }
+        if let Some(v) = o.max_steps {
+            b.steps = Some(v);
+        }
+        if let Some(v) = o.max_time {
+            b.time = Some(v);
         }
     }
 
@@ -968,6 +1008,27 @@ impl Config {
                 ),
             ));
         }
+        let b = &l.session;
+        if let Some(v) = b.spend_usd {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ConfigError::invalid(
+                    "limits.session.spend_usd",
+                    format!("{v} must be a number of USD above 0 (omit it for no limit)"),
+                ));
+            }
+        }
+        if b.steps == Some(0) {
+            return Err(ConfigError::invalid(
+                "limits.session.steps",
+                "must be above 0 (omit it for no limit)",
+            ));
+        }
+        if b.time.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::invalid(
+                "limits.session.time",
+                "must be above 0 (omit it for no limit)",
+            ));
+        }
         for h in &self.access.allowed_hosts {
             if h.trim().is_empty() || h.contains(['/', ':', ' ']) {
                 return Err(ConfigError::invalid(
@@ -1048,6 +1109,18 @@ impl Config {
         }
         let want = crate::models::normalize(model).base;
         all().find(|m| crate::models::normalize(&m.id).base == want)
+    }
+}
+
+/// A USD amount (`2`, `0.50`, `$1.5`): finite and above 0.
+pub fn parse_usd(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_prefix('$').unwrap_or(t);
+    match t.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not an amount of USD above 0 (e.g. 2 or 0.50)"
+        )),
     }
 }
 

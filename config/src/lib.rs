@@ -4,17 +4,19 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod command;
 pub mod config;
 pub mod error;
 pub mod models;
 pub mod tideline;
 
+pub use budget::{format_duration, parse_duration, SessionLimitsConfig};
 pub use command::{
     tideline_args, tideline_command, TidelineArgs, TidelineCommand, UsageError, TIDELINE_USAGE,
 };
 pub use config::{
-    check_upstream_url, default_config_path, default_data_dir, find_config_file, process_env,
+    check_upstream_url, default_config_path, parse_usd, default_data_dir, find_config_file, process_env,
     resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded, MergeConfig,
     ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig, TidelineConfig,
     WriterConfig,

@@ -256,6 +256,7 @@ fn env_overrides_file_and_flags_override_env() {
         openai_upstream: Some("http://localhost:6666".into()),
         tideline: Some(LineSpec::Percent(30.0)),
         allow_remote: true,
+        ..Overrides::default()
     });
     let c = &l.config;
     c.validate().unwrap();
@@ -1208,4 +1209,87 @@ fn documented_examples_load_and_validate() {
         n += 1;
     }
     assert_eq!(n, 4, "every JSON example was checked");
+}
+
+// ---------------------------------------------------------------- session limits
+
+#[test]
+fn session_limits_layer_file_env_flags_and_are_checked() {
+    let origin = Path::new("c.json");
+    let l = Config::from_json(
+        r#"{"limits":{"session":{"spend_usd":2.5,"steps":40,"time":"1h30m"}}}"#,
+        origin,
+    )
+    .unwrap();
+    let b = &l.config.limits.session;
+    assert_eq!(b.spend_usd, Some(2.5));
+    assert_eq!(b.steps, Some(40));
+    assert_eq!(b.time, Some(std::time::Duration::from_secs(5400)));
+    l.config.validate().unwrap();
+    // Seconds as a number; the connection bounds beside it are untouched.
+    let l = Config::from_json(r#"{"limits":{"session":{"time":90}}}"#, origin).unwrap();
+    assert_eq!(l.config.limits.session.time.map(|d| d.as_secs()), Some(90));
+    assert_eq!(l.config.limits.max_connections, 512);
+    // Written back the way it is read.
+    let text = serde_json::to_string(&l.config.limits.session).unwrap();
+    assert_eq!(text, r#"{"time":"1m30s"}"#);
+
+    // Env over file, flags over env.
+    let mut c = Config::from_json(r#"{"limits":{"session":{"steps":40}}}"#, origin)
+        .unwrap()
+        .config;
+    let env = |k: &str| match k {
+        "OCEANCODE_MAX_SPEND" => Some("$0.75".to_string()),
+        "OCEANCODE_MAX_STEPS" => Some("12".to_string()),
+        "OCEANCODE_MAX_TIME" => Some("30m".to_string()),
+        _ => None,
+    };
+    c.apply_env(&env).unwrap();
+    assert_eq!(c.limits.session.spend_usd, Some(0.75));
+    assert_eq!(c.limits.session.steps, Some(12));
+    assert_eq!(c.limits.session.time.map(|d| d.as_secs()), Some(1800));
+    c.apply(&Overrides {
+        max_steps: Some(3),
+        max_time: Some(std::time::Duration::from_secs(7200)),
+        ..Overrides::default()
+    });
+    assert_eq!(c.limits.session.steps, Some(3));
+    assert_eq!(c.limits.session.spend_usd, Some(0.75));
+    assert_eq!(c.limits.session.time.map(|d| d.as_secs()), Some(7200));
+    c.validate().unwrap();
+
+    // Bad values name their key or variable.
+    for (json, key) in [
+        (r#"{"limits":{"session":{"spend_usd":0}}}"#, "limits.session.spend_usd"),
+        (r#"{"limits":{"session":{"spend_usd":-1}}}"#, "limits.session.spend_usd"),
+        (r#"{"limits":{"session":{"steps":0}}}"#, "limits.session.steps"),
+        (r#"{"limits":{"session":{"time":"0m"}}}"#, "limits.session.time"),
+    ] {
+        let err = Config::from_json(json, origin)
+            .unwrap()
+            .config
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{json}: {err}");
+    }
+    let err = Config::from_json(r#"{"limits":{"session":{"time":"soon"}}}"#, origin)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a duration"), "{err}");
+    let err = Config::from_json(r#"{"limits":{"session":{"usd":1}}}"#, origin)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field"), "{err}");
+    for (var, value) in [
+        ("OCEANCODE_MAX_SPEND", "lots"),
+        ("OCEANCODE_MAX_SPEND", "0"),
+        ("OCEANCODE_MAX_STEPS", "0"),
+        ("OCEANCODE_MAX_STEPS", "ten"),
+        ("OCEANCODE_MAX_TIME", "2 hours"),
+    ] {
+        let env = |k: &str| (k == var).then(|| value.to_string());
+        let err = Config::default().apply_env(&env).unwrap_err().to_string();
+        assert!(err.contains(var), "{var}={value}: {err}");
+    }
 }
