@@ -154,7 +154,9 @@ mod tests {
             assert_eq!(parse_duration(&format_duration(d)).unwrap(), d, "{text}");
         }
         assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
-        for bad in ["", "m", "30x", "30m2h", "1.5h", "-5m", "2h2h", "30 m", "1h30"] {
+        for bad in [
+            "", "m", "30x", "30m2h", "1.5h", "-5m", "2h2h", "30 m", "1h30",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
         }
     }

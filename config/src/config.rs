@@ -841,7 +841,11 @@ impl Config {
         }
         if let Some(v) = env_value(env, vars::MAX_STEPS) {
             let n = v.parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                ConfigError::env(vars::MAX_STEPS, &v, "expected a whole number of steps above 0")
+                ConfigError::env(
+                    vars::MAX_STEPS,
+                    &v,
+                    "expected a whole number of steps above 0",
+                )
             })?;
             self.limits.session.steps = Some(n);
         }

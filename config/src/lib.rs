@@ -16,10 +16,10 @@ pub use command::{
     tideline_args, tideline_command, TidelineArgs, TidelineCommand, UsageError, TIDELINE_USAGE,
 };
 pub use config::{
-    check_upstream_url, default_config_path, parse_usd, default_data_dir, find_config_file, process_env,
-    resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded, MergeConfig,
-    ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig, TidelineConfig,
-    WriterConfig,
+    check_upstream_url, default_config_path, default_data_dir, find_config_file, parse_usd,
+    process_env, resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded,
+    MergeConfig, ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig,
+    TidelineConfig, WriterConfig,
 };
 pub use error::ConfigError;
 pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};

@@ -1260,10 +1260,22 @@ fn session_limits_layer_file_env_flags_and_are_checked() {
 
     // Bad values name their key or variable.
     for (json, key) in [
-        (r#"{"limits":{"session":{"spend_usd":0}}}"#, "limits.session.spend_usd"),
-        (r#"{"limits":{"session":{"spend_usd":-1}}}"#, "limits.session.spend_usd"),
-        (r#"{"limits":{"session":{"steps":0}}}"#, "limits.session.steps"),
-        (r#"{"limits":{"session":{"time":"0m"}}}"#, "limits.session.time"),
+        (
+            r#"{"limits":{"session":{"spend_usd":0}}}"#,
+            "limits.session.spend_usd",
+        ),
+        (
+            r#"{"limits":{"session":{"spend_usd":-1}}}"#,
+            "limits.session.spend_usd",
+        ),
+        (
+            r#"{"limits":{"session":{"steps":0}}}"#,
+            "limits.session.steps",
+        ),
+        (
+            r#"{"limits":{"session":{"time":"0m"}}}"#,
+            "limits.session.time",
+        ),
     ] {
         let err = Config::from_json(json, origin)
             .unwrap()

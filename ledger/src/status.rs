@@ -221,6 +221,59 @@ pub struct Status {
     /// The running proxy's ledger is behind on this session (it misses
     /// events until the client's next full resend heals it).
     pub behind: bool,
+    /// Its use against the per-session bounds (`limits.session`), when
+    /// one is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+}
+
+/// A session's use against its bounds (`limits.session`: spend, steps,
+/// time), as `status` shows them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Limits {
+    /// The spend bound, USD (the spend itself is [`Totals::cost_usd`], or
+    /// `spent_usd` when the proxy counted it with linked sessions).
+    pub spend_cap_usd: Option<f64>,
+    /// USD spent as the bound counts it (None: the session's own totals).
+    pub spent_usd: Option<f64>,
+    /// Steps as the bound counts them.
+    pub steps: u32,
+    /// The step bound.
+    pub steps_cap: Option<u32>,
+    /// Milliseconds since the session's first request (to now while a
+    /// proxy holds it, else to its last activity).
+    pub elapsed_ms: u64,
+    /// The time bound, ms.
+    pub time_cap_ms: Option<u64>,
+    /// Where the bounds come from (`the run proxy …`, `the config`).
+    pub from: String,
+    /// The bound reached, as the proxy said it.
+    pub stopped: Option<String>,
+}
+
+/// `1h30m`, `2m5s`, `45s`.
+pub fn duration(ms: u64) -> String {
+    let mut s = ms / 1000;
+    if s == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, n) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if s >= n {
+            let _ = write!(out, "{}{unit}", s / n);
+            s %= n;
+        }
+    }
+    out
+}
+
+/// `$0.0512` under a dollar, else `$1.25`.
+pub fn usd(v: f64) -> String {
+    if v < 1.0 {
+        format!("${v:.4}")
+    } else {
+        format!("${v:.2}")
+    }
 }
 
 impl Status {
@@ -260,6 +313,7 @@ impl Status {
             rows,
             totals: totals(steps, pricer).0,
             behind: false,
+            limits: None,
         }
     }
 
@@ -386,7 +440,44 @@ impl Status {
             ),
             (None, false) => format!("unknown (no price for {})", t.unpriced.join(", ")),
         };
+        let cap = self.limits.as_ref().and_then(|l| l.spend_cap_usd);
+        let spent = self
+            .limits
+            .as_ref()
+            .and_then(|l| l.spent_usd)
+            .or(t.cost_if_known());
+        let spend = match (cap, spent) {
+            (Some(cap), Some(spent)) => {
+                format!("{} / {} at list price", usd(spent), usd(cap))
+            }
+            (Some(cap), None) => format!("{spend} (cap {})", usd(cap)),
+            (None, _) => spend,
+        };
         let _ = writeln!(out, "spend    {spend}");
+        if let Some(l) = &self.limits {
+            let mut parts = Vec::new();
+            if let Some(cap) = l.steps_cap {
+                parts.push(format!("steps {} / {cap}", l.steps));
+            }
+            if let Some(cap) = l.time_cap_ms {
+                parts.push(format!(
+                    "elapsed {} / {}",
+                    duration(l.elapsed_ms),
+                    duration(cap)
+                ));
+            }
+            let mut label = "limits  ";
+            if !parts.is_empty() {
+                let _ = writeln!(out, "{label} {} ({})", parts.join(" · "), l.from);
+                label = "        ";
+            }
+            if let Some(why) = &l.stopped {
+                let _ = writeln!(
+                    out,
+                    "{label} stopped: {why}; the proxy refuses its further requests"
+                );
+            }
+        }
         let cut = if self.cut_upto == 0 {
             "never cut".to_string()
         } else {
@@ -505,6 +596,97 @@ mod tests {
             text.contains("edits    clear_tool_uses_20250919 ×1 (8 tool uses, 50k tokens cleared)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_meter_shows_spend_against_its_cap_and_a_limits_row() {
+        let usage = Usage {
+            input: 1_000,
+            output: 500,
+            cache_read: 100_000,
+            cache_write: 10_000,
+        };
+        let steps = [
+            step(1, usage, StepDetail::default()),
+            step(2, usage, StepDetail::default()),
+        ];
+        let price = Price {
+            input: 3.0,
+            output: 15.0,
+            cache_read: 0.3,
+            cache_write: 3.75,
+        };
+        let meta = crate::SessionMeta {
+            id: "s".into(),
+            client: "claude-code".into(),
+            client_session: None,
+            dialect: crate::Dialect::Anthropic,
+            model: "m".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: 0,
+            last_ms: 0,
+        };
+        let mut st = Status::new(
+            &meta,
+            &steps,
+            &[],
+            1,
+            4,
+            80_000,
+            "40%".into(),
+            None,
+            &|_| Some(price),
+        );
+        // Cache reads and writes at their own prices: 2 × (0.003 + 0.0075 + 0.03 + 0.0375).
+        assert!(
+            (st.totals.cost_usd - 0.156).abs() < 1e-9,
+            "{}",
+            st.totals.cost_usd
+        );
+        let plain = st.render();
+        assert!(
+            plain.contains("spend    $0.1560 at list price\n"),
+            "{plain}"
+        );
+        assert!(!plain.contains("limits"), "{plain}");
+        st.limits = Some(Limits {
+            spend_cap_usd: Some(2.0),
+            steps: 2,
+            steps_cap: Some(50),
+            elapsed_ms: 192_000,
+            time_cap_ms: Some(1_800_000),
+            from: "the config".into(),
+            ..Limits::default()
+        });
+        let text = st.render();
+        assert!(
+            text.contains("spend    $0.1560 / $2.00 at list price\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("limits   steps 2 / 50 · elapsed 3m12s / 30m (the config)\n"),
+            "{text}"
+        );
+        // Spend alone: no limits row; a stop is said.
+        st.limits = Some(Limits {
+            spend_cap_usd: Some(0.1),
+            spent_usd: Some(0.156),
+            steps: 2,
+            stopped: Some("session s reached its spend limit: $0.1560 spent of $0.1000".into()),
+            from: "the run proxy".into(),
+            ..Limits::default()
+        });
+        let text = st.render();
+        assert!(
+            text.contains("spend    $0.1560 / $0.1000 at list price\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("limits   stopped: session s reached its spend limit: $0.1560 spent of $0.1000; the proxy refuses its further requests\n"),
+            "{text}"
+        );
+        assert_eq!(duration(5_400_000), "1h30m");
     }
 
     #[test]

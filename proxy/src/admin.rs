@@ -62,6 +62,7 @@ fn not_found(msg: &str) -> Response<ProxyBody> {
 
 fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
     let in_force = app.sessions.line_spec_of(s);
+    let limits = app.sessions.budget_view(s);
     let st = s.state.lock();
     // What `meter.line` was computed from; before the first request, what
     // the next one will use.
@@ -81,6 +82,8 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
         "line_spec": line_spec,
         "meter": st.meter,
         "totals": st.totals,
+        // Its use against `limits.session` (null: no bound set).
+        "limits": limits,
         // The ledger misses some of it until its next full resend.
         "ledger_behind": app.store.as_ref().and_then(|l| l.behind(&s.id)),
     })
@@ -401,6 +404,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         ("oceancode_access_denied_total", "Requests refused by the access rules (Host, Origin, admin token, admin Content-Type).", load(&m.access_denied)),
         ("oceancode_busy_total", "Requests answered 503 because request bodies in flight held limits.max_bodies_in_flight_bytes.", load(&m.busy)),
         ("oceancode_body_timeouts_total", "Request bodies that did not arrive within limits.body_read_timeout_ms.", load(&m.body_timeouts)),
+        ("oceancode_limit_refusals_total", "Requests refused because their session reached a limits.session bound (spend, steps, time).", load(&m.limit_refusals)),
         ("oceancode_streams_cut_total", "Upstream answers cut mid-way (reset, idle timeout).", load(&m.streams_cut)),
         ("oceancode_answers_truncated_total", "Answers longer than limits.max_recorded_response_bytes, recorded truncated.", load(&m.answers_truncated)),
         ("oceancode_decode_stopped_total", "Compressed answers whose copy decoded past limits.max_decoded_response_bytes (usage unknown).", load(&m.decode_stopped)),

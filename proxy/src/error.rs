@@ -92,6 +92,13 @@ pub enum ProxyError {
     /// An admin write whose body is not declared as JSON.
     #[error("oceancode-proxy: admin writes need Content-Type: application/json")]
     NotJson,
+    /// The session reached a bound of `limits.session` (`--max-spend`,
+    /// `--max-steps`, `--max-time`). Answered as a 400
+    /// `invalid_request_error` with `x-should-retry: false`: what Claude
+    /// Code, Codex and the SDKs stop on at once (no retry, no compaction;
+    /// see docs/operations.md, "Session limits").
+    #[error("{}", .0.message())]
+    LimitReached(crate::sessions::LimitHit),
 }
 
 impl ProxyError {
@@ -103,7 +110,8 @@ impl ProxyError {
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadRequestBody(_)
             | ProxyError::BadTarget(_)
-            | ProxyError::BadSessionName(_) => StatusCode::BAD_REQUEST,
+            | ProxyError::BadSessionName(_)
+            | ProxyError::LimitReached(_) => StatusCode::BAD_REQUEST,
             ProxyError::WebSocket => StatusCode::UPGRADE_REQUIRED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -128,6 +136,7 @@ impl ProxyError {
             ProxyError::Busy { .. } => ("overloaded_error", "server_busy"),
             ProxyError::Forbidden(_) => ("permission_error", "forbidden"),
             ProxyError::Unauthorized => ("authentication_error", "unauthorized"),
+            ProxyError::LimitReached(_) => ("invalid_request_error", "session_limit_reached"),
         }
     }
 
@@ -138,6 +147,12 @@ impl ProxyError {
         if matches!(self, ProxyError::Busy { .. }) {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, ProxyError::LimitReached(_)) {
+            // The SDKs (Anthropic, OpenAI) and Claude Code read it before
+            // the status: this answer is final.
+            r.headers_mut()
+                .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         r
     }
@@ -172,6 +187,9 @@ pub fn error_response(
         .insert(PROXY_ERROR_HEADER, HeaderValue::from_static("error"));
     resp
 }
+
+/// The header the provider SDKs read to decide on a retry.
+pub const SHOULD_RETRY: &str = "x-should-retry";
 
 /// The header marking an error the proxy made (`x-oceancode-proxy: error`).
 pub const PROXY_ERROR_HEADER: &str = "x-oceancode-proxy";

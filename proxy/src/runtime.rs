@@ -4,7 +4,9 @@
 //! the writer).
 
 use crate::server::{self, App, FrontConfig, Metrics};
-use crate::sessions::{EventSink, Resync, SessionManager, Settings};
+use crate::sessions::{
+    EventSink, Resync, SessionLimits, SessionManager, Settings, SpendSeed, Spent,
+};
 use crate::upstream::{Upstream, UpstreamOptions};
 use oceancode_ledger::store::{Store, StoreOptions};
 use std::net::SocketAddr;
@@ -30,6 +32,8 @@ pub struct ProxyOptions {
     pub sessions: Settings,
     /// Ledger store settings; None = no ledger on disk.
     pub store: Option<StoreOptions>,
+    /// Per-session bounds on spend, steps and time (`limits.session`).
+    pub limits: SessionLimits,
 }
 
 /// Why a proxy did not start.
@@ -109,6 +113,33 @@ fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
             crate::admin::token::generate().map_err(err)
         }
     }
+}
+
+/// What a session spent and how many steps it made, read back from the
+/// ledger for a session that comes back after a restart (only when a
+/// bound is set).
+fn spend_seed(store: Option<&Store>, limits: &SessionLimits) -> Option<SpendSeed> {
+    if !limits.any() {
+        return None;
+    }
+    let store = store?.clone();
+    let pricer = limits.pricer.clone();
+    Some(Arc::new(move |id: &str| {
+        let steps = match store.steps(id) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(session = id, error = %e, "cannot read the session's steps back: its limits count from now");
+                return None;
+            }
+        };
+        let price = |m: &str| pricer.as_ref().and_then(|p| p(m));
+        let (t, _) = oceancode_ledger::status::totals(&steps, &price);
+        Some(Spent {
+            usd: t.cost_usd,
+            steps: t.steps,
+            unpriced: !t.unpriced.is_empty(),
+        })
+    }))
 }
 
 /// A running proxy.
@@ -228,7 +259,8 @@ pub async fn start_on(
                     }))
             }
             None => SessionManager::new(opts.sessions.clone(), sink),
-        }),
+        }
+        .with_budget(opts.limits.clone(), spend_seed(store.as_ref(), &opts.limits))),
         store,
         metrics: Arc::new(Metrics::default()),
         started: Instant::now(),

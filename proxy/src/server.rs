@@ -197,6 +197,8 @@ pub struct Metrics {
     pub decode_stopped: AtomicU64,
     /// Client connections open now.
     pub connections: AtomicU64,
+    /// Requests refused because their session reached a `limits.session` bound.
+    pub limit_refusals: AtomicU64,
 }
 
 /// Everything a request handler needs.
@@ -416,6 +418,12 @@ pub async fn handle(
             ProxyError::BodyTimeout { .. } => {
                 app.metrics.body_timeouts.fetch_add(1, Ordering::Relaxed);
             }
+            ProxyError::LimitReached(ref hit) => {
+                // Logged once per session when reached (`sessions::budget`).
+                app.metrics.limit_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(session = %hit.session, limit = hit.limit.noun(), path = %path, "refused: the session reached a limit");
+                return e.into_response(envelope);
+            }
             _ => {}
         }
         tracing::warn!(error = %e, path = %path, "answered with a proxy error");
@@ -630,7 +638,7 @@ async fn provider_request(
         .is_some_and(|v| v.as_bytes() != b"identity");
     let t0 = Instant::now();
     let prepared = if encoded {
-        Prepared { body, ticket: None }
+        Prepared::forward(body)
     } else {
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
@@ -650,7 +658,15 @@ async fn provider_request(
     app.metrics
         .prepare_us
         .fetch_add(prepare_us, Ordering::Relaxed);
-    let Prepared { body, ticket } = prepared;
+    let Prepared {
+        body,
+        ticket,
+        refused,
+    } = prepared;
+    if let Some(hit) = refused {
+        // A session past a bound of `limits.session`: nothing is forwarded.
+        return Err(ProxyError::LimitReached(hit));
+    }
     let len = body.len();
     let up = upstream_request(&parts, uri.clone(), full_up(body), Some(len));
     let t_up = Instant::now();

@@ -65,6 +65,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         },
         store: Some(StoreOptions::default()),
+        limits: oceancode_proxy::sessions::SessionLimits::default(),
     }
 }
 

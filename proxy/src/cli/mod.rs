@@ -94,6 +94,23 @@ struct UpstreamFlags {
     openai_upstream: Option<String>,
 }
 
+/// Per-session bounds given on the command line (`serve`, `run`): they
+/// win over `limits.session` in the config and the `OCEANCODE_MAX_*`
+/// variables.
+#[derive(Args, Debug, Default)]
+struct LimitFlags {
+    /// Most a session may spend, in USD at list price (cache reads and
+    /// writes included): `2`, `0.50`.
+    #[arg(long, value_name = "USD", value_parser = config::parse_usd)]
+    max_spend: Option<f64>,
+    /// Most steps (requests sent upstream) a session may make.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_steps: Option<u32>,
+    /// Longest a session may run, from its first request: `30m`, `2h`, `1h30m`.
+    #[arg(long, value_name = "DURATION", value_parser = config::parse_duration)]
+    max_time: Option<std::time::Duration>,
+}
+
 /// Parse the command line, run the command, exit with its code (2 and one
 /// line on stderr for an error).
 pub fn main() {
@@ -162,7 +179,15 @@ fn load(
     up: &UpstreamFlags,
     tideline: Option<LineSpec>,
 ) -> Result<config::Loaded> {
+    let limits = match &cli.command {
+        Command::Serve(a) => Some(&a.limits),
+        Command::Run(a) => Some(&a.limits),
+        _ => None,
+    };
     let overrides = Overrides {
+        max_spend_usd: limits.and_then(|l| l.max_spend),
+        max_steps: limits.and_then(|l| l.max_steps),
+        max_time: limits.and_then(|l| l.max_time),
         listen,
         data_dir: cli.data_dir.clone(),
         anthropic_upstream: up.anthropic_upstream.clone(),

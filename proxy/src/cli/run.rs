@@ -1,9 +1,11 @@
 //! `run -- CMD`: a private proxy on a free loopback port around one child
-//! command (its `*_BASE_URL`s point at it); exits with the child's code.
+//! command (its `*_BASE_URL`s point at it); exits with the child's code, or
+//! with [`LIMIT_EXIT`] when a session reached a bound of `--max-spend`,
+//! `--max-steps` or `--max-time` (`limits.session`).
 
 use super::out::errln;
 use super::serve::{ledger_label, proxy_options, register};
-use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
+use super::{init_tracing, load, parse_line, runtime_block, Cli, LimitFlags, UpstreamFlags};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use oceancode_proxy::runtime::{self, ProxyOptions};
@@ -17,10 +19,17 @@ pub struct RunArgs {
     tideline: Option<String>,
     #[command(flatten)]
     upstreams: UpstreamFlags,
+    #[command(flatten)]
+    pub(super) limits: LimitFlags,
     /// The command to run, after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
 }
+
+/// The exit code of a run a session limit stopped (whatever the child's
+/// own code): the proxy refused the session's requests from the bound on.
+/// (2 is an error of the proxy's own, e.g. an unknown session.)
+pub const LIMIT_EXIT: i32 = 8;
 
 /// `run`.
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32> {
@@ -66,19 +75,32 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .collect();
     let ledger = ledger_label(&running, &data_dir);
     let off = running.app.store.is_none();
+    let hits = running.app.sessions.limit_hits();
     drop(registration);
     running.shutdown().await;
+    let code = if hits.is_empty() {
+        exit_code(status)
+    } else {
+        LIMIT_EXIT
+    };
     if sessions.is_empty() || off {
         errln!("oceancode-proxy: no session was recorded (ledger: {ledger})");
-        return Ok(exit_code(status));
+    } else {
+        for id in sessions {
+            errln!(
+                "oceancode-proxy: ledger {}",
+                data_dir.join("sessions").join(&id).display()
+            );
+        }
     }
-    for id in sessions {
+    for hit in &hits {
         errln!(
-            "oceancode-proxy: ledger {}",
-            data_dir.join("sessions").join(&id).display()
+            "oceancode-proxy: the run stopped at a limit: {} (exit code {LIMIT_EXIT}; the command exited with {})",
+            hit.describe(),
+            exit_code(status)
         );
     }
-    Ok(exit_code(status))
+    Ok(code)
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

@@ -2,7 +2,7 @@
 //! ledger writer drain); also the options `run` starts its private proxy with.
 
 use super::out::errln;
-use super::{init_tracing, load, parse_line, runtime_block, Cli, UpstreamFlags};
+use super::{init_tracing, load, parse_line, runtime_block, Cli, LimitFlags, UpstreamFlags};
 use anyhow::Result;
 use clap::Args;
 use oceancode_config::{self as config, Config};
@@ -11,7 +11,7 @@ use oceancode_proxy::admin::token;
 use oceancode_proxy::registry::{self, Entry, Registration};
 use oceancode_proxy::runtime::{self, ProxyOptions};
 use oceancode_proxy::server::FrontConfig;
-use oceancode_proxy::sessions::{ModelLimits, ModelResolver, Settings};
+use oceancode_proxy::sessions::{ModelLimits, ModelResolver, SessionLimits, Settings};
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -32,6 +32,8 @@ pub struct ServeArgs {
     /// machines can then use the proxy (the admin API needs the admin token).
     #[arg(long)]
     pub(super) allow_remote: bool,
+    #[command(flatten)]
+    pub(super) limits: LimitFlags,
 }
 
 /// `serve`.
@@ -83,6 +85,10 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             queue_bytes: usize::try_from(cfg.writer.queue_bytes).unwrap_or(usize::MAX),
             batch_max: cfg.writer.batch_max,
             ..StoreOptions::default()
+        }),
+        limits: SessionLimits::from_config(&cfg.limits.session, {
+            let c = Arc::new(cfg.clone());
+            Arc::new(move |model: &str| config::price(model, &c))
         }),
     }
 }

@@ -7,7 +7,7 @@ use super::{open_store, pricer, runtime_block, AdminTokenFlag};
 use anyhow::{Context, Result};
 use clap::Args;
 use oceancode_config::{self as config, Config};
-use oceancode_ledger::status::{tokens, LineSource};
+use oceancode_ledger::status::{tokens, Limits, LineSource};
 use oceancode_proxy::sessions::line_label;
 use std::path::Path;
 
@@ -84,10 +84,12 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         context,
         &price,
     );
+    let limits = live_limits(&proxies, &id).or_else(|| configured_limits(cfg, &meta, &st));
     let st = oceancode_ledger::status::Status {
         line_live: matches!(source, LineSource::Live { .. }),
         line_source: source,
         behind: behind.contains(&id),
+        limits,
         ..st
     };
     if a.json {
@@ -109,4 +111,49 @@ fn live_line(proxies: &Proxies, id: &str) -> Option<(u64, String, String)> {
     let line = v.pointer("/meter/line")?.as_u64().filter(|&l| l > 0)?;
     let label = v.get("line_spec")?.as_str()?.to_string();
     Some((line, label, p.describe()))
+}
+
+/// The bounds of the running proxy holding the session, and its use as
+/// that proxy counts it (with the sessions linked to it).
+fn live_limits(proxies: &Proxies, id: &str) -> Option<Limits> {
+    let p = proxies.holding(id)?;
+    let v = p.session(id)?;
+    let l = v.get("limits").filter(|l| l.is_object())?;
+    let u64_of = |k: &str| l.get(k).and_then(serde_json::Value::as_u64);
+    Some(Limits {
+        spend_cap_usd: l.get("spend_cap_usd").and_then(serde_json::Value::as_f64),
+        spent_usd: l.get("spent_usd").and_then(serde_json::Value::as_f64),
+        steps: u64_of("steps").map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        steps_cap: u64_of("steps_cap").map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        elapsed_ms: u64_of("elapsed_ms").unwrap_or(0),
+        time_cap_ms: u64_of("time_cap_ms"),
+        from: format!("live from {}", p.describe()),
+        stopped: l
+            .get("stopped")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string),
+    })
+}
+
+/// No running proxy holds the session: the configured bounds
+/// (`limits.session`) against the session's own record.
+fn configured_limits(
+    cfg: &Config,
+    meta: &oceancode_ledger::SessionMeta,
+    st: &oceancode_ledger::status::Status,
+) -> Option<Limits> {
+    let b = &cfg.limits.session;
+    if !b.any() {
+        return None;
+    }
+    Some(Limits {
+        spend_cap_usd: b.spend_usd,
+        spent_usd: None,
+        steps: st.totals.steps,
+        steps_cap: b.steps,
+        elapsed_ms: u64::try_from(meta.last_ms.saturating_sub(meta.created_ms)).unwrap_or(0),
+        time_cap_ms: b.time.map(|d| d.as_millis() as u64),
+        from: "as configured: no running proxy holds the session".into(),
+        stopped: None,
+    })
 }

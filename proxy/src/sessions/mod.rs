@@ -18,7 +18,9 @@
 //! | `parse` | full parses of new messages, root hashes, token estimates |
 //! | `meter` | what the meter shows |
 //! | `limits` | what a context-limit failure teaches a session, and whether a retry could cut |
+//! | `budget` | per-session bounds on spend, steps and time (`limits.session`) |
 
+mod budget;
 mod context;
 mod index;
 mod layouts;
@@ -33,6 +35,7 @@ mod tests;
 mod window;
 pub use context::{ContextAnswer, Evict, Evicted};
 
+pub use budget::{Budget, BudgetView, Limit, LimitHit, Pricer, SessionLimits, SpendSeed, Spent};
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
 pub use state::State;
@@ -153,6 +156,8 @@ pub struct SessionManager {
     /// Line overrides of sessions that left memory (restored with them).
     parked_overrides: Mutex<HashMap<String, LineSpec>>,
     layouts: Layouts,
+    /// Per-session bounds (None: none set).
+    budget: Option<Arc<Budget>>,
 }
 
 fn now_ms() -> i64 {
@@ -176,6 +181,7 @@ impl SessionManager {
             healer: None,
             parked_overrides: Mutex::new(HashMap::new()),
             layouts: Layouts::default(),
+            budget: None,
         }
     }
 

@@ -205,6 +205,12 @@ impl SessionManager {
         // render the window.
         let mut events = Vec::new();
         let mut session = self.find_or_create(&req);
+        if let Err(hit) = self.admit(&session) {
+            return Ok(Prepared {
+                refused: Some(hit),
+                ..Prepared::forward(body)
+            });
+        }
         let mut may_split = true;
         let (step, boundary, window, media) = loop {
             match self.run_on(&session, &req, parsed, may_split, &mut events) {
@@ -250,6 +256,7 @@ impl SessionManager {
         Ok(Prepared {
             body: out,
             ticket: Some(ticket),
+            refused: None,
         })
     }
 

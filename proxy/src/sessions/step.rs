@@ -49,6 +49,7 @@ impl StepError {
 pub(super) struct Recorder {
     sink: EventSink,
     metrics: Arc<SessionMetrics>,
+    budget: Option<Arc<super::Budget>>,
 }
 
 impl Recorder {
@@ -65,12 +66,19 @@ pub struct Prepared {
     pub body: Bytes,
     /// Present for recorded (main) requests.
     pub ticket: Option<Ticket>,
+    /// The session reached a bound (`limits.session`): answer this
+    /// instead of forwarding anything.
+    pub refused: Option<super::LimitHit>,
 }
 
 impl Prepared {
     /// Forward `body` as it is; nothing to record.
-    pub(super) fn forward(body: Bytes) -> Prepared {
-        Prepared { body, ticket: None }
+    pub fn forward(body: Bytes) -> Prepared {
+        Prepared {
+            body,
+            ticket: None,
+            refused: None,
+        }
     }
 }
 
@@ -103,6 +111,7 @@ impl SessionManager {
         Recorder {
             sink: self.sink.clone(),
             metrics: self.metrics.clone(),
+            budget: self.budget.clone(),
         }
     }
 
@@ -201,6 +210,15 @@ impl Ticket {
         st.step_done(self.step, now_ms());
         events.push(step_event(&st, self, status, collected));
         drop(st);
+        if let (Some(b), Some(u)) = (&self.recorder.budget, collected.usage) {
+            let model = collected.model.as_deref().unwrap_or_default();
+            let model = if model.is_empty() {
+                self.session.state.lock().meta.model.clone()
+            } else {
+                model.to_string()
+            };
+            b.charge(&self.session.id, &model, u.plus(collected.detail.extra));
+        }
         self.recorder.emit(events);
     }
 }
