@@ -93,10 +93,12 @@ pub enum ProxyError {
     #[error("oceancode-proxy: admin writes need Content-Type: application/json")]
     NotJson,
     /// The session reached a bound of `limits.session` (`--max-spend`,
-    /// `--max-steps`, `--max-time`). Answered as a 400
-    /// `invalid_request_error` with `x-should-retry: false`: what Claude
-    /// Code, Codex and the SDKs stop on at once (no retry, no compaction;
-    /// see docs/operations.md, "Session limits").
+    /// `--max-steps`, `--max-time`), with `x-should-retry: false`: in the
+    /// Anthropic envelope a 402 `billing_error` (Claude Code sends a 400
+    /// `invalid_request_error` again five times, a 402 once), in the OpenAI
+    /// one a 400 `invalid_request_error` (Codex retries other 4xx). What
+    /// each client stops on at once, no compaction; see docs/operations.md,
+    /// "Session limits".
     #[error("{}", .0.message())]
     LimitReached(crate::sessions::LimitHit),
 }
@@ -142,8 +144,12 @@ impl ProxyError {
 
     /// The error as a response in the given envelope.
     pub fn into_response(self, env: Envelope) -> Response<ProxyBody> {
-        let (atype, ocode) = self.kinds();
-        let mut r = error_response(self.status(), env, atype, ocode, &self.to_string());
+        let (mut atype, ocode) = self.kinds();
+        let mut status = self.status();
+        if matches!(self, ProxyError::LimitReached(_)) && env == Envelope::Anthropic {
+            (status, atype) = (StatusCode::PAYMENT_REQUIRED, "billing_error");
+        }
+        let mut r = error_response(status, env, atype, ocode, &self.to_string());
         if matches!(self, ProxyError::Busy { .. }) {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -815,3 +815,97 @@ async fn a_non_loopback_listen_address_needs_allow_remote() {
     assert_eq!(warned, 1, "{log}");
     assert!(log.contains("listening on http://0.0.0.0:"), "{log}");
 }
+
+/// Three requests, then the meter of the running proxy; exits 0.
+const LIMITED_CHILD: &str = r#"
+import json, os, subprocess, sys, urllib.request, urllib.error
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+base = os.environ["ANTHROPIC_BASE_URL"]
+codes = []
+for i in range(3):
+    body = json.dumps({"model": "claude-test", "max_tokens": 256,
+                       "messages": [{"role": "user", "content": "hello %d" % i}]}).encode()
+    req = urllib.request.Request(base + "/v1/messages", data=body, method="POST",
+                                 headers={"content-type": "application/json", "x-api-key": "k",
+                                          "x-oceancode-session": "limited",
+                                          "anthropic-version": "2023-06-01"})
+    try:
+        opener.open(req, timeout=10).read()
+        codes.append("200")
+    except urllib.error.HTTPError as e:
+        codes.append(str(e.code))
+        print("RETRY=" + str(e.headers.get("x-should-retry")))
+        print("REFUSAL=" + json.load(e)["error"]["message"])
+print("CODES=" + ",".join(codes))
+st = subprocess.run([os.environ["T_BIN"], "--data-dir", os.environ["T_DATA"], "status", "limited"],
+                    capture_output=True, text=True)
+print(st.stdout)
+sys.stdout.flush()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let mut c = proxy_cmd(home);
+    c.arg("run")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--anthropic-upstream", &fake.url(), "--max-steps", "2"])
+        .args(["--max-time", "2h", "--", "python3", "-c", LIMITED_CHILD])
+        .env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", &data);
+    let o = output(c);
+    let out = text(&o.stdout);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(8), "the limit code\n{out}\n{err}");
+    assert_eq!(line_value(&out, "CODES="), "200,200,402");
+    assert_eq!(line_value(&out, "RETRY="), "false");
+    assert!(
+        line_value(&out, "REFUSAL=").contains("reached its step limit: 2 steps made of 2 steps"),
+        "{out}"
+    );
+    assert_eq!(fake.request_count(), 2, "the refused request went nowhere");
+    assert!(
+        err.contains("oceancode-proxy: the run stopped at a limit: session ")
+            && err.contains(
+                "reached its step limit: 2 steps made of 2 steps (limits.session.steps, --max-steps) (exit code 8; the command exited with 0)"
+            ),
+        "{err}"
+    );
+    // `status` asked the running proxy: steps and elapsed against the bounds.
+    assert!(out.contains("limits   steps 2 / 2 · elapsed "), "{out}");
+    assert!(out.contains(" / 2h (live from the "), "{out}");
+    assert!(out.contains("stopped: session "), "{out}");
+
+    // Without a limit reached, `run` keeps the child's code; a bad flag is refused.
+    let mut c = proxy_cmd(home);
+    c.arg("run").arg("--data-dir").arg(&data).args([
+        "--anthropic-upstream",
+        &fake.url(),
+        "--max-steps",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        "exit 7",
+    ]);
+    assert_eq!(output(c).status.code(), Some(7));
+    for bad in [
+        ["--max-time", "soon"],
+        ["--max-spend", "-1"],
+        ["--max-steps", "0"],
+    ] {
+        let mut c = proxy_cmd(home);
+        c.arg("run")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(bad)
+            .args(["--", "true"]);
+        let o = output(c);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
+    }
+}
