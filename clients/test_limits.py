@@ -166,3 +166,23 @@ def test_control_claude_code_resends_a_400_invalid_request_error(tmp_path):
         assert not r.timed_out and r.code != 0, r.tail()
     print(f"claude-code direct: {counts}")
     assert counts[402] == 1 and counts[400] > 1, counts
+
+
+def test_control_codex_resends_a_402_and_stops_on_a_400(tmp_path):
+    """Not a proxy test: why the OpenAI refusal is a 400 `invalid_request_error`.
+    Codex sends a request refused with a 402 again (six requests in all), one
+    refused with a 400 once."""
+    counts = {}
+    for status, kind in [(402, "billing_error"), (400, "invalid_request_error")]:
+        work = tmp_path / str(status)
+        (work / "proj").mkdir(parents=True)
+        body = {"error": {"message": "FAKE_REFUSAL", "type": kind, "param": None, "code": None}}
+        up = tcx.Upstream(work, {"replies": [], "default": {"error": {"status": status, "body": body}}}, "ctl")
+        try:
+            o = tcx.run_codex(work, "ctl", up, [tcx.PROMPT], proxy=False)
+            counts[status] = len(o.reqs)
+        finally:
+            up.stop()
+        assert not o.run.timed_out and o.run.code != 0, o.run.tail()
+    print(f"codex direct: {counts}")
+    assert counts[400] == 1 and counts[402] > 1, counts
