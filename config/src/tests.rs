@@ -1208,7 +1208,7 @@ fn documented_examples_load_and_validate() {
         assert!(l.warnings.is_empty());
         n += 1;
     }
-    assert_eq!(n, 4, "every JSON example was checked");
+    assert_eq!(n, 5, "every JSON example was checked");
 }
 
 // ---------------------------------------------------------------- session limits
