@@ -405,20 +405,20 @@ mod tests {
             input: 100_000,
             output: 10_000,
             cache_read: 1_000_000,
-            cache_write: 100_000,
+            cache_write: 200_000,
         };
         b.charge("child", "priced", u);
         let s = b.spent.lock()["root"];
-        // 0.3 + 0.15 + 0.3 + 0.375
-        assert!((s.usd - 1.125).abs() < 1e-9, "{}", s.usd);
+        // 0.3 + 0.15 + 0.3 + 0.75
+        assert!((s.usd - 1.5).abs() < 1e-9, "{}", s.usd);
         let hit = b.reached("root", &s, 0).unwrap();
         assert_eq!(hit.limit, Limit::Spend);
-        assert_eq!((hit.used.as_str(), hit.cap.as_str()), ("$1.13", "$1.00"));
-        assert!(hit.message().contains("spend limit: $1.13 spent of $1.00"));
+        assert_eq!((hit.used.as_str(), hit.cap.as_str()), ("$1.50", "$1.00"));
+        assert!(hit.message().contains("spend limit: $1.50 spent of $1.00"));
         // A model without a price is marked, not counted.
         b.charge("child", "unknown", u);
         let s = b.spent.lock()["root"];
-        assert!(s.unpriced && (s.usd - 1.125).abs() < 1e-9);
+        assert!(s.unpriced && (s.usd - 1.5).abs() < 1e-9);
     }
 
     #[test]
