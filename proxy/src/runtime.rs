@@ -226,8 +226,10 @@ pub async fn start_on(
                             }
                         }
                     }))
+                    .with_recall_tool(opts.front.recall.enabled)
             }
-            None => SessionManager::new(opts.sessions.clone(), sink),
+            None => SessionManager::new(opts.sessions.clone(), sink)
+                .with_recall_tool(opts.front.recall.enabled),
         }),
         store,
         metrics: Arc::new(Metrics::default()),
