@@ -399,7 +399,83 @@ async fn max_rounds_bounds_the_internal_round_trips() {
             steps[0].detail.extra.input > 0,
             "{d:?}: internal answers billed beyond the window"
         );
+        // status counts them, the ATIF export marks them internal.
+        let meta = store.session_meta(&id).unwrap().unwrap();
+        let cuts = store.cuts(&id).unwrap();
+        let st = oceancode_ledger::status::Status::new(
+            &meta,
+            &steps,
+            &cuts,
+            1,
+            1,
+            80_000,
+            "40%".into(),
+            Some(200_000),
+            &|_| None,
+        );
+        let text = st.render();
+        assert!(
+            text.contains("recall   3 oceancode_recall calls answered by the proxy"),
+            "{text}"
+        );
+        let atif = oceancode_ledger::atif::trajectory(store, &id, &|_| None).unwrap();
+        let internal: Vec<&Value> = atif["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["extra"]["oceancode_internal"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(internal.len(), 3, "{d:?}: {atif}");
+        assert_eq!(internal[0]["function_name"], RECALL_TOOL);
     }
+}
+
+/// With a cut: the stub names the tool, the tools array keeps its bytes
+/// across the cut, and a recall reads back a row that left the window.
+#[tokio::test]
+async fn a_cut_window_names_the_tool_and_keeps_its_bytes() {
+    let d = Dialect::Anthropic;
+    let h = harness(Script::always(Reply::text("ok")), 4).await;
+    let mut msgs = vec![user(d, "first: the secret word is PELICAN")];
+    for i in 0..4 {
+        let got = h.post(path(d), &HDR, body(d, &msgs, false)).await;
+        assert_eq!(got.status, 200);
+        h.settle().await;
+        msgs.push(assistant(d, "ok"));
+        msgs.push(user(d, &format!("next {i}")));
+    }
+    let cut = h
+        .post(
+            "/_oceancode/tideline",
+            &[("authorization", &format!("Bearer {}", h.admin_token()))],
+            serde_json::to_vec(&json!({"session": "recall-test", "value": "now"})).unwrap(),
+        )
+        .await;
+    assert_eq!(cut.status, 200, "{}", cut.text());
+    h.fake.set_script(
+        Script::replies([Reply::recall(json!({"search": "PELICAN"}))])
+            .then(Reply::text("it was PELICAN")),
+    );
+    let got = h.post(path(d), &HDR, body(d, &msgs, false)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(got.text().contains("it was PELICAN"));
+    let reqs = model_requests(&h, d);
+    let tools: Vec<String> = reqs.iter().map(|r| split(d, r).0).collect();
+    assert!(tools.iter().all(|t| t == &tools[0]));
+    let (_, last) = split(d, reqs.last().unwrap());
+    assert!(
+        last[0].contains("oceancode_recall tool reads that record back"),
+        "the stub names the tool: {}",
+        last[0]
+    );
+    let first = serde_json::to_string(&user(d, "first: the secret word is PELICAN")).unwrap();
+    assert!(!last.contains(&first), "the first ask left the window");
+    assert!(
+        last.iter()
+            .any(|m| m.contains("PELICAN") && m.contains("tool_result")),
+        "the recall found it: {last:?}"
+    );
 }
 
 /// Off (the default): nothing is injected, the answer streams through.
