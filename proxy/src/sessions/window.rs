@@ -183,8 +183,7 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     for (seq, line) in turns {
         lines.push((st.row(*seq).turn, line.as_str()));
     }
-    let mut stub =
-        tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+    let mut stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
     if st.recall_tool {
         stub.push('\n');
         stub.push_str(crate::recall_tool::STUB_NOTE);
