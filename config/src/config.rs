@@ -50,6 +50,8 @@ pub mod vars {
     pub const TIDELINE: &str = "OCEANCODE_TIDELINE";
     /// Block size (`35%` of the line, or tokens).
     pub const TIDELINE_BLOCK: &str = "OCEANCODE_TIDELINE_BLOCK";
+    /// `ledger.recall_tool.enabled` (`1`/`true`/`on`, `0`/`false`/`off`).
+    pub const RECALL_TOOL: &str = "OCEANCODE_RECALL_TOOL";
     /// Retention in days (`0` = keep forever).
     pub const RETENTION_DAYS: &str = "OCEANCODE_RETENTION_DAYS";
     /// Log filter (`info`, `oceancode_proxy=debug`, ...).
@@ -383,6 +385,9 @@ pub struct LedgerConfig {
     pub tideline: TidelineConfig,
     /// Model-merged `SESSION.md` sections (off by default).
     pub merge: MergeConfig,
+    /// The `oceancode_recall` tool the proxy injects and answers itself
+    /// (off by default; `true`/`false` or `{"enabled": …, "max_rounds": …}`).
+    pub recall_tool: RecallToolConfig,
     /// Removed key `ledger.low` (ignored, reported as a warning).
     #[doc(hidden)]
     #[serde(skip_serializing)]
@@ -407,6 +412,7 @@ impl Default for LedgerConfig {
             enabled: true,
             tideline: TidelineConfig::default(),
             merge: MergeConfig::default(),
+            recall_tool: RecallToolConfig::default(),
             low: RemovedKey::default(),
             reserve: RemovedKey::default(),
             profile: RemovedKey::default(),
@@ -504,6 +510,63 @@ pub struct MergeConfig {
     /// Model used for the merge; `None` = merge off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+}
+
+/// `ledger.recall_tool`: the in-band recall tool. Written as a bool
+/// (`"recall_tool": true`) or an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RecallToolConfig {
+    /// Inject `oceancode_recall` into every recorded request and answer its
+    /// calls in the proxy (default `false`).
+    pub enabled: bool,
+    /// Most internal round trips (continuations) for one client request
+    /// (default 4).
+    pub max_rounds: u32,
+}
+
+impl Default for RecallToolConfig {
+    fn default() -> Self {
+        RecallToolConfig {
+            enabled: false,
+            max_rounds: 4,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RecallToolConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        struct Full {
+            enabled: bool,
+            max_rounds: u32,
+        }
+        impl Default for Full {
+            fn default() -> Self {
+                let d = RecallToolConfig::default();
+                Full {
+                    enabled: d.enabled,
+                    max_rounds: d.max_rounds,
+                }
+            }
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Flag(bool),
+            Full(Full),
+        }
+        Ok(match Form::deserialize(d)? {
+            Form::Flag(enabled) => RecallToolConfig {
+                enabled,
+                ..RecallToolConfig::default()
+            },
+            Form::Full(f) => RecallToolConfig {
+                enabled: f.enabled,
+                max_rounds: f.max_rounds,
+            },
+        })
+    }
 }
 
 /// `retention`.
@@ -669,6 +732,8 @@ pub struct Overrides {
     pub max_steps: Option<u32>,
     /// `--max-time DURATION` (`limits.session.time`).
     pub max_time: Option<Duration>,
+    /// `serve`/`run --recall-tool` (true sets `ledger.recall_tool.enabled`).
+    pub recall_tool: bool,
 }
 
 /// A loaded configuration.
@@ -823,6 +888,19 @@ impl Config {
             })?;
             self.ledger.tideline.block = Some(spec);
         }
+        if let Some(v) = env_value(env, vars::RECALL_TOOL) {
+            self.ledger.recall_tool.enabled = match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "on" | "yes" => true,
+                "0" | "false" | "off" | "no" => false,
+                _ => {
+                    return Err(ConfigError::env(
+                        vars::RECALL_TOOL,
+                        &v,
+                        "expected 1/true/on or 0/false/off",
+                    ))
+                }
+            };
+        }
         if let Some(v) = env_value(env, vars::RETENTION_DAYS) {
             self.retention.days = v.parse().map_err(|_| {
                 ConfigError::env(
@@ -906,6 +984,9 @@ impl Config {
         if let Some(v) = o.max_time {
             b.time = Some(v);
         }
+        if o.recall_tool {
+            self.ledger.recall_tool.enabled = true;
+        }
     }
 
     /// Checks ranges and consistency; the error names the key.
@@ -928,6 +1009,15 @@ impl Config {
             for (i, m) in p.models.iter().enumerate() {
                 validate_model(&format!("providers.{id}.models[{i}]"), m)?;
             }
+        }
+        if !(1..=16).contains(&self.ledger.recall_tool.max_rounds) {
+            return Err(ConfigError::invalid(
+                "ledger.recall_tool.max_rounds",
+                format!(
+                    "{} is out of range (1 to 16)",
+                    self.ledger.recall_tool.max_rounds
+                ),
+            ));
         }
         let t = &self.ledger.tideline;
         if let Some(p) = t.percent {

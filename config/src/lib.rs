@@ -18,7 +18,8 @@ pub use command::{
 pub use config::{
     check_upstream_url, default_config_path, default_data_dir, find_config_file, parse_usd,
     process_env, resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded,
-    MergeConfig, ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig,
+    MergeConfig, ModelConfig, Overrides, PriceConfig, ProviderConfig, RecallToolConfig,
+    RetentionConfig,
     TidelineConfig, WriterConfig,
 };
 pub use error::ConfigError;

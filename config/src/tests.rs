@@ -256,11 +256,13 @@ fn env_overrides_file_and_flags_override_env() {
         openai_upstream: Some("http://localhost:6666".into()),
         tideline: Some(LineSpec::Percent(30.0)),
         allow_remote: true,
+        recall_tool: true,
         ..Overrides::default()
     });
     let c = &l.config;
     c.validate().unwrap();
     assert!(c.access.allow_remote);
+    assert!(c.ledger.recall_tool.enabled);
     assert_eq!(c.listen, addr("127.0.0.1:4444"));
     assert_eq!(c.data_dir.as_deref(), Some(Path::new("/data/flag")));
     assert_eq!(c.anthropic_upstream(), "http://[::1]:5555");
@@ -1304,4 +1306,29 @@ fn session_limits_layer_file_env_flags_and_are_checked() {
         let err = Config::default().apply_env(&env).unwrap_err().to_string();
         assert!(err.contains(var), "{var}={value}: {err}");
     }
+}
+
+#[test]
+fn recall_tool_is_a_flag_or_an_object_off_by_default() {
+    let c: Config = serde_json::from_str("{}").unwrap();
+    assert_eq!(c.ledger.recall_tool, RecallToolConfig::default());
+    assert!(!c.ledger.recall_tool.enabled);
+    assert_eq!(c.ledger.recall_tool.max_rounds, 4);
+    let c: Config = serde_json::from_str(r#"{"ledger":{"recall_tool":true}}"#).unwrap();
+    assert!(c.ledger.recall_tool.enabled);
+    assert_eq!(c.ledger.recall_tool.max_rounds, 4);
+    let c: Config =
+        serde_json::from_str(r#"{"ledger":{"recall_tool":{"enabled":true,"max_rounds":2}}}"#)
+            .unwrap();
+    assert_eq!(c.ledger.recall_tool.max_rounds, 2);
+    assert!(serde_json::from_str::<Config>(r#"{"ledger":{"recall_tool":{"rounds":2}}}"#).is_err());
+    let mut c = Config::default();
+    c.apply_env(&|k: &str| (k == "OCEANCODE_RECALL_TOOL").then(|| "on".to_string()))
+        .unwrap();
+    assert!(c.ledger.recall_tool.enabled);
+    assert!(c
+        .apply_env(&|k: &str| (k == "OCEANCODE_RECALL_TOOL").then(|| "maybe".to_string()))
+        .is_err());
+    c.ledger.recall_tool.max_rounds = 0;
+    assert!(c.validate().is_err());
 }

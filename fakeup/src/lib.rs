@@ -37,7 +37,7 @@ mod validate;
 pub use analyze::{Dialect, Endpoint};
 pub use script::{
     ErrorReply, Reply, Script, ScriptError, StreamFail, TooLong, ToolCall, ToolLoop, UsageOverride,
-    DEFAULT_TEXT,
+    DEFAULT_TEXT, RECALL_TOOL,
 };
 pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};
 pub use tokens::count_tokens;

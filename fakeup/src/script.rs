@@ -9,6 +9,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The name of the proxy's in-band recall tool ([`Reply::recall`]).
+pub const RECALL_TOOL: &str = "oceancode_recall";
+
 /// Text of the built-in reply when nothing is scripted.
 pub const DEFAULT_TEXT: &str = "Done. FINAL_ANSWER_MARKER";
 
@@ -215,6 +218,13 @@ impl Reply {
             tool_calls: vec![ToolCall::new(name, input)],
             ..Reply::default()
         }
+    }
+
+    /// A call of the proxy's in-band recall tool (`oceancode_recall`, which
+    /// the proxy answers itself when `ledger.recall_tool` is on), e.g.
+    /// `{"search": "words"}`, `{"seq": 3}`, `{"match": "text"}`.
+    pub fn recall(input: Value) -> Self {
+        Reply::tool_call(RECALL_TOOL, input)
     }
 
     /// An HTTP error with this status and JSON body.

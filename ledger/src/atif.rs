@@ -294,6 +294,26 @@ pub fn trajectory(
             }
             s.extra.insert("context_management".into(), cm);
         }
+        if !d.recalls.is_empty() {
+            // The in-band recall tool's calls, answered by the proxy: the
+            // client never saw them, so they are no tool call of the step's.
+            let calls: Vec<Value> = d
+                .recalls
+                .iter()
+                .map(|r| {
+                    json!({
+                        "tool_call_id": r.call_id,
+                        "function_name": "oceancode_recall",
+                        "arguments": serde_json::from_str::<Value>(&r.input).unwrap_or(Value::String(r.input.clone())),
+                        "round": r.round,
+                        "result_chars": r.result_chars,
+                        "continued": r.continued,
+                    })
+                })
+                .collect();
+            s.extra
+                .insert("oceancode_internal".into(), Value::Array(calls));
+        }
         s.metrics = Some(m);
         s.model = Some(rec.model.clone());
         s.ts_ms = Some(rec.ts_ms);

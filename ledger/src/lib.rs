@@ -9,8 +9,8 @@
 
 pub use oceancode_window::{media, model, tideline};
 pub use oceancode_window::{
-    AppliedEdit, Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, StepDetail,
-    Usage,
+    AppliedEdit, Dialect, Event, InternalRecall, Row, RowKind, SessionMeta, Standing, StandingKind,
+    StepDetail, Usage,
 };
 
 pub mod atif;

@@ -42,6 +42,9 @@ pub struct Totals {
     pub compactions: u32,
     /// Context edits the provider applied, summed per edit type.
     pub edits: Vec<EditTotal>,
+    /// `oceancode_recall` calls the proxy answered itself (the in-band
+    /// recall tool; the client never saw them).
+    pub recalls: u32,
 }
 
 /// The context edits of one type the provider applied, summed over steps.
@@ -133,6 +136,7 @@ impl Totals {
         self.reasoning += step.detail.reasoning;
         self.compactions += step.detail.compactions;
         add_edits(&mut self.edits, &step.detail.edits);
+        self.recalls += step.detail.recalls.len() as u32;
         self.input += u.input;
         self.output += u.output;
         self.cache_read += u.cache_read;
@@ -429,6 +433,14 @@ impl Status {
                 out,
                 "edits    {} by the provider (the window is the real input after them)",
                 e.label()
+            );
+        }
+        if t.recalls > 0 {
+            let _ = writeln!(
+                out,
+                "recall   {} oceancode_recall call{} answered by the proxy (internal: the client never saw them)",
+                t.recalls,
+                if t.recalls == 1 { "" } else { "s" }
             );
         }
         let spend = match (t.cost_if_known(), t.cost_usd > 0.0) {

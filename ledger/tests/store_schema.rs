@@ -301,6 +301,14 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
             cleared_tool_uses: Some(8),
             cleared_thinking_turns: None,
         }],
+        recalls: vec![oceancode_ledger::InternalRecall {
+            round: 1,
+            call_id: "toolu_1".into(),
+            input: r#"{"seq":3}"#.into(),
+            result_chars: 120,
+            continued: true,
+            messages: vec![r#"{"role":"user","content":"r"}"#.into()],
+        }],
     };
     let mut second = step("v5", 2, 200, None);
     if let Event::Step { detail: d, .. } = &mut second {

@@ -408,6 +408,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         ("oceancode_streams_cut_total", "Upstream answers cut mid-way (reset, idle timeout).", load(&m.streams_cut)),
         ("oceancode_answers_truncated_total", "Answers longer than limits.max_recorded_response_bytes, recorded truncated.", load(&m.answers_truncated)),
         ("oceancode_decode_stopped_total", "Compressed answers whose copy decoded past limits.max_decoded_response_bytes (usage unknown).", load(&m.decode_stopped)),
+        ("oceancode_recalls_total", "oceancode_recall calls the proxy answered itself (ledger.recall_tool).", load(&m.recalls)),
         ("oceancode_cuts_total", "Tideline cuts.", load(&s.cuts)),
         ("oceancode_tokens_kept_out_total", "Estimated tokens kept out of upstream windows (summed per request).", load(&s.tokens_kept_out)),
         ("oceancode_rewritten_total", "Requests whose conversation was windowed.", load(&s.rewritten)),

@@ -18,6 +18,7 @@ pub mod dialect;
 pub mod error;
 pub mod identity;
 pub mod overflow;
+pub mod recall_tool;
 pub mod registry;
 pub mod runtime;
 pub mod server;

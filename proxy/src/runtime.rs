@@ -257,8 +257,10 @@ pub async fn start_on(
                             }
                         }
                     }))
+                    .with_recall_tool(opts.front.recall.enabled)
             }
-            None => SessionManager::new(opts.sessions.clone(), sink),
+            None => SessionManager::new(opts.sessions.clone(), sink)
+                .with_recall_tool(opts.front.recall.enabled),
         }
         .with_budget(opts.limits.clone(), spend_seed(store.as_ref(), &opts.limits))),
         store,

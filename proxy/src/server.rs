@@ -51,6 +51,8 @@ pub struct FrontConfig {
     pub net: NetLimits,
     /// Who may use the proxy (remote use, extra `Host` names).
     pub access: AccessRules,
+    /// The in-band recall tool (`ledger.recall_tool`).
+    pub recall: crate::recall_tool::RecallTool,
 }
 
 /// Bounds of the front (`limits.*`; defaults as in the config).
@@ -199,6 +201,8 @@ pub struct Metrics {
     pub connections: AtomicU64,
     /// Requests refused because their session reached a `limits.session` bound.
     pub limit_refusals: AtomicU64,
+    /// `oceancode_recall` calls the proxy answered itself.
+    pub recalls: AtomicU64,
 }
 
 /// Everything a request handler needs.
@@ -478,7 +482,7 @@ fn guess_dialect(h: &http::HeaderMap) -> Dialect {
     }
 }
 
-fn upstream_request(
+pub(crate) fn upstream_request(
     parts: &http::request::Parts,
     uri: http::Uri,
     body: UpBody,
@@ -615,7 +619,7 @@ async fn provider_request(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     app.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     if !app.sessions.enabled() {
         // Ledger off: a plain relay whose answer is still read for /metrics.
         let up = upstream_request(&parts, uri, body.boxed(), None);
@@ -668,6 +672,15 @@ async fn provider_request(
         return Err(ProxyError::LimitReached(hit));
     }
     let len = body.len();
+    let recall = app.cfg.recall.enabled && ticket.is_some();
+    if recall {
+        // The answer is read whole to find the tool's calls: plain bytes.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
+    let sent = body.clone();
     let up = upstream_request(&parts, uri.clone(), full_up(body), Some(len));
     let t_up = Instant::now();
     let resp = app.upstream.send(up, &base).await?;
@@ -691,6 +704,9 @@ async fn provider_request(
         Some(t) if status == StatusCode::BAD_REQUEST || status == StatusCode::PAYLOAD_TOO_LARGE => {
             too_long_path(app, &parts, uri, base, resp, t).await
         }
+        Some(t) if status == StatusCode::OK && recall => {
+            crate::recall_tool::flow::answer(app, &parts, uri, base, sent, resp, t).await
+        }
         Some(t) if status == StatusCode::OK && holds_opening(app, &t, resp.headers()) => {
             overflow_in_stream_path(app, &parts, uri, base, resp, t).await
         }
@@ -701,7 +717,7 @@ async fn provider_request(
     }
 }
 
-fn full_up(b: Bytes) -> UpBody {
+pub(crate) fn full_up(b: Bytes) -> UpBody {
     Full::new(b).map_err(|never| match never {}).boxed()
 }
 
@@ -813,7 +829,7 @@ async fn overflow_in_stream_path(
     Ok(tap_response(app, ticket.dialect, Some(ticket), head, held))
 }
 
-fn tap_response<B>(
+pub(crate) fn tap_response<B>(
     app: &Arc<App>,
     dialect: Dialect,
     ticket: Option<Ticket>,

@@ -44,6 +44,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             idle_stream_timeout: Duration::from_secs(60),
             net: NetLimits::default(),
             access: AccessRules::default(),
+            recall: Default::default(),
         },
         upstream: UpstreamOptions {
             connect_timeout: Duration::from_secs(5),

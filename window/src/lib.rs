@@ -10,6 +10,6 @@ pub mod model;
 pub mod tideline;
 
 pub use model::{
-    AppliedEdit, Dialect, Event, Row, RowKind, SessionMeta, Standing, StandingKind, StepDetail,
-    Usage,
+    AppliedEdit, Dialect, Event, InternalRecall, Row, RowKind, SessionMeta, Standing, StandingKind,
+    StepDetail, Usage,
 };

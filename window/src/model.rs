@@ -235,6 +235,35 @@ pub struct StepDetail {
     /// (Anthropic `context_management.applied_edits`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub edits: Vec<AppliedEdit>,
+    /// The `oceancode_recall` calls the proxy answered itself in this step
+    /// (the client never saw them): each with its result and the messages
+    /// the proxy re-inserts into the session's later requests.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recalls: Vec<InternalRecall>,
+}
+
+/// One `oceancode_recall` call the proxy answered itself (the in-band
+/// recall tool): kept in the step's detail, not as a row, so the rows stay
+/// what the client sent and saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InternalRecall {
+    /// The internal round (1 = the client's request's own answer).
+    pub round: u32,
+    /// The call's id as the model gave it.
+    pub call_id: String,
+    /// The call's input (JSON text).
+    pub input: String,
+    /// Characters of the result the model got.
+    pub result_chars: u64,
+    /// Whether the proxy sent a continuation for it (false: the answer also
+    /// called client tools, or the round limit was reached; the result goes
+    /// with the next request).
+    pub continued: bool,
+    /// The messages re-inserted into later requests (raw JSON, in order):
+    /// the model's call and its result.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub messages: Vec<String>,
 }
 
 impl StepDetail {

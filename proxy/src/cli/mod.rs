@@ -194,6 +194,11 @@ fn load(
         openai_upstream: up.openai_upstream.clone(),
         tideline,
         allow_remote: matches!(&cli.command, Command::Serve(a) if a.allow_remote),
+        recall_tool: match &cli.command {
+            Command::Serve(a) => a.recall_tool,
+            Command::Run(a) => a.recall_tool,
+            _ => false,
+        },
     };
     let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
     // The log filter is checked here, where a bad one can still stop the

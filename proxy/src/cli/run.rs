@@ -21,6 +21,9 @@ pub struct RunArgs {
     upstreams: UpstreamFlags,
     #[command(flatten)]
     pub(super) limits: LimitFlags,
+    /// Serve the in-band `oceancode_recall` tool (`ledger.recall_tool`).
+    #[arg(long)]
+    pub(super) recall_tool: bool,
     /// The command to run, after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,

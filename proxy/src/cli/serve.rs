@@ -34,6 +34,9 @@ pub struct ServeArgs {
     pub(super) allow_remote: bool,
     #[command(flatten)]
     pub(super) limits: LimitFlags,
+    /// Serve the in-band `oceancode_recall` tool (`ledger.recall_tool`).
+    #[arg(long)]
+    pub(super) recall_tool: bool,
 }
 
 /// `serve`.
@@ -69,6 +72,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             idle_stream_timeout: cfg.limits.idle_stream_timeout(),
             net: oceancode_proxy::server::NetLimits::from_config(&cfg.limits),
             access: oceancode_proxy::access::AccessRules::from_config(&cfg.access),
+            recall: oceancode_proxy::recall_tool::RecallTool::from_config(&cfg.ledger.recall_tool),
         },
         upstream: UpstreamOptions::from_config(&cfg.limits),
         sessions: Settings {

@@ -368,6 +368,7 @@ impl ResponseCollector for Collector {
                 reasoning: self.thinking.min(self.usage.output),
                 compactions,
                 edits: self.edits,
+                ..StepDetail::default()
             },
         }
     }

@@ -82,6 +82,28 @@ impl<'a> ParsedBody<'a> {
         self.get_as::<bool>("stream").unwrap_or(false)
     }
 
+    /// The body with the top-level member `key` set to `raw` (in its place,
+    /// or appended); every other member and the conversation as they are.
+    pub fn with_member<'b>(&self, key: &'b str, raw: &'b str) -> ParsedBody<'b>
+    where
+        'a: 'b,
+    {
+        let mut fields: Vec<(Cow<'b, str>, Option<&'b str>)> = self
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), v.map(|v| v as &'b str)))
+            .collect();
+        match fields.iter_mut().find(|(k, _)| k == key) {
+            Some(f) => f.1 = Some(raw),
+            None => fields.push((Cow::Borrowed(key), Some(raw))),
+        }
+        ParsedBody {
+            fields,
+            conv_field: self.conv_field,
+            messages: self.messages.iter().map(|m| *m as &'b str).collect(),
+        }
+    }
+
     /// Re-emit the body with the conversation replaced by `parts` (raw JSON
     /// elements, in order). Every other member keeps its original bytes.
     pub fn render_with(&self, parts: &[&str]) -> Vec<u8> {

@@ -158,6 +158,8 @@ pub struct SessionManager {
     layouts: Layouts,
     /// Per-session bounds (None: none set).
     budget: Option<Arc<Budget>>,
+    /// Inject the in-band recall tool into every recorded request.
+    recall_tool: bool,
 }
 
 fn now_ms() -> i64 {
@@ -182,7 +184,20 @@ impl SessionManager {
             parked_overrides: Mutex::new(HashMap::new()),
             layouts: Layouts::default(),
             budget: None,
+            recall_tool: false,
         }
+    }
+
+    /// Inject the in-band recall tool (`ledger.recall_tool`) into every
+    /// recorded request (and count_tokens), after the client's tools.
+    pub fn with_recall_tool(mut self, on: bool) -> Self {
+        self.recall_tool = on;
+        self
+    }
+
+    /// Whether the in-band recall tool is injected.
+    pub fn recall_tool(&self) -> bool {
+        self.recall_tool
     }
 
     /// Read recorded sessions back from the ledger when a client key is first

@@ -197,6 +197,20 @@ impl SessionManager {
             self.layouts.remember(k, &body, &split, &hashes);
         }
         let parsed = &split.parsed;
+        // The in-band recall tool: every request of the session carries it,
+        // the same bytes after the client's tools.
+        let tools = self
+            .recall_tool
+            .then(|| crate::recall_tool::tools_member(dialect, parsed.get("tools")))
+            .flatten();
+        let view;
+        let parsed = match &tools {
+            Some(t) => {
+                view = parsed.with_member("tools", t);
+                &view
+            }
+            None => parsed,
+        };
         let req = Request::describe(dialect, parsed, &ident, hashes, synthetic.is_some());
         if kind == ReqKind::CountTokens {
             return Ok(self.prepare_count(&req, parsed, &body));
@@ -238,10 +252,12 @@ impl SessionManager {
                 self.metrics.rewritten.fetch_add(1, Ordering::Relaxed);
                 Bytes::from(b)
             }
+            None if tools.is_some() => Bytes::from(parsed.render_with(&parsed.messages)),
             None => body.clone(),
         };
         super::context::refresh(&session, &out);
         let body_len = out.len();
+        let tail_seq = session.state.lock().active.last().copied().unwrap_or(0);
         let ticket = Ticket::new(
             session,
             step,
@@ -251,6 +267,7 @@ impl SessionManager {
             boundary,
             body_len,
             media,
+            tail_seq,
             self.recorder(),
         );
         Ok(Prepared {
@@ -289,6 +306,7 @@ impl SessionManager {
                 return Run::Sibling { at };
             }
         }
+        st.recall_tool = self.recall_tool;
         let boundary = self.record(&mut st, req, events);
         let step = st.step;
         st.step_opened(step);
@@ -520,6 +538,10 @@ impl SessionManager {
                     return Prepared::forward(Bytes::from(b));
                 }
             }
+        }
+        if self.recall_tool {
+            // Counted with the tool the conversation's requests carry.
+            return Prepared::forward(Bytes::from(parsed.render_with(&parsed.messages)));
         }
         Prepared::forward(body.clone())
     }

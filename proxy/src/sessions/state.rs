@@ -153,6 +153,11 @@ pub struct State {
     pub meter: Meter,
     /// The context edits: the edit set in force, the exported file.
     pub(crate) context: crate::context::live::Live,
+    /// The in-band recall tool's internal exchanges, re-inserted after
+    /// their rows in every later request (memory only).
+    pub(crate) hidden: crate::recall_tool::Hidden,
+    /// The session's requests carry the in-band recall tool (the stub says so).
+    pub(crate) recall_tool: bool,
 }
 
 impl State {
@@ -185,6 +190,8 @@ impl State {
             totals: Usage::default(),
             meter: Meter::default(),
             context: Default::default(),
+            hidden: crate::recall_tool::Hidden::default(),
+            recall_tool: false,
         }
     }
 

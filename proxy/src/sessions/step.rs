@@ -8,7 +8,7 @@ use super::{now_ms, window, EventSink, Session, SessionManager, SessionMetrics};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
 use oceancode_ledger::media::Cost;
-use oceancode_ledger::{Dialect, Event};
+use oceancode_ledger::{Dialect, Event, InternalRecall, Usage};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -102,6 +102,12 @@ pub struct Ticket {
     body_len: usize,
     /// Its images and documents (left out of the calibration).
     media: Cost,
+    /// The last row of the request's history (what an internal recall
+    /// exchange follows).
+    pub(crate) tail_seq: u64,
+    /// The recall calls the proxy answered itself, and what their internal
+    /// answers were billed (beyond the window of the answer the client got).
+    internal: Option<(Vec<InternalRecall>, Usage)>,
     recorder: Recorder,
     finished: bool,
 }
@@ -159,6 +165,7 @@ impl Ticket {
         boundary: u64,
         body_len: usize,
         media: Cost,
+        tail_seq: u64,
         recorder: Recorder,
     ) -> Ticket {
         Ticket {
@@ -170,9 +177,37 @@ impl Ticket {
             boundary,
             body_len,
             media,
+            tail_seq,
+            internal: None,
             recorder,
             finished: false,
         }
+    }
+
+    /// The in-band recall tool answered calls in this step: they go to the
+    /// step's detail (`recalls`), what their internal answers were billed to
+    /// its `extra`; the answer the client gets came from a body of
+    /// `sent_len` bytes (the last continuation).
+    pub(crate) fn note_internal(
+        &mut self,
+        recalls: Vec<InternalRecall>,
+        billed: Usage,
+        sent_len: usize,
+    ) {
+        if recalls.is_empty() {
+            return;
+        }
+        self.body_len = sent_len;
+        self.internal = Some((recalls, billed));
+    }
+
+    /// Keep an internal exchange after this request's last row.
+    pub(crate) fn keep_hidden(&self, messages: Vec<String>) {
+        self.session
+            .state
+            .lock()
+            .hidden
+            .record(self.tail_seq, messages);
     }
 
     /// The step ended with an answer (`ok`: whole, no error event): record
@@ -208,7 +243,14 @@ impl Ticket {
             }
         }
         st.step_done(self.step, now_ms());
-        events.push(step_event(&st, self, status, collected));
+        let mut event = step_event(&st, self, status, collected);
+        if let (Some((recalls, billed)), Event::Step { detail, .. }) =
+            (self.internal.take(), &mut event)
+        {
+            detail.extra = detail.extra.plus(billed);
+            detail.recalls = recalls;
+        }
+        events.push(event);
         drop(st);
         if let (Some(b), Some(u)) = (&self.recorder.budget, collected.usage) {
             let model = collected.model.as_deref().unwrap_or_default();

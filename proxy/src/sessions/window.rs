@@ -103,6 +103,8 @@ fn finish(
             }
         }
     };
+    // The recall tool's internal exchanges, right after their rows.
+    let pieces = with_hidden(st, pieces);
     let parts: Vec<&str> = pieces
         .iter()
         .map(|(src, raw)| match (src, &stub) {
@@ -117,6 +119,26 @@ fn finish(
     w
 }
 
+/// `pieces` with the recall tool's internal exchanges put after their rows
+/// (as `Src::Fixed("recall")`: the proxy's own, not editable).
+fn with_hidden<'a>(st: &'a State, pieces: Vec<(Src, &'a str)>) -> Vec<(Src, &'a str)> {
+    if st.hidden.is_empty() {
+        return pieces;
+    }
+    let mut out = Vec::with_capacity(pieces.len() + 4);
+    for (src, raw) in pieces {
+        let seq = match src {
+            Src::Row(s) | Src::Edited(s) => Some(s),
+            _ => None,
+        };
+        out.push((src, raw));
+        if let Some(m) = seq.and_then(|s| st.hidden.after(s)) {
+            out.extend(m.iter().map(|m| (Src::Fixed("recall"), m.as_str())));
+        }
+    }
+    out
+}
+
 /// Render the window of `parsed` (the request's messages, mapped onto the
 /// session's active line) for the session's current cut; stubs point into
 /// `data_dir`'s session directory.
@@ -125,7 +147,8 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     let cut_upto = st.tideline.cut_upto();
     // Messages past the active line (a count_tokens request's new tail)
     // are retained as they are.
-    let unedited = st.context.set.is_empty();
+    // Nothing to rewrite: no edit set, no recall exchange to put back.
+    let unedited = st.context.set.is_empty() && st.hidden.is_empty();
     if cut_upto == 0 || st.active.len() > n {
         if unedited {
             return Window::unchanged(n);
@@ -160,7 +183,11 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     for (seq, line) in turns {
         lines.push((st.row(*seq).turn, line.as_str()));
     }
-    let stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+    let mut stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+    if st.recall_tool {
+        stub.push('\n');
+        stub.push_str(crate::recall_tool::STUB_NOTE);
+    }
     // Standing parts before a compaction block would be dropped with the stub.
     let pinned = if at_compaction {
         Default::default()

@@ -1,0 +1,258 @@
+//! The internal loop on the request path. The answer of a request carrying
+//! the tool is read whole (nothing reaches the client yet); when the model
+//! called `oceancode_recall`, the proxy runs the recall against the ledger
+//! and sends the continuation (the request, the model's answer, the
+//! results), at most `max_rounds` times; the client gets the last answer,
+//! as the upstream sent it, with its status. A continuation that fails
+//! (429, 5xx) reaches the client as that status and body, unchanged. An
+//! answer that calls client tools too (or past the round limit) goes to the
+//! client without its recall calls; their results go with the next request.
+
+use super::{calls, search, strip};
+use crate::dialect::{self, Collected};
+use crate::error::{ProxyBody, ProxyError};
+use crate::server::{self, App};
+use crate::sessions::{StepError, Ticket};
+use crate::sse::SseParser;
+use crate::tap::Framing;
+use bytes::Bytes;
+use http::{header, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use oceancode_ledger::{Dialect, InternalRecall, Usage};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What reading a held answer gave.
+enum Read {
+    /// The whole answer.
+    Whole(Bytes),
+    /// Longer than the proxy keeps of one answer: relayed as it comes.
+    Over(crate::overflow::Held<Incoming>),
+    /// The upstream broke off (or went silent) before the end.
+    Failed(String),
+}
+
+async fn read_whole(mut body: Incoming, limit: usize, idle: std::time::Duration) -> Read {
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Read::Failed("the upstream went silent".into()),
+            Ok(None) => return Read::Whole(Bytes::from(buf)),
+            Ok(Some(Err(e))) => return Read::Failed(e.to_string()),
+            Ok(Some(Ok(f))) => f,
+        };
+        if let Ok(d) = frame.into_data() {
+            buf.extend_from_slice(&d);
+            if buf.len() > limit {
+                return Read::Over(crate::overflow::Held::new(Bytes::from(buf), body));
+            }
+        }
+    }
+}
+
+/// What the dialect's collector makes of a whole answer.
+pub fn collect(d: Dialect, sse: bool, bytes: &[u8]) -> Collected {
+    let mut c = dialect::collector(d);
+    if sse {
+        let mut p = SseParser::new();
+        p.feed(bytes, &mut |ev| c.on_event(&ev.event, &ev.data));
+        p.finish(&mut |ev| c.on_event(&ev.event, &ev.data));
+    } else {
+        c.on_json(bytes);
+    }
+    c.finish()
+}
+
+/// The request body with `extra` appended to its conversation.
+fn append(d: Dialect, sent: &[u8], extra: &[String]) -> Option<Bytes> {
+    let parsed = dialect::ParsedBody::parse(sent, dialect::conv_key(d)).ok()?;
+    parsed.conv_field?;
+    let mut parts: Vec<&str> = parsed.messages.clone();
+    parts.extend(extra.iter().map(String::as_str));
+    Some(Bytes::from(parsed.render_with(&parts)))
+}
+
+/// Run the recall calls on a blocking thread (SQLite).
+async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<String> {
+    let Some(store) = app.store.clone() else {
+        return cs
+            .iter()
+            .map(|_| "oceancode_recall: the ledger is off on this proxy".to_string())
+            .collect();
+    };
+    let session = session.to_string();
+    let inputs: Vec<String> = cs.iter().map(|c| c.input.clone()).collect();
+    let n = inputs.len();
+    tokio::task::spawn_blocking(move || {
+        inputs
+            .iter()
+            .map(|i| search::run(&store, &session, i))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_else(|e| vec![format!("oceancode_recall: the recall failed ({e})"); n])
+}
+
+/// The answer of a request that carries the tool (status 200 from the
+/// upstream): the internal loop, then the client's answer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn answer(
+    app: &Arc<App>,
+    parts: &http::request::Parts,
+    uri: http::Uri,
+    base: String,
+    sent: Bytes,
+    resp: Response<Incoming>,
+    mut ticket: Ticket,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let d = ticket.dialect;
+    let max_rounds = app.cfg.recall.max_rounds;
+    let limit = app.cfg.net.tap.max_kept;
+    let mut sent = sent;
+    let mut resp = resp;
+    let mut round = 1u32;
+    let mut recalls: Vec<InternalRecall> = Vec::new();
+    let mut billed = Usage::default();
+    let mut hidden: Vec<String> = Vec::new();
+    loop {
+        let (mut head, body) = resp.into_parts();
+        let identity = head
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        let framing = Framing::from_content_type(
+            head.headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+        );
+        if head.status != StatusCode::OK || !identity || framing == Framing::Opaque {
+            // A continuation's error, as the upstream sent it (never a 200
+            // the client would not retry); or an answer the proxy cannot read.
+            if head.status.is_client_error() || head.status.is_server_error() {
+                app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            ticket.note_internal(recalls, billed, sent.len());
+            return Ok(server::tap_response(app, d, Some(ticket), head, body));
+        }
+        let sse = framing == Framing::Sse;
+        let bytes = match read_whole(body, limit, app.cfg.idle_stream_timeout).await {
+            Read::Whole(b) => b,
+            Read::Over(held) => {
+                tracing::warn!(session = %ticket.session.id, "recall tool: the answer is longer than the proxy keeps; relayed as it comes, its calls unread");
+                ticket.note_internal(recalls, billed, sent.len());
+                return Ok(server::tap_response(app, d, Some(ticket), head, held));
+            }
+            Read::Failed(reason) => {
+                app.metrics.streams_cut.fetch_add(1, Ordering::Relaxed);
+                ticket.note_internal(recalls, billed, sent.len());
+                ticket.fail(StatusCode::BAD_GATEWAY.as_u16(), StepError::Stream);
+                return Err(ProxyError::Unreachable {
+                    upstream: base,
+                    reason: format!("the answer broke off before its end: {reason}"),
+                });
+            }
+        };
+        let collected = collect(d, sse, &bytes);
+        let found = calls::find(d, &collected.rows);
+        if found.recall.is_empty() || collected.error.is_some() || !collected.terminal {
+            return Ok(finish(
+                app,
+                ticket,
+                head,
+                bytes,
+                false,
+                recalls,
+                billed,
+                hidden,
+                sent.len(),
+            ));
+        }
+        let texts = run_calls(app, &ticket.session.id, &found.recall).await;
+        app.metrics
+            .recalls
+            .fetch_add(found.recall.len() as u64, Ordering::Relaxed);
+        let cont = found.client == 0 && round <= max_rounds;
+        let msgs = if cont {
+            calls::continuation(d, &collected.rows, &found.recall, &texts)
+        } else {
+            calls::hidden_pair(d, &found.recall, &texts)
+        };
+        for (i, (c, t)) in found.recall.iter().zip(&texts).enumerate() {
+            recalls.push(InternalRecall {
+                round,
+                call_id: c.id.clone(),
+                input: c.input.clone(),
+                result_chars: t.chars().count() as u64,
+                continued: cont,
+                messages: if i == 0 { msgs.clone() } else { Vec::new() },
+            });
+        }
+        let next = if cont { append(d, &sent, &msgs) } else { None };
+        let Some(next) = next else {
+            // The client gets the rest of this answer; the calls and their
+            // results follow its row in the next request.
+            tracing::debug!(session = %ticket.session.id, round, client_calls = found.client, "recall tool: answered, the rest goes to the client");
+            hidden.extend(msgs);
+            let out = strip::strip(d, sse, &bytes, found.client);
+            head.headers.remove(header::CONTENT_LENGTH);
+            return Ok(finish(
+                app,
+                ticket,
+                head,
+                Bytes::from(out),
+                true,
+                recalls,
+                billed,
+                hidden,
+                sent.len(),
+            ));
+        };
+        tracing::debug!(session = %ticket.session.id, round, calls = found.recall.len(), "recall tool: answered, continuing");
+        hidden.extend(msgs);
+        billed = billed.plus(
+            collected
+                .usage
+                .unwrap_or_default()
+                .plus(collected.detail.extra),
+        );
+        sent = next;
+        let len = sent.len();
+        let up =
+            server::upstream_request(parts, uri.clone(), server::full_up(sent.clone()), Some(len));
+        resp = match app.upstream.send(up, &base).await {
+            Ok(r) => r,
+            Err(e) => {
+                ticket.note_internal(recalls, billed, len);
+                ticket.fail(e.status().as_u16(), StepError::Unreachable);
+                return Err(e);
+            }
+        };
+        round += 1;
+    }
+}
+
+/// The client's answer: `bytes` through the tap (which records it), the
+/// internal exchange kept for the next requests.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    app: &Arc<App>,
+    mut ticket: Ticket,
+    mut head: http::response::Parts,
+    bytes: Bytes,
+    changed: bool,
+    recalls: Vec<InternalRecall>,
+    billed: Usage,
+    hidden: Vec<String>,
+    sent_len: usize,
+) -> Response<ProxyBody> {
+    if changed {
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    if !hidden.is_empty() {
+        ticket.keep_hidden(hidden);
+    }
+    ticket.note_internal(recalls, billed, sent_len);
+    let d = ticket.dialect;
+    server::tap_response(app, d, Some(ticket), head, Full::new(bytes))
+}

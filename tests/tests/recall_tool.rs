@@ -1,0 +1,490 @@
+//! The in-band recall tool (`ledger.recall_tool`, issue 16) end to end
+//! against the fake upstream scripted to call it: the traps of Headroom's
+//! injected retrieve tool are regression tests here — the tool is
+//! byte-identical in every request of a session (#2671), its call never
+//! reaches the client (#1450), a recall next to a client tool call in one
+//! answer is handled (#2089), and a continuation's 429 reaches the client
+//! as a 429 (#2959).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
+
+use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, RECALL_TOOL};
+use oceancode_ledger::Dialect;
+use oceancode_proxy::dialect::{conv_key, ParsedBody};
+use oceancode_proxy::recall_tool::{tool_json, RecallTool};
+use oceancode_tests::Harness;
+use serde_json::{json, Value};
+
+async fn harness(script: Script, max_rounds: u32) -> Harness {
+    Harness::start(
+        FakeConfig {
+            script,
+            ..FakeConfig::default()
+        },
+        move |o| {
+            o.front.recall = RecallTool {
+                enabled: true,
+                max_rounds,
+            };
+            o.sessions.tideline_enabled = true;
+        },
+    )
+    .await
+}
+
+fn path(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Anthropic => "/v1/messages",
+        Dialect::OpenaiChat => "/v1/chat/completions",
+        Dialect::OpenaiResponses => "/v1/responses",
+    }
+}
+
+fn user(d: Dialect, text: &str) -> Value {
+    match d {
+        Dialect::OpenaiResponses => {
+            json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
+        }
+        _ => json!({"role":"user","content":text}),
+    }
+}
+
+fn assistant(d: Dialect, text: &str) -> Value {
+    match d {
+        Dialect::Anthropic => json!({"role":"assistant","content":[{"type":"text","text":text}]}),
+        Dialect::OpenaiChat => json!({"role":"assistant","content":text}),
+        Dialect::OpenaiResponses => {
+            json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]})
+        }
+    }
+}
+
+fn client_tools(d: Dialect) -> Value {
+    match d {
+        Dialect::Anthropic => {
+            json!([{"name":"Bash","description":"run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}])
+        }
+        Dialect::OpenaiChat => {
+            json!([{"type":"function","function":{"name":"Bash","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}}])
+        }
+        Dialect::OpenaiResponses => {
+            json!([{"type":"function","name":"Bash","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}])
+        }
+    }
+}
+
+fn body(d: Dialect, msgs: &[Value], stream: bool) -> Vec<u8> {
+    let mut b = json!({"model":"claude-sonnet-4-5","max_tokens":1024,"stream":stream,"tools":client_tools(d)});
+    match d {
+        Dialect::Anthropic => b["system"] = json!("You are terse."),
+        Dialect::OpenaiChat => {
+            b["model"] = json!("gpt-4.1");
+            if stream {
+                b["stream_options"] = json!({"include_usage": true});
+            }
+        }
+        Dialect::OpenaiResponses => {
+            b["model"] = json!("gpt-4.1");
+            b["instructions"] = json!("You are terse.");
+            b.as_object_mut().unwrap().remove("max_tokens");
+        }
+    }
+    b[conv_key(d)] = Value::Array(msgs.to_vec());
+    serde_json::to_vec(&b).unwrap()
+}
+
+fn model_requests(h: &Harness, d: Dialect) -> Vec<Recorded> {
+    h.fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with(path(d)) && !r.path.contains("count_tokens"))
+        .collect()
+}
+
+/// The raw `tools` member and conversation of a request the fake received.
+fn split(d: Dialect, r: &Recorded) -> (String, Vec<String>) {
+    let p = ParsedBody::parse(&r.body, conv_key(d)).unwrap();
+    (
+        p.get("tools").unwrap_or("").to_string(),
+        p.messages.iter().map(|m| m.to_string()).collect(),
+    )
+}
+
+const HDR: [(&str, &str); 1] = [("x-oceancode-session", "recall-test")];
+
+const ALL: [Dialect; 3] = [
+    Dialect::Anthropic,
+    Dialect::OpenaiChat,
+    Dialect::OpenaiResponses,
+];
+
+/// #1450: the internal call never reaches the client, in every dialect,
+/// streaming and not; the continuation carries the call and its result.
+#[tokio::test]
+async fn an_internal_call_never_reaches_the_client() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = harness(
+                Script::replies([
+                    Reply::text("first answer about the parser"),
+                    Reply::recall(json!({"match": "parser"})),
+                ])
+                .then(Reply::text("FINAL after recall")),
+                4,
+            )
+            .await;
+            let m1 = [user(d, "tell me about the parser")];
+            let got = h.post(path(d), &HDR, body(d, &m1, stream)).await;
+            assert_eq!(got.status, 200, "{d:?} {stream}: {}", got.text());
+            h.settle().await;
+            let m2 = [
+                user(d, "tell me about the parser"),
+                assistant(d, "first answer about the parser"),
+                user(d, "what did you say before?"),
+            ];
+            let got = h.post(path(d), &HDR, body(d, &m2, stream)).await;
+            assert_eq!(got.status, 200, "{d:?} {stream}: {}", got.text());
+            let text = got.text();
+            assert!(
+                text.contains("FINAL after recall"),
+                "{d:?} {stream}: {text}"
+            );
+            assert!(
+                !text.contains(RECALL_TOOL),
+                "{d:?} {stream}: the client saw the call: {text}"
+            );
+            let reqs = model_requests(&h, d);
+            assert_eq!(reqs.len(), 3, "{d:?} {stream}: one continuation");
+            let (_, cont) = split(d, &reqs[2]);
+            let (_, asked) = split(d, &reqs[1]);
+            assert_eq!(
+                &cont[..asked.len()],
+                &asked[..],
+                "{d:?}: the continuation extends the request"
+            );
+            let tail = cont[asked.len()..].join("\n");
+            assert!(
+                tail.contains(RECALL_TOOL),
+                "{d:?}: the model's call: {tail}"
+            );
+            assert!(
+                tail.contains("first answer about the parser"),
+                "{d:?}: the recall found the row: {tail}"
+            );
+            h.settle().await;
+            let metrics = h.metrics().await;
+            assert!(metrics.contains("oceancode_recalls_total 1"), "{metrics}");
+        }
+    }
+}
+
+/// #2671: the tools array is byte-identical in every request of a session
+/// (with and without recalls, with a cut), and the exchange is re-inserted
+/// byte for byte in the next request: the continuation's conversation is
+/// a prefix of the next request's.
+#[tokio::test]
+async fn the_tools_and_the_hidden_exchange_are_byte_identical_across_the_session() {
+    for d in ALL {
+        let h = harness(
+            Script::replies([
+                Reply::text("one"),
+                Reply::recall(json!({"search": "one"})),
+                Reply::text("two"),
+                Reply::text("three"),
+            ]),
+            4,
+        )
+        .await;
+        let mut msgs = vec![user(d, "first")];
+        for (i, answer) in ["one", "two", "three"].iter().enumerate() {
+            let got = h.post(path(d), &HDR, body(d, &msgs, true)).await;
+            assert_eq!(got.status, 200, "{d:?} step {i}: {}", got.text());
+            assert!(!got.text().contains(RECALL_TOOL));
+            h.settle().await;
+            msgs.push(assistant(d, answer));
+            msgs.push(user(d, &format!("next {i}")));
+        }
+        let reqs = model_requests(&h, d);
+        assert_eq!(reqs.len(), 4, "{d:?}");
+        let tools: Vec<String> = reqs.iter().map(|r| split(d, r).0).collect();
+        assert!(tools.iter().all(|t| t == &tools[0]), "{d:?}: {tools:?}");
+        assert!(
+            tools[0].ends_with(&format!(",{}]", tool_json(d))),
+            "{d:?}: appended after the client's"
+        );
+        let (_, cont) = split(d, &reqs[2]);
+        let (_, next) = split(d, &reqs[3]);
+        assert_eq!(
+            &next[..cont.len()],
+            &cont[..],
+            "{d:?}: the next request starts with the continuation"
+        );
+        // The ledger keeps what the client sent: no row holds the call.
+        let store = h.store();
+        let id = store.resolve_session(Some("recall-test")).unwrap();
+        let rows = store.session_rows(&id, true).unwrap();
+        assert!(
+            rows.iter().all(|(r, _)| !r.raw.contains(RECALL_TOOL)),
+            "{d:?}"
+        );
+        let steps = store.steps(&id).unwrap();
+        let recalls: usize = steps.iter().map(|s| s.detail.recalls.len()).sum();
+        assert_eq!(recalls, 1, "{d:?}: the call is in the step's detail");
+    }
+}
+
+/// #2089: a recall next to a client tool call in one answer: the client
+/// gets its own call only (no 502), and its next request — the tool's
+/// result — is valid upstream with the recall pair re-inserted.
+#[tokio::test]
+async fn a_recall_next_to_a_client_call_is_answered_and_hidden() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = harness(
+                Script::replies([Reply::recall(json!({"match": "x"}))
+                    .with_tool_call("Bash", json!({"command": "ls"}))])
+                .then(Reply::text("done")),
+                4,
+            )
+            .await;
+            let m1 = [user(d, "list the files")];
+            let got = h.post(path(d), &HDR, body(d, &m1, stream)).await;
+            assert_eq!(got.status, 200, "{d:?} {stream}: {}", got.text());
+            let text = got.text();
+            assert!(!text.contains(RECALL_TOOL), "{d:?} {stream}: {text}");
+            assert!(
+                text.contains("Bash"),
+                "{d:?} {stream}: the client's call: {text}"
+            );
+            assert_eq!(model_requests(&h, d).len(), 1, "no continuation");
+            // The client's echo of its call and the result.
+            let (call_id, echo, result) = client_call(d, stream, &text);
+            let m2 = [user(d, "list the files"), echo, result];
+            let _ = call_id;
+            let got = h.post(path(d), &HDR, body(d, &m2, stream)).await;
+            assert_eq!(
+                got.status,
+                200,
+                "{d:?} {stream}: the fake's validator took it: {}",
+                got.text()
+            );
+            let reqs = model_requests(&h, d);
+            let (_, sent) = split(d, &reqs[1]);
+            assert_eq!(
+                sent.len(),
+                5,
+                "{d:?}: ask, the recall pair, the echo, the result: {sent:?}"
+            );
+            assert!(sent[1].contains(RECALL_TOOL), "{d:?}: {sent:?}");
+        }
+    }
+}
+
+/// The client's call (id, its echo, a result for it) from its answer.
+fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
+    let id = if stream {
+        let key = match d {
+            Dialect::Anthropic => "\"id\":\"",
+            Dialect::OpenaiChat => "\"id\":\"call",
+            Dialect::OpenaiResponses => "\"call_id\":\"",
+        };
+        let at = text.find(key).expect("a call id");
+        let rest = &text[at + key.len()..];
+        let id: String = rest.chars().take_while(|c| *c != '"').collect();
+        match d {
+            Dialect::OpenaiChat => format!("call{id}"),
+            _ => id,
+        }
+    } else {
+        let v: Value = serde_json::from_str(text).unwrap();
+        match d {
+            Dialect::Anthropic => v["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["type"] == "tool_use")
+                .unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            Dialect::OpenaiChat => v["choices"][0]["message"]["tool_calls"][0]["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            Dialect::OpenaiResponses => v["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["type"] == "function_call")
+                .unwrap()["call_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        }
+    };
+    match d {
+        Dialect::Anthropic => (
+            id.clone(),
+            json!({"role":"assistant","content":[{"type":"tool_use","id":id,"name":"Bash","input":{"command":"ls"}}]}),
+            json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":"a.txt"}]}),
+        ),
+        Dialect::OpenaiChat => (
+            id.clone(),
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":id,"type":"function","function":{"name":"Bash","arguments":"{\"command\":\"ls\"}"}}]}),
+            json!({"role":"tool","tool_call_id":id,"content":"a.txt"}),
+        ),
+        Dialect::OpenaiResponses => (
+            id.clone(),
+            json!({"type":"function_call","call_id":id,"name":"Bash","arguments":"{\"command\":\"ls\"}"}),
+            json!({"type":"function_call_output","call_id":id,"output":"a.txt"}),
+        ),
+    }
+}
+
+/// #2959: a 429 on the continuation reaches the client as a 429 with the
+/// upstream's body, never a 200 the client would not retry.
+#[tokio::test]
+async fn a_429_on_the_continuation_reaches_the_client_as_429() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = harness(
+                Script::replies([
+                    Reply::recall(json!({"match": "x"})),
+                    Reply::error(429, json!({"type":"error","error":{"type":"rate_limit_error","message":"slow down"}})),
+                ]),
+                4,
+            )
+            .await;
+            let got = h
+                .post(path(d), &HDR, body(d, &[user(d, "hi")], stream))
+                .await;
+            assert_eq!(got.status, 429, "{d:?} {stream}: {}", got.text());
+            assert!(got.text().contains("slow down"));
+            assert_eq!(model_requests(&h, d).len(), 2);
+            h.settle().await;
+            let store = h.store();
+            let id = store.resolve_session(Some("recall-test")).unwrap();
+            let steps = store.steps(&id).unwrap();
+            assert_eq!(steps.len(), 1, "recorded once");
+            assert_eq!(steps[0].status, 429);
+        }
+    }
+}
+
+/// At most `max_rounds` continuations: a model that keeps calling the
+/// tool gets its last answer to the client without the call.
+#[tokio::test]
+async fn max_rounds_bounds_the_internal_round_trips() {
+    for d in ALL {
+        let h = harness(
+            Script::always(Reply::recall(json!({"match": "x"})).with_text("still looking")),
+            2,
+        )
+        .await;
+        let got = h.post(path(d), &HDR, body(d, &[user(d, "hi")], true)).await;
+        assert_eq!(got.status, 200, "{d:?}: {}", got.text());
+        assert!(!got.text().contains(RECALL_TOOL), "{d:?}: {}", got.text());
+        assert_eq!(
+            model_requests(&h, d).len(),
+            3,
+            "{d:?}: the request and two continuations"
+        );
+        h.settle().await;
+        let store = h.store();
+        let id = store.resolve_session(Some("recall-test")).unwrap();
+        let steps = store.steps(&id).unwrap();
+        let r = &steps[0].detail.recalls;
+        assert_eq!(r.len(), 3, "{d:?}");
+        assert_eq!(r.iter().filter(|c| c.continued).count(), 2);
+        assert!(
+            steps[0].detail.extra.input > 0,
+            "{d:?}: internal answers billed beyond the window"
+        );
+        // status counts them, the ATIF export marks them internal.
+        let meta = store.session_meta(&id).unwrap().unwrap();
+        let cuts = store.cuts(&id).unwrap();
+        let st = oceancode_ledger::status::Status::new(
+            &meta,
+            &steps,
+            &cuts,
+            1,
+            1,
+            80_000,
+            "40%".into(),
+            Some(200_000),
+            &|_| None,
+        );
+        let text = st.render();
+        assert!(
+            text.contains("recall   3 oceancode_recall calls answered by the proxy"),
+            "{text}"
+        );
+        let atif = oceancode_ledger::atif::trajectory(store, &id, &|_| None).unwrap();
+        let internal: Vec<&Value> = atif["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["extra"]["oceancode_internal"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(internal.len(), 3, "{d:?}: {atif}");
+        assert_eq!(internal[0]["function_name"], RECALL_TOOL);
+    }
+}
+
+/// With a cut: the stub names the tool, the tools array keeps its bytes
+/// across the cut, and a recall reads back a row that left the window.
+#[tokio::test]
+async fn a_cut_window_names_the_tool_and_keeps_its_bytes() {
+    let d = Dialect::Anthropic;
+    let h = harness(Script::always(Reply::text("ok")), 4).await;
+    let mut msgs = vec![user(d, "first: the secret word is PELICAN")];
+    for i in 0..4 {
+        let got = h.post(path(d), &HDR, body(d, &msgs, false)).await;
+        assert_eq!(got.status, 200);
+        h.settle().await;
+        msgs.push(assistant(d, "ok"));
+        msgs.push(user(d, &format!("next {i}")));
+    }
+    let cut = h
+        .post(
+            "/_oceancode/tideline",
+            &[("authorization", &format!("Bearer {}", h.admin_token()))],
+            serde_json::to_vec(&json!({"session": "recall-test", "value": "now"})).unwrap(),
+        )
+        .await;
+    assert_eq!(cut.status, 200, "{}", cut.text());
+    h.fake.set_script(
+        Script::replies([Reply::recall(json!({"search": "PELICAN"}))])
+            .then(Reply::text("it was PELICAN")),
+    );
+    let got = h.post(path(d), &HDR, body(d, &msgs, false)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(got.text().contains("it was PELICAN"));
+    let reqs = model_requests(&h, d);
+    let tools: Vec<String> = reqs.iter().map(|r| split(d, r).0).collect();
+    assert!(tools.iter().all(|t| t == &tools[0]));
+    let (_, last) = split(d, reqs.last().unwrap());
+    assert!(
+        last[0].contains("oceancode_recall tool reads that record back"),
+        "the stub names the tool: {}",
+        last[0]
+    );
+    let first = serde_json::to_string(&user(d, "first: the secret word is PELICAN")).unwrap();
+    assert!(!last.contains(&first), "the first ask left the window");
+    assert!(
+        last.iter()
+            .any(|m| m.contains("PELICAN") && m.contains("tool_result")),
+        "the recall found it: {last:?}"
+    );
+}
+
+/// Off (the default): nothing is injected, the answer streams through.
+#[tokio::test]
+async fn with_the_tool_off_nothing_is_injected() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let d = Dialect::Anthropic;
+    let got = h.post(path(d), &HDR, body(d, &[user(d, "hi")], true)).await;
+    assert_eq!(got.status, 200);
+    let reqs = model_requests(&h, d);
+    assert!(!split(d, &reqs[0]).0.contains(RECALL_TOOL));
+}
