@@ -170,9 +170,9 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
             "text",
             &[
                 ("class", "lbl line-lbl"),
-                ("x", &(W - RIGHT - 4.0).to_string()),
+                ("x", &(LEFT + 4.0).to_string()),
                 ("y", &ly),
-                ("text-anchor", "end"),
+                ("text-anchor", "start"),
             ],
             &label,
         );

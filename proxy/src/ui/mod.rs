@@ -46,6 +46,7 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 
 const CSS: &str = include_str!("assets/ui.css");
 const JS: &str = include_str!("assets/ui.js");
+const ICON: &str = include_str!("assets/icon.svg");
 
 /// Is `path` the viewer's?
 pub fn is_ui(path: &str) -> bool {
@@ -215,6 +216,7 @@ async fn route(app: Arc<App>, rest: &str, query: &str) -> Response<ProxyBody> {
     match rest {
         "assets/ui.css" => return answer(StatusCode::OK, "text/css; charset=utf-8", CSS),
         "assets/ui.js" => return answer(StatusCode::OK, "text/javascript; charset=utf-8", JS),
+        "assets/icon.svg" => return answer(StatusCode::OK, "image/svg+xml", ICON),
         _ => {}
     }
     if app.store.is_none() {

@@ -682,7 +682,17 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
                 } else {
                     None
                 };
-                row(h, d.meta.dialect, r, out || *hidden, state, base);
+                let pending = r.from_response && !active.contains(&r.seq) && !*hidden;
+                let open = q.seq == Some(r.seq);
+                row(
+                    h,
+                    d.meta.dialect,
+                    r,
+                    (out && !pending) || *hidden,
+                    state,
+                    base,
+                    open,
+                );
             }
         }
         View::Model => {
@@ -699,6 +709,7 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
                                 false,
                                 pinned.then_some("kept from before the cut"),
                                 base,
+                                q.seq == Some(*seq),
                             );
                         }
                     }
@@ -761,7 +772,24 @@ fn part_text(raw: &str) -> String {
     }
 }
 
-fn row(h: &mut Html, dialect: Dialect, r: &Row, dim: bool, state: Option<&str>, base: &str) {
+/// One row; `open`: its folded parts (tool calls and results, thinking)
+/// start open (the row a link points at).
+fn row(
+    h: &mut Html,
+    dialect: Dialect,
+    r: &Row,
+    dim: bool,
+    state: Option<&str>,
+    base: &str,
+    open: bool,
+) {
+    let details = |h: &mut Html, class: &'static str| {
+        if open {
+            h.open("details", &[("class", class), ("open", "")]);
+        } else {
+            h.open("details", &[("class", class)]);
+        }
+    };
     let anchor = format!("r-{}", r.seq);
     let class = match (dim, r.kind.as_str()) {
         (true, k) => format!("row out k-{k}"),
@@ -793,7 +821,8 @@ fn row(h: &mut Html, dialect: Dialect, r: &Row, dim: bool, state: Option<&str>, 
         match p {
             Part::Text(t) => clipped(h, "text", &t),
             Part::Thinking(t) => {
-                h.raw("<details class=\"thinking\"><summary>thinking</summary>");
+                details(h, "thinking");
+                h.raw("<summary>thinking</summary>");
                 h.el(
                     "div",
                     &[("class", "text")],
@@ -806,7 +835,8 @@ fn row(h: &mut Html, dialect: Dialect, r: &Row, dim: bool, state: Option<&str>, 
                     serde_json::Value::String(s) => s.clone(),
                     v => serde_json::to_string_pretty(v).unwrap_or_default(),
                 };
-                h.raw("<details class=\"call\"><summary>");
+                details(h, "call");
+                h.raw("<summary>");
                 h.text(&format!("call {name}"));
                 if let Some(id) = id {
                     h.raw(" ").el("span", &[("class", "muted")], &id);
@@ -818,7 +848,8 @@ fn row(h: &mut Html, dialect: Dialect, r: &Row, dim: bool, state: Option<&str>, 
             Part::ToolResult { id, is_error, text } => {
                 let lines = text.lines().count();
                 let class = if is_error { "result error" } else { "result" };
-                h.open("details", &[("class", class)]).raw("<summary>");
+                details(h, class);
+                h.raw("<summary>");
                 h.text(&format!(
                     "result{} · {lines} line{}",
                     if is_error { " (error)" } else { "" },
@@ -835,7 +866,8 @@ fn row(h: &mut Html, dialect: Dialect, r: &Row, dim: bool, state: Option<&str>, 
                 h.el("div", &[("class", "media")], &t);
             }
             Part::Other(t) => {
-                h.raw("<details class=\"other\"><summary>other</summary>");
+                details(h, "other");
+                h.raw("<summary>other</summary>");
                 h.el("pre", &[], &clip(&t, TEXT_CLIP));
                 h.raw("</details>");
             }
@@ -929,6 +961,14 @@ fn markdown(h: &mut Html, md: &str) {
             continue;
         }
         let t = line.trim_start();
+        if t.starts_with("<!--") {
+            continue;
+        }
+        let t = t
+            .strip_prefix('_')
+            .and_then(|x| x.strip_suffix('_'))
+            .filter(|x| !x.is_empty())
+            .unwrap_or(t);
         let is_item = t.starts_with("- ") || t.starts_with("* ");
         if in_list && !is_item {
             h.raw("</ul>");
