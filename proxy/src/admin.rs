@@ -173,6 +173,10 @@ fn decoded(seg: &str) -> String {
 
 /// Handle an admin request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody> {
+    // The viewer checks the same token, also from its cookie.
+    if crate::ui::is_ui(req.uri().path()) {
+        return crate::ui::handle(app, req).await;
+    }
     if !authorized(req.headers(), &app.admin_token) {
         app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
         return ProxyError::Unauthorized.into_response(Envelope::Anthropic);

@@ -8,7 +8,8 @@
 //! the window → [`upstream`] forwards → [`tap`] streams the answer back frame
 //! by frame while [`dialect`] collectors read usage and the assistant's rows.
 //! Before any of it, [`conn`] bounds the connections and [`access`] refuses
-//! requests from web pages and other hosts' names.
+//! requests from web pages and other hosts' names. [`ui`] is the read-only
+//! session viewer the proxy serves at `/_oceancode/ui/`.
 
 pub mod access;
 pub mod admin;
@@ -25,4 +26,5 @@ pub mod server;
 pub mod sessions;
 pub mod sse;
 pub mod tap;
+pub mod ui;
 pub mod upstream;

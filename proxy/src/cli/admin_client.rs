@@ -71,6 +71,11 @@ impl AdminClient {
         &self.base
     }
 
+    /// The admin token it sends, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// `GET path`, waiting at most `wait` for the answer head and again for
     /// its body.
     pub async fn get(&self, path: &str, wait: Duration) -> Result<Answer, AdminError> {

@@ -15,6 +15,7 @@
 //! | `status` | `status`: the session meter |
 //! | `tideline` | `tideline`: show or change a running proxy's line |
 //! | `context` | `context`: export the window to context.txt, edit it without the file, the receipt; `evict` |
+//! | `ui` | `ui [--open]`: the session viewer's URL, the admin token handed over once |
 //! | `proxies` | the running proxies of a data dir, and which one holds a session |
 
 mod admin_client;
@@ -30,6 +31,7 @@ mod run;
 mod serve;
 mod status;
 mod tideline;
+mod ui;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -81,6 +83,9 @@ enum Command {
     /// The session meter: context (window / line / model context), tokens
     /// in/out, cache hit ratio, spend.
     Status(status::StatusArgs),
+    /// The session viewer of the running proxy: print (or --open) its URL,
+    /// which hands the admin token over once.
+    Ui(ui::UiArgs),
 }
 
 /// Upstream URLs given on the command line (`serve`, `run`).
@@ -271,6 +276,10 @@ fn real_main(cli: Cli) -> Result<i32> {
         Command::Evict(a) => {
             let (cfg, dir) = reader(&cli)?;
             context::run_evict(&dir, &cfg, a)
+        }
+        Command::Ui(a) => {
+            let (cfg, dir) = reader(&cli)?;
+            ui::run(&dir, &cfg, a)
         }
     }
 }

@@ -14,6 +14,7 @@
 //! | `index` | live sessions by client key and id, matching, siblings, restore, eviction |
 //! | `state` | one session's rows, active line and tideline; absorbing a history |
 //! | `window` | rendering the window for the current cut (pure) |
+//! | `view` | the same plan from a recorded session, for the viewer's model view (pure) |
 //! | `layouts` | each client's latest body layouts, to split the next body fast |
 //! | `parse` | full parses of new messages, root hashes, token estimates |
 //! | `meter` | what the meter shows |
@@ -32,6 +33,7 @@ mod state;
 mod step;
 #[cfg(test)]
 mod tests;
+mod view;
 mod window;
 pub use context::{ContextAnswer, Evict, Evicted};
 
@@ -40,6 +42,7 @@ pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
 pub use state::State;
 pub use step::{Prepared, StepError, Ticket};
+pub use view::{model_view, ModelView, Sent};
 
 use index::Index;
 use layouts::Layouts;
