@@ -13,10 +13,10 @@
 //! (Decisions, Environment, ...) are stored in the database and rendered in
 //! their own sections.
 
+use crate::facts::{command_of, file_refs, todos_of};
 use crate::model::{Dialect, Row, RowKind};
 use crate::parts::{self, Part};
 use crate::transcript::{self, code, one_line};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -32,7 +32,7 @@ pub const NOTE_SECTIONS: &[&str] = &[
 /// Longest goal kept (characters).
 pub const GOAL_MAX: usize = 300;
 /// Longest command, task or error text kept on a line (characters).
-pub const LINE_MAX: usize = 160;
+pub const LINE_MAX: usize = crate::facts::LINE_MAX;
 
 /// One model-merged line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,13 +148,8 @@ impl Page {
 
     /// Set the goal from the session's first ask (its raw prompt row).
     pub fn set_goal(&mut self, dialect: Dialect, turn: u32, raw: &str) {
-        let texts = transcript::message_texts(dialect, raw);
-        let text = texts
-            .iter()
-            .find(|t| !t.trim().is_empty() && !t.trim_start().starts_with('<'))
-            .or_else(|| texts.iter().find(|t| !t.trim().is_empty()));
-        let goal = text.map(|t| clip(&squash(t), GOAL_MAX)).unwrap_or_default();
-        self.goal = Some((turn, goal));
+        let goal = crate::facts::ask_text(dialect, raw).unwrap_or_default();
+        self.goal = Some((turn, clip(&goal, GOAL_MAX)));
     }
 
     /// Add model-merged lines.
@@ -480,20 +475,7 @@ fn section(out: &mut String, title: &str, lines: impl Iterator<Item = String>) {
     }
 }
 
-/// Whitespace runs (newlines included) collapsed to one space, trimmed.
-pub(crate) fn squash(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// At most `max` characters (`…` marks a cut).
-pub(crate) fn clip(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
+pub(crate) use crate::facts::{clip, squash};
 
 /// The first telling line of an error output (an `Exit code N` line skipped).
 fn error_line(text: &str) -> String {
@@ -507,94 +489,10 @@ fn error_line(text: &str) -> String {
     clip(&squash(pick), LINE_MAX)
 }
 
-/// `(verb, path)` pairs a tool call names: `file_path` / `notebook_path` /
-/// `path` inputs, and the file headers of an `apply_patch` body.
-fn file_refs(name: &str, input: &Value) -> Vec<(String, String)> {
-    let lname = name.to_ascii_lowercase();
-    let mut out = Vec::new();
-    if let Some(o) = input.as_object() {
-        for key in ["file_path", "notebook_path", "path"] {
-            if let Some(p) = o.get(key).and_then(Value::as_str) {
-                if !p.is_empty() {
-                    out.push((lname.clone(), one_line(p)));
-                    break;
-                }
-            }
-        }
-    }
-    if lname.contains("apply_patch") || lname == "patch" {
-        let body = match input {
-            Value::String(s) => Some(s.as_str()),
-            Value::Object(o) => ["input", "patch"]
-                .iter()
-                .find_map(|k| o.get(*k).and_then(Value::as_str)),
-            _ => None,
-        };
-        for line in body.unwrap_or_default().lines() {
-            for (mark, verb) in [
-                ("*** Add File: ", "add"),
-                ("*** Update File: ", "update"),
-                ("*** Delete File: ", "delete"),
-                ("*** Move to: ", "move"),
-            ] {
-                if let Some(p) = line.strip_prefix(mark) {
-                    out.push((verb.to_string(), p.trim().to_string()));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The shell command a tool call runs (`Bash.command`, `exec_command.cmd`,
-/// `shell.command` arrays such as `["bash", "-lc", "..."]`).
-fn command_of(name: &str, input: &Value) -> Option<String> {
-    let lname = name.to_ascii_lowercase();
-    let shellish = ["bash", "shell", "exec", "command", "terminal", "run"]
-        .iter()
-        .any(|k| lname.contains(k));
-    if !shellish {
-        return None;
-    }
-    let o = input.as_object()?;
-    let v = o.get("command").or_else(|| o.get("cmd"))?;
-    let cmd = match v {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => {
-            let words: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
-            match words.as_slice() {
-                [_, flag, script] if matches!(*flag, "-lc" | "-c") => script.to_string(),
-                _ => words.join(" "),
-            }
-        }
-        _ => return None,
-    };
-    let cmd = clip(&squash(&cmd), LINE_MAX);
-    (!cmd.is_empty()).then_some(cmd)
-}
-
-/// `(content, status)` of a `TodoWrite` (`todos`) or `update_plan` (`plan`) call.
-fn todos_of(input: &Value) -> Option<Vec<(String, String)>> {
-    let o = input.as_object()?;
-    let (list, key) = match (o.get("todos"), o.get("plan")) {
-        (Some(Value::Array(l)), _) => (l, "content"),
-        (_, Some(Value::Array(l))) => (l, "step"),
-        _ => return None,
-    };
-    let items: Vec<(String, String)> = list
-        .iter()
-        .filter_map(|t| {
-            let content = t.get(key)?.as_str()?;
-            let status = t.get("status").and_then(Value::as_str).unwrap_or("pending");
-            Some((squash(content), status.to_string()))
-        })
-        .collect();
-    (!items.is_empty()).then_some(items)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn commands_from_arrays() {
