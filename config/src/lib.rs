@@ -16,8 +16,8 @@ pub use command::{
 pub use config::{
     check_upstream_url, default_config_path, default_data_dir, find_config_file, process_env,
     resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded, MergeConfig,
-    ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig, TidelineConfig,
-    WriterConfig,
+    ModelConfig, Overrides, PriceConfig, ProviderConfig, RetentionConfig, StateConfig,
+    TidelineConfig, WriterConfig, MAX_STATE_TOKENS, MIN_STATE_TOKENS,
 };
 pub use error::ConfigError;
 pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};

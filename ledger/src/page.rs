@@ -4,9 +4,10 @@
 //! The engine writes what the rows already say: the goal (the first ask),
 //! files touched (tool inputs with paths, `apply_patch` headers), commands
 //! and their exit codes, tasks (`TodoWrite`, `update_plan`), tool errors and
-//! a one-line log per turn. Turns are folded in order once every row of the
-//! turn is past the tideline ([`Page::merge_turn`]). Every line is stamped
-//! with its turn (`t07`). The page is edited, never rewritten: a merge only
+//! a log line per turn (per block of a long turn). Rows are folded block by
+//! block as soon as they are past the tideline, at each recorded cut
+//! ([`Page::merge_turn`]), so a long headless turn has its facts on the page
+//! after its first cut. Every line is stamped with its turn (`t07`). The page is edited, never rewritten: a merge only
 //! adds lines, fills a pending exit code, or strikes a reversed line through
 //! (`~~old~~`: a task whose status changed, an error a later run of the same
 //! command fixed, a fact from rows a rewind hid). Optional model-merged notes
@@ -109,6 +110,7 @@ struct Call {
 pub struct Page {
     goal: Option<(u32, String)>,
     merged_through: u32,
+    whole_through: u32,
     merged_upto_seq: u64,
     files: Vec<File>,
     commands: Vec<Command>,
@@ -126,14 +128,29 @@ impl Page {
         Page::default()
     }
 
-    /// The last turn folded in (0 = none).
+    /// The last turn folded in, wholly or in part (0 = none).
     pub fn merged_through(&self) -> u32 {
         self.merged_through
     }
 
-    /// The last seq of the folded turns (0 = none).
+    /// The last seq folded in (0 = none).
     pub fn merged_upto_seq(&self) -> u64 {
         self.merged_upto_seq
+    }
+
+    /// Every row up to `seq` is folded in (a block past the tideline).
+    pub fn set_merged_upto(&mut self, seq: u64) {
+        self.merged_upto_seq = self.merged_upto_seq.max(seq);
+    }
+
+    /// The last turn wholly past the tideline (what a model merge may take).
+    pub fn whole_through(&self) -> u32 {
+        self.whole_through
+    }
+
+    /// Set [`Page::whole_through`].
+    pub fn set_whole_through(&mut self, turn: u32) {
+        self.whole_through = self.whole_through.max(turn);
     }
 
     /// Whether a goal is set.
@@ -157,8 +174,10 @@ impl Page {
         self.notes.extend(notes);
     }
 
-    /// Fold one turn: `rows` are ALL its rows in seq order with their
-    /// `hidden` flag. Turns must come in increasing order.
+    /// Fold rows of one turn: `rows` are the turn's rows of one block past
+    /// the tideline (all of the turn's rows in it, hidden ones too), in seq
+    /// order with their `hidden` flag; blocks come in seq order. A long turn
+    /// is folded block by block, each block with its own log line.
     pub fn merge_turn(&mut self, dialect: Dialect, turn: u32, rows: &[(Row, bool)]) {
         let mut log = Log {
             turn,
@@ -173,7 +192,6 @@ impl Page {
             tool_calls: 0,
             errors: 0,
         };
-        let mut files: Vec<File> = Vec::new();
         for (row, hidden) in rows {
             let rewound = *hidden;
             for part in parts::parts(dialect, &row.raw) {
@@ -185,16 +203,17 @@ impl Page {
                         let mut what = None;
                         for (verb, path) in file_refs(&name, &input) {
                             what.get_or_insert_with(|| path.clone());
-                            match files
+                            match self
+                                .files
                                 .iter_mut()
-                                .find(|f| f.path == path && f.rewound == rewound)
+                                .find(|f| f.turn == turn && f.path == path && f.rewound == rewound)
                             {
                                 Some(f) => {
                                     if !f.verbs.contains(&verb) {
                                         f.verbs.push(verb);
                                     }
                                 }
-                                None => files.push(File {
+                                None => self.files.push(File {
                                     turn,
                                     path,
                                     verbs: vec![verb],
@@ -269,9 +288,8 @@ impl Page {
                 }
             }
         }
-        self.files.extend(files);
         self.log.push(log);
-        self.merged_through = turn;
+        self.merged_through = self.merged_through.max(turn);
         if let Some((r, _)) = rows.last() {
             self.merged_upto_seq = self.merged_upto_seq.max(r.seq);
         }
@@ -303,7 +321,7 @@ impl Page {
              Lines are added or struck through (~~old~~), never rewritten. -->\n\n",
         );
         if self.merged_through == 0 {
-            out.push_str("Merged: no turn is wholly past the tideline yet.\n");
+            out.push_str("Merged: no row is past the tideline yet.\n");
         } else {
             let range = if self.merged_through == 1 {
                 stamp(1)

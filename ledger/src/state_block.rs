@@ -21,9 +21,10 @@ use std::fmt::Write as _;
 
 /// The default budget (tokens).
 pub const DEFAULT_MAX_TOKENS: u32 = 2_000;
-/// Bytes per token the budget assumes (a fixed ratio: a learned one would
-/// change the bytes between cuts).
-pub const BYTES_PER_TOKEN: usize = 3;
+/// Bytes per ten tokens the budget assumes: a fixed ratio (a learned one
+/// would change the bytes between cuts), low because paths and numbers
+/// tokenize short (o200k: ~2.5 bytes a token on a block of paths).
+pub const BYTES_PER_TEN_TOKENS: usize = 24;
 /// A transcript range is at most this many lines (Claude Code's `Read`
 /// reads 2,000 lines by default): a long turn is named in pieces.
 pub const RANGE_LINES: u32 = 2_000;
@@ -211,6 +212,14 @@ pub fn ranges(lines: &[RowLines]) -> Vec<Range> {
     out
 }
 
+/// `("dir/", "name")` of a path (`("", path)` without a `/`).
+fn split_path(p: &str) -> (&str, &str) {
+    match p.rfind('/') {
+        Some(i) => (&p[..=i], &p[i + 1..]),
+        None => ("", p),
+    }
+}
+
 fn span(a: u64, b: u64) -> String {
     if a == b {
         a.to_string()
@@ -228,7 +237,7 @@ fn status_mark(status: &str) -> &'static str {
     }
 }
 
-/// Render the block within `max_tokens` (at [`BYTES_PER_TOKEN`]): the goal,
+/// Render the block within `max_tokens` (at [`BYTES_PER_TEN_TOKENS`]): the goal,
 /// the tasks and where to look always; files newest first and failed
 /// commands as far as the budget goes (what does not fit is counted, and is
 /// in `SESSION.md` and the transcripts). `None` when there is nothing to say.
@@ -237,7 +246,7 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
     if input.goal.is_none() && f.files.is_empty() && f.tasks.is_none() && input.lines.is_empty() {
         return None;
     }
-    let budget = max_tokens as usize * BYTES_PER_TOKEN;
+    let budget = max_tokens as usize * BYTES_PER_TEN_TOKENS / 10;
     let dir = input
         .dir
         .strip_suffix('/')
@@ -281,11 +290,11 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
         }
     }
     // Where to look: always whole.
-    let mut tail = String::from("\nWhere to look (the verbatim rows):");
+    let mut tail = format!("\nWhere to look (the verbatim rows, in {dir}/transcript/):");
     for r in ranges(input.lines) {
         let _ = write!(
             tail,
-            "\n- {dir}/transcript/{} lines {}: seq {} (t{:02})",
+            "\n- {} lines {}: seq {} (t{:02})",
             turn_file_name(r.turn),
             span(u64::from(r.lines.0), u64::from(r.lines.1)),
             span(r.seqs.0, r.seqs.1),
@@ -301,40 +310,7 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
     // Files and failed commands share what is left.
     let mut room = budget.saturating_sub(head.len() + tail.len());
     let mut middle = String::new();
-    let files = f.files_newest_first();
-    if !files.is_empty() {
-        let title = "\nFiles touched in the cut part (newest first):";
-        let mut shown = 0;
-        let mut body = String::new();
-        for file in &files {
-            let how: Vec<&str> = file.touches.iter().map(|t| t.as_str()).collect();
-            let line = format!(
-                "\n- {} ({}) t{:02} seq {}",
-                code(&file.path),
-                how.join(", "),
-                file.turn,
-                file.seq
-            );
-            if title.len() + body.len() + line.len() + 40 > room {
-                break;
-            }
-            body.push_str(&line);
-            shown += 1;
-        }
-        if shown > 0 || files.len() > shown {
-            middle.push_str(title);
-            middle.push_str(&body);
-            if files.len() > shown {
-                let _ = write!(
-                    middle,
-                    "\n- … {} older file{} in SESSION.md",
-                    files.len() - shown,
-                    if files.len() - shown == 1 { "" } else { "s" }
-                );
-            }
-        }
-        room = room.saturating_sub(middle.len());
-    }
+    let mut failed_text = String::new();
     if !f.failed.is_empty() {
         let title = "\nFailed, not since succeeded:";
         let mut body = String::new();
@@ -344,26 +320,91 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
                 .exit
                 .map_or_else(|| "error".to_string(), |e| format!("exit {e}"));
             let line = format!("\n- {} → {exit} t{:02} seq {}", code(&c.cmd), c.turn, c.seq);
-            if title.len() + body.len() + line.len() > room {
+            // At most a quarter of the room: the files keep the rest.
+            if title.len() + body.len() + line.len() > room / 4 {
                 break;
             }
             body.push_str(&line);
             shown += 1;
         }
         if shown > 0 {
-            middle.push_str(title);
-            middle.push_str(&body);
+            failed_text.push_str(title);
+            failed_text.push_str(&body);
+        }
+    }
+    room = room.saturating_sub(failed_text.len());
+    let files = f.files_newest_first();
+    if !files.is_empty() {
+        let title = "\nFiles touched in the cut part (by directory, newest first; how and the turn and seq of the last touch):";
+        // Directories in the order of their newest touch, files newest first.
+        let mut dirs: Vec<(&str, Vec<&FileTouch>)> = Vec::new();
+        for file in &files {
+            let (d, _) = split_path(&file.path);
+            match dirs.iter_mut().find(|(x, _)| *x == d) {
+                Some((_, v)) => v.push(file),
+                None => dirs.push((d, vec![file])),
+            }
+        }
+        let mut body = String::new();
+        let mut shown = 0;
+        'dirs: for (d, group) in &dirs {
+            // One turn for the whole directory: said once, in its head.
+            let one_turn = group.iter().all(|f| f.turn == group[0].turn);
+            let dname = if d.is_empty() {
+                "./".to_string()
+            } else {
+                one_line(d)
+            };
+            let head = if one_turn {
+                format!("\n- {dname} (t{:02}):", group[0].turn)
+            } else {
+                format!("\n- {dname}:")
+            };
+            let mut line = String::new();
+            for file in group {
+                let (_, name) = split_path(&file.path);
+                let how: Vec<&str> = file.touches.iter().map(|t| t.as_str()).collect();
+                let at = if one_turn {
+                    file.seq.to_string()
+                } else {
+                    format!("t{:02}·{}", file.turn, file.seq)
+                };
+                let entry = format!(" {} ({} {at});", one_line(name), how.join("+"));
+                let need = title.len() + body.len() + head.len() + line.len() + entry.len() + 48;
+                if need > room {
+                    if !line.is_empty() {
+                        body.push_str(&head);
+                        body.push_str(line.trim_end_matches(';'));
+                    }
+                    break 'dirs;
+                }
+                line.push_str(&entry);
+                shown += 1;
+            }
+            body.push_str(&head);
+            body.push_str(line.trim_end_matches(';'));
+        }
+        middle.push_str(title);
+        middle.push_str(&body);
+        if files.len() > shown {
+            let _ = write!(
+                middle,
+                "\n- … {} older file{} in SESSION.md",
+                files.len() - shown,
+                if files.len() - shown == 1 { "" } else { "s" }
+            );
         }
     }
     let mut out = head;
     out.push_str(&middle);
+    out.push_str(&failed_text);
     out.push_str(&tail);
     Some(out)
 }
 
-/// Estimated tokens of a block (at [`BYTES_PER_TOKEN`]).
+/// Estimated tokens of a block (at [`BYTES_PER_TEN_TOKENS`]).
 pub fn tokens(block: &str) -> u32 {
-    block.len().div_ceil(BYTES_PER_TOKEN) as u32
+    (block.len() * 10).div_ceil(BYTES_PER_TEN_TOKENS) as u32
 }
 
 #[cfg(test)]
@@ -434,7 +475,7 @@ mod tests {
         assert!(block.contains("Goal (t01, seq 1): Fix the bug"));
         assert!(block.contains("- [~] fix a\n- [ ] docs"));
         assert!(
-            block.contains("- `src/a.rs` (read, edited) t01 seq 6"),
+            block.contains("- src/ (t01): a.rs (read+edited 6)"),
             "{block}"
         );
         assert!(
@@ -445,7 +486,7 @@ mod tests {
             !block.contains("cargo build"),
             "it succeeded since: {block}"
         );
-        assert!(block.contains("- /d/s1/transcript/0001.md lines 10–108: seq 1–10 (t01)"));
+        assert!(block.contains("in /d/s1/transcript/):\n- 0001.md lines 10–108: seq 1–10 (t01)"));
         assert!(block.contains("oceancode-proxy recall s1 --before 11 --match TEXT"));
         assert_eq!(
             Some(block.clone()),
@@ -455,7 +496,7 @@ mod tests {
         // A tight budget keeps the goal, tasks and ranges and counts the files.
         let small = render(&input, 100).unwrap();
         assert!(small.contains("1 older file in SESSION.md"), "{small}");
-        assert!(small.contains("transcript/0001.md"));
+        assert!(small.contains("- 0001.md lines"));
     }
 
     #[test]

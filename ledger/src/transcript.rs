@@ -220,8 +220,8 @@ pub fn line_count(s: &str) -> u32 {
 
 /// Lines of one row's section in its turn file (anchor labels never change
 /// the count): what a caller without the file needs to place the row.
-pub fn section_lines(dialect: Dialect, row: &Row) -> u32 {
-    line_count(&render_row(dialect, row))
+pub fn section_lines(dialect: Dialect, seq: u64, role: &str, raw: &str) -> u32 {
+    line_count(&render_section(dialect, seq, role, raw, ""))
 }
 
 /// The heading a turn file starts with; [`render_turn`] is this followed by
@@ -238,15 +238,19 @@ pub fn render_row(dialect: Dialect, row: &Row) -> String {
 /// One row's section of a turn file, `label` ([`LineIndex::label`]) after
 /// its role in the anchor.
 pub fn render_row_labeled(dialect: Dialect, row: &Row, label: &str) -> String {
+    render_section(dialect, row.seq, &row.role, &row.raw, label)
+}
+
+fn render_section(dialect: Dialect, seq: u64, role: &str, raw: &str, label: &str) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
         "\n## seq {} · {}{}\n",
-        row.seq,
-        one_line(&row.role),
+        seq,
+        one_line(role),
         one_line(label)
     );
-    for block in row_blocks(dialect, &row.raw) {
+    for block in row_blocks(dialect, raw) {
         out.push('\n');
         out.push_str(&block);
         if !block.ends_with('\n') {
