@@ -388,6 +388,8 @@ pub struct LedgerConfig {
     /// The `oceancode_recall` tool the proxy injects and answers itself
     /// (off by default; `true`/`false` or `{"enabled": …, "max_rounds": …}`).
     pub recall_tool: RecallToolConfig,
+    /// The state block rendered after the stub at every cut.
+    pub state: StateConfig,
     /// Removed key `ledger.low` (ignored, reported as a warning).
     #[doc(hidden)]
     #[serde(skip_serializing)]
@@ -413,6 +415,7 @@ impl Default for LedgerConfig {
             tideline: TidelineConfig::default(),
             merge: MergeConfig::default(),
             recall_tool: RecallToolConfig::default(),
+            state: StateConfig::default(),
             low: RemovedKey::default(),
             reserve: RemovedKey::default(),
             profile: RemovedKey::default(),
@@ -499,6 +502,32 @@ impl TidelineConfig {
                 self.tokens = None;
                 self.percent = Some(p);
             }
+        }
+    }
+}
+
+/// `ledger.state`: the state block after the stub (the goal, the task
+/// list, the files touched and the commands that failed in the rows that
+/// left, and where to find them in the transcripts), byte-stable between cuts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateConfig {
+    /// Render the block after the stub (default `true`).
+    pub enabled: bool,
+    /// The block's budget in tokens (default 2000; 200 to 20000).
+    pub max_tokens: u32,
+}
+
+/// The smallest `ledger.state.max_tokens`.
+pub const MIN_STATE_TOKENS: u32 = 200;
+/// The largest `ledger.state.max_tokens`.
+pub const MAX_STATE_TOKENS: u32 = 20_000;
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            enabled: true,
+            max_tokens: 2_000,
         }
     }
 }
@@ -1050,6 +1079,16 @@ impl Config {
                 ));
             }
             _ => {}
+        }
+        let st = &self.ledger.state;
+        if !(MIN_STATE_TOKENS..=MAX_STATE_TOKENS).contains(&st.max_tokens) {
+            return Err(ConfigError::invalid(
+                "ledger.state.max_tokens",
+                format!(
+                    "{} is out of range ({MIN_STATE_TOKENS} to {MAX_STATE_TOKENS})",
+                    st.max_tokens
+                ),
+            ));
         }
         if let Some(m) = &self.ledger.merge.model {
             if m.trim().is_empty() {

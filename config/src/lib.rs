@@ -19,7 +19,7 @@ pub use config::{
     check_upstream_url, default_config_path, default_data_dir, find_config_file, parse_usd,
     process_env, resolve_data_dir, vars, AccessConfig, Config, LedgerConfig, LimitsConfig, Loaded,
     MergeConfig, ModelConfig, Overrides, PriceConfig, ProviderConfig, RecallToolConfig,
-    RetentionConfig, TidelineConfig, WriterConfig,
+    RetentionConfig, StateConfig, TidelineConfig, WriterConfig, MAX_STATE_TOKENS, MIN_STATE_TOKENS,
 };
 pub use error::ConfigError;
 pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};

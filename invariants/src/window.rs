@@ -110,6 +110,7 @@ pub fn run(script: &Script) {
         }),
         tideline_enabled: true,
         live_window: oceancode_proxy::sessions::LIVE_WINDOW,
+        state_tokens: Some(2_000),
     };
     let mut sim = Sim {
         d,

@@ -15,6 +15,7 @@ pub use oceancode_window::{
 
 pub mod atif;
 pub mod export;
+pub mod facts;
 pub mod merge;
 pub mod page;
 pub mod parts;
@@ -23,6 +24,7 @@ pub mod rebuild;
 pub mod recall;
 pub mod resolve;
 pub mod retention;
+pub mod state_block;
 pub mod status;
 pub mod store;
 pub mod transcript;

@@ -4,19 +4,20 @@
 //! The engine writes what the rows already say: the goal (the first ask),
 //! files touched (tool inputs with paths, `apply_patch` headers), commands
 //! and their exit codes, tasks (`TodoWrite`, `update_plan`), tool errors and
-//! a one-line log per turn. Turns are folded in order once every row of the
-//! turn is past the tideline ([`Page::merge_turn`]). Every line is stamped
-//! with its turn (`t07`). The page is edited, never rewritten: a merge only
+//! a log line per turn (per block of a long turn). Rows are folded block by
+//! block as soon as they are past the tideline, at each recorded cut
+//! ([`Page::merge_turn`]), so a long headless turn has its facts on the page
+//! after its first cut. Every line is stamped with its turn (`t07`). The page is edited, never rewritten: a merge only
 //! adds lines, fills a pending exit code, or strikes a reversed line through
 //! (`~~old~~`: a task whose status changed, an error a later run of the same
 //! command fixed, a fact from rows a rewind hid). Optional model-merged notes
 //! (Decisions, Environment, ...) are stored in the database and rendered in
 //! their own sections.
 
+use crate::facts::{command_of, file_refs, todos_of};
 use crate::model::{Dialect, Row, RowKind};
 use crate::parts::{self, Part};
 use crate::transcript::{self, code, one_line};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -32,7 +33,7 @@ pub const NOTE_SECTIONS: &[&str] = &[
 /// Longest goal kept (characters).
 pub const GOAL_MAX: usize = 300;
 /// Longest command, task or error text kept on a line (characters).
-pub const LINE_MAX: usize = 160;
+pub const LINE_MAX: usize = crate::facts::LINE_MAX;
 
 /// One model-merged line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,6 +110,7 @@ struct Call {
 pub struct Page {
     goal: Option<(u32, String)>,
     merged_through: u32,
+    whole_through: u32,
     merged_upto_seq: u64,
     files: Vec<File>,
     commands: Vec<Command>,
@@ -126,14 +128,29 @@ impl Page {
         Page::default()
     }
 
-    /// The last turn folded in (0 = none).
+    /// The last turn folded in, wholly or in part (0 = none).
     pub fn merged_through(&self) -> u32 {
         self.merged_through
     }
 
-    /// The last seq of the folded turns (0 = none).
+    /// The last seq folded in (0 = none).
     pub fn merged_upto_seq(&self) -> u64 {
         self.merged_upto_seq
+    }
+
+    /// Every row up to `seq` is folded in (a block past the tideline).
+    pub fn set_merged_upto(&mut self, seq: u64) {
+        self.merged_upto_seq = self.merged_upto_seq.max(seq);
+    }
+
+    /// The last turn wholly past the tideline (what a model merge may take).
+    pub fn whole_through(&self) -> u32 {
+        self.whole_through
+    }
+
+    /// Set [`Page::whole_through`].
+    pub fn set_whole_through(&mut self, turn: u32) {
+        self.whole_through = self.whole_through.max(turn);
     }
 
     /// Whether a goal is set.
@@ -148,13 +165,8 @@ impl Page {
 
     /// Set the goal from the session's first ask (its raw prompt row).
     pub fn set_goal(&mut self, dialect: Dialect, turn: u32, raw: &str) {
-        let texts = transcript::message_texts(dialect, raw);
-        let text = texts
-            .iter()
-            .find(|t| !t.trim().is_empty() && !t.trim_start().starts_with('<'))
-            .or_else(|| texts.iter().find(|t| !t.trim().is_empty()));
-        let goal = text.map(|t| clip(&squash(t), GOAL_MAX)).unwrap_or_default();
-        self.goal = Some((turn, goal));
+        let goal = crate::facts::ask_text(dialect, raw).unwrap_or_default();
+        self.goal = Some((turn, clip(&goal, GOAL_MAX)));
     }
 
     /// Add model-merged lines.
@@ -162,8 +174,10 @@ impl Page {
         self.notes.extend(notes);
     }
 
-    /// Fold one turn: `rows` are ALL its rows in seq order with their
-    /// `hidden` flag. Turns must come in increasing order.
+    /// Fold rows of one turn: `rows` are the turn's rows of one block past
+    /// the tideline (all of the turn's rows in it, hidden ones too), in seq
+    /// order with their `hidden` flag; blocks come in seq order. A long turn
+    /// is folded block by block, each block with its own log line.
     pub fn merge_turn(&mut self, dialect: Dialect, turn: u32, rows: &[(Row, bool)]) {
         let mut log = Log {
             turn,
@@ -178,7 +192,6 @@ impl Page {
             tool_calls: 0,
             errors: 0,
         };
-        let mut files: Vec<File> = Vec::new();
         for (row, hidden) in rows {
             let rewound = *hidden;
             for part in parts::parts(dialect, &row.raw) {
@@ -190,16 +203,17 @@ impl Page {
                         let mut what = None;
                         for (verb, path) in file_refs(&name, &input) {
                             what.get_or_insert_with(|| path.clone());
-                            match files
+                            match self
+                                .files
                                 .iter_mut()
-                                .find(|f| f.path == path && f.rewound == rewound)
+                                .find(|f| f.turn == turn && f.path == path && f.rewound == rewound)
                             {
                                 Some(f) => {
                                     if !f.verbs.contains(&verb) {
                                         f.verbs.push(verb);
                                     }
                                 }
-                                None => files.push(File {
+                                None => self.files.push(File {
                                     turn,
                                     path,
                                     verbs: vec![verb],
@@ -274,9 +288,8 @@ impl Page {
                 }
             }
         }
-        self.files.extend(files);
         self.log.push(log);
-        self.merged_through = turn;
+        self.merged_through = self.merged_through.max(turn);
         if let Some((r, _)) = rows.last() {
             self.merged_upto_seq = self.merged_upto_seq.max(r.seq);
         }
@@ -308,7 +321,7 @@ impl Page {
              Lines are added or struck through (~~old~~), never rewritten. -->\n\n",
         );
         if self.merged_through == 0 {
-            out.push_str("Merged: no turn is wholly past the tideline yet.\n");
+            out.push_str("Merged: no row is past the tideline yet.\n");
         } else {
             let range = if self.merged_through == 1 {
                 stamp(1)
@@ -480,20 +493,7 @@ fn section(out: &mut String, title: &str, lines: impl Iterator<Item = String>) {
     }
 }
 
-/// Whitespace runs (newlines included) collapsed to one space, trimmed.
-pub(crate) fn squash(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// At most `max` characters (`…` marks a cut).
-pub(crate) fn clip(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        return s.to_string();
-    }
-    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
-    out.push('…');
-    out
-}
+pub(crate) use crate::facts::{clip, squash};
 
 /// The first telling line of an error output (an `Exit code N` line skipped).
 fn error_line(text: &str) -> String {
@@ -507,94 +507,10 @@ fn error_line(text: &str) -> String {
     clip(&squash(pick), LINE_MAX)
 }
 
-/// `(verb, path)` pairs a tool call names: `file_path` / `notebook_path` /
-/// `path` inputs, and the file headers of an `apply_patch` body.
-fn file_refs(name: &str, input: &Value) -> Vec<(String, String)> {
-    let lname = name.to_ascii_lowercase();
-    let mut out = Vec::new();
-    if let Some(o) = input.as_object() {
-        for key in ["file_path", "notebook_path", "path"] {
-            if let Some(p) = o.get(key).and_then(Value::as_str) {
-                if !p.is_empty() {
-                    out.push((lname.clone(), one_line(p)));
-                    break;
-                }
-            }
-        }
-    }
-    if lname.contains("apply_patch") || lname == "patch" {
-        let body = match input {
-            Value::String(s) => Some(s.as_str()),
-            Value::Object(o) => ["input", "patch"]
-                .iter()
-                .find_map(|k| o.get(*k).and_then(Value::as_str)),
-            _ => None,
-        };
-        for line in body.unwrap_or_default().lines() {
-            for (mark, verb) in [
-                ("*** Add File: ", "add"),
-                ("*** Update File: ", "update"),
-                ("*** Delete File: ", "delete"),
-                ("*** Move to: ", "move"),
-            ] {
-                if let Some(p) = line.strip_prefix(mark) {
-                    out.push((verb.to_string(), p.trim().to_string()));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The shell command a tool call runs (`Bash.command`, `exec_command.cmd`,
-/// `shell.command` arrays such as `["bash", "-lc", "..."]`).
-fn command_of(name: &str, input: &Value) -> Option<String> {
-    let lname = name.to_ascii_lowercase();
-    let shellish = ["bash", "shell", "exec", "command", "terminal", "run"]
-        .iter()
-        .any(|k| lname.contains(k));
-    if !shellish {
-        return None;
-    }
-    let o = input.as_object()?;
-    let v = o.get("command").or_else(|| o.get("cmd"))?;
-    let cmd = match v {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => {
-            let words: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
-            match words.as_slice() {
-                [_, flag, script] if matches!(*flag, "-lc" | "-c") => script.to_string(),
-                _ => words.join(" "),
-            }
-        }
-        _ => return None,
-    };
-    let cmd = clip(&squash(&cmd), LINE_MAX);
-    (!cmd.is_empty()).then_some(cmd)
-}
-
-/// `(content, status)` of a `TodoWrite` (`todos`) or `update_plan` (`plan`) call.
-fn todos_of(input: &Value) -> Option<Vec<(String, String)>> {
-    let o = input.as_object()?;
-    let (list, key) = match (o.get("todos"), o.get("plan")) {
-        (Some(Value::Array(l)), _) => (l, "content"),
-        (_, Some(Value::Array(l))) => (l, "step"),
-        _ => return None,
-    };
-    let items: Vec<(String, String)> = list
-        .iter()
-        .filter_map(|t| {
-            let content = t.get(key)?.as_str()?;
-            let status = t.get("status").and_then(Value::as_str).unwrap_or("pending");
-            Some((squash(content), status.to_string()))
-        })
-        .collect();
-    (!items.is_empty()).then_some(items)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn commands_from_arrays() {

@@ -69,6 +69,11 @@ impl DataDir {
         self.transcript_dir(id).join(turn_file_name(turn))
     }
 
+    /// `<data>/sessions/<id>/transcript/NNNN.rows.md` (the turn file's line index).
+    pub fn rows_file(&self, id: &str, turn: u32) -> PathBuf {
+        self.transcript_dir(id).join(rows_file_name(turn))
+    }
+
     /// `<data>/sessions/<id>/transcript/index.md`.
     pub fn index_file(&self, id: &str) -> PathBuf {
         self.transcript_dir(id).join("index.md")
@@ -96,6 +101,11 @@ impl DataDir {
 /// `NNNN.md` for a turn (at least 4 digits).
 pub fn turn_file_name(turn: u32) -> String {
     format!("{turn:04}.md")
+}
+
+/// `NNNN.rows.md`: the sidecar of a turn file, where each of its rows is.
+pub fn rows_file_name(turn: u32) -> String {
+    format!("{turn:04}.rows.md")
 }
 
 /// Map a session id to a directory name that is safe on any filesystem:

@@ -11,11 +11,20 @@
 //! in a ```` ```json ```` fence. Rows hidden by a branch are not passed in
 //! (transcripts show the active line; the database keeps the rest).
 //!
+//! A row's anchor names its tools: `## seq 57 · assistant · call Bash`,
+//! `## seq 58 · user · result Bash` (a result is named by the call it
+//! answers in the same turn). Each turn file has a sidecar
+//! (`transcript/NNNN.rows.md`) with the line range of every row, and
+//! [`LineIndex`] is the same index as an API (seq → file and lines): what
+//! the state block names and what a pointer to a row can cite, so an
+//! agent's `Read` with offset/limit or `sed -n A,Bp` lands on the row.
+//!
 //! `transcript/index.md` lists the session's facts and one table line per
 //! turn: link, seq range, tokens and the prompt's first line.
 
 use crate::media;
 use crate::model::{Dialect, Row, RowKind, SessionMeta};
+pub use crate::paths::rows_file_name;
 use crate::paths::{sanitize_session_id, turn_file_name};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
@@ -42,11 +51,177 @@ pub struct TurnSummary {
 /// Render one turn file. `rows` are the turn's rows of the active line, in
 /// `seq` order.
 pub fn render_turn(dialect: Dialect, turn: u32, rows: &[Row]) -> String {
+    render_turn_indexed(dialect, turn, rows).0
+}
+
+/// [`render_turn`] and the turn's [`LineIndex`] (with each row's anchor label).
+pub fn render_turn_indexed(dialect: Dialect, turn: u32, rows: &[Row]) -> (String, LineIndex) {
     let mut out = render_turn_head(turn);
+    let mut index = LineIndex::new(turn);
     for row in rows {
-        out.push_str(&render_row(dialect, row));
+        let tools = row_tools(dialect, &row.raw);
+        let label = index.label(&tools);
+        let section = render_row_labeled(dialect, row, &label);
+        index.place(row.seq, &row.role, &section, &label);
+        out.push_str(&section);
     }
-    out
+    (out, index)
+}
+
+/// Where one row is in its turn file (1-based lines, inclusive): `first`
+/// is its `## seq` anchor, `last` its last line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLines {
+    /// The row's seq.
+    pub seq: u64,
+    /// Its turn (the file is [`turn_file_name`]`(turn)`).
+    pub turn: u32,
+    /// The anchor's line.
+    pub first: u32,
+    /// The row's last line.
+    pub last: u32,
+}
+
+/// The tools a row's anchor names: the calls it makes `(id, name)` and the
+/// call ids its results answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowTools {
+    /// Calls made: `(id, tool name)`.
+    pub calls: Vec<(Option<String>, String)>,
+    /// Results given: the call id each answers.
+    pub results: Vec<Option<String>>,
+}
+
+/// [`RowTools`] of a raw row.
+pub fn row_tools(dialect: Dialect, raw: &str) -> RowTools {
+    let mut t = RowTools::default();
+    for p in crate::parts::parts(dialect, raw) {
+        match p {
+            crate::parts::Part::ToolCall { id, name, .. } => t.calls.push((id, name)),
+            crate::parts::Part::ToolResult { id, .. } => t.results.push(id),
+            _ => {}
+        }
+    }
+    t
+}
+
+/// The line index of one turn file, built row by row in `seq` order as
+/// the file is rendered ([`render_turn_indexed`]); also what the sidecar
+/// `NNNN.rows.md` lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineIndex {
+    turn: u32,
+    /// Lines written so far (the heading is line 1).
+    lines: u32,
+    rows: Vec<(RowLines, String)>,
+    names: HashMap<String, String>,
+}
+
+impl LineIndex {
+    /// The index of an empty turn file (its heading only).
+    pub fn new(turn: u32) -> LineIndex {
+        LineIndex {
+            turn,
+            lines: line_count(&render_turn_head(turn)),
+            rows: Vec::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// The anchor label of the next row (` · call Bash`, ` · result Bash`),
+    /// remembering the calls it makes for the results that follow.
+    pub fn label(&mut self, tools: &RowTools) -> String {
+        let mut label = String::new();
+        let mut names: Vec<&str> = Vec::new();
+        for (_, name) in &tools.calls {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        if !names.is_empty() {
+            label.push_str(" · call ");
+            label.push_str(&one_line(&names.join(", ")));
+        }
+        let mut answered: Vec<&str> = Vec::new();
+        for id in &tools.results {
+            let name = id
+                .as_ref()
+                .and_then(|i| self.names.get(i))
+                .map_or("?", String::as_str);
+            if !answered.contains(&name) {
+                answered.push(name);
+            }
+        }
+        if !answered.is_empty() {
+            label.push_str(" · result ");
+            label.push_str(&one_line(&answered.join(", ")));
+        }
+        for (id, name) in &tools.calls {
+            if let Some(id) = id {
+                self.names.insert(id.clone(), name.clone());
+            }
+        }
+        label
+    }
+
+    /// Place the next row's rendered section (from [`render_row_labeled`]).
+    pub fn place(&mut self, seq: u64, role: &str, section: &str, label: &str) -> RowLines {
+        let n = line_count(section);
+        let at = RowLines {
+            seq,
+            turn: self.turn,
+            first: self.lines + 2,
+            last: self.lines + n,
+        };
+        self.lines += n;
+        self.rows
+            .push((at, format!("{}{}", one_line(role), one_line(label))));
+        at
+    }
+
+    /// Where each row is, in `seq` order.
+    pub fn rows(&self) -> impl Iterator<Item = &RowLines> {
+        self.rows.iter().map(|(r, _)| r)
+    }
+
+    /// Where the row `seq` is, if it is in this turn file.
+    pub fn find(&self, seq: u64) -> Option<RowLines> {
+        self.rows
+            .binary_search_by_key(&seq, |(r, _)| r.seq)
+            .ok()
+            .map(|i| self.rows[i].0)
+    }
+
+    /// The sidecar `transcript/NNNN.rows.md`: the line range of every row.
+    pub fn render(&self) -> String {
+        let file = turn_file_name(self.turn);
+        let mut out = format!(
+            "# Turn {} · where each row of [{file}]({file}) is\n\nOpen a row with `sed -n FIRST,LASTp {file}` or Read with offset FIRST.\n\n| Seq | Lines | Row |\n|---:|:---|:---|\n",
+            self.turn
+        );
+        for (r, what) in &self.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {}–{} | {} |",
+                r.seq,
+                r.first,
+                r.last,
+                cell(what)
+            );
+        }
+        out
+    }
+}
+
+/// Lines of a rendered piece (every line ends with `\n`).
+pub fn line_count(s: &str) -> u32 {
+    s.bytes().filter(|&b| b == b'\n').count() as u32
+}
+
+/// Lines of one row's section in its turn file (anchor labels never change
+/// the count): what a caller without the file needs to place the row.
+pub fn section_lines(dialect: Dialect, seq: u64, role: &str, raw: &str) -> u32 {
+    line_count(&render_section(dialect, seq, role, raw, ""))
 }
 
 /// The heading a turn file starts with; [`render_turn`] is this followed by
@@ -55,11 +230,27 @@ pub fn render_turn_head(turn: u32) -> String {
     format!("# Turn {turn}\n")
 }
 
-/// One row's section of a turn file.
+/// One row's section of a turn file, its anchor without tool names.
 pub fn render_row(dialect: Dialect, row: &Row) -> String {
+    render_row_labeled(dialect, row, "")
+}
+
+/// One row's section of a turn file, `label` ([`LineIndex::label`]) after
+/// its role in the anchor.
+pub fn render_row_labeled(dialect: Dialect, row: &Row, label: &str) -> String {
+    render_section(dialect, row.seq, &row.role, &row.raw, label)
+}
+
+fn render_section(dialect: Dialect, seq: u64, role: &str, raw: &str, label: &str) -> String {
     let mut out = String::new();
-    let _ = write!(out, "\n## seq {} · {}\n", row.seq, one_line(&row.role));
-    for block in row_blocks(dialect, &row.raw) {
+    let _ = write!(
+        out,
+        "\n## seq {} · {}{}\n",
+        seq,
+        one_line(role),
+        one_line(label)
+    );
+    for block in row_blocks(dialect, raw) {
         out.push('\n');
         out.push_str(&block);
         if !block.ends_with('\n') {

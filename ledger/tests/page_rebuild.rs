@@ -51,7 +51,7 @@ fn page_carries_engine_facts() {
     let page = std::fs::read_to_string(store.data_dir().session_md(&s.id)).expect("page");
     println!("{page}");
     assert!(page.starts_with("# SESSION sess-facts\n"));
-    assert!(page.contains("Merged: t01–t03 (every row up to seq 21 is past the tideline)."));
+    assert!(page.contains("Merged: t01–t04 (every row up to seq 23 is past the tideline)."));
     // Goal from the first ask, the reminder skipped.
     assert!(page.contains("## Goal\n\n- t01 Fix the failing parser test in src/parser.rs\n"));
     // Files, with the rewound Write struck through.
@@ -69,13 +69,14 @@ fn page_carries_engine_facts() {
     assert!(page.contains(
         "- ~~t01 `Bash` `cargo test -p parser`: error: test parser::tests::nested failed~~ fixed t02\n"
     ));
-    // The log: merged turns only (t4 is only partly past the tideline).
+    // The log: a line per block past the tideline (t04 only in part: its
+    // command's result is not past the tideline yet).
     assert!(page.contains(
         "- t01 seq 1–7 · Fix the failing parser test in src/parser.rs · 2 tool calls, 1 error\n"
     ));
     assert!(page.contains("- t03 seq 18–21 · now write a changelog entry · 0 tool calls\n"));
-    assert!(!page.contains("- t04 seq"));
-    assert!(!page.contains("cargo clippy"), "t04 is not merged yet");
+    assert!(page.contains("- t04 seq 22–23 · also run clippy · 1 tool call\n"));
+    assert!(page.contains("- t04 `cargo clippy` → …\n"));
 }
 
 /// The page is edited, never rewritten: every line of an earlier version is
@@ -174,4 +175,75 @@ fn page_schema_v1_migrates_to_v2() {
         .expect("search");
     assert_eq!(hits.len(), 1, "{hits:?}");
     assert_eq!(hits[0].seq, 17);
+}
+
+/// A headless run (one prompt, then only tool steps) has a populated page
+/// after its first cut: the facts of each block past the tideline merge
+/// with their turn, a log line per block, and `ledger rebuild` reproduces
+/// the page and the transcripts (and their line index) byte for byte.
+#[test]
+fn a_headless_turn_has_its_facts_on_the_page_after_the_first_cut() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut s = Sim::new(&store, "sess-headless", T0);
+    s.prompt("Port the parser to the new API");
+    let path = store.data_dir().session_md(&s.id);
+    let mut first_cut_page = None;
+    for k in 0..30u32 {
+        let id = format!("c{k}");
+        match k % 3 {
+            0 => s.call(&id, "Read", json!({"file_path": format!("src/m{k}.rs")})),
+            1 => s.call(&id, "Bash", json!({"command": format!("cargo test t{k}")})),
+            _ => s.call(
+                &id,
+                "Edit",
+                json!({"file_path": format!("src/m{k}.rs"), "old_string": "a", "new_string": "b"}),
+            ),
+        };
+        let failed = k % 3 == 1 && k % 2 == 1;
+        s.result(&id, if failed { "Exit code 1\nboom" } else { "ok" }, failed);
+        s.end_step(10, 10, 100, 10);
+        if k % 10 == 9 {
+            s.cut(s.seq - 2);
+            s.settle();
+            if first_cut_page.is_none() {
+                first_cut_page =
+                    Some(std::fs::read_to_string(&path).expect("a page after the first cut"));
+            }
+        }
+    }
+    let first = first_cut_page.expect("cut");
+    println!("{first}");
+    assert!(first.contains("Merged: t01 (every row up to seq 19 is past the tideline)."));
+    assert!(first.contains("- t01 `src/m0.rs` (read)\n"), "{first}");
+    assert!(
+        first.contains("- t01 `cargo test t1` → exit 1\n"),
+        "{first}"
+    );
+    assert!(first.contains("- t01 seq 1–19 · Port the parser to the new API · 9 tool calls"));
+    let last = std::fs::read_to_string(&path).expect("page");
+    // Block by block: a log line each, the second one without the prompt.
+    assert!(last.contains("- t01 seq 20–39 · 10 tool calls"), "{last}");
+    assert!(last.contains("- t01 `src/m27.rs` (read)\n"), "{last}");
+    for line in first
+        .lines()
+        .filter(|l| l.starts_with("- ") && !l.ends_with('…'))
+    {
+        assert!(last.contains(line), "edited, never rewritten: {line}");
+    }
+    // A rebuild gives the same bytes (the same blocks, from the cuts table).
+    let dir = store.session_dir(&s.id);
+    let live = snapshot(&dir);
+    assert!(
+        live.contains_key("transcript/0001.rows.md"),
+        "{:?}",
+        live.keys()
+    );
+    std::fs::remove_dir_all(&dir).expect("remove");
+    store.rebuild(&s.id, None).expect("rebuild");
+    assert_eq!(
+        snapshot(&dir),
+        live,
+        "rebuilt files differ from the live ones"
+    );
 }

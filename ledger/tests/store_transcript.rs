@@ -56,6 +56,81 @@ fn store_transcript_golden_openai_responses() {
     golden("openai_responses", Dialect::OpenaiResponses);
 }
 
+/// Every row of every fixture turn is where the line index says: its
+/// anchor on line `first`, its last line on `last`, the next anchor two
+/// lines later; the sidecar lists the same lines.
+#[test]
+fn the_line_index_lands_on_every_row() {
+    for (name, dialect) in [
+        ("anthropic", Dialect::Anthropic),
+        ("openai_chat", Dialect::OpenaiChat),
+        ("openai_responses", Dialect::OpenaiResponses),
+    ] {
+        for (turn, rows) in by_turn(&fixture_rows(name)) {
+            let (text, index) = transcript::render_turn_indexed(dialect, turn, &rows);
+            assert_eq!(text, render_turn(dialect, turn, &rows));
+            let lines: Vec<&str> = text.split('\n').collect();
+            let placed: Vec<_> = index.rows().copied().collect();
+            assert_eq!(placed.len(), rows.len());
+            for (r, row) in placed.iter().zip(&rows) {
+                assert_eq!(r.seq, row.seq);
+                let anchor = lines[r.first as usize - 1];
+                assert!(
+                    anchor.starts_with(&format!("## seq {} · {}", row.seq, row.role)),
+                    "{name} t{turn}: line {} is {anchor:?}",
+                    r.first
+                );
+                assert_eq!(index.find(row.seq), Some(*r));
+            }
+            for w in placed.windows(2) {
+                assert_eq!(w[0].last + 2, w[1].first, "{name}: consecutive");
+            }
+            let last = placed.last().unwrap();
+            assert_eq!(
+                last.last as usize,
+                lines.len() - 1,
+                "{name}: the file's last line"
+            );
+            let side = index.render();
+            for r in &placed {
+                assert!(side.contains(&format!("| {} | {}–{} |", r.seq, r.first, r.last)));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_writer_keeps_a_line_index_per_turn_and_the_store_answers_seq_to_lines() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    store
+        .submit(Event::Session(meta("lines", Dialect::Anthropic)))
+        .expect("submit");
+    let rows = fixture_rows("anthropic");
+    for r in &rows {
+        store
+            .submit(rows_event("lines", vec![r.clone()]))
+            .expect("submit");
+    }
+    store.settle_blocking().expect("settle");
+    for (turn, rows) in by_turn(&rows) {
+        let (text, index) = transcript::render_turn_indexed(Dialect::Anthropic, turn, &rows);
+        let dir = store.data_dir();
+        assert_eq!(
+            std::fs::read_to_string(dir.turn_file("lines", turn)).unwrap(),
+            text
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.rows_file("lines", turn)).unwrap(),
+            index.render()
+        );
+        for r in index.rows() {
+            assert_eq!(store.row_lines("lines", r.seq).unwrap(), Some(*r));
+        }
+    }
+    assert_eq!(store.row_lines("lines", 999).unwrap(), None);
+}
+
 #[test]
 fn store_transcript_anthropic_shapes() {
     let rows = fixture_rows("anthropic");
@@ -85,7 +160,9 @@ fn store_transcript_openai_shapes() {
     assert!(
         t.contains("**tool_call** `read_file` · `call_1`\n```json\n{\"path\":\"a.txt\"}\n```\n")
     );
-    assert!(t.contains("## seq 4 · tool\n\n**tool_result** · `call_1`\n```\nhello\n```\n"));
+    assert!(t.contains(
+        "## seq 4 · tool · result read_file\n\n**tool_result** · `call_1`\n```\nhello\n```\n"
+    ));
     // Size and estimated tokens from the JPEG's header, never the data.
     assert!(
         t.contains("what is in this picture?\n\n*[image: image/jpeg · 1280×720 · ~1105 tokens]*\n")
@@ -95,7 +172,7 @@ fn store_transcript_openai_shapes() {
 
     let resp = fixture_rows("openai_responses");
     let t = render_all(Dialect::OpenaiResponses, &resp);
-    assert!(t.contains("## seq 4 · function_call\n\n**function_call** `exec_command` · `call_dac6c38fb91549acb887`\n```json\n{\"cmd\": \"ls -la\"}\n```\n"));
+    assert!(t.contains("## seq 4 · function_call · call exec_command\n\n**function_call** `exec_command` · `call_dac6c38fb91549acb887`\n```json\n{\"cmd\": \"ls -la\"}\n```\n"));
     assert!(t.contains(
         "**function_call_output** · `call_dac6c38fb91549acb887`\n```\nChunk ID: 0950be\n"
     ));

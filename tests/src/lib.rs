@@ -64,6 +64,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             }),
             tideline_enabled: true,
             live_window: oceancode_proxy::sessions::LIVE_WINDOW,
+            state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
         },
         store: Some(StoreOptions::default()),
         limits: oceancode_proxy::sessions::SessionLimits::default(),

@@ -32,6 +32,9 @@ use oceancode_bench::conv::Rng;
 use oceancode_bench::stats::Table;
 use oceancode_bench::svg::{line_chart, HLine, Series};
 use oceancode_config::{BlockSpec, Config, LineSpec, Price};
+use oceancode_ledger::facts::{CallFacts, ResultFacts, RowFacts};
+use oceancode_ledger::state_block::{self, Ask, StateFacts, StateInput};
+use oceancode_ledger::transcript::RowLines;
 use oceancode_window::tideline::{
     block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
 };
@@ -112,6 +115,13 @@ struct Args {
     /// Also write the per-step windows as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Leave the state block out of the tideline's stub (`ledger.state.enabled:
+    /// false`), to measure what it costs.
+    #[arg(long)]
+    no_state_block: bool,
+    /// The state block's budget (`ledger.state.max_tokens`).
+    #[arg(long, default_value_t = 2_000)]
+    state_tokens: u32,
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
@@ -245,6 +255,10 @@ struct Totals {
     verbatim_end: u64,
     recoverable_end: u64,
     tool_results: u64,
+    /// State blocks rendered (one per cut) and their tokens.
+    state_blocks: u64,
+    state_tokens_sum: u64,
+    state_tokens_max: u64,
 }
 
 struct Cache {
@@ -478,6 +492,10 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
     let summarize_threshold = (c.context as f64 * a.summarize_at / 100.0) as u64;
     let mut stub_cache: BTreeMap<String, u64> = BTreeMap::new();
     let mut last_cut = 0u64;
+    // What each row tells the state block (by seq − 1): facts and lines.
+    let mut row_facts: Vec<Option<RowFacts>> = Vec::new();
+    let mut row_lines: Vec<u32> = Vec::new();
+    let mut block_of: Option<(u64, Option<String>)> = None;
     for step in 0..a.steps {
         let u = c.s.user[step];
         if u.kind == RowKind::ToolResult {
@@ -506,6 +524,8 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
             est: u.est,
             turn: turn.max(1),
         });
+        row_facts.push((u.kind == RowKind::ToolResult).then(|| synthetic_facts(step)));
+        row_lines.push(synthetic_lines(u.tokens));
         active.push(seq);
         pending_est += u.est;
         let last_seq = seq;
@@ -566,7 +586,33 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
                 .filter(|(s, _)| *s <= plan.effective_upto_seq && Some(*s) != pinned_seq)
                 .map(|(s, l)| (rows[(*s - 1) as usize].turn, l.as_str()))
                 .collect();
-            let stub = stub_text(plan.effective_upto_seq, dir, &lines);
+            let mut stub = stub_text(plan.effective_upto_seq, dir, &lines);
+            if !a.no_state_block {
+                // The proxy renders the block once per cut (sessions/thread.rs).
+                let upto = plan.effective_upto_seq;
+                if block_of.as_ref().map(|(u, _)| *u) != Some(upto) {
+                    let block = state_block(
+                        &rows,
+                        &active[..plan.start],
+                        &row_facts,
+                        &row_lines,
+                        upto,
+                        dir,
+                        a.state_tokens,
+                    );
+                    if let Some(b) = &block {
+                        let n = bpe.encode_ordinary(b).len() as u64;
+                        t.state_blocks += 1;
+                        t.state_tokens_sum += n;
+                        t.state_tokens_max = t.state_tokens_max.max(n);
+                    }
+                    block_of = Some((upto, block));
+                }
+                if let Some((_, Some(b))) = &block_of {
+                    stub.push_str("\n\n");
+                    stub.push_str(b);
+                }
+            }
             let n = stub_cache.len() as u64;
             let stub_tokens = bpe.encode_ordinary(&stub).len() as u64 + 8;
             let id = *stub_cache.entry(stub).or_insert(n);
@@ -628,9 +674,113 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
             est: c.s.out_est[step],
             turn: turn.max(1),
         });
+        row_facts.push(None);
+        row_lines.push(synthetic_lines(out));
         pending = Some(aseq);
     }
     Ok(t)
+}
+
+/// The facts of the tool step `step` (the call and its result in one row):
+/// a file read, edited or written per step (a few hundred files over a
+/// long session, revisited), a test command every 5th step (failing every
+/// 10th, until its next run), a task list every 25th.
+fn synthetic_facts(step: usize) -> RowFacts {
+    let id = format!("c{step}");
+    let path = format!("src/mod_{}/file_{}.rs", step % 23, (step * 7) % 211);
+    let verb = ["read", "edit", "write"][step % 3];
+    let command = (step % 5 == 0).then(|| format!("cargo test -p m{}", step % 7));
+    let todos = (step % 25 == 0).then(|| {
+        (0..6)
+            .map(|k| {
+                let status = if k * 200 < step {
+                    "completed"
+                } else {
+                    "pending"
+                };
+                (
+                    format!("Fix the failing tests in module {k}"),
+                    status.to_string(),
+                )
+            })
+            .collect()
+    });
+    RowFacts {
+        calls: vec![CallFacts {
+            id: Some(id.clone()),
+            tool: if command.is_some() { "Bash" } else { "Edit" }.to_string(),
+            files: if command.is_some() {
+                Vec::new()
+            } else {
+                vec![(verb.to_string(), path)]
+            },
+            command,
+            todos,
+        }],
+        results: vec![ResultFacts {
+            id: Some(id),
+            is_error: false,
+            exit: (step % 5 == 0).then_some(if step % 10 == 5 { 1 } else { 0 }),
+        }],
+    }
+}
+
+/// Transcript lines of a row of `tokens` tokens (~12 tokens a line).
+fn synthetic_lines(tokens: u64) -> u32 {
+    4 + (tokens / 12) as u32
+}
+
+/// The state block at a cut (`oceancode_ledger::state_block`, as the proxy
+/// renders it): facts of the rows before the window's start, line ranges
+/// of every row up to `upto`.
+fn state_block(
+    rows: &[PRow],
+    cut: &[u64],
+    facts: &[Option<RowFacts>],
+    lines: &[u32],
+    upto: u64,
+    dir: &str,
+    max_tokens: u32,
+) -> Option<String> {
+    let mut f = StateFacts::new();
+    for &s in cut {
+        if let Some(x) = &facts[(s - 1) as usize] {
+            f.add(s, rows[(s - 1) as usize].turn, x);
+        }
+    }
+    let mut at: BTreeMap<u32, u32> = BTreeMap::new();
+    let placed: Vec<RowLines> = rows
+        .iter()
+        .take(upto as usize)
+        .map(|r| {
+            let before = *at.entry(r.turn).or_insert(1);
+            let n = lines[(r.seq - 1) as usize];
+            at.insert(r.turn, before + n);
+            RowLines {
+                seq: r.seq,
+                turn: r.turn,
+                first: before + 2,
+                last: before + n,
+            }
+        })
+        .collect();
+    let first = rows.iter().find(|r| r.kind == RowKind::Prompt)?;
+    state_block::render(
+        &StateInput {
+            upto_seq: upto,
+            session: "20261201-093000-cc-3f9a1c",
+            dir,
+            goal: Some(Ask {
+                turn: first.turn,
+                seq: first.seq,
+                text: "Task 1: fix the failing tests in module 1 and report".into(),
+            }),
+            latest_ask: None,
+            facts: &f,
+            lines: &placed,
+        },
+        max_tokens,
+    )
 }
 
 fn pct(a: u64, b: u64) -> String {
@@ -785,6 +935,18 @@ fn main() -> Result<()> {
                 t.overflows
             );
         }
+    }
+    let tl = &runs[1].3;
+    if a.no_state_block {
+        println!("- The tideline's stub carries no state block (--no-state-block).");
+    } else if tl.state_blocks > 0 {
+        println!(
+            "- The tideline's stub carries the state block: {} blocks (one per cut), {} tokens on average, {} at most (budget {}).",
+            tl.state_blocks,
+            tl.state_tokens_sum / tl.state_blocks,
+            tl.state_tokens_max,
+            a.state_tokens
+        );
     }
     println!(
         "- Requests include the summarization calls. Input sent = uncached + cache read + cache write; with a breakpoint at the end of every request there is no uncached input."

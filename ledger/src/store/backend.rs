@@ -327,6 +327,13 @@ pub trait LedgerRead: Send + Sync {
     fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError>;
     /// Rows of every session containing every word.
     fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError>;
+    /// Where a row is in its turn file (seq → `transcript/NNNN.md` and the
+    /// lines of its section); None when unknown or hidden.
+    fn row_lines(
+        &self,
+        session: &str,
+        seq: u64,
+    ) -> Result<Option<crate::transcript::RowLines>, StoreError>;
 }
 
 /// A whole ledger backend: both sides and the maintenance jobs (run in

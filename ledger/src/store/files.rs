@@ -32,9 +32,10 @@ use tracing::{debug, info, warn};
 struct TurnCache {
     turn: u32,
     rows: Vec<Row>,
-    /// Rendered sections by seq, with the bytes they were rendered from: a
-    /// long turn is re-written each step but each row is rendered once.
-    sections: HashMap<u64, (Arc<str>, String)>,
+    /// Rendered sections by seq, with the bytes they were rendered from,
+    /// the row's tools and its anchor label: a long turn is re-written each
+    /// step but each row is rendered once.
+    sections: HashMap<u64, Section>,
 }
 
 pub(super) struct SessionCache {
@@ -173,9 +174,11 @@ impl Writer {
         for &turn in &hole.turns {
             let rows = turn_rows(&self.conn, &hole.session, turn)?;
             let path = self.dir.turn_file(&hole.session, turn);
-            let text = transcript::render_turn(meta.dialect, turn, &rows);
+            let (text, index) = transcript::render_turn_indexed(meta.dialect, turn, &rows);
             written +=
                 usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+            let path = self.dir.rows_file(&hole.session, turn);
+            paths::write_new(&path, index.render().as_bytes()).map_err(io_err(&path))?;
         }
         if hole.index {
             let turns: Vec<TurnSummary> = turn_summaries(&self.conn, &hole.session, meta.dialect)?
@@ -350,25 +353,42 @@ impl Writer {
                 };
                 turns_changed |= before.is_none() != summary.is_none();
             }
+            let rows_path = self.dir.rows_file(session, turn);
             let written = if rows.is_empty() {
-                paths::remove_if_exists(&path)
+                paths::remove_if_exists(&path).and_then(|()| paths::remove_if_exists(&rows_path))
             } else {
                 let mut text = transcript::render_turn_head(turn);
+                let mut index = transcript::LineIndex::new(turn);
                 for row in &rows {
-                    match sections.get(&row.seq) {
-                        Some((raw, s)) if *raw == row.raw => text.push_str(s),
-                        _ => {
-                            let s = transcript::render_row(dialect, row);
-                            text.push_str(&s);
-                            sections.insert(row.seq, (row.raw.clone(), s));
-                        }
+                    let hit = sections.get(&row.seq).is_some_and(|c| c.raw == row.raw);
+                    if !hit {
+                        sections.insert(
+                            row.seq,
+                            Section {
+                                raw: row.raw.clone(),
+                                tools: transcript::row_tools(dialect, &row.raw),
+                                label: String::new(),
+                                text: String::new(),
+                            },
+                        );
                     }
+                    let Some(section) = sections.get_mut(&row.seq) else {
+                        continue;
+                    };
+                    let label = index.label(&section.tools);
+                    if !hit || label != section.label {
+                        section.text = transcript::render_row_labeled(dialect, row, &label);
+                        section.label = label;
+                    }
+                    index.place(row.seq, &row.role, &section.text, &section.label);
+                    text.push_str(&section.text);
                 }
                 paths::write_atomic(&path, text.as_bytes())
+                    .and_then(|()| paths::write_atomic(&rows_path, index.render().as_bytes()))
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
                 cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
-                    + sections.values().map(|(_, s)| s.len()).sum::<usize>();
+                    + sections.values().map(|s| s.text.len()).sum::<usize>();
                 cache.newest = Some(TurnCache {
                     turn,
                     rows,
@@ -410,6 +430,14 @@ impl Writer {
         cache.index_dirty = false;
         Ok(())
     }
+}
+
+/// One row's rendered section of a turn file.
+struct Section {
+    raw: Arc<str>,
+    tools: transcript::RowTools,
+    label: String,
+    text: String,
 }
 
 /// What a session misses on disk.

@@ -105,6 +105,13 @@ impl LedgerRead for Store {
     fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
         Store::search(self, words, limit)
     }
+    fn row_lines(
+        &self,
+        session: &str,
+        seq: u64,
+    ) -> Result<Option<crate::transcript::RowLines>, StoreError> {
+        Store::row_lines(self, session, seq)
+    }
 }
 
 impl LedgerStore for Store {

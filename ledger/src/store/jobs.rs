@@ -115,7 +115,7 @@ impl Store {
                 params![session, crate::merge::MARKER_SECTION],
                 |r| r.get(0),
             )?;
-            Ok((noted.max(0) as u32 + 1, page.merged_through()))
+            Ok((noted.max(0) as u32 + 1, page.whole_through()))
         })
     }
 }

@@ -30,10 +30,14 @@ pub(crate) fn new_page(c: &Connection, session: &str) -> Result<Page, StoreError
     Ok(page)
 }
 
-/// Fold into `page` the goal (first ask on the active line) and every turn
-/// now wholly past the tideline: a turn merges once all of its rows (hidden
-/// ones too) are at or below the highest cut, and a newer turn exists on
-/// the active line. Returns whether anything changed.
+/// Fold into `page` the goal (first ask on the active line) and every row
+/// now past the tideline, block by block: at each recorded cut (ascending
+/// `upto_seq`), the rows (hidden ones too) after the last block folded up
+/// to the cut, turn by turn. Live and `ledger rebuild` fold the same blocks
+/// (the cuts table), so the bytes are the same. The last turn wholly past
+/// the tideline (all of its rows at or below the highest cut, a newer turn
+/// on the active line) is noted for the model merge. Returns whether
+/// anything changed.
 pub(crate) fn advance_page(
     c: &Connection,
     session: &str,
@@ -54,18 +58,41 @@ pub(crate) fn advance_page(
             changed = true;
         }
     }
-    let upto: i64 = c
-        .prepare_cached("SELECT COALESCE(MAX(upto_seq), 0) FROM cuts WHERE session = ?1")?
-        .query_row([session], |r| r.get(0))?;
-    let upto = upto.max(0) as u64;
-    if upto <= page.merged_upto_seq() {
+    let cuts: Vec<i64> = c
+        .prepare_cached(
+            "SELECT DISTINCT upto_seq FROM cuts WHERE session = ?1 AND upto_seq > ?2
+             ORDER BY upto_seq",
+        )?
+        .query_map(params![session, to_i64(page.merged_upto_seq())], |r| {
+            r.get(0)
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let Some(&upto) = cuts.last() else {
         return Ok(changed);
+    };
+    let mut stmt = c.prepare_cached(&format!(
+        "SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq"
+    ))?;
+    for cut in cuts {
+        let mut turns: BTreeMap<u32, Vec<(Row, bool)>> = BTreeMap::new();
+        for r in stmt.query_map(
+            params![session, to_i64(page.merged_upto_seq()), cut],
+            read_row,
+        )? {
+            let (row, hidden) = r?;
+            turns.entry(row.turn).or_default().push((row, hidden));
+        }
+        for (turn, rows) in turns {
+            page.merge_turn(dialect, turn, &rows);
+            changed = true;
+        }
+        page.set_merged_upto(cut.max(0) as u64);
     }
     let open: Option<i64> = c
         .prepare_cached(
             "SELECT turn FROM rows WHERE session = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
         )?
-        .query_row(params![session, to_i64(upto)], |r| r.get(0))
+        .query_row(params![session, upto], |r| r.get(0))
         .optional()?;
     let newest: Option<i64> = c
         .prepare_cached(
@@ -74,30 +101,7 @@ pub(crate) fn advance_page(
         .query_row([session], |r| r.get(0))
         .optional()?;
     let limit = open.unwrap_or(i64::MAX).min(newest.unwrap_or(0));
-    if limit <= i64::from(page.merged_through()) + 1 {
-        return Ok(changed);
-    }
-    let mut stmt = c.prepare_cached(&format!(
-        "SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq > ?2 AND turn > ?3 AND turn < ?4
-         ORDER BY seq"
-    ))?;
-    let mut turns: BTreeMap<u32, Vec<(Row, bool)>> = BTreeMap::new();
-    for r in stmt.query_map(
-        params![
-            session,
-            to_i64(page.merged_upto_seq()),
-            page.merged_through(),
-            limit
-        ],
-        read_row,
-    )? {
-        let (row, hidden) = r?;
-        turns.entry(row.turn).or_default().push((row, hidden));
-    }
-    for (turn, rows) in turns {
-        page.merge_turn(dialect, turn, &rows);
-        changed = true;
-    }
+    page.set_whole_through(u32::try_from(limit.saturating_sub(1).max(0)).unwrap_or(u32::MAX));
     Ok(changed)
 }
 

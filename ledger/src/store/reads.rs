@@ -356,6 +356,34 @@ impl Store {
         })
     }
 
+    /// Where the row `seq` is in its turn file (`transcript/NNNN.md`, the
+    /// lines of its section; what `NNNN.rows.md` lists), as the writer
+    /// renders it from what is committed. None when the row is unknown or
+    /// hidden (transcripts show the active line).
+    pub fn row_lines(
+        &self,
+        session: &str,
+        seq: u64,
+    ) -> Result<Option<crate::transcript::RowLines>, StoreError> {
+        self.with_reader(|c| {
+            let Some(meta) = sql::session_meta(c, session)? else {
+                return Ok(None);
+            };
+            let turn: Option<i64> = c
+                .query_row(
+                    "SELECT turn FROM rows WHERE session = ?1 AND seq = ?2 AND hidden = 0",
+                    params![session, to_i64(seq)],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(turn) = turn else { return Ok(None) };
+            let rows = sql::turn_rows(c, session, turn as u32)?;
+            let (_, index) =
+                crate::transcript::render_turn_indexed(meta.dialect, turn as u32, &rows);
+            Ok(index.find(seq))
+        })
+    }
+
     /// Rows of every session containing every word, newest session first
     /// (then newest row first), at most `limit`.
     pub fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {

@@ -106,11 +106,10 @@ pub(crate) fn write_session_files(
     let mut summaries = Vec::with_capacity(visible.len());
     for (turn, rows) in visible {
         let path = dir.turn_file(session, *turn);
-        paths::write_atomic(
-            &path,
-            transcript::render_turn(dialect, *turn, rows).as_bytes(),
-        )
-        .map_err(io_err(&path))?;
+        let (text, index) = transcript::render_turn_indexed(dialect, *turn, rows);
+        paths::write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        let path = dir.rows_file(session, *turn);
+        paths::write_atomic(&path, index.render().as_bytes()).map_err(io_err(&path))?;
         if let Some(s) = transcript::summarize_turn(dialect, *turn, rows) {
             summaries.push(s);
         }
@@ -125,12 +124,16 @@ pub(crate) fn write_session_files(
         let Some(stem) = name.strip_suffix(".md") else {
             continue;
         };
+        let (stem, sidecar) = match stem.strip_suffix(".rows") {
+            Some(s) => (s, true),
+            None => (stem, false),
+        };
         let Ok(turn) = stem.parse::<u32>() else {
             continue;
         };
         if stem.len() >= 4 && !visible.contains_key(&turn) {
             paths::remove_if_exists(&entry.path()).map_err(io_err(&entry.path()))?;
-            out.removed += 1;
+            out.removed += u32::from(!sidecar);
         }
     }
     let path = dir.index_file(session);

@@ -82,6 +82,11 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             models,
             tideline_enabled: cfg.ledger.enabled,
             live_window: oceancode_proxy::sessions::LIVE_WINDOW,
+            state_tokens: cfg
+                .ledger
+                .state
+                .enabled
+                .then_some(cfg.ledger.state.max_tokens),
         },
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {

@@ -177,7 +177,7 @@ pub(super) fn settle(
             0,
             &format!("the edit leaves the request invalid: {e}"),
         ));
-        return window::render(data_dir, st, parsed);
+        return window::render(data_dir, st, parsed, window.state_budget);
     }
     let before = st.meter.gauge;
     let after = tokens_after(st, &p.old, &p.taken, before);

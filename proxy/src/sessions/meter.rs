@@ -28,6 +28,9 @@ pub struct Meter {
     /// Estimated tokens of the standing instructions (CLAUDE.md, AGENTS.md
     /// parts of rows that left) the last window kept with its stub.
     pub pinned_tokens: u64,
+    /// Estimated tokens of the state block the last window carried after
+    /// its stub.
+    pub state_tokens: u64,
     /// Steps so far.
     pub steps: u32,
     /// Cuts so far.

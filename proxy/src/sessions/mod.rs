@@ -33,6 +33,7 @@ mod state;
 mod step;
 #[cfg(test)]
 mod tests;
+mod thread;
 mod view;
 mod window;
 pub use context::{ContextAnswer, Evict, Evicted};
@@ -108,6 +109,9 @@ pub struct Settings {
     /// conversation (a sibling session), one that leaves a quiet line is a
     /// rewind (a branch). See [`LIVE_WINDOW`].
     pub live_window: std::time::Duration,
+    /// The state block after the stub at every cut, within this many tokens
+    /// (`ledger.state`; None = off).
+    pub state_tokens: Option<u32>,
 }
 
 /// The default [`Settings::live_window`]: an agent's next request follows

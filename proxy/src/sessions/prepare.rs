@@ -453,7 +453,12 @@ impl SessionManager {
         let mut window = if req.windowed(self.settings.tideline_enabled) {
             // The agent's edit of its context file, read first (a stat when none).
             let edit = super::context::read_edit(st, parsed);
-            let w = window::render(&self.settings.data_dir, st, parsed);
+            let w = window::render(
+                &self.settings.data_dir,
+                st,
+                parsed,
+                self.settings.state_tokens,
+            );
             super::context::settle(&self.settings.data_dir, st, parsed, edit, w, events)
         } else {
             Window::unchanged(parsed.messages.len())
@@ -465,9 +470,13 @@ impl SessionManager {
             if window.pinned_tokens > 0 {
                 tracing::debug!(session = %st.meta.id, upto = window.upto, pinned_tokens = window.pinned_tokens, "the cut window keeps the standing instructions of the rows that left");
             }
+            if window.state_tokens > 0 {
+                tracing::debug!(session = %st.meta.id, upto = window.upto, state_tokens = window.state_tokens, "the cut window carries the state block after its stub");
+            }
         }
         st.meter.window_rows = window.rows;
         st.meter.pinned_tokens = window.pinned_tokens;
+        st.meter.state_tokens = window.state_tokens;
         window
     }
 
@@ -533,7 +542,12 @@ impl SessionManager {
             }
             // The count may carry new messages after the recorded ones.
             if !st.active.is_empty() && st.lcp(req.messages, &req.hashes) == st.active.len() {
-                let w = window::render(&self.settings.data_dir, &st, parsed);
+                let w = window::render(
+                    &self.settings.data_dir,
+                    &st,
+                    parsed,
+                    self.settings.state_tokens,
+                );
                 if let Some(b) = w.body {
                     return Prepared::forward(Bytes::from(b));
                 }

@@ -7,6 +7,7 @@
 
 use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
+use super::thread::{BlockCache, RowThread};
 use crate::dialect;
 use oceancode_config::LineSpec;
 use oceancode_ledger::media::{self, Cost};
@@ -53,6 +54,10 @@ pub(super) struct RowMem {
     pub(super) standing: Box<[Standing]>,
     /// It holds a server-side compaction block (the API drops what precedes it).
     pub(super) compaction: bool,
+    /// What it tells the state block (facts, ask, transcript lines).
+    pub(super) thread: RowThread,
+    /// A branch or a sibling hid it (it is in no transcript).
+    pub(super) hidden: bool,
 }
 
 /// A step's answer until the client echoes it: its rows, and the row of
@@ -158,6 +163,10 @@ pub struct State {
     pub(crate) hidden: crate::recall_tool::Hidden,
     /// The session's requests carry the in-band recall tool (the stub says so).
     pub(crate) recall_tool: bool,
+    /// Bumped whenever rows are hidden (the transcripts' lines move).
+    pub(super) hidden_gen: u32,
+    /// The state block of the current cut.
+    pub(super) block_cache: BlockCache,
 }
 
 impl State {
@@ -192,7 +201,22 @@ impl State {
             context: Default::default(),
             hidden: crate::recall_tool::Hidden::default(),
             recall_tool: false,
+            hidden_gen: 0,
+            block_cache: BlockCache::default(),
         }
+    }
+
+    /// Mark rows hidden (a branch, rows a sibling took).
+    pub(super) fn hide(&mut self, seqs: &[u64]) {
+        for &s in seqs {
+            if let Some(r) = (s as usize)
+                .checked_sub(1)
+                .and_then(|i| self.rows.get_mut(i))
+            {
+                r.hidden = true;
+            }
+        }
+        self.hidden_gen = self.hidden_gen.wrapping_add(1);
     }
 
     pub(super) fn row(&self, seq: u64) -> &RowMem {
@@ -275,7 +299,9 @@ impl State {
     /// continues it): its rows, to hide.
     pub(super) fn give_away(&mut self, answer: usize) -> Vec<u64> {
         if answer < self.answers.len() {
-            self.answers.remove(answer).rows
+            let rows = self.answers.remove(answer).rows;
+            self.hide(&rows);
+            rows
         } else {
             Vec::new()
         }
@@ -330,6 +356,7 @@ impl State {
         let turn = self.turn.max(1);
         let media = media::cost(raw);
         let tokens = media::row_tokens(raw.len(), media, self.bytes_per_token);
+        let thread = RowThread::of(self.dialect, seq, &p.info.role, p.info.kind, raw);
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
             norm_hash: p.norm,
@@ -342,6 +369,8 @@ impl State {
             echo: p.echo,
             standing: p.info.standing.clone().into_boxed_slice(),
             compaction: p.info.compaction,
+            thread,
+            hidden: false,
         });
         events.push(Row {
             seq,
@@ -389,6 +418,7 @@ impl State {
                 keep
             });
             self.branch += 1;
+            self.hide(&hidden);
             events.push(Event::Branch {
                 session: id.clone(),
                 at_seq: self.active.last().copied().unwrap_or(0),
@@ -426,6 +456,9 @@ impl State {
                 self.rows[idx].raw_hash = hashes[p];
                 self.rows[idx].norm_hash = parsed.norm;
                 self.rows[idx].echo = parsed.echo;
+                // The ledger keeps the echo's bytes: its transcript lines too.
+                self.rows[idx].thread =
+                    RowThread::of(self.dialect, seq, &parsed.info.role, parsed.info.kind, m);
                 self.active.push(seq);
                 p += 1;
             }
@@ -598,6 +631,8 @@ impl State {
                 echo: p.echo,
                 standing: p.info.standing.into_boxed_slice(),
                 compaction: p.info.compaction,
+                thread: RowThread::of(dialect, r.seq, &r.role, r.kind, &r.raw),
+                hidden: hidden.contains(&r.seq),
             });
             if !hidden.contains(&r.seq) {
                 if r.from_response {

@@ -135,7 +135,12 @@ impl SessionManager {
         if upto <= before {
             return None;
         }
-        let w = window::render(&self.settings.data_dir, &st, &parsed);
+        let w = window::render(
+            &self.settings.data_dir,
+            &st,
+            &parsed,
+            self.settings.state_tokens,
+        );
         let media = st.sent_media(parsed.messages.len(), w.media_out);
         self.metrics
             .too_long_retries

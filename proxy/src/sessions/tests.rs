@@ -22,6 +22,7 @@ fn manager() -> (SessionManager, Recorded) {
         }),
         tideline_enabled: true,
         live_window: LIVE_WINDOW,
+        state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
     };
     let m = SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev)));
     (m, seen)

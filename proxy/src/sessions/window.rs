@@ -39,6 +39,10 @@ pub(super) struct Window {
     /// The session's edit set would have made the request invalid: it was
     /// sent unedited, and this says why.
     pub(super) edit_error: Option<String>,
+    /// Estimated tokens of the state block after the stub.
+    pub(super) state_tokens: u64,
+    /// The state block's budget it was rendered with (None = off).
+    pub(super) state_budget: Option<u32>,
 }
 
 impl Window {
@@ -54,6 +58,8 @@ impl Window {
             layout: None,
             stub: None,
             edit_error: None,
+            state_tokens: 0,
+            state_budget: None,
         }
     }
 }
@@ -142,7 +148,13 @@ fn with_hidden<'a>(st: &'a State, pieces: Vec<(Src, &'a str)>) -> Vec<(Src, &'a 
 /// Render the window of `parsed` (the request's messages, mapped onto the
 /// session's active line) for the session's current cut; stubs point into
 /// `data_dir`'s session directory.
-pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Window {
+pub(super) fn render(
+    data_dir: &Path,
+    st: &State,
+    parsed: &ParsedBody<'_>,
+    state_tokens: Option<u32>,
+) -> Window {
+    let state_budget = state_tokens;
     let n = parsed.messages.len();
     let cut_upto = st.tideline.cut_upto();
     // Messages past the active line (a count_tokens request's new tail)
@@ -183,11 +195,20 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
     for (seq, line) in turns {
         lines.push((st.row(*seq).turn, line.as_str()));
     }
-    let mut stub = tideline::stub_text(plan.effective_upto_seq, &dir.display().to_string(), &lines);
+    let dir = dir.display().to_string();
+    let mut stub = tideline::stub_text(plan.effective_upto_seq, &dir, &lines);
     if st.recall_tool {
         stub.push('\n');
         stub.push_str(crate::recall_tool::STUB_NOTE);
     }
+    // The state block follows the stub's text in the same part: every
+    // dialect takes it, and the stub's first line keeps its wording.
+    let block = state_tokens.and_then(|max| super::thread::block(st, &plan, &dir, max));
+    let state_tokens = block.as_ref().map_or(0, |b| {
+        stub.push_str("\n\n");
+        stub.push_str(b);
+        (b.len() as f64 / st.bytes_per_token).ceil() as u64
+    });
     // Standing parts before a compaction block would be dropped with the stub.
     let pinned = if at_compaction {
         Default::default()
@@ -236,6 +257,8 @@ pub(super) fn render(data_dir: &Path, st: &State, parsed: &ParsedBody<'_>) -> Wi
         media_out,
         upto: plan.effective_upto_seq,
         pinned_tokens,
+        state_tokens,
+        state_budget,
         ..Window::unchanged(n)
     };
     finish(st, parsed, parts, Some(stub_msg), w)

@@ -1,0 +1,578 @@
+//! Engine facts a row states: the files its tool calls name, the shell
+//! command they run, the task list they write, and the exit code or error
+//! of a tool result. PURE: one reading shared by `SESSION.md`
+//! ([`crate::page`]) and the state block after the stub
+//! ([`crate::state_block`]), so both say the same about the same rows.
+//!
+//! Tool shapes covered: Claude Code `Read`/`Edit`/`Write`/`MultiEdit`/
+//! `NotebookEdit`/`Grep`/`Glob` (`file_path`, `notebook_path`, `path`),
+//! `TodoWrite` (`todos`); Codex `apply_patch` (patch headers, as a tool or
+//! inside a shell command), `exec_command`/`shell` (`cmd`/`command`, a
+//! string or an argv such as `["bash", "-lc", "..."]`) and the files a shell
+//! command reads or writes (`cat`, `sed -n`, `head`, `nl`, `> file`, `tee`,
+//! `touch`, `rm`, `sed -i`), `update_plan` (`plan`); generic `bash` and
+//! `str_replace_editor`-style tools (`command` + `path`).
+
+use crate::model::Dialect;
+use crate::parts::{self, Part};
+use crate::transcript::one_line;
+use serde_json::Value;
+
+/// Longest command or task text kept (characters).
+pub const LINE_MAX: usize = 160;
+/// Longest ask kept (characters).
+pub const ASK_MAX: usize = 300;
+
+/// How a tool call touched a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Touch {
+    /// Read or viewed.
+    Read,
+    /// Searched (a `Grep`/`Glob` path).
+    Searched,
+    /// Changed in place.
+    Edited,
+    /// Created or written whole.
+    Created,
+    /// Deleted.
+    Deleted,
+}
+
+impl Touch {
+    /// `read`, `searched`, `edited`, `created`, `deleted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Touch::Read => "read",
+            Touch::Searched => "searched",
+            Touch::Edited => "edited",
+            Touch::Created => "created",
+            Touch::Deleted => "deleted",
+        }
+    }
+
+    /// The touch a verb of [`file_refs`] stands for (a lowercase tool name,
+    /// an `apply_patch` header verb, a `str_replace_editor` command, or a
+    /// shell verb).
+    pub fn of_verb(verb: &str) -> Touch {
+        match verb {
+            "write" | "create" | "add" | "touch" | "tee" | "redirect" => Touch::Created,
+            "delete" | "rm" => Touch::Deleted,
+            "grep" | "glob" | "search" | "ls" | "find" => Touch::Searched,
+            v if v.contains("edit")
+                || v.contains("patch")
+                || matches!(v, "update" | "move" | "str_replace" | "insert" | "sed -i") =>
+            {
+                Touch::Edited
+            }
+            _ => Touch::Read,
+        }
+    }
+}
+
+/// One tool call's facts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallFacts {
+    /// The call id (what its result names).
+    pub id: Option<String>,
+    /// The tool's name.
+    pub tool: String,
+    /// `(verb, path)` of every file it names ([`file_refs`]).
+    pub files: Vec<(String, String)>,
+    /// The shell command it runs, squashed to one line and clipped.
+    pub command: Option<String>,
+    /// The task list it writes: `(content, status)`.
+    pub todos: Option<Vec<(String, String)>>,
+}
+
+/// One tool result's facts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResultFacts {
+    /// The call it answers.
+    pub id: Option<String>,
+    /// Marked as an error (Anthropic `is_error`).
+    pub is_error: bool,
+    /// The exit code its output reports.
+    pub exit: Option<i64>,
+}
+
+/// What one row states.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RowFacts {
+    /// Its tool calls, in order.
+    pub calls: Vec<CallFacts>,
+    /// Its tool results, in order.
+    pub results: Vec<ResultFacts>,
+}
+
+impl RowFacts {
+    /// Nothing to say.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty() && self.results.is_empty()
+    }
+}
+
+/// The facts of a raw row.
+pub fn row_facts(dialect: Dialect, raw: &str) -> RowFacts {
+    let mut out = RowFacts::default();
+    for part in parts::parts(dialect, raw) {
+        match part {
+            Part::ToolCall { id, name, input } => out.calls.push(CallFacts {
+                files: file_refs(&name, &input),
+                command: command_of(&name, &input),
+                todos: todos_of(&input),
+                id,
+                tool: name,
+            }),
+            Part::ToolResult { id, is_error, text } => out.results.push(ResultFacts {
+                id,
+                is_error,
+                exit: parts::exit_code(&text),
+            }),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `(verb, path)` pairs a tool call names: `file_path` / `notebook_path` /
+/// `path` inputs (the verb is the lowercase tool name, or a
+/// `str_replace_editor` command), the file headers of an `apply_patch`
+/// body, and the files a shell command reads or writes.
+pub fn file_refs(name: &str, input: &Value) -> Vec<(String, String)> {
+    let lname = name.to_ascii_lowercase();
+    let mut out = Vec::new();
+    if let Some(o) = input.as_object() {
+        for key in ["file_path", "notebook_path", "path"] {
+            if let Some(p) = o.get(key).and_then(Value::as_str) {
+                if !p.is_empty() {
+                    let verb = match o.get("command").and_then(Value::as_str) {
+                        Some(c) if lname.contains("editor") || lname.contains("str_replace") => {
+                            match c {
+                                "view" => "read".to_string(),
+                                c => c.to_ascii_lowercase(),
+                            }
+                        }
+                        _ => lname.clone(),
+                    };
+                    out.push((verb, one_line(p)));
+                    break;
+                }
+            }
+        }
+    }
+    if lname.contains("apply_patch") || lname == "patch" {
+        let body = match input {
+            Value::String(s) => Some(s.as_str()),
+            Value::Object(o) => ["input", "patch"]
+                .iter()
+                .find_map(|k| o.get(*k).and_then(Value::as_str)),
+            _ => None,
+        };
+        patch_refs(body.unwrap_or_default(), &mut out);
+    }
+    if let Some(cmd) = raw_command(name, input) {
+        if cmd.contains("*** Begin Patch") {
+            patch_refs(&cmd, &mut out);
+        } else {
+            for r in shell_refs(&cmd) {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn patch_refs(body: &str, out: &mut Vec<(String, String)>) {
+    for line in body.lines() {
+        for (mark, verb) in [
+            ("*** Add File: ", "add"),
+            ("*** Update File: ", "update"),
+            ("*** Delete File: ", "delete"),
+            ("*** Move to: ", "move"),
+        ] {
+            if let Some(p) = line.strip_prefix(mark) {
+                out.push((verb.to_string(), p.trim().to_string()));
+            }
+        }
+    }
+}
+
+/// The shell command a tool call runs, as sent (`Bash.command`,
+/// `exec_command.cmd`, `shell.command` arrays such as `["bash", "-lc", "..."]`).
+fn raw_command(name: &str, input: &Value) -> Option<String> {
+    let lname = name.to_ascii_lowercase();
+    let shellish = ["bash", "shell", "exec", "command", "terminal", "run"]
+        .iter()
+        .any(|k| lname.contains(k));
+    if !shellish {
+        return None;
+    }
+    let o = input.as_object()?;
+    let v = o.get("command").or_else(|| o.get("cmd"))?;
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => {
+            let words: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+            Some(match words.as_slice() {
+                [_, flag, script] if matches!(*flag, "-lc" | "-c") => script.to_string(),
+                _ => words.join(" "),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The shell command a tool call runs, on one line, clipped to [`LINE_MAX`].
+pub fn command_of(name: &str, input: &Value) -> Option<String> {
+    let cmd = clip(&squash(&raw_command(name, input)?), LINE_MAX);
+    (!cmd.is_empty()).then_some(cmd)
+}
+
+/// `(content, status)` of a `TodoWrite` (`todos`) or `update_plan` (`plan`)
+/// call, or any tool whose input is such a list.
+pub fn todos_of(input: &Value) -> Option<Vec<(String, String)>> {
+    let o = input.as_object()?;
+    let (list, key) = match (o.get("todos"), o.get("plan")) {
+        (Some(Value::Array(l)), _) => (l, "content"),
+        (_, Some(Value::Array(l))) => (l, "step"),
+        _ => return None,
+    };
+    let items: Vec<(String, String)> = list
+        .iter()
+        .filter_map(|t| {
+            let content = t
+                .get(key)
+                .or_else(|| t.get("content"))
+                .or_else(|| t.get("step"))
+                .or_else(|| t.get("title"))?
+                .as_str()?;
+            let status = t.get("status").and_then(Value::as_str).unwrap_or("pending");
+            Some((squash(content), status.to_string()))
+        })
+        .collect();
+    (!items.is_empty()).then_some(items)
+}
+
+/// The ask of a prompt row: its first text that is not a wrapper
+/// (`<system-reminder>`, ...), else its first text; squashed and clipped to
+/// [`ASK_MAX`].
+pub fn ask_text(dialect: Dialect, raw: &str) -> Option<String> {
+    let texts = crate::transcript::message_texts(dialect, raw);
+    let text = texts
+        .iter()
+        .find(|t| !t.trim().is_empty() && !t.trim_start().starts_with('<'))
+        .or_else(|| texts.iter().find(|t| !t.trim().is_empty()))?;
+    Some(clip(&squash(text), ASK_MAX))
+}
+
+/// Whitespace runs (newlines included) collapsed to one space, trimmed.
+pub fn squash(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// At most `max` characters (`…` marks a cut).
+pub fn clip(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Shell commands
+
+/// Programs whose file arguments a command reads, and the ones it writes.
+const READERS: &[&str] = &[
+    "cat", "head", "tail", "nl", "less", "more", "bat", "wc", "sed", "awk", "diff", "cmp",
+];
+
+/// `(verb, path)` of the files a shell command reads (`cat`, `sed -n`,
+/// `head`, ...), creates (`> file`, `tee`, `touch`), edits (`sed -i`) or
+/// deletes (`rm`). A heuristic over simple commands: a path is a word with
+/// a `/` or a `.`, no glob or variable, not a flag.
+pub fn shell_refs(cmd: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut push = |verb: &str, p: &str| {
+        if is_pathlike(p) && !out.iter().any(|(v, q)| v == verb && q == p) {
+            out.push((verb.to_string(), p.to_string()));
+        }
+    };
+    for seg in segments(cmd) {
+        let words = words(&seg);
+        let mut args: Vec<&str> = Vec::new();
+        let mut i = 0;
+        while i < words.len() {
+            let w = words[i].as_str();
+            if let Some(t) = w.strip_prefix(">>").or_else(|| w.strip_prefix('>')) {
+                let target = if t.is_empty() {
+                    i += 1;
+                    words.get(i).map(String::as_str).unwrap_or("")
+                } else {
+                    t
+                };
+                if !target.starts_with('&') {
+                    push("redirect", target);
+                }
+            } else if w == "2>" || w == "<" {
+                i += 1;
+            } else if !(w.starts_with("2>") || w.starts_with('<')) {
+                args.push(w);
+            }
+            i += 1;
+        }
+        // Leading `VAR=value` assignments and wrappers.
+        while let Some(a) = args.first() {
+            if a.contains('=') && !a.starts_with('-') || matches!(*a, "sudo" | "time" | "env") {
+                args.remove(0);
+            } else {
+                break;
+            }
+        }
+        let Some((prog, rest)) = args.split_first() else {
+            continue;
+        };
+        let prog = prog.rsplit('/').next().unwrap_or(prog);
+        let operands: Vec<&str> = rest
+            .iter()
+            .copied()
+            .filter(|a| !a.starts_with('-'))
+            .collect();
+        match prog {
+            "sed" => {
+                let in_place = rest.iter().any(|a| a.starts_with("-i"));
+                let scripted = rest.iter().any(|a| *a == "-e" || *a == "-f");
+                let files = if scripted {
+                    &operands[..]
+                } else {
+                    operands.get(1..).unwrap_or(&[])
+                };
+                for f in files {
+                    push(if in_place { "sed -i" } else { "read" }, f);
+                }
+            }
+            "touch" => operands.iter().for_each(|f| push("touch", f)),
+            "tee" => operands.iter().for_each(|f| push("tee", f)),
+            "rm" => operands.iter().for_each(|f| push("rm", f)),
+            "awk" => {
+                for f in operands.get(1..).unwrap_or(&[]) {
+                    push("read", f);
+                }
+            }
+            p if READERS.contains(&p) => operands.iter().for_each(|f| push("read", f)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A command split at `&&`, `||`, `;`, `|` and newlines (outside quotes);
+/// a heredoc's body is dropped.
+fn segments(cmd: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut chars = cmd.chars().peekable();
+    let mut heredoc: Option<String> = None;
+    let mut lines_skip = false;
+    while let Some(c) = chars.next() {
+        if lines_skip {
+            // Inside a heredoc body: skip to its terminator line.
+            let mut line = String::from(c);
+            while let Some(&n) = chars.peek() {
+                chars.next();
+                if n == '\n' {
+                    break;
+                }
+                line.push(n);
+            }
+            if heredoc.as_deref() == Some(line.trim()) {
+                lines_skip = false;
+                heredoc = None;
+            }
+            continue;
+        }
+        match quote {
+            Some(q) => {
+                cur.push(c);
+                if c == q {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '\'' | '"' => {
+                    quote = Some(c);
+                    cur.push(c);
+                }
+                '<' if chars.peek() == Some(&'<') => {
+                    chars.next();
+                    let mut tag = String::new();
+                    while let Some(&n) = chars.peek() {
+                        if n == '\n' || n == ' ' && !tag.is_empty() {
+                            break;
+                        }
+                        chars.next();
+                        if !matches!(n, '\'' | '"' | '-' | ' ') {
+                            tag.push(n);
+                        }
+                    }
+                    heredoc = Some(tag);
+                }
+                ';' | '|' | '&' | '\n' => {
+                    if c == '\n' && heredoc.is_some() {
+                        lines_skip = true;
+                    }
+                    if c == '&' && cur.ends_with('>') {
+                        cur.push(c);
+                        continue;
+                    }
+                    if matches!(c, '|' | '&') && chars.peek() == Some(&c) {
+                        chars.next();
+                    }
+                    out.push(std::mem::take(&mut cur));
+                }
+                c => cur.push(c),
+            },
+        }
+    }
+    out.push(cur);
+    out.retain(|s| !s.trim().is_empty());
+    out
+}
+
+/// Shell words of one simple command (quotes removed).
+fn words(seg: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut any = false;
+    for c in seg.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                any = true;
+            }
+            None if c.is_whitespace() => {
+                if !cur.is_empty() || any {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            None => cur.push(c),
+        }
+    }
+    if !cur.is_empty() || any {
+        out.push(cur);
+    }
+    out
+}
+
+fn is_pathlike(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('-')
+        && !p.starts_with("/dev/")
+        && !p.chars().any(|c| {
+            c.is_whitespace() || matches!(c, '$' | '*' | '?' | '{' | '}' | '(' | ')' | '`' | '\\')
+        })
+        && (p.contains('/') || p.contains('.'))
+        && !p
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, ',' | '.' | 'p' | '$'))
+        && p.len() <= 512
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refs(cmd: &str) -> Vec<(String, String)> {
+        shell_refs(cmd)
+    }
+
+    #[test]
+    fn shell_reads_and_writes() {
+        assert_eq!(
+            refs("sed -n '1,200p' src/main.rs"),
+            vec![("read".into(), "src/main.rs".into())]
+        );
+        assert_eq!(
+            refs("nl -ba crates/x/lib.rs | sed -n 40,80p"),
+            vec![("read".into(), "crates/x/lib.rs".into())]
+        );
+        assert_eq!(
+            refs("cd /repo && cat Cargo.toml README.md 2>/dev/null"),
+            vec![
+                ("read".into(), "Cargo.toml".into()),
+                ("read".into(), "README.md".into())
+            ]
+        );
+        assert_eq!(
+            refs("echo hi > notes/out.txt; rm -f old.log"),
+            vec![
+                ("redirect".into(), "notes/out.txt".into()),
+                ("rm".into(), "old.log".into())
+            ]
+        );
+        assert_eq!(
+            refs("sed -i 's/a/b/' src/lib.rs"),
+            vec![("sed -i".into(), "src/lib.rs".into())]
+        );
+        assert_eq!(refs("cargo test 2>&1 | tail -20"), vec![]);
+        assert_eq!(refs("ls -la"), vec![]);
+        assert_eq!(
+            refs("cat > src/new.py <<'EOF'\nimport os\nprint(1)\nEOF\npython3 src/new.py"),
+            vec![("redirect".into(), "src/new.py".into())]
+        );
+    }
+
+    #[test]
+    fn tool_shapes() {
+        let f = |name: &str, v: Value| file_refs(name, &v);
+        assert_eq!(
+            f("Read", json!({"file_path": "/r/a.rs"})),
+            vec![("read".into(), "/r/a.rs".into())]
+        );
+        assert_eq!(
+            f(
+                "str_replace_editor",
+                json!({"command": "create", "path": "b.py", "file_text": ""})
+            ),
+            vec![("create".into(), "b.py".into())]
+        );
+        assert_eq!(
+            f("exec_command", json!({"cmd": "cat src/x.rs"})),
+            vec![("read".into(), "src/x.rs".into())]
+        );
+        assert_eq!(
+            f(
+                "shell",
+                json!({"command": ["bash", "-lc", "apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: a/b.rs\n@@\n-x\n+y\n*** End Patch\nEOF"]})
+            ),
+            vec![("update".into(), "a/b.rs".into())]
+        );
+        assert_eq!(Touch::of_verb("multiedit"), Touch::Edited);
+        assert_eq!(Touch::of_verb("notebookedit"), Touch::Edited);
+        assert_eq!(Touch::of_verb("write"), Touch::Created);
+        assert_eq!(Touch::of_verb("read"), Touch::Read);
+        assert_eq!(Touch::of_verb("update"), Touch::Edited);
+        assert_eq!(Touch::of_verb("grep"), Touch::Searched);
+    }
+
+    #[test]
+    fn todo_lists() {
+        let v = json!({"plan": [{"step": "a", "status": "completed"}, {"step": "b"}]});
+        assert_eq!(
+            todos_of(&v),
+            Some(vec![
+                ("a".into(), "completed".into()),
+                ("b".into(), "pending".into())
+            ])
+        );
+    }
+}
