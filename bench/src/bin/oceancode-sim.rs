@@ -689,8 +689,8 @@ fn synthetic_facts(step: usize) -> RowFacts {
     let id = format!("c{step}");
     let path = format!("src/mod_{}/file_{}.rs", step % 23, (step * 7) % 211);
     let verb = ["read", "edit", "write"][step % 3];
-    let command = (step % 5 == 0).then(|| format!("cargo test -p m{}", step % 7));
-    let todos = (step % 25 == 0).then(|| {
+    let command = (step.is_multiple_of(5)).then(|| format!("cargo test -p m{}", step % 7));
+    let todos = (step.is_multiple_of(25)).then(|| {
         (0..6)
             .map(|k| {
                 let status = if k * 200 < step {
@@ -720,7 +720,7 @@ fn synthetic_facts(step: usize) -> RowFacts {
         results: vec![ResultFacts {
             id: Some(id),
             is_error: false,
-            exit: (step % 5 == 0).then_some(if step % 10 == 5 { 1 } else { 0 }),
+            exit: (step.is_multiple_of(5)).then_some(if step % 10 == 5 { 1 } else { 0 }),
         }],
     }
 }
