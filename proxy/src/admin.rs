@@ -252,17 +252,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             tideline(&app, session, vec![])
         }
         (Method::POST, "/_oceancode/tideline") => {
-            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return bad(&format!("cannot read body: {e}")),
-            };
-            let v: serde_json::Value = match serde_json::from_slice(&body) {
+            let v = match json_body(req, 64 * 1024, r#"{"session":..,"value":..}"#).await {
                 Ok(v) => v,
-                Err(e) => {
-                    return bad(&format!(
-                        "body must be JSON {{\"session\":..,\"value\":..}}: {e}"
-                    ))
-                }
+                Err(r) => return r,
             };
             let session = v
                 .get("session")
@@ -276,17 +268,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             tideline(&app, session, args)
         }
         (Method::POST, "/_oceancode/evict") => {
-            let body = match Limited::new(req.into_body(), 64 * 1024).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return bad(&format!("cannot read body: {e}")),
-            };
-            let v: serde_json::Value = match serde_json::from_slice(&body) {
+            let v = match json_body(req, 64 * 1024, r#"{"session":..,"value":..}"#).await {
                 Ok(v) => v,
-                Err(e) => {
-                    return bad(&format!(
-                        "body must be JSON {{\"session\":..,\"value\":..}}: {e}"
-                    ))
-                }
+                Err(r) => return r,
             };
             let spec = v
                 .get("session")
@@ -311,19 +295,28 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
             }
         }
         (Method::POST, "/_oceancode/context") => {
-            let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return bad(&format!("cannot read body: {e}")),
-            };
-            match serde_json::from_slice::<serde_json::Value>(&body) {
+            let shape = r#"{"session":..,"drop":[..],"keep":[..],"note":..}"#;
+            match json_body(req, 1 << 20, shape).await {
                 Ok(v) => context::handle(&app, &v).await,
-                Err(e) => bad(&format!(
-                    "body must be JSON {{\"session\":..,\"drop\":[..],\"keep\":[..],\"note\":..}}: {e}"
-                )),
+                Err(r) => r,
             }
         }
         _ => not_found(&format!("no admin endpoint {path}")),
     }
+}
+
+/// An admin write's JSON body, at most `limit` bytes; else the 400 that
+/// names the expected `shape`.
+async fn json_body(
+    req: Request<Incoming>,
+    limit: usize,
+    shape: &str,
+) -> Result<serde_json::Value, Response<ProxyBody>> {
+    let body = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(bad(&format!("cannot read body: {e}"))),
+    };
+    serde_json::from_slice(&body).map_err(|e| bad(&format!("body must be JSON {shape}: {e}")))
 }
 
 fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<ProxyBody> {
