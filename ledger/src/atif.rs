@@ -66,6 +66,24 @@ impl Step {
         }
     }
 
+    /// A proxy-made step (a cut, a context edit) at `ts_ms`.
+    fn system(message: String, extra: Map<String, Value>, ts_ms: i64) -> Step {
+        Step {
+            source: "system",
+            message,
+            reasoning: Vec::new(),
+            calls: Vec::new(),
+            results: Vec::new(),
+            llm_step: None,
+            seqs: Vec::new(),
+            turn: 0,
+            extra,
+            metrics: None,
+            model: None,
+            ts_ms: Some(ts_ms),
+        }
+    }
+
     fn push_text(&mut self, text: &str) {
         if text.is_empty() {
             return;
@@ -326,12 +344,16 @@ pub fn trajectory(
         .enumerate()
         .filter_map(|(i, s)| s.ts_ms.filter(|_| s.source == "agent").map(|t| (i, t)))
         .collect();
+    // The index of the first agent step at or after `ts` (the end if none).
+    let before = |ts: i64| {
+        agent_times
+            .iter()
+            .find(|(_, t)| *t >= ts)
+            .map_or(steps.len(), |(i, _)| *i)
+    };
     let mut inserts: Vec<(usize, Step)> = Vec::new();
     for e in &edits {
-        let at = agent_times
-            .iter()
-            .find(|(_, t)| *t >= e.ts_ms)
-            .map_or(steps.len(), |(i, _)| *i);
+        let at = before(e.ts_ms);
         let mut extra = Map::new();
         extra.insert(
             "context_management".into(),
@@ -343,35 +365,17 @@ pub fn trajectory(
                 "tokens_after": e.tokens_after,
             }),
         );
-        inserts.push((
-            at,
-            Step {
-                source: "system",
-                message: format!(
-                    "Context edit {}: the agent edited its context (context.txt); seq {} changed in every later request (tokens {} → {}). The ledger keeps every original.",
-                    e.n,
-                    e.seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-                    e.tokens_before,
-                    e.tokens_after
-                ),
-                reasoning: Vec::new(),
-                calls: Vec::new(),
-                results: Vec::new(),
-                llm_step: None,
-                seqs: Vec::new(),
-                turn: 0,
-                extra,
-                metrics: None,
-                model: None,
-                ts_ms: Some(e.ts_ms),
-            },
-        ));
+        let message = format!(
+            "Context edit {}: the agent edited its context (context.txt); seq {} changed in every later request (tokens {} → {}). The ledger keeps every original.",
+            e.n,
+            e.seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+            e.tokens_before,
+            e.tokens_after
+        );
+        inserts.push((at, Step::system(message, extra, e.ts_ms)));
     }
     for c in &cuts {
-        let at = agent_times
-            .iter()
-            .find(|(_, t)| *t >= c.ts_ms)
-            .map_or(steps.len(), |(i, _)| *i);
+        let at = before(c.ts_ms);
         let mut extra = Map::new();
         extra.insert(
             "context_management".into(),
@@ -384,26 +388,11 @@ pub fn trajectory(
                 "session_md": dir.join("SESSION.md").display().to_string(),
             }),
         );
-        inserts.push((
-            at,
-            Step {
-                source: "system",
-                message: format!(
-                    "Tideline cut: every row up to seq {} left the context window, except system messages and the ask of a turn cut midway, which stay (gauge {} ≥ line {}). The verbatim record stays in the ledger.",
-                    c.upto_seq, c.gauge, c.line
-                ),
-                reasoning: Vec::new(),
-                calls: Vec::new(),
-                results: Vec::new(),
-                llm_step: None,
-                seqs: Vec::new(),
-                turn: 0,
-                extra,
-                metrics: None,
-                model: None,
-                ts_ms: Some(c.ts_ms),
-            },
-        ));
+        let message = format!(
+            "Tideline cut: every row up to seq {} left the context window, except system messages and the ask of a turn cut midway, which stay (gauge {} ≥ line {}). The verbatim record stays in the ledger.",
+            c.upto_seq, c.gauge, c.line
+        );
+        inserts.push((at, Step::system(message, extra, c.ts_ms)));
     }
     let mut ordered: Vec<Step> = Vec::with_capacity(steps.len() + inserts.len());
     let mut inserts = inserts.into_iter().peekable();
