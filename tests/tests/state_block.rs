@@ -244,6 +244,25 @@ impl Probe {
         (self.paths_seen + self.tasks_seen) as f64 / all as f64
     }
 
+    /// Reports, then asserts that the line was crossed many times and every
+    /// path and task list stayed visible in a block within its budget.
+    fn assert_whole_trail(&self, what: &str) {
+        let p = self;
+        p.report(what);
+        assert!(p.cuts >= 5, "the line was crossed many times: {}", p.cuts);
+        assert!(p.paths_expected > 100 && p.tasks_expected > 0, "{p:?}");
+        assert!(
+            p.missing.is_empty(),
+            "not visible: {:#?}",
+            &p.missing[..p.missing.len().min(20)]
+        );
+        assert!(
+            p.block_tokens.iter().all(|&t| t <= 2_000),
+            "{:?}",
+            p.block_tokens
+        );
+    }
+
     fn report(&self, what: &str) {
         let max = self.block_tokens.iter().copied().max().unwrap_or(0);
         let mean = if self.block_tokens.is_empty() {
@@ -540,19 +559,7 @@ fn last_block(reqs: &[Recorded]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_trail_probe_claude_code() {
     let (h, reqs, p) = claude_session(Some(2_000)).await;
-    p.report("claude code");
-    assert!(p.cuts >= 5, "the line was crossed many times: {}", p.cuts);
-    assert!(p.paths_expected > 100 && p.tasks_expected > 0, "{p:?}");
-    assert!(
-        p.missing.is_empty(),
-        "not visible: {:#?}",
-        &p.missing[..p.missing.len().min(20)]
-    );
-    assert!(
-        p.block_tokens.iter().all(|&t| t <= 2_000),
-        "{:?}",
-        p.block_tokens
-    );
+    p.assert_whole_trail("claude code");
     let block = last_block(&reqs);
     assert!(block.contains("Goal (t01, seq 1): say hi"), "{block}");
     assert!(
@@ -572,19 +579,7 @@ async fn artifact_trail_probe_claude_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn artifact_trail_probe_codex() {
     let (h, reqs, p) = codex_session().await;
-    p.report("codex");
-    assert!(p.cuts >= 5, "the line was crossed many times: {}", p.cuts);
-    assert!(p.paths_expected > 100 && p.tasks_expected > 0, "{p:?}");
-    assert!(
-        p.missing.is_empty(),
-        "not visible: {:#?}",
-        &p.missing[..p.missing.len().min(20)]
-    );
-    assert!(
-        p.block_tokens.iter().all(|&t| t <= 2_000),
-        "{:?}",
-        p.block_tokens
-    );
+    p.assert_whole_trail("codex");
     let block = last_block(&reqs);
     assert!(
         block.contains("`cargo build --workspace` → exit 101"),
