@@ -5,6 +5,11 @@
 #
 #   bench/run.sh [full|quick] [overhead] [scale] [ledger] [sim] [criterion]
 #
+# BASELINE=DIR (a folder holding an earlier build's oceancode-proxy and
+# oceancode-ledger-bench) adds that build as one more target,
+# `oceancode-proxy@before`, run in the same rounds: before and after side by
+# side in one run.
+#
 # With no section named, all but `criterion` run. `quick` shrinks every
 # request count (a smoke run, a few minutes); `full` is what
 # docs/benchmarks.md reports. The report (Markdown) is written to
@@ -146,16 +151,16 @@ EOF
     wait_port "$port"
 }
 
-# start_proxy UPSTREAM_URL → PROXY_PID, PROXY_URL
+# start_proxy UPSTREAM_URL [BINARY] → PROXY_PID, PROXY_URL
 start_proxy() {
-    local port dir
+    local port dir exe=${2:-$BIN/oceancode-proxy}
     port=$(free_port)
     dir=$WORK/proxy.$port
     mkdir -p "$dir"
     echo '{}' >"$dir/config.json"
     # A 100M fixed line on a model unknown to the table: nothing is ever cut,
     # so the upstream does the same work on every target (pure overhead).
-    "$BIN/oceancode-proxy" --config "$dir/config.json" --data-dir "$dir/data" serve \
+    "$exe" --config "$dir/config.json" --data-dir "$dir/data" serve \
         --listen "127.0.0.1:$port" --anthropic-upstream "$1" --openai-upstream "$1" \
         --tideline 100m >"$dir/proxy.log" 2>&1 &
     PROXY_PID=$!
@@ -163,6 +168,17 @@ start_proxy() {
     PROXY_URL=http://127.0.0.1:$port
     wait_port "$port"
 }
+
+BASELINE=${BASELINE:-}
+if [ -n "$BASELINE" ] && [ ! -x "$BASELINE/oceancode-proxy" ]; then
+    echo "BASELINE=$BASELINE holds no oceancode-proxy" >&2
+    exit 2
+fi
+PROXIES=()
+[ -n "$BASELINE" ] && PROXIES+=(oceancode-proxy@before)
+PROXIES+=(oceancode-proxy)
+# proxy_exe TARGET: the binary a proxy target runs.
+proxy_exe() { if [ "$1" = oceancode-proxy@before ]; then echo "$BASELINE/oceancode-proxy"; else echo "$BIN/oceancode-proxy"; fi; }
 
 MODEL=oceancode-bench
 # The proxy's admin API (settle, /metrics) needs a token: one for this run,
@@ -179,7 +195,7 @@ overhead_scenario() {
     shift 5
     local targets=(direct)
     [ -n "$NGINX" ] && targets+=(nginx)
-    targets+=(oceancode-proxy)
+    targets+=("${PROXIES[@]}")
     local round t
     for round in $(seq 1 "$rounds"); do
     for t in "${targets[@]}"; do
@@ -189,8 +205,8 @@ overhead_scenario() {
         case $t in
             direct) url=$FAKE_URL ;;
             nginx) start_nginx "$FAKE_URL"; url=$NGINX_URL; pids=(--pid "$NGINX_PID") ;;
-            oceancode-proxy)
-                start_proxy "$FAKE_URL"
+            oceancode-proxy*)
+                start_proxy "$FAKE_URL" "$(proxy_exe "$t")"
                 url=$PROXY_URL
                 pids=(--pid "$PROXY_PID")
                 admin=(--admin "$PROXY_URL")
@@ -201,7 +217,7 @@ overhead_scenario() {
             --model "$MODEL" "${pids[@]}" "${admin[@]}" --out "$RESULTS" "$@" >&2
         case $t in
             nginx) stop "$NGINX_PID" ;;
-            oceancode-proxy) stop "$PROXY_PID" ;;
+            oceancode-proxy*) stop "$PROXY_PID" ;;
         esac
         stop "$FAKE_PID"
     done
@@ -210,14 +226,14 @@ overhead_scenario() {
 
 scale_run() {
     local steps=$1 sessions=$2
-    for t in direct oceancode-proxy; do
+    for t in direct "${PROXIES[@]}"; do
         log "scale: $t"
         start_fakeup
         local url pids=() admin=()
         if [ "$t" = direct ]; then
             url=$FAKE_URL
         else
-            start_proxy "$FAKE_URL"
+            start_proxy "$FAKE_URL" "$(proxy_exe "$t")"
             url=$PROXY_URL
             pids=(--pid "$PROXY_PID")
             admin=(--admin "$PROXY_URL")
@@ -225,7 +241,7 @@ scale_run() {
         "$BIN/oceancode-load" scale --target "$url" --label "$t" --scenario scale \
             --size 200k --messages 2000 --sessions "$sessions" --steps "$steps" --buckets 4 \
             --model "$MODEL" "${pids[@]}" "${admin[@]}" --out "$RESULTS" >&2
-        [ "$t" = oceancode-proxy ] && stop "$PROXY_PID"
+        [ "$t" != direct ] && stop "$PROXY_PID"
         stop "$FAKE_PID"
     done
 }
@@ -262,19 +278,30 @@ if want overhead || want scale; then
 fi
 
 if want ledger; then
-    log "ledger"
-    if [ "$MODE" = quick ]; then
-        "$BIN/oceancode-ledger-bench" --data-dir "$WORK/ledger" --sessions 20 --steps 5 --export-rows 2000 --repeat 2 | sed '/^Machine:/d; /^Data dir:/d' >>"$REPORT"
-    else
-        "$BIN/oceancode-ledger-bench" --data-dir "$WORK/ledger" | sed '/^Machine:/d; /^Data dir:/d' >>"$REPORT"
-    fi
+    ledger_args=()
+    [ "$MODE" = quick ] && ledger_args=(--sessions 20 --steps 5 --export-rows 2000 --repeat 2)
+    # With a baseline, the two builds alternate over two rounds.
+    ledger_runs=("$BIN")
+    [ -n "$BASELINE" ] && ledger_runs=("$BASELINE" "$BIN" "$BASELINE" "$BIN")
+    for dir in "${ledger_runs[@]}"; do
+        log "ledger ($dir)"
+        rm -rf "$WORK/ledger"
+        if [ -n "$BASELINE" ]; then
+            if [ "$dir" = "$BASELINE" ]; then echo "#### Ledger: oceancode-proxy@before" >>"$REPORT"; else echo "#### Ledger: oceancode-proxy" >>"$REPORT"; fi
+            echo >>"$REPORT"
+        fi
+        "$dir/oceancode-ledger-bench" --data-dir "$WORK/ledger" "${ledger_args[@]}" | sed '/^Machine:/d; /^Data dir:/d' >>"$REPORT"
+    done
 fi
 
 if want sim; then
     log "simulator"
     mkdir -p "$ROOT/docs/img"
-    "$BIN/oceancode-sim" --steps 1000 --svg "$ROOT/docs/img/window.svg" >>"$REPORT"
-    "$BIN/oceancode-sim" --steps 1000 --model claude-sonnet-4-6 --svg "$ROOT/docs/img/window-1m.svg" >>"$REPORT"
+    SWEEP="0,2,5,10,15,20,25,35,50/500/70,35,20"
+    "$BIN/oceancode-sim" --steps 1000 --svg "$ROOT/docs/img/window.svg" \
+        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress.svg" >>"$REPORT"
+    "$BIN/oceancode-sim" --steps 1000 --model claude-sonnet-4-6 --svg "$ROOT/docs/img/window-1m.svg" \
+        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress-1m.svg" >>"$REPORT"
 fi
 
 if want criterion; then

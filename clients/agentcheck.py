@@ -130,11 +130,64 @@ def check_transcripts(session_dir: Path, needles: list[str]):
         assert n in text, f"{n!r} is not in the transcripts under {tdir}"
 
 
+POINTER_RX = re.compile(r"^\[pruned tool output: seq (\d+) · ")
+PRUNED = "<pruned>"
+
+
+def pointer_seq(text) -> int | None:
+    """The seq a `ledger.compress` pointer names, or None."""
+    m = POINTER_RX.match(text) if isinstance(text, str) else None
+    return int(m.group(1)) if m else None
+
+
+def unpointed(m: dict):
+    """(seq, m with its pruned tool outputs masked, the parts masked) when
+    `ledger.compress` sent some of m's tool output as pointers, else None."""
+    m = json.loads(json.dumps(m))
+    if m.get("type") in ("function_call_output", "custom_tool_call_output"):
+        seq = pointer_seq(m.get("output"))
+        if seq is None:
+            return None
+        m["output"] = PRUNED
+        return seq, m, None
+    if m.get("role") == "tool":
+        seq = pointer_seq(message_text(m))
+        if seq is None:
+            return None
+        m["content"] = PRUNED
+        return seq, m, None
+    c = m.get("content")
+    if not isinstance(c, list):
+        return None
+    seq, parts = None, []
+    for i, b in enumerate(c):
+        if isinstance(b, dict) and b.get("type") == "tool_result":
+            inner = b.get("content")
+            n = pointer_seq(inner if isinstance(inner, str) else message_text(b))
+            if n is not None:
+                seq, parts = n, parts + [i]
+                b["content"] = PRUNED
+    return (seq, m, parts) if seq is not None else None
+
+
+def masked(raw: dict, parts) -> dict:
+    """A ledger row with the tool outputs at `parts` masked like `unpointed`."""
+    r = json.loads(json.dumps(raw))
+    if parts is None:
+        r["output" if "output" in r else "content"] = PRUNED
+    else:
+        for i in parts:
+            r["content"][i]["content"] = PRUNED
+    return r
+
+
 def check_rows_verbatim(ledger_rows: list, upstream_msgs_per_req: list[list], dialect: str):
     """The ledger holds every message verbatim:
     - seqs are gap-free from 1, none hidden (no rewinds here);
     - every message any upstream request carried (the stub aside) is a ledger row
-      (normalized per SPEC §2: cache_control moves, string ≡ one text block);
+      (normalized per SPEC §2: cache_control moves, string ≡ one text block),
+      or one whose old tool output `ledger.compress` sent as a pointer: the
+      row the pointer names, equal but for that output;
     - every row the client sent reached the upstream at least once.
     """
     seqs = [r["seq"] for r in ledger_rows]
@@ -144,10 +197,19 @@ def check_rows_verbatim(ledger_rows: list, upstream_msgs_per_req: list[list], di
     row_keys = {}
     for r in ledger_rows:
         row_keys.setdefault(key(json.loads(r["raw"])), r["seq"])
+    by_seq = {r["seq"]: json.loads(r["raw"]) for r in ledger_rows}
     sent = set()
     for msgs in upstream_msgs_per_req:
         for m in without_stub(dialect, msgs):
             k = key(m)
+            if k not in row_keys and (p := unpointed(m)):
+                seq, got, parts = p
+                assert seq in by_seq, f"a pointer names no ledger row: {k[:300]}"
+                assert key(masked(by_seq[seq], parts)) == key(got), (
+                    f"a pointer names seq {seq}, whose row differs from the message but for its "
+                    f"tool output: {k[:300]} vs {json.dumps(by_seq[seq])[:300]}")
+                sent.add(seq)
+                continue
             assert k in row_keys, f"an upstream message is not in the ledger: {k[:300]}"
             sent.add(row_keys[k])
     # Response rows never echoed back (the final answer) are the only rows

@@ -391,7 +391,7 @@ def test_applied_context_edits_are_in_status_and_exports(make_stack):
     s, _ = su.session_rows(st, "anthropic-sdk")
     steps = st.ledger.steps(s["id"])
     for step, edits in zip(steps, applied):
-        got = json.loads(step["detail"])["edits"] if step["detail"] else []
+        got = json.loads(step["detail"]).get("edits", []) if step["detail"] else []
         assert got == [e.model_dump() for e in edits], (got, edits)
     cleared = sum(e.cleared_tool_uses for es in edited for e in es)
     out = cli(st, "status", s["id"])

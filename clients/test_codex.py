@@ -429,10 +429,12 @@ remote_plugin = false
 
 
 def compaction_script() -> dict:
-    """14 steps; step 7's output alone is bigger than the window Codex
-    accepts (25k), so Codex compacts although the proxy keeps the line."""
+    """22 steps; step 7's output alone is bigger than the window Codex
+    accepts (25k), so Codex compacts although the proxy keeps the line
+    (with `ledger.compress` the windows Codex is billed for are smaller, so
+    it compacts later: the steps after it still reach the line)."""
     replies = []
-    for i in range(1, 15):
+    for i in range(1, 23):
         cmd = "seq 1 9000" if i == 7 else (f"seq {i * 10000} {i * 10000 + 1500}" if i % 2 else f"cat notes{i}.txt")
         replies.append({"text": f"Step {i}.", "tool_calls": [{"name": "exec_command", "input": {"cmd": cmd}}]})
     return {"replies": replies, "default": {"text": "All steps done. FINAL_ANSWER_MARKER"}}

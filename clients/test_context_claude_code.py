@@ -72,6 +72,8 @@ def edited(tmp_path_factory):
     text = ctx.read_text()
     header = next(line for line in text.splitlines()
                   if line.startswith("[[m:") and "[[tool_result" in text.split(line, 1)[1].split("\n", 2)[1])
+    # Run 2 exports again as e2 (nonces go on across a restart): the same block.
+    header = header.replace("[[m:e1 ", "[[m:e2 ", 1)
     second = {"replies": [
         {"text": "Exporting my context again.",
          "tool_calls": [{"name": "Bash", "input": {"command": export, "description": "Export my context"}}]},
@@ -80,8 +82,9 @@ def edited(tmp_path_factory):
             {"name": "Read", "input": {"file_path": str(ctx), "limit": 3}},
             {"name": "Edit", "input": {"file_path": str(ctx), "old_string": header + "\n[[tool_result",
                                        "new_string": header + "\n[[delete]]\n[[tool_result"}},
-            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": "[[end of context e1]]",
-                                       "new_string": f"[[note]]\n{NOTE}\n\n[[end of context e1]]"}},
+            # The export of run 2 is e2: nonces go on across a restart.
+            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": "[[end of context e2]]",
+                                       "new_string": f"[[note]]\n{NOTE}\n\n[[end of context e2]]"}},
         ]},
     ], "default": {"text": "Context trimmed. FINAL_ANSWER_MARKER"}}
     up2 = Upstream(work, second, "ccctx2")
@@ -124,7 +127,7 @@ def test_claude_code_edits_its_context_file(edited):
     notes = [m for m in msgs if m["role"] == "assistant" and NOTE in str(m["content"])]
     assert notes, "the note is in the window as the assistant's words"
     receipt = (edited.session_dirs[0] / "context.receipt.txt").read_text()
-    assert receipt.startswith("taken · export e1"), receipt
+    assert receipt.startswith("taken · export e2"), receipt
     assert "note 1 added" in receipt, receipt
     totals = [int(x) for x in re.findall(r"total_input_tokens: (\d+)", edited.fake_log)]
     saved = totals[1] - totals[2] if len(totals) >= 3 else 0

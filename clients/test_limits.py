@@ -51,6 +51,13 @@ def main_requests(reqs: list[dict]) -> list[dict]:
     return [r for r in reqs if (r.get("json") or {}).get("tools")]
 
 
+def run_cmd(work: Path, flags: list[str], up_url: str, client: list[str]) -> list[str]:
+    """`oceancode-proxy run` with the limit `flags` around `client`, both upstreams at the fake."""
+    return [str(h.PROXY_BIN), "--data-dir", str(work / "data"), "--config", str(write_config(work)),
+            "run", "--tideline", "20k", *flags, "--anthropic-upstream", up_url, "--openai-upstream", up_url, "--",
+            *client]
+
+
 def run_claude(work: Path, flags: list[str]):
     proj = work / "proj"
     tcc.make_project(proj)
@@ -58,9 +65,7 @@ def run_claude(work: Path, flags: list[str]):
     try:
         env = tcc.cc_env(work / "home")
         (work / "home").mkdir(exist_ok=True)
-        cmd = [str(h.PROXY_BIN), "--data-dir", str(work / "data"), "--config", str(write_config(work)),
-               "run", "--tideline", "20k", *flags, "--anthropic-upstream", up.tap.url, "--openai-upstream", up.tap.url, "--",
-               *tcc.cc_cmd(tcc.PROMPT, "--model", CC_MODEL)]
+        cmd = run_cmd(work, flags, up.tap.url, tcc.cc_cmd(tcc.PROMPT, "--model", CC_MODEL))
         r = h.run(cmd, env, proj, TIMEOUT, log=work / "client.log")
         reqs = up.tap.model_requests()
     finally:
@@ -82,9 +87,8 @@ def run_codex(work: Path, flags: list[str]):
         env.update({"OPENAI_API_KEY": "sk-test-not-a-real-key", "CODEX_HOME": str(codex_home),
                     "RUST_LOG": "warn", "OCEANCODE_LOG": "info,oceancode_proxy=debug"})
         wrapped = ["sh", "-c", 'exec "$0" "$@" -c "model_providers.oceancode.base_url=\\"$OPENAI_BASE_URL\\""']
-        cmd = [str(h.PROXY_BIN), "--data-dir", str(work / "data"), "--config", str(write_config(work)),
-               "run", "--tideline", "20k", *flags, "--anthropic-upstream", up.tap.url, "--openai-upstream", up.tap.url, "--",
-               *wrapped, str(tcx.codex_bin()), "exec", "--skip-git-repo-check", "--json", tcx.PROMPT]
+        cmd = run_cmd(work, flags, up.tap.url,
+                      [*wrapped, str(tcx.codex_bin()), "exec", "--skip-git-repo-check", "--json", tcx.PROMPT])
         r = h.run(cmd, env, proj, TIMEOUT, log=work / "client.log")
         reqs = up.tap.model_requests()
     finally:

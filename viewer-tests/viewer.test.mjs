@@ -34,9 +34,9 @@ function check(cond, what) {
 }
 
 /** Start `cmd` and resolve with the first match of `re` on `stream`. */
-function start(name, cmd, args, re, stream) {
+function start(name, cmd, args, re, stream, env = {}) {
   return new Promise((ok, fail) => {
-    const p = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: "warn" } });
+    const p = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: "warn", ...env } });
     procs.push(p);
     const log = [];
     const timer = setTimeout(() => fail(new Error(`${name} did not start: ${log.join("")}`)), 20000);
@@ -191,7 +191,13 @@ async function main() {
   await page.locator("#conversation").screenshot({ path: join(SHOTS, "model-view.png") });
   // A cut marker links to the stub.
   const hrefs = await page.locator("#chart a.cut-link").evaluateAll((as) => as.map((a) => a.getAttribute("href")));
-  check(hrefs.some((h) => h.endsWith("?view=model#stub")), "the latest cut's marker links to its stub");
+  check(hrefs.length > 0 && hrefs.every((h) => /\?view=model&step=\d+#stub$/.test(h)), "every cut's marker links to the stub of the step that cut");
+  // A marker opens the model view of its step, at the stub.
+  await page.locator("#chart a.cut-link").first().click();
+  await page.waitForSelector("#stub");
+  const stepNav = await page.locator("#stepnav strong").innerText();
+  check(/^step \d+ of \d+$/.test(stepNav) && page.url().includes("step="), `a marker opens its step's model view (${stepNav})`);
+  await page.locator("#conversation").screenshot({ path: join(SHOTS, "model-view-at-cut.png") });
 
   // Search finds a word and links to its row.
   await page.fill("header input[name=q]", "zephyrword_case");
@@ -220,6 +226,99 @@ async function main() {
   }
   const same = await page.evaluate(() => window.__sameDocument === true);
   check(after === STEPS + 1 && same, `a new step shows without a reload (${after} points, same document: ${same})`);
+
+  // Search marks the matched words.
+  await page.goto(`${proxy}/_oceancode/ui/search?q=zephyrword_case`);
+  const marks = await page.locator("#hits mark").allInnerTexts();
+  check(marks.length >= 1 && marks.every((m) => m.toLowerCase() === "zephyrword_case"), `search marks the matched words (${marks.join(", ")})`);
+
+  // A long session: 1,000 steps and many cuts, on a second proxy whose
+  // blocks close every 2k tokens (a cut about every 20 steps past the line).
+  const LONG = 1000;
+  const data2 = join(WORK, "data-long");
+  const proxy2 = await start(
+    "proxy (long)",
+    join(BIN, "oceancode-proxy"),
+    ["--data-dir", data2, "serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", fake, "--openai-upstream", fake, "--tideline", "20k"],
+    /oceancode-proxy listening on (http:\/\/\S+)/,
+    "stderr",
+    { OCEANCODE_TIDELINE_BLOCK: "2k" },
+  );
+  const token2 = readFileSync(join(data2, "admin-token"), "utf8").trim();
+  const auth2 = { authorization: `Bearer ${token2}` };
+  const longHistory = [{ role: "user", content: "A long run: keep the test suite green." }];
+  async function longStep(i) {
+    const r = await fetch(`${proxy2}/v1/messages`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-oceancode-session": "long-session", "anthropic-version": "2023-06-01" },
+      body: JSON.stringify({ model: "claude-sonnet-4-5", max_tokens: 1024, tools: [{ name: "Bash", description: "Run a shell command", input_schema: { type: "object" } }], messages: longHistory }),
+    });
+    if (r.status !== 200) throw new Error(`long step ${i}: ${r.status} ${await r.text()}`);
+    const v = await r.json();
+    longHistory.push({ role: "assistant", content: v.content });
+    const call = v.content.find((b) => b.type === "tool_use");
+    const out = [];
+    for (let k = 0; k < 4; k++) out.push(`step ${i} check ${k}: ok`);
+    longHistory.push({ role: "user", content: [{ type: "tool_result", tool_use_id: call.id, content: out.join("\n") }] });
+  }
+  const t0 = Date.now();
+  for (let i = 0; i < LONG; i++) await longStep(i);
+  console.log(`long session: ${LONG} steps in ${Date.now() - t0} ms`);
+  await fetch(`${proxy2}/_oceancode/settle`, { method: "POST", headers: { ...auth2, "content-type": "application/json" }, body: "{}" });
+  const all = await (await fetch(`${proxy2}/_oceancode/sessions`, { headers: auth2 })).json();
+  const longId = all.sessions[0].id;
+  const longUrl = `${proxy2}/_oceancode/ui/s/${encodeURIComponent(longId)}`;
+  await page.goto(`${proxy2}/_oceancode/ui/?token=${token2}`);
+  const tl = Date.now();
+  await page.goto(longUrl);
+  await page.waitForSelector("#chart");
+  const loadMs = Date.now() - tl;
+  const longLive = await page.evaluate(async (u) => (await fetch(u)).json(), `/_oceancode/ui/s/${encodeURIComponent(longId)}/live`);
+  const chartSteps = Number(await page.locator("#chart").getAttribute("data-steps"));
+  const longMarkers = await page.locator("#chart line.cut").count();
+  check(chartSteps === LONG && longLive.steps === LONG, `the long session's chart has its ${LONG} steps (${chartSteps}; page loaded in ${loadMs} ms)`);
+  check(longLive.cuts >= 15 && longMarkers === longLive.cuts, `one marker per cut on the long session (${longMarkers} markers, ${longLive.cuts} cuts)`);
+  const lbox = await page.locator("#chart svg").boundingBox();
+  await page.mouse.move(lbox.x + lbox.width * 0.7, lbox.y + lbox.height * 0.3);
+  const ltip = await page.locator("#tip").textContent();
+  check(/^step \d+: window/.test(ltip || ""), `hovering the long chart shows the step (${ltip})`);
+  const heights = await page.evaluate(() => ["summary", "chart", "conversation", "cuts", "page", "exports"].map((i) => `${i} ${Math.round(document.getElementById(i)?.getBoundingClientRect().height || 0)}`).join(", "));
+  console.log(`long session page heights (px): ${heights}`);
+  await page.screenshot({ path: join(SHOTS, "long-session.png") });
+  await page.screenshot({ path: join(SHOTS, "long-session-full.png"), fullPage: true });
+  // A click on the chart opens that step's model view.
+  await page.mouse.click(lbox.x + lbox.width * 0.5, lbox.y + lbox.height * 0.3);
+  await page.waitForURL(/view=model&step=\d+/);
+  await page.waitForSelector("#stepnav");
+  const clicked = await page.locator("#stepnav strong").innerText();
+  check(/^step \d+ of 1000$/.test(clicked), `a click on the chart opens that step's model view (${clicked})`);
+  await page.screenshot({ path: join(SHOTS, "long-model-view.png"), fullPage: false });
+  const pager = await page.locator("nav.pager").count();
+  console.log(`long session model view: ${await page.locator("#rows li.row").count()} messages shown, pager: ${pager > 0}`);
+
+  // A narrow window (a phone): nothing wider than the screen.
+  const narrow = await browser.newContext({ viewport: { width: 390, height: 844 } });
+  // Cookies ignore ports: the two proxies on 127.0.0.1 share the viewer's
+  // cookie, so each page is opened with its proxy's token handed over.
+  const np = await narrow.newPage();
+  np.on("pageerror", (e) => pageErrors.push(String(e)));
+  for (const [name, u, tok] of [
+    ["narrow-sessions", `${proxy}/_oceancode/ui/?x=1`, token],
+    ["narrow-session", `${proxy}/_oceancode/ui/s/${encodeURIComponent(id)}?view=full`, token],
+    ["narrow-model-view", `${proxy}/_oceancode/ui/s/${encodeURIComponent(id)}?view=model`, token],
+    ["narrow-long-session", `${longUrl}?view=full`, token2],
+  ]) {
+    const resp = await np.goto(`${u}&token=${tok}`);
+    check(resp.status() === 200 && !np.url().includes("token="), `${name}: the page opens (${resp.status()})`);
+    const wide = await np.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    check(wide <= 0, `${name}: nothing wider than a 390 px window (${wide} px over)`);
+    await np.screenshot({ path: join(SHOTS, `${name}.png`) });
+    if (name === "narrow-model-view") {
+      await np.locator("#stub").scrollIntoViewIfNeeded();
+      await np.screenshot({ path: join(SHOTS, "narrow-model-view-stub.png") });
+    }
+  }
+  await narrow.close();
 
   check(dialogs.length === 0, `no dialog opened (${dialogs.join("; ")})`);
   check(pageErrors.length === 0, `no script error or policy violation (${pageErrors.join("; ")})`);

@@ -1,7 +1,7 @@
 //! Parsing of `oceancode-proxy tideline [--session S] [50% | 500k | now | default]`,
 //! shared by the CLI and the admin API.
 
-use crate::tideline::{Amount, LineSpec, MIN_FIXED_LINE};
+use crate::tideline::LineSpec;
 
 /// The usage line of the `tideline` command.
 pub const TIDELINE_USAGE: &str =
@@ -124,16 +124,13 @@ fn parse_values(values: &[String]) -> Result<TidelineCommand, UsageError> {
         }
         _ => {}
     }
-    match v.parse::<Amount>() {
-        Ok(Amount::Percent(p)) => Ok(TidelineCommand::Set(LineSpec::Percent(p))),
-        Ok(Amount::Tokens(t)) if t >= MIN_FIXED_LINE => {
-            Ok(TidelineCommand::Set(LineSpec::Tokens(t)))
-        }
-        Ok(Amount::Tokens(0)) => Err(UsageError::new(
+    match v.parse::<LineSpec>() {
+        Ok(LineSpec::Tokens(0)) => Err(UsageError::new(
             "0 (the model ceiling) is set in the config file (ledger.tideline.tokens), not here",
         )),
-        Ok(Amount::Tokens(t)) => Err(UsageError::new(format!(
-            "a fixed tideline must be at least 20k tokens, got {t}"
+        Ok(spec) => Ok(TidelineCommand::Set(spec)),
+        Err(e) if e.reason.contains("20k") => Err(UsageError::new(format!(
+            "a fixed tideline must be at least 20k tokens, got {v}"
         ))),
         Err(e) => Err(UsageError::new(format!(
             "not a tideline value: {v:?} ({})",

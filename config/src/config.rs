@@ -52,6 +52,8 @@ pub mod vars {
     pub const TIDELINE_BLOCK: &str = "OCEANCODE_TIDELINE_BLOCK";
     /// `ledger.recall_tool.enabled` (`1`/`true`/`on`, `0`/`false`/`off`).
     pub const RECALL_TOOL: &str = "OCEANCODE_RECALL_TOOL";
+    /// `ledger.compress` on or off (`on`, `off`, `true`, `false`, `1`, `0`).
+    pub const COMPRESS: &str = "OCEANCODE_COMPRESS";
     /// Retention in days (`0` = keep forever).
     pub const RETENTION_DAYS: &str = "OCEANCODE_RETENTION_DAYS";
     /// Log filter (`info`, `oceancode_proxy=debug`, ...).
@@ -62,6 +64,8 @@ pub mod vars {
     pub const MAX_STEPS: &str = "OCEANCODE_MAX_STEPS";
     /// `limits.session.time`: longest a session may run (`30m`, `2h`).
     pub const MAX_TIME: &str = "OCEANCODE_MAX_TIME";
+    /// `ledger.database`: `sqlite` or a `postgres://` URL.
+    pub const DATABASE_URL: &str = "OCEANCODE_DATABASE_URL";
     /// Context window override for every model (tokens; read by `models::context_window`).
     pub const CONTEXT_TOKENS: &str = "OCEANCODE_CONTEXT_TOKENS";
     /// XDG config home.
@@ -276,6 +280,8 @@ pub struct Config {
     pub access: AccessConfig,
     /// The ledger writer thread.
     pub writer: WriterConfig,
+    /// The context file (`oceancode-proxy context`).
+    pub context: ContextConfig,
     /// Log filter (`tracing` env-filter syntax); `None` = `info`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
@@ -301,9 +307,20 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             access: AccessConfig::default(),
             writer: WriterConfig::default(),
+            context: ContextConfig::default(),
             log: None,
         }
     }
+}
+
+/// `context`: the context file and what the upstream sees of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextConfig {
+    /// Every tool result the upstream sees ends with its ledger seq,
+    /// `[seq N]` (default `false`: a transparent proxy does not change tool
+    /// output unasked; the ledger keeps the client's bytes either way).
+    pub seq_tags: bool,
 }
 
 /// One upstream provider.
@@ -390,6 +407,17 @@ pub struct LedgerConfig {
     pub recall_tool: RecallToolConfig,
     /// The state block rendered after the stub at every cut.
     pub state: StateConfig,
+    /// Old tool output becomes a pointer at a cut (`true`/`false`, or the
+    /// object with `enabled`, `protect`, `min_tokens`).
+    pub compress: CompressConfig,
+    /// Where the ledger's database is: `sqlite` (default: `oceancode.db` in
+    /// the data dir) or a `postgres://user@host:port/db` URL, shared by any
+    /// number of proxies (`--database`, `OCEANCODE_DATABASE_URL`).
+    pub database: String,
+    /// With PostgreSQL: how long a proxy's hold on a session lasts without
+    /// renewal (ms, default 10000); another proxy takes the session over
+    /// once it lapses. The holder renews it every third of that.
+    pub lease_ms: u64,
     /// Removed key `ledger.low` (ignored, reported as a warning).
     #[doc(hidden)]
     #[serde(skip_serializing)]
@@ -416,6 +444,9 @@ impl Default for LedgerConfig {
             merge: MergeConfig::default(),
             recall_tool: RecallToolConfig::default(),
             state: StateConfig::default(),
+            compress: CompressConfig::default(),
+            database: SQLITE.to_string(),
+            lease_ms: 10_000,
             low: RemovedKey::default(),
             reserve: RemovedKey::default(),
             profile: RemovedKey::default(),
@@ -424,7 +455,28 @@ impl Default for LedgerConfig {
     }
 }
 
+/// `ledger.database` for the embedded SQLite ledger.
+pub const SQLITE: &str = "sqlite";
+
+/// Whether `url` names a PostgreSQL database (`postgres://` or `postgresql://`).
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+fn check_database(v: &str) -> Result<(), &'static str> {
+    if v == SQLITE || is_postgres_url(v) {
+        Ok(())
+    } else {
+        Err("expected `sqlite` or a postgres://user@host:port/database URL")
+    }
+}
+
 impl LedgerConfig {
+    /// The PostgreSQL URL when `database` names one (None = SQLite).
+    pub fn postgres_url(&self) -> Option<&str> {
+        is_postgres_url(&self.database).then_some(self.database.as_str())
+    }
+
     /// Shorthand for `self.tideline.line_spec()`.
     pub fn line_spec(&self) -> LineSpec {
         self.tideline.line_spec()
@@ -532,6 +584,100 @@ impl Default for StateConfig {
     }
 }
 
+/// `ledger.compress`: at a cut, tool output older than the protected zone
+/// becomes one pointer line to its transcript lines (see
+/// `oceancode_window::compress`). Written `true`/`false` or as the object.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CompressConfig {
+    /// On (default) or off.
+    pub enabled: bool,
+    /// The newest tool output never pruned: tokens (`8000`, `"8k"`) or a
+    /// share of the line (`"10%"`, the default).
+    #[serde(serialize_with = "ser_block", skip_serializing_if = "Option::is_none")]
+    pub protect: Option<BlockSpec>,
+    /// Smaller outputs are never pruned (tokens; default 500).
+    pub min_tokens: u64,
+}
+
+/// `ledger.compress.protect` default, percent of the line.
+pub const COMPRESS_PROTECT_PERCENT: f64 = 10.0;
+/// `ledger.compress.min_tokens` default.
+pub const COMPRESS_MIN_TOKENS: u64 = 500;
+
+impl Default for CompressConfig {
+    fn default() -> Self {
+        CompressConfig {
+            enabled: true,
+            protect: None,
+            min_tokens: COMPRESS_MIN_TOKENS,
+        }
+    }
+}
+
+impl CompressConfig {
+    /// The protected zone in tokens for a line of `line` tokens.
+    pub fn protect_tokens(&self, line: u64) -> u64 {
+        match self
+            .protect
+            .unwrap_or(BlockSpec::PercentOfLine(COMPRESS_PROTECT_PERCENT))
+        {
+            BlockSpec::Tokens(t) => t,
+            BlockSpec::PercentOfLine(p) => (line as f64 * p.clamp(0.0, 100.0) / 100.0) as u64,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct CompressFields {
+    enabled: bool,
+    #[serde(deserialize_with = "de_block")]
+    protect: Option<BlockSpec>,
+    min_tokens: u64,
+}
+
+impl Default for CompressFields {
+    fn default() -> Self {
+        let d = CompressConfig::default();
+        CompressFields {
+            enabled: d.enabled,
+            protect: d.protect,
+            min_tokens: d.min_tokens,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CompressConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Switch(bool),
+            Fields(CompressFields),
+        }
+        Ok(match Form::deserialize(d)? {
+            Form::Switch(enabled) => CompressConfig {
+                enabled,
+                ..CompressConfig::default()
+            },
+            Form::Fields(f) => CompressConfig {
+                enabled: f.enabled,
+                protect: f.protect,
+                min_tokens: f.min_tokens,
+            },
+        })
+    }
+}
+
+/// `on`/`off` (also `true`/`false`, `yes`/`no`, `1`/`0`).
+pub fn parse_switch(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Some(true),
+        "off" | "false" | "no" | "0" => Some(false),
+        _ => None,
+    }
+}
+
 /// `ledger.merge`: the optional model merge of `SESSION.md`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -539,6 +685,21 @@ pub struct MergeConfig {
     /// Model used for the merge; `None` = merge off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The environment variable holding the API key of the live merge
+    /// while serving (default [`MERGE_KEY_ENV`]); the proxy never reuses a
+    /// client's credentials, and without the key the live merge is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+}
+
+/// The environment variable the live merge takes its key from by default.
+pub const MERGE_KEY_ENV: &str = "OCEANCODE_MERGE_API_KEY";
+
+impl MergeConfig {
+    /// The name of the environment variable holding the merge's key.
+    pub fn key_env(&self) -> &str {
+        self.api_key_env.as_deref().unwrap_or(MERGE_KEY_ENV)
+    }
 }
 
 /// `ledger.recall_tool`: the in-band recall tool. Written as a bool
@@ -626,7 +787,9 @@ pub struct LimitsConfig {
     /// Longest silence inside a streamed response, ms (default 600000).
     pub idle_stream_timeout_ms: u64,
     /// Bytes of request bodies the proxy holds at once across all
-    /// connections (default 1 GiB; at least `max_body_bytes`).
+    /// connections (default 128 MiB; at least `max_body_bytes`): a body
+    /// that does not fit waits for others to finish (one at a time may go
+    /// past it, so reads always move on).
     pub max_bodies_in_flight_bytes: u64,
     /// Client connections open at once (default 512); more wait to be accepted.
     pub max_connections: u64,
@@ -655,7 +818,7 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 10_000,
             response_header_timeout_ms: 600_000,
             idle_stream_timeout_ms: 600_000,
-            max_bodies_in_flight_bytes: 1 << 30,
+            max_bodies_in_flight_bytes: 128 << 20,
             max_connections: 512,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 120_000,
@@ -753,6 +916,8 @@ pub struct Overrides {
     pub openai_upstream: Option<String>,
     /// `--tideline` (e.g. `run --tideline 50%`).
     pub tideline: Option<LineSpec>,
+    /// `--compress on|off`.
+    pub compress: Option<bool>,
     /// `serve --allow-remote` (true sets `access.allow_remote`).
     pub allow_remote: bool,
     /// `--max-spend USD` (`limits.session.spend_usd`).
@@ -763,6 +928,8 @@ pub struct Overrides {
     pub max_time: Option<Duration>,
     /// `serve`/`run --recall-tool` (true sets `ledger.recall_tool.enabled`).
     pub recall_tool: bool,
+    /// `--database` (`sqlite` or a `postgres://` URL).
+    pub database: Option<String>,
 }
 
 /// A loaded configuration.
@@ -918,17 +1085,12 @@ impl Config {
             self.ledger.tideline.block = Some(spec);
         }
         if let Some(v) = env_value(env, vars::RECALL_TOOL) {
-            self.ledger.recall_tool.enabled = match v.to_ascii_lowercase().as_str() {
-                "1" | "true" | "on" | "yes" => true,
-                "0" | "false" | "off" | "no" => false,
-                _ => {
-                    return Err(ConfigError::env(
-                        vars::RECALL_TOOL,
-                        &v,
-                        "expected 1/true/on or 0/false/off",
-                    ))
-                }
-            };
+            self.ledger.recall_tool.enabled = parse_switch(&v)
+                .ok_or_else(|| ConfigError::env(vars::RECALL_TOOL, &v, "expected on or off"))?;
+        }
+        if let Some(v) = env_value(env, vars::COMPRESS) {
+            self.ledger.compress.enabled = parse_switch(&v)
+                .ok_or_else(|| ConfigError::env(vars::COMPRESS, &v, "expected on or off"))?;
         }
         if let Some(v) = env_value(env, vars::RETENTION_DAYS) {
             self.retention.days = v.parse().map_err(|_| {
@@ -938,6 +1100,10 @@ impl Config {
                     "expected a whole number of days (0 = forever)",
                 )
             })?;
+        }
+        if let Some(v) = env_value(env, vars::DATABASE_URL) {
+            check_database(&v).map_err(|m| ConfigError::env(vars::DATABASE_URL, &v, m))?;
+            self.ledger.database = v;
         }
         if let Some(v) = env_value(env, vars::LOG) {
             self.log = Some(v);
@@ -1000,6 +1166,9 @@ impl Config {
         if let Some(t) = o.tideline {
             self.ledger.tideline.set_line(t);
         }
+        if let Some(c) = o.compress {
+            self.ledger.compress.enabled = c;
+        }
         if o.allow_remote {
             self.access.allow_remote = true;
         }
@@ -1016,10 +1185,21 @@ impl Config {
         if o.recall_tool {
             self.ledger.recall_tool.enabled = true;
         }
+        if let Some(d) = &o.database {
+            self.ledger.database = d.clone();
+        }
     }
 
     /// Checks ranges and consistency; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        check_database(&self.ledger.database)
+            .map_err(|m| ConfigError::invalid("ledger.database", m))?;
+        if self.ledger.lease_ms < 1000 {
+            return Err(ConfigError::invalid(
+                "ledger.lease_ms",
+                "at least 1000 (a lease renewed every third of it)",
+            ));
+        }
         for (id, p) in &self.providers {
             if id.trim().is_empty() {
                 return Err(ConfigError::invalid(
@@ -1049,8 +1229,10 @@ impl Config {
             ));
         }
         let t = &self.ledger.tideline;
+        // The rule of every line value (`LineSpec::check`), with the key's
+        // own wording.
         if let Some(p) = t.percent {
-            if !(p > 0.0 && p <= 100.0) {
+            if LineSpec::Percent(p).check().is_err() {
                 return Err(ConfigError::invalid(
                     "ledger.tideline.percent",
                     format!("{p} is out of range (above 0, at most 100)"),
@@ -1058,7 +1240,7 @@ impl Config {
             }
         }
         if let Some(n) = t.tokens {
-            if n != 0 && n < MIN_FIXED_LINE {
+            if LineSpec::Tokens(n).check().is_err() {
                 return Err(ConfigError::invalid(
                     "ledger.tideline.tokens",
                     format!("{n} is below the {MIN_FIXED_LINE} minimum (0 = the model ceiling)"),
@@ -1090,11 +1272,30 @@ impl Config {
                 ),
             ));
         }
+        if let Some(BlockSpec::PercentOfLine(p)) = self.ledger.compress.protect {
+            if !(0.0..=100.0).contains(&p) {
+                return Err(ConfigError::invalid(
+                    "ledger.compress.protect",
+                    format!("{p}% is out of range (0 to 100)"),
+                ));
+            }
+        }
         if let Some(m) = &self.ledger.merge.model {
             if m.trim().is_empty() {
                 return Err(ConfigError::invalid(
                     "ledger.merge.model",
                     "must not be empty (omit it to turn merge off)",
+                ));
+            }
+        }
+        if let Some(e) = &self.ledger.merge.api_key_env {
+            let ok = !e.is_empty()
+                && !e.starts_with(|c: char| c.is_ascii_digit())
+                && e.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(ConfigError::invalid(
+                    "ledger.merge.api_key_env",
+                    format!("{e:?} is not an environment variable name (letters, digits and _, not starting with a digit)"),
                 ));
             }
         }

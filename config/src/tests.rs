@@ -66,7 +66,7 @@ fn defaults_match_the_spec() {
     assert!(!c.access.allow_remote);
     assert!(c.access.allowed_hosts.is_empty());
     assert_eq!(c.limits.max_connections, 512);
-    assert_eq!(c.limits.max_bodies_in_flight_bytes, 1 << 30);
+    assert_eq!(c.limits.max_bodies_in_flight_bytes, 128 << 20);
     assert_eq!(
         c.limits.header_read_timeout(),
         std::time::Duration::from_secs(30)
@@ -212,6 +212,49 @@ fn serialization_round_trips() {
 // ---------------------------------------------------------------- layering
 
 #[test]
+fn the_database_is_sqlite_or_a_postgres_url_from_file_env_or_flag() {
+    let c = Config::default();
+    assert_eq!(c.ledger.database, "sqlite");
+    assert_eq!(c.ledger.postgres_url(), None);
+    assert_eq!(c.ledger.lease_ms, 10_000);
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.json",
+        r#"{"ledger":{"database":"postgres://oc@db1:5432/ledger","lease_ms":5000}}"#,
+    );
+    let l = Config::load(Some(&file), &no_env).unwrap();
+    assert_eq!(
+        l.config.ledger.postgres_url(),
+        Some("postgres://oc@db1:5432/ledger")
+    );
+    assert_eq!(l.config.ledger.lease_ms, 5000);
+    let env = env_of(&[("OCEANCODE_DATABASE_URL", "postgresql://oc@db2/ledger")]);
+    let mut l = Config::load(Some(&file), &env).unwrap();
+    assert_eq!(l.config.ledger.database, "postgresql://oc@db2/ledger");
+    l.config.apply(&Overrides {
+        database: Some("sqlite".into()),
+        ..Overrides::default()
+    });
+    assert_eq!(l.config.ledger.postgres_url(), None);
+    l.config.validate().unwrap();
+    // Anything else is refused, naming where it came from.
+    let env = env_of(&[("OCEANCODE_DATABASE_URL", "mysql://x")]);
+    let err = Config::load(None, &env).unwrap_err().to_string();
+    assert!(err.contains("OCEANCODE_DATABASE_URL"), "{err}");
+    let err = parse(r#"{"ledger":{"database":"/tmp/x.db"}}"#)
+        .and_then(|l| l.config.validate().map(|_| l))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ledger.database"), "{err}");
+    let err = parse(r#"{"ledger":{"lease_ms":10}}"#)
+        .and_then(|l| l.config.validate().map(|_| l))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ledger.lease_ms"), "{err}");
+}
+
+#[test]
 fn env_overrides_file_and_flags_override_env() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(
@@ -255,8 +298,10 @@ fn env_overrides_file_and_flags_override_env() {
         anthropic_upstream: Some("http://[::1]:5555".into()),
         openai_upstream: Some("http://localhost:6666".into()),
         tideline: Some(LineSpec::Percent(30.0)),
+        compress: None,
         allow_remote: true,
         recall_tool: true,
+        database: None,
         ..Overrides::default()
     });
     let c = &l.config;
@@ -619,6 +664,11 @@ fn validate_refuses_out_of_range_tideline() {
         key_of(check(r#"{"ledger":{"merge":{"model":""}}}"#)),
         "ledger.merge.model"
     );
+    for bad in ["", "1KEY", "MY-KEY", "KEY NAME"] {
+        let text = format!(r#"{{"ledger":{{"merge":{{"model":"m","api_key_env":"{bad}"}}}}}}"#);
+        assert_eq!(key_of(check(&text)), "ledger.merge.api_key_env", "{bad:?}");
+    }
+    check(r#"{"ledger":{"merge":{"model":"m","api_key_env":"MY_MERGE_KEY_2"}}}"#).unwrap();
     assert_eq!(
         key_of(check(r#"{"limits":{"connect_timeout_ms":0}}"#)),
         "limits.connect_timeout_ms"
@@ -1331,4 +1381,121 @@ fn recall_tool_is_a_flag_or_an_object_off_by_default() {
         .is_err());
     c.ledger.recall_tool.max_rounds = 0;
     assert!(c.validate().is_err());
+}
+
+#[test]
+fn every_entry_point_reads_a_line_value_by_one_rule() {
+    // The config file, the environment, `serve --tideline` and the
+    // `tideline` command (CLI and admin API) accept and refuse the same
+    // values; only 0 (the ceiling) is the config's alone.
+    for (v, ok) in [
+        ("40%", true),
+        ("100%", true),
+        ("0.0001%", true),
+        ("150%", false),
+        ("0%", false),
+        ("-5%", false),
+        ("19999", false),
+        ("19.9k", false),
+        ("20k", true),
+        ("1.5m", true),
+        ("junk", false),
+    ] {
+        let parsed = v.parse::<LineSpec>();
+        assert_eq!(parsed.is_ok(), ok, "{v}: {parsed:?}");
+        let command = tideline_command(&[v.to_string()]);
+        assert_eq!(command.is_ok(), ok, "tideline {v}: {command:?}");
+        let mut cfg = Config::default();
+        let env = env_of(&[("OCEANCODE_TIDELINE", v)]);
+        let from_env = cfg.apply_env(&env);
+        assert_eq!(from_env.is_ok(), ok, "OCEANCODE_TIDELINE={v}: {from_env:?}");
+        if let Ok(spec) = parsed {
+            let mut cfg = Config::default();
+            cfg.ledger.tideline.set_line(spec);
+            assert!(cfg.validate().is_ok(), "config {v}");
+            assert_eq!(command, Ok(TidelineCommand::Set(spec)));
+        }
+    }
+    assert_eq!("0".parse::<LineSpec>(), Ok(LineSpec::Tokens(0)));
+    assert!(tideline_command(&["0".to_string()]).is_err());
+    for (percent, tokens) in [(Some(150.0), None), (None, Some(19_999))] {
+        let mut cfg = Config::default();
+        cfg.ledger.tideline.percent = percent;
+        cfg.ledger.tideline.tokens = tokens;
+        assert!(cfg.validate().is_err(), "{percent:?} {tokens:?}");
+    }
+}
+
+#[test]
+fn compress_config_forms_env_and_flags() {
+    let d = Config::default();
+    assert!(d.ledger.compress.enabled, "on by default");
+    assert_eq!(d.ledger.compress.min_tokens, 500);
+    assert_eq!(d.ledger.compress.protect_tokens(80_000), 8_000);
+    let c: LedgerConfig = serde_json::from_str(r#"{"compress": false}"#).unwrap();
+    assert!(!c.compress.enabled);
+    let c: LedgerConfig =
+        serde_json::from_str(r#"{"compress": {"protect": "25%", "min_tokens": 1000}}"#).unwrap();
+    assert!(c.compress.enabled);
+    assert_eq!(c.compress.protect_tokens(80_000), 20_000);
+    assert_eq!(c.compress.min_tokens, 1000);
+    let c: LedgerConfig = serde_json::from_str(r#"{"compress": {"protect": "12k"}}"#).unwrap();
+    assert_eq!(c.compress.protect_tokens(80_000), 12_000);
+    assert!(serde_json::from_str::<LedgerConfig>(r#"{"compress": {"protekt": 1}}"#).is_err());
+    let l = Config::load(None, &env_of(&[("OCEANCODE_COMPRESS", "off")])).unwrap();
+    assert!(!l.config.ledger.compress.enabled);
+    assert!(Config::load(None, &env_of(&[("OCEANCODE_COMPRESS", "maybe")])).is_err());
+    let mut cfg = l.config;
+    cfg.apply(&Overrides {
+        compress: Some(true),
+        ..Overrides::default()
+    });
+    assert!(cfg.ledger.compress.enabled);
+}
+
+#[test]
+fn the_state_block_budget_is_validated_and_defaults_to_2000() {
+    let d = Config::default();
+    assert!(d.ledger.state.enabled);
+    assert_eq!(d.ledger.state.max_tokens, 2_000);
+    assert_eq!(d.ledger.merge.key_env(), "OCEANCODE_MERGE_API_KEY");
+    let check = |text: &str| parse(text).unwrap().config.validate();
+    for ok in [200, 2_000, 20_000] {
+        let text = format!(r#"{{"ledger":{{"state":{{"max_tokens":{ok}}}}}}}"#);
+        check(&text).unwrap();
+        assert_eq!(parse(&text).unwrap().config.ledger.state.max_tokens, ok);
+    }
+    for bad in [0, 199, 20_001] {
+        let text = format!(r#"{{"ledger":{{"state":{{"max_tokens":{bad}}}}}}}"#);
+        match check(&text) {
+            Err(ConfigError::Invalid { key, message }) => {
+                assert_eq!(key, "ledger.state.max_tokens");
+                assert!(message.contains("200 to 20000"), "{message}");
+            }
+            other => panic!("{bad}: expected Invalid, got {other:?}"),
+        }
+    }
+    let off = parse(r#"{"ledger":{"state":{"enabled":false}}}"#)
+        .unwrap()
+        .config;
+    off.validate().unwrap();
+    assert!(!off.ledger.state.enabled);
+    assert_eq!(off.ledger.state.max_tokens, 2_000);
+    let err = parse(r#"{"ledger":{"state":{"budget":10}}}"#).unwrap_err();
+    assert!(err.to_string().contains("unknown field `budget`"), "{err}");
+    let m =
+        parse(r#"{"ledger":{"merge":{"model":"claude-haiku-4-5","api_key_env":"CI_MERGE_KEY"}}}"#)
+            .unwrap()
+            .config;
+    m.validate().unwrap();
+    assert_eq!(m.ledger.merge.key_env(), "CI_MERGE_KEY");
+}
+
+#[test]
+fn context_seq_tags_is_off_by_default() {
+    let c = Config::default();
+    assert!(!c.context.seq_tags);
+    let c: Config = serde_json::from_str(r#"{"context":{"seq_tags":true}}"#).unwrap();
+    assert!(c.context.seq_tags);
+    assert!(serde_json::from_str::<Config>(r#"{"context":{"seq_tag":true}}"#).is_err());
 }

@@ -124,20 +124,40 @@ impl fmt::Display for LineSpec {
     }
 }
 
+impl LineSpec {
+    /// The rule every line value follows, wherever it is given (the config
+    /// file, `OCEANCODE_TIDELINE`, `serve`/`run --tideline`, the `tideline`
+    /// command and the admin API): a percentage above 0 and at most 100, a
+    /// fixed line of at least [`MIN_FIXED_LINE`] tokens, or 0 (the model's
+    /// ceiling). Returns why a value breaks it.
+    pub fn check(self) -> Result<LineSpec, &'static str> {
+        match self {
+            LineSpec::Percent(p) if !(p > 0.0 && p <= 100.0) => {
+                Err("a percentage must be above 0 and at most 100")
+            }
+            LineSpec::Tokens(t) if t != 0 && t < MIN_FIXED_LINE => {
+                Err("a fixed tideline must be at least 20k tokens (or 0 for the model ceiling)")
+            }
+            ok => Ok(ok),
+        }
+    }
+}
+
 impl FromStr for LineSpec {
     type Err = AmountError;
 
-    /// `40%` → share of the context; `500k` / `1.5m` / `300000` → fixed tokens
-    /// (at least [`MIN_FIXED_LINE`]); `0` → the model's ceiling.
+    /// The one parser of a line value: `40%` → share of the context; `500k`
+    /// / `1.5m` / `300000` → fixed tokens; `0` → the model's ceiling; then
+    /// [`LineSpec::check`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.parse::<Amount>()? {
-            Amount::Percent(p) => Ok(LineSpec::Percent(p)),
-            Amount::Tokens(t) if t == 0 || t >= MIN_FIXED_LINE => Ok(LineSpec::Tokens(t)),
-            Amount::Tokens(_) => Err(AmountError {
-                input: s.to_string(),
-                reason: "a fixed tideline must be at least 20k tokens (or 0 for the model ceiling)",
-            }),
-        }
+        let spec = match s.parse::<Amount>()? {
+            Amount::Percent(p) => LineSpec::Percent(p),
+            Amount::Tokens(t) => LineSpec::Tokens(t),
+        };
+        spec.check().map_err(|reason| AmountError {
+            input: s.to_string(),
+            reason,
+        })
     }
 }
 

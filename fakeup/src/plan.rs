@@ -104,9 +104,15 @@ pub(crate) struct Ids {
 
 impl Ids {
     pub(crate) fn new() -> Self {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        Self::with_seed(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        )
+    }
+
+    /// Ids from a fixed seed (the same ids in the same order).
+    pub(crate) fn with_seed(seed: u64) -> Self {
         Ids {
             seed,
             n: AtomicU64::new(0),

@@ -65,6 +65,10 @@ pub struct FakeConfig {
     /// stream that fails (`response.failed`, `context_length_exceeded`)
     /// instead of the 400.
     pub overflow_in_stream: bool,
+    /// Seed of the answers' ids (`msg_…`, Responses item ids); None = the
+    /// clock's. Two fakes with the same seed and script answer the same
+    /// requests with the same bytes.
+    pub id_seed: Option<u64>,
 }
 
 impl Default for FakeConfig {
@@ -78,6 +82,7 @@ impl Default for FakeConfig {
             cache_entries: 100_000,
             count_max_tokens: false,
             overflow_in_stream: false,
+            id_seed: None,
         }
     }
 }
@@ -90,6 +95,11 @@ impl FakeConfig {
 
     pub fn with_max_context(mut self, tokens: u64) -> Self {
         self.max_context_tokens = Some(tokens);
+        self
+    }
+
+    pub fn with_id_seed(mut self, seed: u64) -> Self {
+        self.id_seed = Some(seed);
         self
     }
 
@@ -229,7 +239,7 @@ impl FakeUpstream {
             seq: AtomicU64::new(0),
             memo: TokenMemo::new(cfg.cache_entries),
             cache: PromptCache::new(cfg.cache_entries),
-            ids: Ids::new(),
+            ids: cfg.id_seed.map_or_else(Ids::new, Ids::with_seed),
         });
         let (tx, rx) = watch::channel(false);
         let task = tokio::spawn(serve(listener, shared.clone(), rx));

@@ -21,6 +21,24 @@
 //!   a reasoning item is followed by the item that followed it; the other
 //!   members of the body are unchanged;
 //! * after a `tideline now` that names rows, the next window has its stub.
+//!
+//! Context edits (`Op::Edit`: delete rows or `t`, rewrite a row's text,
+//! restore, add or remove a note, taken or refused through
+//! `SessionManager::edit_changes` as an edited context.txt would be) are in
+//! force on every later request: its body must still pass the validator,
+//! pair calls with results and keep reasoning items with their successor;
+//! it has at most one stub, ends with the request's newest message, and every
+//! message in it is the request's own (byte for byte), the stub, a note or a
+//! rewrite (the only bytes an edit adds).
+//!
+//! With the in-band recall tool on (the dialect byte's high bit, or
+//! [`check_recall`]): every body's `tools` is the client's with
+//! `oceancode_recall` appended, byte-identical across the session; an
+//! answer with that bit in its `calls` has the model call the tool too
+//! (alone: continued, the client gets the next answer; next to client
+//! calls: the client gets its own), and the internal exchange the proxy
+//! keeps is in later windows whole, in order, right after its row, with
+//! its calls answered — or not at all; the checks above hold for the rest.
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
@@ -28,8 +46,9 @@ use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::Dialect as FakeDialect;
 use oceancode_proxy::dialect::{self, Collected, ParsedBody};
 use oceancode_proxy::identity::{Identity, ReqKind};
+use oceancode_proxy::recall_tool::{self, calls as recall_calls};
 use oceancode_proxy::sessions::{ModelLimits, SessionManager, Settings, Ticket};
-use oceancode_window::{Dialect, RowKind, Usage};
+use oceancode_window::{compress, Dialect, RowKind, Usage};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -83,7 +102,27 @@ pub enum Op {
     /// The pending request's answer is "prompt is too long" (ceiling × 1000
     /// tokens, when given): the single retry's window.
     TooLong(Option<u8>),
+    /// A context edit: `what` picks delete (a row, `t`, a range), rewrite,
+    /// restore, a new note or a note removed; `at` picks the row (from the
+    /// newest back) or the note.
+    Edit { what: u8, at: u8, more: u8 },
 }
+
+impl Script {
+    /// A script from its parts (tests that build the ops themselves).
+    pub fn new(dialect: u8, line: u8, block: u8, system: bool, ops: Vec<Op>) -> Script {
+        Script {
+            dialect,
+            line,
+            block,
+            system,
+            ops,
+        }
+    }
+}
+
+/// What every byte an edit adds carries (a rewrite's text, a note).
+const EDIT_MARK: &str = "fuzz-edit";
 
 /// Input: the bytes of a [`Script`] (`arbitrary`).
 pub fn check(data: &[u8]) {
@@ -93,8 +132,93 @@ pub fn check(data: &[u8]) {
     run(&script);
 }
 
+impl Script {
+    /// The bytes `arbitrary` reads back as this script (what a checked-in
+    /// corpus file of the fuzz target holds): tests write structured
+    /// scripts into the corpus with it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = vec![self.dialect, self.line, self.block, u8::from(self.system)];
+        // An enum's variant: a u32 whose top three bits are its index (of 8).
+        let variant = |b: &mut Vec<u8>, k: u8| b.extend([k << 5; 4]);
+        for op in &self.ops {
+            b.push(1); // one more element
+            match *op {
+                Op::Prompt {
+                    size,
+                    blocks,
+                    context,
+                } => {
+                    variant(&mut b, 0);
+                    b.extend([size, u8::from(blocks), u8::from(context)]);
+                }
+                Op::Answer {
+                    reasoning,
+                    text,
+                    calls,
+                    order,
+                    size,
+                } => {
+                    variant(&mut b, 1);
+                    b.extend([u8::from(reasoning), u8::from(text), calls, order, size]);
+                }
+                Op::Cut => variant(&mut b, 2),
+                Op::Rewind(k) => {
+                    variant(&mut b, 3);
+                    b.push(k);
+                }
+                Op::Usage(x) => {
+                    variant(&mut b, 4);
+                    b.extend(x.to_le_bytes());
+                }
+                Op::Count => variant(&mut b, 5),
+                Op::TooLong(c) => {
+                    variant(&mut b, 6);
+                    match c {
+                        Some(c) => b.extend([1, c]),
+                        None => b.push(0),
+                    }
+                }
+                Op::Edit { what, at, more } => {
+                    variant(&mut b, 7);
+                    b.extend([what, at, more]);
+                }
+            }
+        }
+        b.push(0);
+        b
+    }
+}
+
+/// A script from `data` (what the fuzz target reads), for tests.
+pub fn script(data: &[u8]) -> Option<Script> {
+    Script::arbitrary_take_rest(Unstructured::new(data)).ok()
+}
+
+/// What a script did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ran {
+    /// Main requests sent (each window checked).
+    pub requests: u32,
+    /// Context edits taken.
+    pub edits_taken: u32,
+    /// Context edits refused.
+    pub edits_refused: u32,
+    /// Main requests sent with edits in force.
+    pub edited_requests: u32,
+}
+
+/// [`check`] with the recall tool on whatever the dialect byte says.
+pub fn check_recall(data: &[u8]) {
+    let Ok(mut script) = Script::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    script.dialect |= 0x80;
+    run(&script);
+}
+
 /// Play a script, checking every body sent.
-pub fn run(script: &Script) {
+pub fn run(script: &Script) -> Ran {
+    let recall = script.dialect & 0x80 != 0;
     let d = match script.dialect % 3 {
         0 => Dialect::Anthropic,
         1 => Dialect::OpenaiChat,
@@ -111,10 +235,40 @@ pub fn run(script: &Script) {
         tideline_enabled: true,
         live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         state_tokens: Some(2_000),
+        // ledger.compress on for half the scripts, with a zone of a few of
+        // the script's (small) outputs and every output large enough.
+        compress: oceancode_config::CompressConfig {
+            enabled: script.block >= 128,
+            protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
+            min_tokens: 1,
+        },
+        seq_tags: false,
     };
+    let rows: Rows = Arc::default();
+    let sink_rows = rows.clone();
+    let sink = Arc::new(move |events: Vec<oceancode_window::Event>| {
+        let mut r = sink_rows.lock().unwrap_or_else(|e| e.into_inner());
+        for e in events {
+            match e {
+                oceancode_window::Event::Rows { session, rows } => {
+                    for row in rows {
+                        r.insert((session.clone(), row.seq), row.raw);
+                    }
+                }
+                oceancode_window::Event::Confirm { session, seq, raw } => {
+                    r.insert((session, seq), raw);
+                }
+                _ => {}
+            }
+        }
+    });
     let mut sim = Sim {
         d,
-        m: SessionManager::new(settings, Arc::new(|_| {})),
+        m: SessionManager::new(settings, sink).with_recall_tool(recall),
+        rows,
+        edited: false,
+        ran: Ran::default(),
+        recall: recall.then(Recall::default),
         ident: Identity {
             client_key: Some("name:fuzz".into()),
             client: "unknown",
@@ -129,6 +283,7 @@ pub fn run(script: &Script) {
         session: None,
         expect_stub: false,
         rewound: false,
+        last_window: None,
     };
     if sim.system && d != Dialect::Anthropic {
         let sys = match d {
@@ -142,11 +297,19 @@ pub fn run(script: &Script) {
         sim.step(*op);
     }
     sim.answer(Vec::new());
+    sim.ran
 }
+
+/// The ledger's rows as the sink saw them, by session and seq.
+type Rows = Arc<std::sync::Mutex<std::collections::HashMap<(String, u64), Arc<str>>>>;
 
 struct Sim {
     d: Dialect,
     m: SessionManager,
+    rows: Rows,
+    /// An edit was taken: the checks allow for what edits do.
+    edited: bool,
+    ran: Ran,
     ident: Identity,
     /// The conversation as the client holds it (raw JSON messages).
     msgs: Vec<String>,
@@ -163,6 +326,21 @@ struct Sim {
     expect_stub: bool,
     /// The client went back since its last request.
     rewound: bool,
+    /// The last main request's window: its stub and its messages.
+    last_window: Option<(String, Vec<String>)>,
+    /// The recall tool is on: what the proxy keeps of it.
+    recall: Option<Recall>,
+}
+
+/// What the checks know of the recall tool in a session.
+#[derive(Debug, Default, Clone)]
+pub struct Recall {
+    /// The internal exchanges the proxy kept, each whole, in order.
+    pub exchanges: Vec<Vec<String>>,
+    /// The `tools` member of the session's first body.
+    pub tools: Option<String>,
+    /// Results given so far (their texts are numbered).
+    n: u32,
 }
 
 impl Sim {
@@ -229,9 +407,13 @@ impl Sim {
                 if self.awaiting_user() {
                     return;
                 }
+                let recall = self.recall.is_some() && calls & 0x80 != 0;
                 let calls = usize::from(calls % 4);
                 let (items, results) =
                     self.model_turn(reasoning, text || calls == 0, calls, order, size);
+                if recall {
+                    self.recall_exchange(&items, calls);
+                }
                 self.answer(items.clone());
                 self.msgs.extend(items);
                 if !results.is_empty() {
@@ -272,8 +454,16 @@ impl Sim {
                     .m
                     .prepare(self.d, ReqKind::CountTokens, &self.ident, body.clone());
                 assert!(p.ticket.is_none(), "count_tokens is never recorded");
-                check_window(self.d, &body, &p.body, false);
+                check_window_with(
+                    self.d,
+                    &body,
+                    &p.body,
+                    false,
+                    self.edit_mode(false),
+                    self.recall.as_mut(),
+                );
             }
+            Op::Edit { what, at, more } => self.edit(what, at, more),
             Op::TooLong(ceiling) => {
                 let Some((mut t, sent)) = self.pending.take() else {
                     return;
@@ -284,10 +474,109 @@ impl Sim {
                     .m
                     .too_long(&mut t, ceiling.map(|c| 20_000 + u64::from(c) * 1000));
                 if let Some(b) = retry {
-                    check_window(self.d, &original, &b, false);
+                    check_window_with(
+                        self.d,
+                        &original,
+                        &b,
+                        false,
+                        self.edit_mode(false),
+                        self.recall.as_mut(),
+                    );
                 }
                 self.pending = Some((t, sent));
             }
+        }
+    }
+
+    /// How the checks allow for edits (`newest`: the request's newest
+    /// message is a new row, no edit names it).
+    fn edit_mode(&self, newest: bool) -> Edits {
+        match (self.edited, newest) {
+            (false, _) => Edits::None,
+            (true, true) => Edits::InForce,
+            (true, false) => Edits::InForceAnyTail,
+        }
+    }
+
+    /// A context edit on the session, as an edited file would make it.
+    fn edit(&mut self, what: u8, at: u8, more: u8) {
+        use oceancode_proxy::context::edits::Change;
+        let Some(session) = self.session.as_ref().and_then(|id| self.m.get(id)) else {
+            return;
+        };
+        let (line, notes) = self.m.context_line(&session);
+        if line.is_empty() {
+            return;
+        }
+        let rows: std::collections::HashMap<u64, Arc<str>> = self
+            .rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|((s, _), _)| *s == session.id)
+            .map(|((_, q), r)| (*q, r.clone()))
+            .collect();
+        let pick = |k: u8| line[line.len() - 1 - usize::from(k) % line.len()];
+        let seq = pick(at);
+        let changes = match what % 6 {
+            0 => vec![Change::Delete { seq, line: 0 }],
+            1 => {
+                // A range of rows, as `--drop A-B` names them.
+                let other = pick(at.wrapping_add(more % 8));
+                let (a, b) = (seq.min(other), seq.max(other));
+                line.iter()
+                    .filter(|&&s| s >= a && s <= b)
+                    .map(|&s| Change::Delete { seq: s, line: 0 })
+                    .collect()
+            }
+            2 => {
+                let Some(raw) = rows.get(&seq) else { return };
+                let Some((body, _)) = oceancode_proxy::context::body::read(self.d, raw) else {
+                    return;
+                };
+                // Text put before the first line that is not a marker (in a
+                // tool call's JSON that breaks it: refused).
+                let mut done = false;
+                let text: Vec<String> = body
+                    .text
+                    .split('\n')
+                    .map(|l| {
+                        if !done && !l.starts_with("[[") {
+                            done = true;
+                            format!("{EDIT_MARK} {more} {l}")
+                        } else {
+                            l.to_string()
+                        }
+                    })
+                    .collect();
+                let mut text = text.join("\n");
+                if !done {
+                    text.push_str(&format!("\n{EDIT_MARK} {more}"));
+                }
+                vec![Change::Rewrite {
+                    seq,
+                    line: 0,
+                    body: text,
+                }]
+            }
+            3 => vec![Change::Restore { seq, line: 0 }],
+            4 => vec![Change::NoteNew {
+                after: seq,
+                text: format!("{EDIT_MARK} note {more}"),
+            }],
+            _ => match notes.get(usize::from(at) % notes.len().max(1)) {
+                Some(&id) => vec![Change::NoteGone { id }],
+                None => return,
+            },
+        };
+        let receipt = self.m.edit_changes(&session, &changes, &rows);
+        if receipt.starts_with("taken") {
+            self.edited = true;
+            // The window changes with the edit: stable again from the next.
+            self.last_window = None;
+            self.ran.edits_taken += 1;
+        } else {
+            self.ran.edits_refused += 1;
         }
     }
 
@@ -406,6 +695,75 @@ impl Sim {
         (items, results)
     }
 
+    /// The model called `oceancode_recall` in its answer to the pending
+    /// request too: next to the client's `calls` in `items` (the client
+    /// gets `items`, the proxy keeps the hidden pair), or alone (the proxy
+    /// continued, the client gets `items`, the proxy keeps the
+    /// continuation). The exchange is kept on the ticket as the recall loop
+    /// keeps it, built by the loop's own functions.
+    fn recall_exchange(&mut self, items: &[String], calls: usize) {
+        if self.pending.is_none() {
+            return;
+        }
+        let n = self.id();
+        let (id, input) = (format!("recall_{n:04}"), r#"{"match":"ask"}"#);
+        let call = match self.d {
+            Dialect::Anthropic => {
+                json!({"type": "tool_use", "id": id, "name": recall_tool::NAME, "input": {"match": "ask"}})
+            }
+            Dialect::OpenaiChat => {
+                json!({"id": id, "type": "function", "function": {"name": recall_tool::NAME, "arguments": input}})
+            }
+            Dialect::OpenaiResponses => {
+                json!({"type": "function_call", "call_id": id, "name": recall_tool::NAME, "arguments": input})
+            }
+        };
+        // What the model answered: the client's items with the call added
+        // (next to its calls), or the call alone (before the continuation).
+        let answered: Vec<String> = if calls > 0 {
+            let mut out = items.to_vec();
+            match self.d {
+                Dialect::Anthropic | Dialect::OpenaiChat => {
+                    let key = if self.d == Dialect::Anthropic {
+                        "content"
+                    } else {
+                        "tool_calls"
+                    };
+                    let last = out.len() - 1;
+                    let mut m: Value = serde_json::from_str(&out[last]).expect("an answer row");
+                    m[key].as_array_mut().expect("its calls").push(call);
+                    out[last] = m.to_string();
+                }
+                Dialect::OpenaiResponses => out.push(call.to_string()),
+            }
+            out
+        } else {
+            vec![match self.d {
+                Dialect::Anthropic => json!({"role": "assistant", "content": [call]}),
+                Dialect::OpenaiChat => {
+                    json!({"role": "assistant", "content": null, "tool_calls": [call]})
+                }
+                Dialect::OpenaiResponses => call,
+            }
+            .to_string()]
+        };
+        let found = recall_calls::find(self.d, &answered);
+        assert_eq!(found.recall.len(), 1, "the recall call is found");
+        assert_eq!(found.client, calls, "the client's calls are counted");
+        let r = self.recall.as_mut().expect("the tool is on");
+        r.n += 1;
+        let texts = vec![format!("seq {} · recall result {}", r.n, r.n)];
+        let kept = if calls > 0 {
+            recall_calls::hidden_pair(self.d, &found.recall, &texts)
+        } else {
+            recall_calls::continuation(self.d, &answered, &found.recall, &texts)
+        };
+        r.exchanges.push(kept.clone());
+        if let Some((t, _)) = &self.pending {
+            t.keep_hidden(kept);
+        }
+    }
+
     /// Finish the pending request with an answer carrying `rows`.
     fn answer(&mut self, rows: Vec<String>) {
         let Some((t, sent)) = self.pending.take() else {
@@ -459,13 +817,89 @@ impl Sim {
         let p = self
             .m
             .prepare(self.d, ReqKind::Main, &self.ident, body.clone());
-        check_window(self.d, &body, &p.body, self.expect_stub);
+        check_window_with(
+            self.d,
+            &body,
+            &p.body,
+            self.expect_stub,
+            self.edit_mode(true),
+            self.recall.as_mut(),
+        );
+        self.between_cuts(&p.body);
+        self.ran.requests += 1;
+        if self.edited {
+            self.ran.edited_requests += 1;
+        }
         self.expect_stub = false;
         self.rewound = false;
         let t = p.ticket.expect("a main request has a ticket");
         self.session = Some(t.session.id.clone());
         self.pending = Some((t, p.body.len()));
     }
+}
+
+impl Sim {
+    /// Between cuts (the same stub, no rewind) a window only appends to
+    /// the one before: the stub, the pinned parts and compress pointers are
+    /// byte-stable.
+    fn between_cuts(&mut self, out: &[u8]) {
+        let po = ParsedBody::parse(out, dialect::conv_key(self.d)).expect("the window parses");
+        let msgs: Vec<String> = po.messages.iter().map(|m| m.to_string()).collect();
+        let stub = msgs
+            .iter()
+            .find(|m| serde_json::from_str::<Value>(m).is_ok_and(|v| is_stub(&v)))
+            .cloned();
+        let last = self.last_window.take();
+        if let (Some(stub), Some((last_stub, last_msgs))) = (&stub, last) {
+            if !self.rewound && *stub == last_stub && last_msgs.len() <= msgs.len() {
+                for (i, m) in last_msgs.iter().enumerate() {
+                    assert_eq!(
+                        m,
+                        &msgs[i],
+                        "between cuts window message {i} changed\n{}",
+                        outline(self.d, out)
+                    );
+                }
+            }
+        }
+        self.last_window = stub.map(|s| (s, msgs));
+    }
+}
+
+static POINTERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Compress pointers the checks have seen in windows (in this process).
+pub fn pointers_seen() -> u64 {
+    POINTERS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `out` is `sent`, byte for byte, or `sent` with some of its tool outputs
+/// replaced by compress pointers (everything else byte for byte).
+fn same_or_pruned(d: Dialect, out: &str, sent: &str) -> bool {
+    if out == sent {
+        return true;
+    }
+    let o = compress::outputs(d, out);
+    let s = compress::outputs(d, sent);
+    if o.len() != s.len() || o.is_empty() {
+        return false;
+    }
+    let mut parts: Vec<(u32, String)> = Vec::new();
+    for (a, b) in o.iter().zip(&s) {
+        if a.part != b.part {
+            return false;
+        }
+        let text = serde_json::from_str::<String>(&out[a.start..a.end]).ok();
+        match text {
+            Some(t) if compress::is_pointer(&t) => parts.push((a.part, t)),
+            _ => {}
+        }
+    }
+    if !parts.is_empty() {
+        POINTERS.fetch_add(parts.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    let parts: Vec<(u32, &str)> = parts.iter().map(|(p, t)| (*p, t.as_str())).collect();
+    compress::rewrite(d, sent, &parts).as_deref() == Some(out)
 }
 
 fn fake(d: Dialect) -> FakeDialect {
@@ -485,8 +919,34 @@ fn is_stub(v: &Value) -> bool {
     text.is_some_and(|t| t.starts_with(STUB_PREFIX))
 }
 
+/// What the context edits in force allow a window to differ by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edits {
+    /// No edit was ever taken: the window is the tideline's alone.
+    None,
+    /// Edits are in force; the request's newest message is new (no edit
+    /// names it).
+    InForce,
+    /// Edits are in force and may name the request's newest message (a
+    /// count request or a retry of the last request).
+    InForceAnyTail,
+}
+
 /// The invariants of one body sent upstream (`out`) for a request (`sent`).
 pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
+    check_window_with(d, sent, out, expect_stub, Edits::None, None);
+}
+
+/// [`check_window`] with context edits in force (`edits`), and the recall
+/// tool on when `recall` is given.
+pub fn check_window_with(
+    d: Dialect,
+    sent: &[u8],
+    out: &[u8],
+    expect_stub: bool,
+    edits: Edits,
+    recall: Option<&mut Recall>,
+) {
     let show = || outline(d, out);
     if let Err(e) = oceancode_fakeup::validate_conversation(fake(d), sent) {
         panic!(
@@ -500,17 +960,124 @@ pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
     let key = dialect::conv_key(d);
     let ps = ParsedBody::parse(sent, key).expect("the request parses");
     let po = ParsedBody::parse(out, key).expect("the window parses");
-    // Every other member is unchanged, in order.
+    // Every other member is unchanged, in order (but `tools` with the
+    // recall tool on: the client's, then the tool's, the same bytes in
+    // every body of the session).
     assert_eq!(ps.conv_field, po.conv_field, "{}", show());
-    assert_eq!(ps.fields, po.fields, "the other members are unchanged");
-    let values: Vec<Value> = po
+    let member = |p: &ParsedBody<'_>, k: &str| -> Option<String> {
+        p.fields
+            .iter()
+            .find(|(n, _)| n == k)
+            .and_then(|(_, v)| v.map(str::to_string))
+    };
+    let mut exchanges: &[Vec<String>] = &[];
+    let tool_on = recall.is_some();
+    if let Some(r) = recall {
+        let tools = member(&po, "tools");
+        assert_eq!(
+            tools,
+            recall_tool::tools_member(d, member(&ps, "tools").as_deref()),
+            "the tools are the client's, then oceancode_recall"
+        );
+        let first = r
+            .tools
+            .get_or_insert_with(|| tools.clone().unwrap_or_default());
+        assert_eq!(
+            Some(first.as_str()),
+            tools.as_deref(),
+            "the tools are byte-identical across the session"
+        );
+        let strip = |p: &ParsedBody<'_>| -> Vec<(String, Option<String>)> {
+            p.fields
+                .iter()
+                .filter(|(n, _)| n != "tools")
+                .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
+                .collect()
+        };
+        assert_eq!(strip(&ps), strip(&po), "the other members are unchanged");
+        exchanges = &r.exchanges;
+    } else {
+        assert_eq!(ps.fields, po.fields, "the other members are unchanged");
+    }
+    let all: Vec<Value> = po
         .messages
         .iter()
         .map(|m| serde_json::from_str(m).expect("a window message is JSON"))
         .collect();
+    // Calls and results pair up inside the whole window, the recall tool's
+    // exchanges included.
+    let mut open: Vec<String> = Vec::new();
+    for (i, v) in all.iter().enumerate() {
+        let info = dialect::classify(d, v);
+        for c in &info.closes {
+            let Some(k) = open.iter().position(|o| o == c) else {
+                panic!(
+                    "window message {i} answers {c}, which no earlier message calls\n{}",
+                    show()
+                );
+            };
+            open.remove(k);
+        }
+        open.extend(info.opens);
+    }
+    assert!(
+        open.is_empty(),
+        "calls {open:?} have no result in the window\n{}",
+        show()
+    );
+    // Each exchange is in the window whole, in order, or not at all; it
+    // follows a message of the request's (its row), never the stub.
+    let mut internal = vec![false; po.messages.len()];
+    for x in exchanges {
+        let Some(at) = po.messages.iter().position(|m| *m == x[0]) else {
+            assert!(
+                x.iter().all(|m| !po.messages.contains(&m.as_str())),
+                "an exchange is in the window in part\n{}",
+                show()
+            );
+            continue;
+        };
+        assert!(
+            po.messages.len() >= at + x.len()
+                && po.messages[at..at + x.len()]
+                    .iter()
+                    .zip(x)
+                    .all(|(a, b)| a == b),
+            "an exchange is in the window whole and in order\n{}",
+            show()
+        );
+        assert!(
+            at > 0 && !is_stub(&all[at - 1]) && !internal[at - 1],
+            "an exchange follows a row of the request's\n{}",
+            show()
+        );
+        internal[at..at + x.len()].fill(true);
+    }
+    // What follows is about the request's own rows.
+    let messages: Vec<&str> = po
+        .messages
+        .iter()
+        .zip(&internal)
+        .filter(|(_, x)| !**x)
+        .map(|(m, _)| *m)
+        .collect();
+    let values: Vec<Value> = all
+        .into_iter()
+        .zip(&internal)
+        .filter(|(_, x)| !**x)
+        .map(|(v, _)| v)
+        .collect();
+    let po = ParsedBody { messages, ..po };
     let stubs: Vec<usize> = (0..values.len()).filter(|&i| is_stub(&values[i])).collect();
-    if out == sent {
+    let unchanged = if tool_on {
+        po.messages == ps.messages
+    } else {
+        out == sent
+    };
+    if unchanged {
         assert!(stubs.is_empty(), "an unchanged request has no stub");
+    } else if edits != Edits::None {
+        assert!(stubs.len() <= 1, "one stub at most\n{}", show());
     } else {
         assert_eq!(
             stubs.len(),
@@ -531,7 +1098,12 @@ pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
         if d == Dialect::Anthropic {
             assert_eq!(s, 0, "the stub opens an Anthropic window\n{}", show());
         }
-        for v in &values[..s] {
+        for (v, m) in values[..s].iter().zip(&po.messages) {
+            // A system row an edit rewrote is kept where it was, whatever
+            // its text now reads as.
+            if edits != Edits::None && m.contains(EDIT_MARK) {
+                continue;
+            }
             let kind = dialect::classify(d, v).kind;
             assert!(
                 matches!(kind, RowKind::System | RowKind::Other),
@@ -540,16 +1112,26 @@ pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
             );
         }
     }
+    if edits != Edits::None {
+        check_edited(d, &ps, &po, &values, &stubs, edits, &show);
+        return;
+    }
     // The window ends with the request's newest messages, as they came; the
     // rows it keeps from before them (system rows, the pinned ask) are the
     // request's own, byte for byte, each once.
     let tail = (0..po.messages.len().min(ps.messages.len()))
         .take_while(|&k| {
             let (i, j) = (po.messages.len() - 1 - k, ps.messages.len() - 1 - k);
-            !stubs.contains(&i) && po.messages[i] == ps.messages[j]
+            !stubs.contains(&i) && same_or_pruned(d, po.messages[i], ps.messages[j])
         })
         .count();
     assert!(tail >= 1, "the newest message is in the window\n{}", show());
+    assert_eq!(
+        po.messages.last(),
+        ps.messages.last(),
+        "the newest message is never pruned\n{}",
+        show()
+    );
     let (kept_end, from) = (po.messages.len() - tail, ps.messages.len() - tail);
     let mut origin: Vec<Option<usize>> = vec![None; po.messages.len()];
     let mut used = Vec::new();
@@ -577,7 +1159,54 @@ pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
     for k in 0..tail {
         origin[kept_end + k] = Some(from + k);
     }
-    // Calls and results pair up inside the window.
+    for (i, v) in values.iter().enumerate() {
+        let info = dialect::classify(d, v);
+        if info.binds_next {
+            let j = origin[i].expect("a stub does not bind");
+            assert_eq!(
+                origin.get(i + 1).copied().flatten(),
+                Some(j + 1),
+                "a reasoning item keeps the item after it\n{}",
+                show()
+            );
+        }
+    }
+}
+
+/// The checks of a window with context edits in force: it ends with the
+/// request's newest message (when no edit can name it); every message is
+/// the request's own byte for byte, the stub, or what an edit added (a
+/// note, a rewrite: they carry [`EDIT_MARK`]); calls and results pair up;
+/// a reasoning item has an item after it that is the request's own.
+fn check_edited(
+    d: Dialect,
+    ps: &ParsedBody<'_>,
+    po: &ParsedBody<'_>,
+    values: &[Value],
+    stubs: &[usize],
+    edits: Edits,
+    show: &dyn Fn() -> String,
+) {
+    if edits == Edits::InForce {
+        assert_eq!(
+            po.messages.last(),
+            ps.messages.last(),
+            "the window ends with the request's newest message\n{}",
+            show()
+        );
+    }
+    let own: std::collections::HashSet<&str> = ps.messages.iter().copied().collect();
+    for (i, m) in po.messages.iter().enumerate() {
+        if stubs.contains(&i) || own.contains(m) {
+            continue;
+        }
+        // A compress pointer in place of a tool output is the request's too.
+        assert!(
+            m.contains(EDIT_MARK) || ps.messages.iter().any(|s| same_or_pruned(d, m, s)),
+            "window message {i} is neither the request's, the stub nor an edit's\n{}",
+            show()
+        );
+    }
     let mut open: Vec<String> = Vec::new();
     for (i, v) in values.iter().enumerate() {
         let info = dialect::classify(d, v);
@@ -592,11 +1221,14 @@ pub fn check_window(d: Dialect, sent: &[u8], out: &[u8], expect_stub: bool) {
         }
         open.extend(info.opens);
         if info.binds_next {
-            let j = origin[i].expect("a stub does not bind");
-            assert_eq!(
-                origin.get(i + 1).copied().flatten(),
-                Some(j + 1),
-                "a reasoning item keeps the item after it\n{}",
+            let next = po.messages.get(i + 1);
+            assert!(
+                next.is_some_and(|n| {
+                    own.contains(n)
+                        || n.contains(EDIT_MARK)
+                        || ps.messages.iter().any(|s| same_or_pruned(d, n, s))
+                }) && !next.is_some_and(|n| n.contains(&format!("{EDIT_MARK} note"))),
+                "a reasoning item keeps an item after it (not a note)\n{}",
                 show()
             );
         }

@@ -289,6 +289,9 @@ pub fn trajectory(
         if let Some(c) = cost {
             m["cost_usd"] = json!(c);
         }
+        if let Some(e) = &rec.error {
+            m["extra"]["error"] = json!(e);
+        }
         let d = &rec.detail;
         if !d.extra.is_zero() {
             m["extra"]["beyond_window"] = json!({
@@ -300,6 +303,13 @@ pub fn trajectory(
         }
         if d.reasoning > 0 {
             m["extra"]["reasoning_tokens"] = json!(d.reasoning);
+        }
+        if let Some(c) = &d.compress {
+            m["extra"]["compress"] = json!({
+                "pointers": c.outputs,
+                "pointer_tokens": c.tokens,
+                "saved_tokens": c.saved,
+            });
         }
         let s = &mut steps[i];
         if d.compactions > 0 || !d.edits.is_empty() {
@@ -335,6 +345,33 @@ pub fn trajectory(
         s.metrics = Some(m);
         s.model = Some(rec.model.clone());
         s.ts_ms = Some(rec.ts_ms);
+    }
+
+    // Rows whose tool output ledger.compress sent as a pointer: the steps
+    // holding them say so (their observation is the original).
+    let mut pruned: HashMap<u64, u32> = HashMap::new();
+    for rec in &records {
+        for &seq in rec.detail.compress.iter().flat_map(|c| c.rows.iter()) {
+            pruned.entry(seq).or_insert(rec.step);
+        }
+    }
+    if !pruned.is_empty() {
+        for s in &mut steps {
+            let mut marked: Vec<Value> = s
+                .seqs
+                .iter()
+                .filter_map(|q| {
+                    pruned
+                        .get(q)
+                        .map(|step| json!({"seq": q, "from_step": step}))
+                })
+                .collect();
+            if !marked.is_empty() {
+                marked.sort_by_key(|v| v["seq"].as_u64());
+                s.extra
+                    .insert("compress_pruned".into(), Value::Array(marked));
+            }
+        }
     }
 
     // Cuts go before the first agent step whose response came after them.
@@ -394,6 +431,44 @@ pub fn trajectory(
         );
         inserts.push((at, Step::system(message, extra, c.ts_ms)));
     }
+    // A failed step (no answer, so no agent step of its own) is a system
+    // step where its answer would have been.
+    for rec in records.iter().filter(|r| r.error.is_some()) {
+        if last_agent.contains_key(&rec.step) {
+            continue;
+        }
+        let at = agent_times
+            .iter()
+            .find(|(_, t)| *t >= rec.ts_ms)
+            .map_or(steps.len(), |(i, _)| *i);
+        let error = rec.error.clone().unwrap_or_default();
+        let mut extra = Map::new();
+        extra.insert(
+            "failed_step".into(),
+            json!({"step": rec.step, "http_status": rec.status, "error": error}),
+        );
+        inserts.push((
+            at,
+            Step {
+                source: "system",
+                message: format!(
+                    "Step {} failed: HTTP {} ({error}); the model's answer is missing.",
+                    rec.step, rec.status
+                ),
+                reasoning: Vec::new(),
+                calls: Vec::new(),
+                results: Vec::new(),
+                llm_step: None,
+                seqs: Vec::new(),
+                turn: 0,
+                extra,
+                metrics: None,
+                model: None,
+                ts_ms: Some(rec.ts_ms),
+            },
+        ));
+    }
+    inserts.sort_by_key(|(at, s)| (*at, s.ts_ms));
     let mut ordered: Vec<Step> = Vec::with_capacity(steps.len() + inserts.len());
     let mut inserts = inserts.into_iter().peekable();
     for (i, s) in steps.into_iter().enumerate() {

@@ -243,6 +243,8 @@ pub fn markdown(
         )?;
     }
     provider_context(&mut w, &steps)?;
+    failed_steps(&mut w, &steps)?;
+    pruned_rows(&mut w, &steps)?;
     writeln!(
         w,
         "\n{} turn{} · {} rows · {} steps · {} cuts · cache hit ratio {:.1}%",
@@ -255,6 +257,51 @@ pub fn markdown(
     )?;
     w.flush()?;
     Ok(())
+}
+
+/// The steps that failed (no whole answer): one table row each, none when
+/// every step completed.
+fn failed_steps(w: &mut dyn Write, steps: &[crate::store::StepRecord]) -> io::Result<()> {
+    let failed: Vec<&crate::store::StepRecord> =
+        steps.iter().filter(|s| s.error.is_some()).collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "\nFailed steps (no whole answer; the client's rows of the step are recorded):\n"
+    )?;
+    writeln!(w, "| Step | Status | Error | Time |")?;
+    writeln!(w, "|---:|---:|:---|:---|")?;
+    for s in failed {
+        writeln!(
+            w,
+            "| {} | {} | {} | {} |",
+            s.step,
+            s.status,
+            cell(s.error.as_deref().unwrap_or_default()),
+            transcript::utc_iso(s.ts_ms)
+        )?;
+    }
+    Ok(())
+}
+
+/// The rows whose tool output `ledger.compress` sent as a pointer, with the
+/// step whose cut chose them; none when it never did.
+fn pruned_rows(w: &mut dyn Write, steps: &[crate::store::StepRecord]) -> io::Result<()> {
+    let marked: Vec<String> = steps
+        .iter()
+        .filter_map(|s| s.detail.compress.as_ref().map(|c| (s.step, c)))
+        .flat_map(|(step, c)| c.rows.iter().map(move |seq| format!("{seq} (step {step})")))
+        .collect();
+    if marked.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "\nTool output sent upstream as a pointer by ledger.compress (the transcript above keeps the originals), seq (from step): {}",
+        marked.join(", ")
+    )
 }
 
 /// The steps on which the provider managed the context itself (server-side

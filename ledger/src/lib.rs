@@ -7,10 +7,10 @@
 //! The session model, the pure tideline and the media pricing live in
 //! `oceancode-window` and are re-exported here under their old paths.
 
-pub use oceancode_window::{media, model, tideline};
+pub use oceancode_window::{compress, media, model, tideline};
 pub use oceancode_window::{
-    AppliedEdit, Dialect, Event, InternalRecall, Row, RowKind, SessionMeta, Standing, StandingKind,
-    StepDetail, Usage,
+    AppliedEdit, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers, SentPiece,
+    SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,
 };
 
 pub mod atif;
@@ -27,4 +27,5 @@ pub mod retention;
 pub mod state_block;
 pub mod status;
 pub mod store;
+pub mod time;
 pub mod transcript;

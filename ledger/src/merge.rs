@@ -6,6 +6,7 @@
 //! the lines with [`crate::store::Store::add_page_notes`], so a later
 //! mechanical `ledger rebuild` reproduces them without calling a model.
 
+use crate::model::Usage;
 use crate::page::{stamp, Note, NOTE_SECTIONS};
 
 /// Section name of the marker note recording how far the model merge got
@@ -97,6 +98,50 @@ pub fn marker(to: u32) -> Note {
     }
 }
 
+/// The marker note of one merge call, with what it used: the model and
+/// the tokens its answer reported (the meter's `merge` row sums these).
+pub fn marker_with(to: u32, model: &str, usage: &Usage) -> Note {
+    Note {
+        section: MARKER_SECTION.to_string(),
+        turn: to,
+        text: format!(
+            "model merge through {} · {} · input {} · output {} · cache read {} · cache write {}",
+            stamp(to),
+            crate::page::squash(model),
+            usage.input,
+            usage.output,
+            usage.cache_read,
+            usage.cache_write
+        ),
+    }
+}
+
+/// What one merge call used, read back from its marker's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergeUse {
+    /// The merge model.
+    pub model: String,
+    /// The tokens its answer reported.
+    pub usage: Usage,
+}
+
+/// The use a marker records ([`marker_with`]); `None` for a marker
+/// without it (written before usage was kept).
+pub fn marker_use(text: &str) -> Option<MergeUse> {
+    let mut parts = text.split(" · ");
+    parts.next()?.strip_prefix("model merge through ")?;
+    let model = parts.next()?.to_string();
+    let mut num =
+        |name: &str| -> Option<u64> { parts.next()?.strip_prefix(name)?.trim().parse().ok() };
+    let usage = Usage {
+        input: num("input ")?,
+        output: num("output ")?,
+        cache_read: num("cache read ")?,
+        cache_write: num("cache write ")?,
+    };
+    Some(MergeUse { model, usage })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,6 +155,27 @@ mod tests {
         assert_eq!(n[0].turn, 3);
         assert_eq!(n[1].section, "Next step");
         assert_eq!(n[1].turn, 5);
+    }
+
+    #[test]
+    fn a_marker_keeps_what_the_call_used() {
+        let u = Usage {
+            input: 12_345,
+            output: 67,
+            cache_read: 8,
+            cache_write: 9,
+        };
+        let n = marker_with(4, "claude-haiku-4-5", &u);
+        assert_eq!(n.section, MARKER_SECTION);
+        assert_eq!(n.turn, 4);
+        assert_eq!(
+            marker_use(&n.text),
+            Some(MergeUse {
+                model: "claude-haiku-4-5".into(),
+                usage: u
+            })
+        );
+        assert_eq!(marker_use(&marker(3).text), None);
     }
 
     #[test]

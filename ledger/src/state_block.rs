@@ -237,102 +237,209 @@ fn status_mark(status: &str) -> &'static str {
     }
 }
 
-/// Render the block within `max_tokens` (at [`BYTES_PER_TEN_TOKENS`]): the goal,
-/// the tasks and where to look always; files newest first and failed
-/// commands as far as the budget goes (what does not fit is counted, and is
-/// in `SESSION.md` and the transcripts). `None` when there is nothing to say.
+/// The block's budget in bytes for `max_tokens` (at [`BYTES_PER_TEN_TOKENS`]).
+pub fn budget_bytes(max_tokens: u32) -> usize {
+    max_tokens as usize * BYTES_PER_TEN_TOKENS / 10
+}
+
+/// At most `max` bytes of `s` on a char boundary (`…` marks a cut; `None`
+/// when not even that fits).
+fn clip_bytes(s: &str, max: usize) -> Option<String> {
+    if s.len() <= max {
+        return Some(s.to_string());
+    }
+    let ell = '…'.len_utf8();
+    if max < ell + 1 {
+        return None;
+    }
+    let mut cut = max - ell;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    (cut > 0).then(|| format!("{}…", &s[..cut]))
+}
+
+/// `prefix` + `text` clipped so the line is at most `room` bytes.
+fn fit_line(prefix: &str, text: &str, room: usize) -> Option<String> {
+    let t = clip_bytes(text, room.checked_sub(prefix.len())?)?;
+    Some(format!("{prefix}{t}"))
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Render the block within `max_tokens` (at [`BYTES_PER_TEN_TOKENS`]), by
+/// construction: the frame (the head line, the title of "Where to look"
+/// and the recall command) always; then, each within a share of what is
+/// left, the goal and the latest ask (clipped), the tasks (the rest
+/// counted), the newest transcript ranges (the older ones counted, their
+/// lines are in the turns' `NNNN.rows.md`), the failed commands, and the
+/// files newest first with the rest of the room (what does not fit is
+/// counted, and is in `SESSION.md` and the transcripts). `None` when there
+/// is nothing to say, or the budget cannot hold the frame.
 pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
     let f = input.facts;
     if input.goal.is_none() && f.files.is_empty() && f.tasks.is_none() && input.lines.is_empty() {
         return None;
     }
-    let budget = max_tokens as usize * BYTES_PER_TEN_TOKENS / 10;
+    let budget = budget_bytes(max_tokens);
     let dir = input
         .dir
         .strip_suffix('/')
         .filter(|d| !d.is_empty())
         .unwrap_or(input.dir);
-    let mut head = String::from(HEAD);
-    if let Some(g) = &input.goal {
-        let _ = write!(
-            head,
-            "\nGoal (t{:02}, seq {}): {}",
-            g.turn,
-            g.seq,
-            one_line(&g.text)
-        );
+    let recall = format!(
+        "\n- oceancode-proxy recall {} --before {} --match TEXT",
+        one_line(input.session),
+        input.upto_seq + 1
+    );
+    let mut where_title = format!("\nWhere to look (the verbatim rows, in {dir}/transcript/):");
+    // Room for the newest range and the count of the older ones.
+    const ONE_RANGE: usize = 128;
+    if HEAD.len() + where_title.len() + recall.len() + ONE_RANGE > budget {
+        // A long data dir: the stub names it already.
+        where_title =
+            "\nWhere to look (the verbatim rows, in transcript/ of the stub's directory):".into();
     }
-    if let Some(a) = &input.latest_ask {
-        let _ = write!(
-            head,
-            "\nLatest ask that left (t{:02}, seq {}): {}",
-            a.turn,
-            a.seq,
-            one_line(&a.text)
-        );
-    }
-    if let Some(t) = &f.tasks {
-        let _ = write!(
-            head,
-            "\nTasks (as last written, t{:02} seq {}; a newer list in the window wins):",
-            t.turn, t.seq
-        );
-        for (content, status) in &t.items {
-            let _ = write!(
-                head,
-                "\n- {} {}",
-                status_mark(status),
-                clip(&squash(content), crate::facts::LINE_MAX)
-            );
-            if !matches!(status.as_str(), "completed" | "in_progress" | "pending") {
-                let _ = write!(head, " ({})", one_line(status));
-            }
-        }
-    }
-    // Where to look: always whole.
-    let mut tail = format!("\nWhere to look (the verbatim rows, in {dir}/transcript/):");
-    for r in ranges(input.lines) {
-        let _ = write!(
-            tail,
+    let frame = HEAD.len() + where_title.len() + recall.len();
+    let mut room = budget.checked_sub(frame)?;
+
+    // Where to look, first: the newest range, and more within a quarter of
+    // the room (the older ones counted), then the recall command.
+    let all = ranges(input.lines);
+    let quarter = room / 4;
+    let range_line = |r: &Range| {
+        format!(
             "\n- {} lines {}: seq {} (t{:02})",
             turn_file_name(r.turn),
             span(u64::from(r.lines.0), u64::from(r.lines.1)),
             span(r.seqs.0, r.seqs.1),
             r.turn
-        );
+        )
+    };
+    let older_line = |kept: usize| -> String {
+        let n = all.len() - kept;
+        let (a, b) = (all[0].turn, all[n - 1].turn);
+        let turns = if a == b {
+            format!("t{a:02}")
+        } else {
+            format!("t{a:02}–t{b:02}")
+        };
+        format!(
+            "\n- … {n} older range{} ({turns}; rows by line: NNNN.rows.md)",
+            plural(n)
+        )
+    };
+    let mut kept: Vec<String> = Vec::new();
+    let mut used = 0;
+    for (i, r) in all.iter().enumerate().rev() {
+        let line = range_line(r);
+        let reserve = if i > 0 {
+            older_line(kept.len() + 1).len()
+        } else {
+            0
+        };
+        let share = if kept.is_empty() { room } else { quarter };
+        if used + line.len() + reserve > share {
+            break;
+        }
+        used += line.len();
+        kept.push(line);
     }
-    let _ = write!(
-        tail,
-        "\n- oceancode-proxy recall {} --before {} --match TEXT",
-        one_line(input.session),
-        input.upto_seq + 1
-    );
-    // Files and failed commands share what is left.
-    let mut room = budget.saturating_sub(head.len() + tail.len());
-    let mut middle = String::new();
-    let mut failed_text = String::new();
-    if !f.failed.is_empty() {
-        let title = "\nFailed, not since succeeded:";
+    let mut tail = where_title;
+    if kept.len() < all.len() {
+        let line = older_line(kept.len());
+        if used + line.len() <= room {
+            used += line.len();
+            tail.push_str(&line);
+        }
+    }
+    for line in kept.iter().rev() {
+        tail.push_str(line);
+    }
+    tail.push_str(&recall);
+    room -= used;
+
+    let mut head = String::from(HEAD);
+    if let Some(g) = &input.goal {
+        let prefix = format!("\nGoal (t{:02}, seq {}): ", g.turn, g.seq);
+        if let Some(line) = fit_line(&prefix, &one_line(&g.text), room / 4) {
+            room -= line.len();
+            head.push_str(&line);
+        }
+    }
+    if let Some(a) = &input.latest_ask {
+        let prefix = format!("\nLatest ask that left (t{:02}, seq {}): ", a.turn, a.seq);
+        if let Some(line) = fit_line(&prefix, &one_line(&a.text), room / 4) {
+            room -= line.len();
+            head.push_str(&line);
+        }
+    }
+    if let Some(t) = &f.tasks {
+        let share = room / 2;
+        let title = format!(
+            "\nTasks (as last written, t{:02} seq {}; a newer list in the window wins):",
+            t.turn, t.seq
+        );
         let mut body = String::new();
         let mut shown = 0;
-        for c in f.failed.iter().rev().take(MAX_FAILED) {
-            let exit = c
-                .exit
-                .map_or_else(|| "error".to_string(), |e| format!("exit {e}"));
-            let line = format!("\n- {} → {exit} t{:02} seq {}", code(&c.cmd), c.turn, c.seq);
-            // At most a quarter of the room: the files keep the rest.
-            if title.len() + body.len() + line.len() > room / 4 {
+        for (i, (content, status)) in t.items.iter().enumerate() {
+            let mut line = format!(
+                "\n- {} {}",
+                status_mark(status),
+                clip(&squash(content), crate::facts::LINE_MAX)
+            );
+            if !matches!(status.as_str(), "completed" | "in_progress" | "pending") {
+                let _ = write!(line, " ({})", one_line(status));
+            }
+            // Room for the count of the rest, unless this is the last.
+            let reserve = if i + 1 < t.items.len() { 24 } else { 0 };
+            if title.len() + body.len() + line.len() + reserve > share {
                 break;
             }
             body.push_str(&line);
             shown += 1;
         }
-        if shown > 0 {
+        let rest = t.items.len() - shown;
+        if rest > 0 {
+            let _ = write!(body, "\n- … {rest} more task{}", plural(rest));
+        }
+        if title.len() + body.len() <= share {
+            room -= title.len() + body.len();
+            head.push_str(&title);
+            head.push_str(&body);
+        }
+    }
+
+    // Failed commands: at most a quarter of what is left.
+    let mut failed_text = String::new();
+    if !f.failed.is_empty() {
+        let title = "\nFailed, not since succeeded:";
+        let mut body = String::new();
+        for c in f.failed.iter().rev().take(MAX_FAILED) {
+            let exit = c
+                .exit
+                .map_or_else(|| "error".to_string(), |e| format!("exit {e}"));
+            let line = format!("\n- {} → {exit} t{:02} seq {}", code(&c.cmd), c.turn, c.seq);
+            if title.len() + body.len() + line.len() > room / 4 {
+                break;
+            }
+            body.push_str(&line);
+        }
+        if !body.is_empty() {
             failed_text.push_str(title);
             failed_text.push_str(&body);
         }
     }
-    room = room.saturating_sub(failed_text.len());
+    room -= failed_text.len();
+
+    // Files: the rest of the room.
+    let mut middle = String::new();
     let files = f.files_newest_first();
     if !files.is_empty() {
         let title = "\nFiles touched in the cut part (by directory, newest first; how and the turn and seq of the last touch):";
@@ -384,21 +491,30 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
             body.push_str(&head);
             body.push_str(line.trim_end_matches(';'));
         }
-        middle.push_str(title);
-        middle.push_str(&body);
-        if files.len() > shown {
-            let _ = write!(
-                middle,
-                "\n- … {} older file{} in SESSION.md",
-                files.len() - shown,
-                if files.len() - shown == 1 { "" } else { "s" }
-            );
+        let rest = files.len() - shown;
+        if shown > 0 {
+            middle.push_str(title);
+            middle.push_str(&body);
+            if rest > 0 {
+                let _ = write!(
+                    middle,
+                    "\n- … {rest} older file{} in SESSION.md",
+                    plural(rest)
+                );
+            }
+        } else {
+            // Not one entry fits: the count alone, if it does.
+            let line = format!("\nFiles touched in the cut part: {rest}, listed in SESSION.md");
+            if line.len() <= room {
+                middle = line;
+            }
         }
     }
     let mut out = head;
     out.push_str(&middle);
     out.push_str(&failed_text);
     out.push_str(&tail);
+    debug_assert!(out.len() <= budget, "{} > {budget}", out.len());
     Some(out)
 }
 
@@ -493,10 +609,13 @@ mod tests {
             render(&input, DEFAULT_MAX_TOKENS),
             "pure"
         );
-        // A tight budget keeps the goal, tasks and ranges and counts the files.
-        let small = render(&input, 100).unwrap();
-        assert!(small.contains("1 older file in SESSION.md"), "{small}");
-        assert!(small.contains("- 0001.md lines"));
+        // A tight budget keeps the frame and what fits, and counts the rest.
+        let small = render(&input, 200).unwrap();
+        assert!(small.len() <= budget_bytes(200), "{small}");
+        assert!(small.contains("- 0001.md lines"), "{small}");
+        assert!(small.contains("Goal (t01, seq 1): Fix the bug"), "{small}");
+        // Too small for the frame: no block rather than one over budget.
+        assert_eq!(render(&input, 50), None);
     }
 
     #[test]
@@ -518,6 +637,139 @@ mod tests {
         assert_eq!(r.last().unwrap().lines.1, 5000);
         for w in r.windows(2) {
             assert_eq!(w[0].seqs.1 + 1, w[1].seqs.0);
+        }
+    }
+
+    mod budget_props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One step of a scripted session: a tool call on a path (read,
+        /// edit, write, a failing or passing shell command), a todo list,
+        /// or a new turn's ask.
+        #[derive(Clone, Debug)]
+        enum Step {
+            Ask(String),
+            Read(String),
+            Edit(String),
+            Write(String),
+            Shell(String, bool),
+            Todos(Vec<(String, u8)>),
+        }
+
+        fn path() -> impl Strategy<Value = String> {
+            (
+                prop::collection::vec("[a-z_]{1,12}|[é€😀]{1,4}", 0..6),
+                "[a-zA-Z0-9_]{1,40}\\.(rs|py|md|ts)",
+            )
+                .prop_map(|(dirs, name)| {
+                    let mut p = dirs.join("/");
+                    if !p.is_empty() {
+                        p.push('/');
+                    }
+                    p + &name
+                })
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                1 => ".{0,900}".prop_map(Step::Ask),
+                4 => path().prop_map(Step::Read),
+                3 => path().prop_map(Step::Edit),
+                2 => path().prop_map(Step::Write),
+                2 => ("[a-z ./-]{1,300}", any::<bool>()).prop_map(|(c, ok)| Step::Shell(c, ok)),
+                1 => prop::collection::vec((".{0,200}", 0u8..4), 0..40).prop_map(Step::Todos),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Over a long session of many turns, the block at every cut
+            /// stays within its budget, names the newest range and the
+            /// recall command, and counts the older ranges it leaves out.
+            #[test]
+            fn the_block_never_exceeds_its_budget(
+                steps in prop::collection::vec(step(), 1..400),
+                max_tokens in 200u32..3_000,
+                dir_len in 0usize..120,
+                every in 5usize..60,
+            ) {
+                let d = Dialect::Anthropic;
+                let dir = format!("/data/{}/sessions/20261203-173000-cc-3f9a1c", "x".repeat(dir_len));
+                let mut facts = StateFacts::new();
+                let mut lines: Vec<RowLines> = Vec::new();
+                let mut at: HashMap<u32, u32> = HashMap::new();
+                let (mut turn, mut seq) = (1u32, 0u64);
+                let mut goal: Option<Ask> = None;
+                let mut latest: Option<Ask> = None;
+                let mut place = |seq: u64, turn: u32, n: u32, lines: &mut Vec<RowLines>| {
+                    let before = *at.entry(turn).or_insert(2);
+                    lines.push(RowLines { seq, turn, first: before + 2, last: before + n });
+                    at.insert(turn, before + n);
+                };
+                for (i, st) in steps.iter().enumerate() {
+                    let rows: Vec<String> = match st {
+                        Step::Ask(t) => {
+                            turn += 1;
+                            let ask = Ask { turn, seq: seq + 1, text: clip(&squash(t), crate::facts::ASK_MAX) };
+                            if goal.is_none() { goal = Some(ask) } else { latest = Some(ask) }
+                            vec![serde_json::json!({"role":"user","content":t}).to_string()]
+                        }
+                        Step::Read(p) => vec![call(&format!("c{i}"), "Read", serde_json::json!({"file_path": p})), result(&format!("c{i}"), "x")],
+                        Step::Edit(p) => vec![call(&format!("c{i}"), "Edit", serde_json::json!({"file_path": p, "old_string": "a", "new_string": "b"}))],
+                        Step::Write(p) => vec![call(&format!("c{i}"), "Write", serde_json::json!({"file_path": p, "content": "x"}))],
+                        Step::Shell(c, ok) => vec![
+                            call(&format!("c{i}"), "Bash", serde_json::json!({"command": c})),
+                            result(&format!("c{i}"), if *ok { "ok" } else { "Exit code 2\nno" }),
+                        ],
+                        Step::Todos(items) => {
+                            const STATUS: [&str; 4] = ["pending", "in_progress", "completed", "blocked"];
+                            let todos: Vec<_> = items.iter().map(|(c, s)| {
+                                let status = STATUS[*s as usize];
+                                serde_json::json!({"content": c, "status": status})
+                            }).collect();
+                            vec![call(&format!("c{i}"), "TodoWrite", serde_json::json!({"todos": todos}))]
+                        }
+                    };
+                    for r in rows {
+                        seq += 1;
+                        facts.add(seq, turn, &row_facts(d, &r));
+                        // Rows of up to 3,000 lines: long turns come in pieces.
+                        place(seq, turn, 3 + (seq as u32 * 7919) % 3_000, &mut lines);
+                    }
+                    if i % every != every - 1 {
+                        continue;
+                    }
+                    let input = StateInput {
+                        upto_seq: seq,
+                        session: "20261203-173000-cc-3f9a1c",
+                        dir: &dir,
+                        goal: goal.clone(),
+                        latest_ask: latest.clone(),
+                        facts: &facts,
+                        lines: &lines,
+                    };
+                    let block = render(&input, max_tokens).unwrap();
+                    prop_assert!(block.len() <= budget_bytes(max_tokens), "{} > {}:\n{block}", block.len(), budget_bytes(max_tokens));
+                    prop_assert!(tokens(&block) <= max_tokens);
+                    prop_assert!(block.starts_with(HEAD));
+                    let recall = format!("- oceancode-proxy recall 20261203-173000-cc-3f9a1c --before {} --match TEXT", seq + 1);
+                    prop_assert!(block.ends_with(&recall), "{block}");
+                    let all = ranges(&lines);
+                    let newest = all.last().unwrap();
+                    let named = format!("- {} lines {}", turn_file_name(newest.turn), span(u64::from(newest.lines.0), u64::from(newest.lines.1)));
+                    prop_assert!(block.contains(&named), "the newest range: {named}\n{block}");
+                    // Ranges shown + ranges counted = every range.
+                    let shown = block.lines().filter(|l| l.starts_with("- 0") && l.contains(" lines ")).count();
+                    let counted = block
+                        .lines()
+                        .find_map(|l| l.strip_prefix("- … ")?.split(" older range").next()?.parse::<usize>().ok())
+                        .unwrap_or(0);
+                    prop_assert_eq!(shown + counted, all.len(), "{}", block);
+                    prop_assert_eq!(Some(block.clone()), render(&input, max_tokens), "pure");
+                }
+            }
         }
     }
 }

@@ -6,7 +6,7 @@
 //! plus what it billed beyond it ([`StepDetail::extra`]: server-side
 //! compaction). The window (the gauge) is the step's usage alone.
 
-use crate::model::{AppliedEdit, StepDetail};
+use crate::model::{AppliedEdit, StepDetail, Usage};
 use crate::store::{CutRecord, StepRecord};
 use oceancode_config::Price;
 use serde::Serialize;
@@ -45,6 +45,43 @@ pub struct Totals {
     /// `oceancode_recall` calls the proxy answered itself (the in-band
     /// recall tool; the client never saw them).
     pub recalls: u32,
+    /// Steps that failed (no whole answer: `StepRecord::error`).
+    pub failed_steps: u32,
+}
+
+/// A failed step as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailedStep {
+    /// Step number.
+    pub step: u32,
+    /// The status the client got.
+    pub status: u16,
+    /// Why (`upstream_unreachable`, `upstream_timeout`, `stream_error`,
+    /// `cancelled`, `upstream_error`).
+    pub error: String,
+    /// Unix milliseconds.
+    pub ts_ms: i64,
+}
+
+impl FailedStep {
+    /// The latest failed step of `steps`, if any.
+    pub fn latest(steps: &[StepRecord]) -> Option<FailedStep> {
+        steps
+            .iter()
+            .filter(|s| s.error.is_some())
+            .max_by_key(|s| (s.ts_ms, s.step))
+            .map(|s| FailedStep {
+                step: s.step,
+                status: s.status,
+                error: s.error.clone().unwrap_or_default(),
+                ts_ms: s.ts_ms,
+            })
+    }
+
+    /// `step 5: 502 upstream_unreachable`.
+    pub fn label(&self) -> String {
+        format!("step {}: {} {}", self.step, self.status, self.error)
+    }
 }
 
 /// The context edits of one type the provider applied, summed over steps.
@@ -132,6 +169,9 @@ impl Totals {
     pub fn add(&mut self, step: &StepRecord, price: Option<Price>) {
         let u = billed(step.usage, &step.detail);
         self.steps += 1;
+        if step.error.is_some() {
+            self.failed_steps += 1;
+        }
         self.beyond_window += step.detail.extra.window_total();
         self.reasoning += step.detail.reasoning;
         self.compactions += step.detail.compactions;
@@ -225,10 +265,89 @@ pub struct Status {
     /// The running proxy's ledger is behind on this session (it misses
     /// events until the client's next full resend heals it).
     pub behind: bool,
+    /// What `ledger.compress` sent as pointers in the latest step's window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pruned: Option<crate::Pruned>,
+    /// The latest step that failed (the count is `totals.failed_steps`).
+    pub last_error: Option<FailedStep>,
     /// Its use against the per-session bounds (`limits.session`), when
     /// one is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// The model merge of `SESSION.md` (`ledger.merge.model`): its calls,
+    /// tokens and cost, apart from the session's own spend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge: Option<MergeSpend>,
+}
+
+/// What the model merge of a session's `SESSION.md` used (live or
+/// `ledger rebuild --merge`): not a step of the session, so not in its
+/// tokens, spend or limits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MergeSpend {
+    /// Merge calls recorded.
+    pub calls: u32,
+    /// Their tokens.
+    pub usage: Usage,
+    /// Their cost at list price (None when a model has no price).
+    pub cost_usd: Option<f64>,
+    /// The models used.
+    pub models: Vec<String>,
+}
+
+impl MergeSpend {
+    /// Sum the uses a session's merge markers record; `None` when none.
+    pub fn of(
+        uses: &[crate::merge::MergeUse],
+        price: &dyn Fn(&str) -> Option<Price>,
+    ) -> Option<MergeSpend> {
+        if uses.is_empty() {
+            return None;
+        }
+        let mut m = MergeSpend {
+            cost_usd: Some(0.0),
+            ..MergeSpend::default()
+        };
+        for u in uses {
+            m.calls += 1;
+            m.usage.input += u.usage.input;
+            m.usage.output += u.usage.output;
+            m.usage.cache_read += u.usage.cache_read;
+            m.usage.cache_write += u.usage.cache_write;
+            let c = price(&u.model).map(|p| {
+                p.cost_usd(
+                    u.usage.input,
+                    u.usage.output,
+                    u.usage.cache_read,
+                    u.usage.cache_write,
+                )
+            });
+            m.cost_usd = match (m.cost_usd, c) {
+                (Some(a), Some(b)) => Some(a + b),
+                _ => None,
+            };
+            if !m.models.contains(&u.model) {
+                m.models.push(u.model.clone());
+            }
+        }
+        Some(m)
+    }
+
+    /// The meter's line: `3 calls · 12.3k in · 456 out · $0.0123 (claude-haiku-4-5)`.
+    pub fn line(&self) -> String {
+        let u = &self.usage;
+        let cost = self
+            .cost_usd
+            .map_or_else(|| "no price".to_string(), |c| format!("${c:.4}"));
+        format!(
+            "{} call{} · {} in · {} out · {cost} ({}; not in the spend above)",
+            self.calls,
+            if self.calls == 1 { "" } else { "s" },
+            tokens(u.input + u.cache_read + u.cache_write),
+            tokens(u.output),
+            self.models.join(", ")
+        )
+    }
 }
 
 /// A session's use against its bounds (`limits.session`: spend, steps,
@@ -318,6 +437,9 @@ impl Status {
             totals: totals(steps, pricer).0,
             behind: false,
             limits: None,
+            last_error: FailedStep::latest(steps),
+            pruned: steps.last().and_then(|s| s.detail.compress.clone()),
+            merge: None,
         }
     }
 
@@ -466,6 +588,9 @@ impl Status {
             (None, _) => spend,
         };
         let _ = writeln!(out, "spend    {spend}");
+        if let Some(m) = &self.merge {
+            let _ = writeln!(out, "merge    {}", m.line());
+        }
         if let Some(l) = &self.limits {
             let mut parts = Vec::new();
             if let Some(cap) = l.steps_cap {
@@ -500,6 +625,26 @@ impl Status {
             "ledger   {} steps · {} turns · {} rows · {} cuts ({cut})",
             t.steps, self.turns, self.rows, self.cuts
         );
+        if let Some(e) = &self.last_error {
+            let _ = writeln!(
+                out,
+                "failed   {} step{} without a whole answer · latest {} ({})",
+                t.failed_steps,
+                if t.failed_steps == 1 { "" } else { "s" },
+                e.label(),
+                crate::transcript::utc_iso(e.ts_ms)
+            );
+        }
+        if let Some(p) = self.pruned.as_ref().filter(|p| p.outputs > 0) {
+            let _ = writeln!(
+                out,
+                "compress {} tool output{} sent as pointers ({} of output, ≈{} saved; the gauge counts them)",
+                p.outputs,
+                if p.outputs == 1 { "" } else { "s" },
+                tokens(p.tokens),
+                tokens(p.saved)
+            );
+        }
         if self.behind {
             let _ = writeln!(
                 out,
@@ -606,6 +751,55 @@ mod tests {
         );
         assert!(
             text.contains("edits    clear_tool_uses_20250919 ×1 (8 tool uses, 50k tokens cleared)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn failed_steps_are_counted_and_the_latest_shown() {
+        let ok = step(1, Usage::default(), StepDetail::default());
+        let failed = |n: u32, status: u16, error: &str| StepRecord {
+            status,
+            error: Some(error.into()),
+            ts_ms: i64::from(n),
+            ..step(n, Usage::default(), StepDetail::default())
+        };
+        let steps = [
+            ok,
+            failed(2, 502, "upstream_unreachable"),
+            failed(3, 504, "upstream_timeout"),
+        ];
+        let (t, _) = totals(&steps, &|_| None);
+        assert_eq!((t.steps, t.failed_steps), (3, 2));
+        let latest = FailedStep::latest(&steps).expect("failed");
+        assert_eq!(latest.label(), "step 3: 504 upstream_timeout");
+        let meta = crate::SessionMeta {
+            id: "s".into(),
+            client: "c".into(),
+            client_session: None,
+            dialect: crate::Dialect::Anthropic,
+            model: "m".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: 0,
+            last_ms: 0,
+        };
+        let text = Status::new(
+            &meta,
+            &steps,
+            &[],
+            1,
+            1,
+            20_000,
+            "20k".into(),
+            None,
+            &|_| None,
+        )
+        .render();
+        assert!(
+            text.contains(
+                "failed   2 steps without a whole answer · latest step 3: 504 upstream_timeout"
+            ),
             "{text}"
         );
     }

@@ -335,3 +335,47 @@ fn export_timing_10k_rows() {
         s.seq, t, live, md_time, md_len, atif_time, atif_len, rebuild_time, report.turns
     );
 }
+
+#[test]
+fn a_failed_step_is_marked_in_both_exports() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut s = Sim::new(&store, "sess-failed", T0);
+    s.prompt("build it");
+    s.fail_step(502, "upstream_unreachable");
+    s.say("built");
+    s.end_step(1_000, 50, 0, 0);
+    s.settle();
+    let doc = md(&store, &s.id);
+    assert!(
+        doc.contains("| Step | Status | Error | Time |"),
+        "a failed-steps table: {doc}"
+    );
+    assert!(doc.contains("| 1 | 502 | upstream_unreachable |"), "{doc}");
+    let v = atif_json(&store, &s.id);
+    let steps = v["steps"].as_array().expect("steps");
+    let failed: Vec<&Value> = steps
+        .iter()
+        .filter(|s| s["extra"]["failed_step"].is_object())
+        .collect();
+    assert_eq!(failed.len(), 1, "{v}");
+    assert_eq!(failed[0]["source"], "system");
+    assert_eq!(failed[0]["extra"]["failed_step"]["http_status"], 502);
+    assert_eq!(
+        failed[0]["extra"]["failed_step"]["error"],
+        "upstream_unreachable"
+    );
+    // Where its answer would have been: after the ask, before the answer
+    // of the step that followed.
+    let at = steps
+        .iter()
+        .position(|s| s["extra"]["failed_step"].is_object())
+        .unwrap();
+    assert_eq!(steps[at - 1]["source"], "user");
+    assert_eq!(steps[at + 1]["source"], "agent");
+    match validate_atif(&v) {
+        None => {}
+        Some(Ok(out)) => assert_eq!(out, format!("ATIF-v1.8 {}", steps.len())),
+        Some(Err(e)) => panic!("atif validation failed:\n{e}"),
+    }
+}

@@ -308,7 +308,30 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
             result_chars: 120,
             continued: true,
             messages: vec![r#"{"role":"user","content":"r"}"#.into()],
+            after: Some(2),
         }],
+        compress: None,
+        // What the step sent (the viewer's model view) round-trips too.
+        sent: Some(oceancode_ledger::SentWindow {
+            pieces: vec![
+                oceancode_ledger::SentPiece::Stub,
+                oceancode_ledger::SentPiece::Rows(1, 1),
+                oceancode_ledger::SentPiece::Rows(9, 9),
+                oceancode_ledger::SentPiece::Pruned(10),
+                oceancode_ledger::SentPiece::Rows(11, 12),
+                oceancode_ledger::SentPiece::Edited(13),
+                oceancode_ledger::SentPiece::Note(1),
+                oceancode_ledger::SentPiece::Recall(13, 2),
+            ],
+            upto: 8,
+            edit: 1,
+            stub: Some(r#"{"role":"user","content":"[Earlier content…]"}"#.into()),
+            stub_step: 0,
+            tail: 13,
+            stateful: false,
+            pointers: Some(vec![(10, vec![(0, "[output → recall entry 10]".into())])]),
+            pointers_step: 0,
+        }),
     };
     let mut second = step("v5", 2, 200, None);
     if let Event::Step { detail: d, .. } = &mut second {

@@ -5,9 +5,9 @@
 mod store_common;
 
 use oceancode_ledger::store::{
-    BehindReason, HealthStatus, LoadedSession, Store, StoreError, StoreOptions,
+    BehindReason, HealthStatus, LoadedSession, SentPointers, Store, StoreError, StoreOptions,
 };
-use oceancode_ledger::{Dialect, Event, RowKind, Usage};
+use oceancode_ledger::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};
 use std::time::Duration;
 use store_common::*;
 
@@ -367,7 +367,25 @@ fn store_reopen_loads_same_session() {
                 window_rows: 5,
                 ts_ms: m.last_ms + 10,
                 error: None,
-                detail: Default::default(),
+                // A recall the proxy answered and kept after row 3.
+                detail: Box::new(StepDetail {
+                    recalls: vec![InternalRecall {
+                        round: 1,
+                        call_id: "toolu_r".into(),
+                        input: "{}".into(),
+                        result_chars: 2,
+                        continued: false,
+                        messages: vec!["call".into(), "result".into()],
+                        after: Some(3),
+                    }],
+                    // Its window sent row 2's output as a compress pointer.
+                    sent: Some(SentWindow {
+                        upto: 5,
+                        pointers: Some(vec![(2, vec![(0, "[pruned tool output: seq 2]".into())])]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
             })
             .expect("step");
         store
@@ -390,7 +408,21 @@ fn store_reopen_loads_same_session() {
                 window_rows: 9,
                 ts_ms: m.last_ms + 20,
                 error: None,
-                detail: Default::default(),
+                // One whose continuation failed: not kept, not restored.
+                detail: Box::new(StepDetail {
+                    recalls: vec![InternalRecall {
+                        round: 1,
+                        messages: vec!["lost".into()],
+                        ..Default::default()
+                    }],
+                    // The same pointers, named by the step that kept them.
+                    sent: Some(SentWindow {
+                        upto: 5,
+                        pointers_step: 1,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
             })
             .expect("step");
         store
@@ -417,6 +449,11 @@ fn store_reopen_loads_same_session() {
         last_usage: Some(usage),
         steps: 2,
         context: None,
+        exchanges: vec![(3, vec!["call".into(), "result".into()])],
+        pointers: Some(SentPointers {
+            upto: 5,
+            rows: vec![(2, vec![(0, "[pruned tool output: seq 2]".into())])],
+        }),
     };
     assert_eq!(got, want);
     assert_eq!(

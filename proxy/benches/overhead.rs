@@ -37,6 +37,8 @@ fn manager(line: LineSpec) -> SessionManager {
         tideline_enabled: true,
         live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
+        compress: oceancode_config::CompressConfig::default(),
+        seq_tags: false,
     };
     SessionManager::new(settings, Arc::new(|_events| {}))
 }

@@ -1,15 +1,19 @@
 //! The session viewer on a 10,000-row session (5,000 tool steps, a cut
-//! every 50): what serving its page costs the server (reading the session
-//! through `LedgerRead`, planning the model view, rendering the HTML), and
-//! how large the pages are.
+//! every 50, each step's record of what it sent as the proxy writes it):
+//! what serving its page costs the server (reading the session through
+//! `LedgerRead`, resolving the model view of the latest step and of an
+//! early one, rendering the HTML), and how large the pages are.
 //!
 //! `cargo bench -p oceancode-proxy --bench viewer` (not part of `cargo test`);
-//! the page weights are printed once before the timings.
+//! the page weights are printed once before the timings (`VIEWER_DUMP=DIR`
+//! writes the pages there).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: failures panic
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_ledger::{
+    Dialect, Event, Row, RowKind, SentPiece, SentWindow, SessionMeta, StepDetail, Usage,
+};
 use oceancode_proxy::ui::{self, pages};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,6 +65,10 @@ fn store(dir: &std::path::Path) -> Store {
         .map(|i| format!("test module_{i} ... ok (checked the tideline fixture)\n"))
         .collect();
     let mut seq = 2;
+    // What each step sent, as the proxy records it: the stub (its text on
+    // the step that cut), then every row from the window's start.
+    let mut upto = 0u64;
+    let mut stub_step = 0u32;
     for s in 1..STEPS {
         let step = s as u32;
         let a = serde_json::json!({"role":"assistant","content":[
@@ -86,6 +94,35 @@ fn store(dir: &std::path::Path) -> Store {
             })
             .unwrap();
         let ts = 1_790_000_000_000 + s as i64 * 1000;
+        let mut sent = SentWindow {
+            tail: seq - 1,
+            ..SentWindow::default()
+        };
+        if s % 50 == 0 {
+            upto = seq - 40;
+            stub_step = step;
+            let state: String = (0..40)
+                .map(|i| format!("\n- src/module_{i}.rs (edit t01·{})", seq - 60 + i))
+                .collect();
+            let text = format!(
+                "[Earlier content of this session is past the tideline: every row up to seq {upto} left this window.]\n\n{}{state}",
+                oceancode_ledger::state_block::HEAD
+            );
+            sent.stub = Some(
+                serde_json::json!({"role":"user","content":[{"type":"text","text":text}]})
+                    .to_string(),
+            );
+        } else if upto > 0 {
+            sent.stub_step = stub_step;
+        }
+        if upto > 0 {
+            sent.upto = upto;
+            sent.pieces.push(SentPiece::Stub);
+            sent.pieces.push(SentPiece::Rows(1, 1));
+            sent.pieces.push(SentPiece::Rows(upto + 1, seq - 1));
+        } else {
+            sent.pieces.push(SentPiece::Rows(1, seq - 1));
+        }
         if s % 50 == 0 {
             store
                 .submit(Event::Cut {
@@ -112,7 +149,10 @@ fn store(dir: &std::path::Path) -> Store {
                 window_rows: 80,
                 ts_ms: ts,
                 error: None,
-                detail: Default::default(),
+                detail: Box::new(StepDetail {
+                    sent: Some(sent),
+                    ..StepDetail::default()
+                }),
             })
             .unwrap();
     }
@@ -126,6 +166,18 @@ fn serve(store: &Store, view: pages::View) -> String {
         view,
         page: None,
         seq: None,
+        step: None,
+    };
+    pages::session_page(&d, q, &ui::price)
+}
+
+fn serve_step(store: &Store, step: u32) -> String {
+    let d = ui::session_data(store, ID, false).unwrap().unwrap();
+    let q = pages::PageQuery {
+        view: pages::View::Model,
+        page: None,
+        seq: None,
+        step: Some(step),
     };
     pages::session_page(&d, q, &ui::price)
 }
@@ -141,6 +193,10 @@ fn bench(c: &mut Criterion) {
     ] {
         let t = Instant::now();
         let page = serve(&store, view);
+        if let Ok(dir) = std::env::var("VIEWER_DUMP") {
+            let name = name.replace(' ', "-");
+            std::fs::write(format!("{dir}/{name}.html"), &page).unwrap();
+        }
         println!(
             "viewer: {name} of a {}-row session ({} steps, {} cuts): {} bytes, served in {:?} (one run)",
             d.rows.len(),
@@ -150,6 +206,9 @@ fn bench(c: &mut Criterion) {
             t.elapsed()
         );
     }
+    let page = serve_step(&store, 100);
+    assert!(page.contains("step 100 of"), "the chosen step's window");
+    println!("viewer: model view of step 100: {} bytes", page.len());
     let mut g = c.benchmark_group("viewer");
     g.sample_size(20).measurement_time(Duration::from_secs(8));
     g.bench_function("session_page_10k_rows_full_view", |b| {
@@ -157,6 +216,9 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("session_page_10k_rows_model_view", |b| {
         b.iter(|| serve(&store, pages::View::Model))
+    });
+    g.bench_function("session_page_10k_rows_model_view_of_step_100", |b| {
+        b.iter(|| serve_step(&store, 100))
     });
     g.bench_function("read_10k_rows", |b| {
         b.iter(|| ui::session_data(&store, ID, false).unwrap().unwrap())
@@ -170,6 +232,7 @@ fn bench(c: &mut Criterion) {
                     view: pages::View::Full,
                     page: None,
                     seq: None,
+                    step: None,
                 },
                 &ui::price,
             )

@@ -86,6 +86,8 @@ fn session_json(app: &App, s: &crate::sessions::Session) -> serde_json::Value {
         "limits": limits,
         // The ledger misses some of it until its next full resend.
         "ledger_behind": app.store.as_ref().and_then(|l| l.behind(&s.id)),
+        // The live merge of its SESSION.md (null: off or not run yet).
+        "merge": app.merge.as_ref().and_then(|m| m.session(&s.id)),
     })
 }
 
@@ -409,11 +411,52 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         ("oceancode_cuts_total", "Tideline cuts.", load(&s.cuts)),
         ("oceancode_tokens_kept_out_total", "Estimated tokens kept out of upstream windows (summed per request).", load(&s.tokens_kept_out)),
         ("oceancode_rewritten_total", "Requests whose conversation was windowed.", load(&s.rewritten)),
+        ("oceancode_compress_outputs_total", "Tool outputs ledger.compress made pointers (counted at the cut that chose them).", load(&s.compress_outputs)),
+        ("oceancode_compress_saved_tokens_total", "The saved estimate of the compress pointers sent (removed bytes / 4, summed per request).", load(&s.compress_saved_tokens)),
         ("oceancode_too_long_retries_total", "Retries after a too-long error.", load(&s.too_long_retries)),
         ("oceancode_branches_total", "Branches recorded.", load(&s.branches)),
+        ("oceancode_failed_steps_total", "Steps recorded as failed (unreachable, timeout, broken stream, cancelled, an error status or event).", load(&s.failed_steps)),
+        ("oceancode_refused_requests_total", "Requests the upstream refused with 401/403: nothing of them recorded.", load(&s.refused)),
         ("oceancode_siblings_total", "Sibling sessions: headerless conversations that left a live line with the same opening.", load(&s.siblings)),
     ] {
         p.counter(name, help, v);
+    }
+    if let Some(merge) = &app.merge {
+        let ms = &merge.stats;
+        for (name, help, v) in [
+            (
+                "oceancode_merge_calls_total",
+                "Live merges of SESSION.md that stored their lines (ledger.merge.model).",
+                load(&ms.calls),
+            ),
+            (
+                "oceancode_merge_failures_total",
+                "Live merges of SESSION.md that failed (the first is logged).",
+                load(&ms.failures),
+            ),
+            (
+                "oceancode_merge_lines_total",
+                "Lines the live merge added to SESSION.md pages.",
+                load(&ms.lines),
+            ),
+            (
+                "oceancode_merge_input_tokens_total",
+                "Input tokens of the live merge's model calls (cache reads and writes included).",
+                load(&ms.input_tokens),
+            ),
+            (
+                "oceancode_merge_output_tokens_total",
+                "Output tokens of the live merge's model calls.",
+                load(&ms.output_tokens),
+            ),
+        ] {
+            p.counter(name, help, v);
+        }
+        p.gauge(
+            "oceancode_merge_cost_usd",
+            "What the live merge's model calls cost at list price, USD (not in any session's spend).",
+            load(&ms.cost_micro_usd) as f64 / 1e6,
+        );
     }
     p.seconds_total(
         "oceancode_prepare_seconds_total",
@@ -544,7 +587,11 @@ fn metrics(app: &App) -> Response<ProxyBody> {
             ],
         );
     }
-    let lag_ms = app.store.as_ref().map(|s| s.writer_lag_ms()).unwrap_or(0);
+    let lag_ms = app
+        .store
+        .as_ref()
+        .map(|s| s.metrics().writer_lag_ms)
+        .unwrap_or(0);
     p.gauge(
         "oceancode_writer_lag_seconds",
         "Age of the oldest queued ledger write.",

@@ -18,6 +18,7 @@ pub mod context;
 pub mod dialect;
 pub mod error;
 pub mod identity;
+pub mod merge;
 pub mod overflow;
 pub mod recall_tool;
 pub mod registry;

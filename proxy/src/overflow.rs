@@ -167,6 +167,29 @@ where
     (opening, held)
 }
 
+/// Whether a whole Responses stream (an answer held whole, the recall
+/// tool's) failed with `context_length_exceeded` before any output event:
+/// what [`hold_opening`] tells of its opening.
+pub fn failed_before_output(stream: &[u8]) -> bool {
+    let mut parser = SseParser::new();
+    let mut verdict = None;
+    let mut see = |data: &str| {
+        if verdict.is_some() {
+            return;
+        }
+        match kind_of(data) {
+            (t, _) if t == "response.created" || t == "response.in_progress" => {}
+            (t, Some(code)) if t == "response.failed" && code == "context_length_exceeded" => {
+                verdict = Some(true);
+            }
+            _ => verdict = Some(false),
+        }
+    };
+    parser.feed(stream, &mut |ev| see(&ev.data));
+    parser.finish(&mut |ev| see(&ev.data));
+    verdict == Some(true)
+}
+
 /// A body whose first bytes (and possibly its error) were already read:
 /// `head`, then `failed` or the rest of `inner`.
 pub struct Held<B: Body> {
@@ -292,6 +315,23 @@ mod tests {
             .enable_time()
             .build()
             .unwrap()
+    }
+
+    #[test]
+    fn a_whole_stream_failing_before_output_is_told_from_any_other() {
+        let whole = |events: &[&str]| -> Vec<u8> {
+            events
+                .iter()
+                .map(|e| format!("event: x\ndata: {e}\n\n"))
+                .collect::<String>()
+                .into_bytes()
+        };
+        assert!(failed_before_output(&whole(&[CREATED, PROGRESS, FAILED])));
+        assert!(!failed_before_output(&whole(&[CREATED, ADDED, FAILED])));
+        let quota = FAILED.replace("context_length_exceeded", "insufficient_quota");
+        assert!(!failed_before_output(&whole(&[CREATED, &quota])));
+        assert!(!failed_before_output(&whole(&[CREATED, PROGRESS])));
+        assert!(!failed_before_output(b""));
     }
 
     #[test]

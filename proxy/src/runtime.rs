@@ -8,7 +8,7 @@ use crate::sessions::{
     EventSink, Resync, SessionLimits, SessionManager, Settings, SpendSeed, Spent,
 };
 use crate::upstream::{Upstream, UpstreamOptions};
-use oceancode_ledger::store::{Store, StoreOptions};
+use oceancode_ledger::store::{open_ledger, StoreOptions};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +34,11 @@ pub struct ProxyOptions {
     pub store: Option<StoreOptions>,
     /// Per-session bounds on spend, steps and time (`limits.session`).
     pub limits: SessionLimits,
+    /// The ledger's PostgreSQL URL (`ledger.database`); None = SQLite in
+    /// the data dir.
+    pub database: Option<String>,
+    /// The live merge of `SESSION.md` (None: off; needs the ledger).
+    pub merge: Option<crate::merge::MergeOptions>,
 }
 
 /// Why a proxy did not start.
@@ -118,7 +123,10 @@ fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
 /// What a session spent and how many steps it made, read back from the
 /// ledger for a session that comes back after a restart (only when a
 /// bound is set).
-fn spend_seed(store: Option<&Store>, limits: &SessionLimits) -> Option<SpendSeed> {
+fn spend_seed(
+    store: Option<&Arc<dyn oceancode_ledger::store::LedgerStore>>,
+    limits: &SessionLimits,
+) -> Option<SpendSeed> {
     if !limits.any() {
         return None;
     }
@@ -206,16 +214,20 @@ pub async fn start_on(
         source,
     })?;
     check_remote(addr, &opts)?;
-    let store =
-        match &opts.store {
-            Some(so) => Some(Store::open(&opts.front.data_dir, *so).map_err(|source| {
+    let store = match &opts.store {
+        Some(so) => Some(
+            open_ledger(opts.database.as_deref(), &opts.front.data_dir, *so).map_err(|source| {
                 StartError::Store {
-                    dir: opts.front.data_dir.display().to_string(),
+                    dir: match &opts.database {
+                        Some(url) => oceancode_ledger::store::pg::redact_url(url),
+                        None => opts.front.data_dir.display().to_string(),
+                    },
                     source,
                 }
-            })?),
-            None => None,
-        };
+            })?,
+        ),
+        None => None,
+    };
     let sink: EventSink = match &store {
         Some(s) => {
             let s = s.clone();
@@ -230,11 +242,22 @@ pub async fn start_on(
         None => Arc::new(|_events| {}),
     };
     let admin_token = admin_token(&opts)?;
+    let upstream = Upstream::new(opts.upstream)?;
+    let merge = match (&opts.merge, &store) {
+        (Some(m), Some(s)) => Some(crate::merge::Merger::new(
+            m.clone(),
+            upstream.clone(),
+            s.clone(),
+        )),
+        _ => None,
+    };
     let app = Arc::new(App {
+        merge,
+        prices: opts.limits.pricer.clone(),
         bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
         admin_token,
         cfg: opts.front.clone(),
-        upstream: Upstream::new(opts.upstream)?,
+        upstream,
         sessions: Arc::new(match &store {
             Some(st) => {
                 let st = st.clone();
@@ -274,9 +297,15 @@ pub async fn start_on(
         loop {
             tick.tick().await;
             let Some(app) = weak.upgrade() else { return };
-            let n = app.sessions.evict_idle(IDLE_EVICT_MS);
-            if n > 0 {
-                tracing::debug!(sessions = n, "idle sessions left memory");
+            let gone = app.sessions.evict_idle_ids(IDLE_EVICT_MS);
+            if !gone.is_empty() {
+                tracing::debug!(sessions = gone.len(), "idle sessions left memory");
+            }
+            // A shared database: another proxy may serve them now.
+            if let Some(store) = &app.store {
+                for id in &gone {
+                    store.release(id);
+                }
             }
         }
     });

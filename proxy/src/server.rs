@@ -12,7 +12,7 @@ use crate::dialect::{self, Collected};
 use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
 use crate::overflow::{self, Opening};
-use crate::sessions::{Prepared, SessionManager, Ticket};
+use crate::sessions::{Prepared, SessionManager, StepError, Ticket};
 use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
 use bytes::Bytes;
@@ -77,7 +77,7 @@ impl Default for NetLimits {
                 keepalive_timeout: Duration::from_secs(90),
             },
             body_read_timeout: Duration::from_secs(120),
-            max_bodies_in_flight_bytes: 1 << 30,
+            max_bodies_in_flight_bytes: 128 << 20,
             tap: TapLimits::default(),
         }
     }
@@ -104,11 +104,19 @@ impl NetLimits {
 }
 
 /// The bytes of request bodies held across connections, against
-/// `limits.max_bodies_in_flight_bytes`.
+/// `limits.max_bodies_in_flight_bytes`. A body whose next bytes do not fit
+/// waits (its connection is not read meanwhile, so its client is held back
+/// by TCP) until other bodies give theirs back; so that reads always move
+/// on, one body at a time may go past the budget (the bytes held stay
+/// within the budget plus `limits.max_body_bytes`).
 #[derive(Debug)]
 pub struct BodyBudget {
     used: AtomicU64,
     max: u64,
+    /// One body holds the overdraft.
+    over: std::sync::atomic::AtomicBool,
+    /// Bytes were given back.
+    freed: tokio::sync::Notify,
 }
 
 impl BodyBudget {
@@ -117,6 +125,8 @@ impl BodyBudget {
         BodyBudget {
             used: AtomicU64::new(0),
             max,
+            over: std::sync::atomic::AtomicBool::new(false),
+            freed: tokio::sync::Notify::new(),
         }
     }
 
@@ -138,21 +148,48 @@ impl BodyBudget {
 struct BodyPermit<'a> {
     budget: &'a BodyBudget,
     held: u64,
+    /// It holds the budget's overdraft.
+    over: bool,
 }
 
 impl BodyPermit<'_> {
-    fn grow(&mut self, n: u64) -> bool {
-        let ok = self.budget.take(n);
-        if ok {
-            self.held += n;
+    /// Take `n` more bytes: at once when they fit or this body holds the
+    /// overdraft, else the overdraft when no body holds it, else once
+    /// enough bytes were given back.
+    async fn grow(&mut self, n: u64) {
+        loop {
+            let freed = self.budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.budget.take(n) {
+                break;
+            }
+            if !self.over
+                && self
+                    .budget
+                    .over
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                self.over = true;
+            }
+            if self.over {
+                self.budget.used.fetch_add(n, Ordering::AcqRel);
+                break;
+            }
+            freed.await;
         }
-        ok
+        self.held += n;
     }
 
     fn release(&mut self) {
         self.budget
             .used
             .fetch_sub(std::mem::take(&mut self.held), Ordering::AcqRel);
+        if std::mem::take(&mut self.over) {
+            self.budget.over.store(false, Ordering::Release);
+        }
+        self.budget.freed.notify_waiters();
     }
 }
 
@@ -214,7 +251,7 @@ pub struct App {
     /// Sessions and tideline.
     pub sessions: Arc<SessionManager>,
     /// The ledger store (None when the ledger is off).
-    pub store: Option<oceancode_ledger::store::Store>,
+    pub store: Option<std::sync::Arc<dyn oceancode_ledger::store::LedgerStore>>,
     /// Counters.
     pub metrics: Arc<Metrics>,
     /// Start time.
@@ -223,7 +260,16 @@ pub struct App {
     pub admin_token: String,
     /// Request bodies held across connections.
     pub bodies: BodyBudget,
+    /// The live merge of `SESSION.md` (None: off).
+    pub merge: Option<Arc<crate::merge::Merger>>,
+    /// The configured prices (`providers.<id>.models[].price`, else the
+    /// built-in table): what `status`, the limits and the viewer price with.
+    pub prices: Option<crate::sessions::Pricer>,
 }
+
+/// The most a client connection's read buffer holds (request heads
+/// included).
+const READ_BUF_MAX: usize = 128 << 10;
 
 /// Serve connections from `listener` until `shutdown` resolves, then let
 /// in-flight requests finish (up to `grace`).
@@ -241,6 +287,10 @@ pub async fn serve(
     // The connection timers are conn's: hyper's header timer (which would
     // also close keep-alive connections between requests) stays off.
     builder.http1().header_read_timeout(None);
+    // A connection's read buffer grows to this while a body streams in
+    // (hyper's default, ≈ 400 KiB, times 100 agents reading at once was
+    // 53 MB of a 100-session open's peak); a request head must fit in it.
+    builder.http1().max_buf_size(READ_BUF_MAX);
     tokio::pin!(shutdown);
     let mut warned_full: Option<Instant> = None;
     loop {
@@ -450,7 +500,7 @@ const CPU_INLINE_MAX: usize = 1 << 20;
 
 /// Run CPU-bound work: `block_in_place` on the multi-threaded runtime (so the
 /// reactor keeps serving other connections), inline elsewhere.
-fn cpu<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn cpu<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
@@ -542,7 +592,8 @@ const MIN_BODY_GROWTH: usize = 64 << 10;
 /// buffer grows with the bytes that arrive (doubling, never past the
 /// declared `Content-Length` nor `limits.max_body_bytes`): a header alone
 /// reserves nothing. Each growth is taken from the budget all connections
-/// share, and given back when the permit drops. Each frame is copied as it
+/// share (waiting while it is spent, see [`BodyBudget`]), and given back when
+/// the permit drops. Each frame is copied as it
 /// arrives and dropped, so the connection's read buffer is reused.
 async fn read_body(
     app: &App,
@@ -572,6 +623,7 @@ async fn collect_body(
     let mut permit = BodyPermit {
         budget: &app.bodies,
         held: 0,
+        over: false,
     };
     let mut buf: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -590,17 +642,7 @@ async fn collect_body(
                 .max(MIN_BODY_GROWTH)
                 .min(ceiling)
                 .max(need);
-            if !permit.grow((grown - buf.capacity()) as u64) {
-                // Give the memory back, then read the rest into the void
-                // (within the body timeout), so the client, still sending,
-                // can read the 503 instead of a broken pipe.
-                drop(std::mem::take(&mut buf));
-                permit.release();
-                while let Some(Ok(_)) = body.frame().await {}
-                return Err(ProxyError::Busy {
-                    limit: app.bodies.max,
-                });
-            }
+            permit.grow((grown - buf.capacity()) as u64).await;
             buf.reserve_exact(grown - buf.len());
         }
         buf.extend_from_slice(&data);
@@ -664,7 +706,7 @@ async fn provider_request(
         .fetch_add(prepare_us, Ordering::Relaxed);
     let Prepared {
         body,
-        ticket,
+        mut ticket,
         refused,
     } = prepared;
     if let Some(hit) = refused {
@@ -683,9 +725,16 @@ async fn provider_request(
     let sent = body.clone();
     let up = upstream_request(&parts, uri.clone(), full_up(body), Some(len));
     let t_up = Instant::now();
-    let resp = app.upstream.send(up, &base).await?;
+    let resp = match app.upstream.send(up, &base).await {
+        Ok(r) => r,
+        Err(e) => return Err(failed(ticket, e)),
+    };
     let upstream_us = t_up.elapsed().as_micros() as u64;
     let status = resp.status();
+    if let Some(t) = ticket.as_mut() {
+        // Held until now: a 401/403 leaves no trace of the request.
+        t.answered(status.as_u16());
+    }
     tracing::debug!(
         read_us,
         upstream_us,
@@ -705,7 +754,7 @@ async fn provider_request(
             too_long_path(app, &parts, uri, base, resp, t).await
         }
         Some(t) if status == StatusCode::OK && recall => {
-            crate::recall_tool::flow::answer(app, &parts, uri, base, sent, resp, t).await
+            crate::recall_tool::flow::answer(app, &parts, uri, base, sent, resp, t, false).await
         }
         Some(t) if status == StatusCode::OK && holds_opening(app, &t, resp.headers()) => {
             overflow_in_stream_path(app, &parts, uri, base, resp, t).await
@@ -715,6 +764,18 @@ async fn provider_request(
             Ok(tap_response(app, dialect, ticket, head, body))
         }
     }
+}
+
+/// The upstream call failed: the step is recorded as failed with why.
+fn failed(ticket: Option<Ticket>, e: ProxyError) -> ProxyError {
+    if let Some(t) = ticket {
+        let kind = match e {
+            ProxyError::Timeout { .. } => StepError::Timeout,
+            _ => StepError::Unreachable,
+        };
+        t.fail(e.status().as_u16(), kind);
+    }
+    e
 }
 
 pub(crate) fn full_up(b: Bytes) -> UpBody {
@@ -729,7 +790,7 @@ pub fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
 
 /// How much of a 400/413 answer is read to tell a too-long error (they are
 /// small); a longer answer is relayed as it comes, whatever its size.
-const ERROR_PEEK: usize = 1 << 20;
+pub(crate) const ERROR_PEEK: usize = 1 << 20;
 
 async fn too_long_path(
     app: &Arc<App>,
@@ -744,10 +805,17 @@ async fn too_long_path(
     let encoded = head.headers.contains_key(header::CONTENT_ENCODING);
     let mut read: Vec<u8> = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ProxyError::Unreachable {
-            upstream: base.clone(),
-            reason: format!("error body could not be read: {e}"),
-        })?;
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                let e = ProxyError::Unreachable {
+                    upstream: base.clone(),
+                    reason: format!("error body could not be read: {e}"),
+                };
+                ticket.fail(e.status().as_u16(), StepError::Stream);
+                return Err(e);
+            }
+        };
         if let Ok(d) = frame.into_data() {
             read.extend_from_slice(&d);
             if read.len() > ERROR_PEEK {
@@ -783,8 +851,19 @@ async fn too_long_path(
     };
     tracing::info!(session = %ticket.session.id, ?ceiling, "too long: cut every closed block, retrying once");
     let len = new_body.len();
-    let up = upstream_request(parts, uri, full_up(new_body), Some(len));
-    let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+    let up = upstream_request(parts, uri.clone(), full_up(new_body.clone()), Some(len));
+    let resp = match app.upstream.send(up, &base).await {
+        Ok(r) => r,
+        Err(e) => return Err(failed(Some(ticket), e)),
+    };
+    if app.cfg.recall.enabled && resp.status() == StatusCode::OK {
+        // The retry's answer goes through the recall loop like any other.
+        return crate::recall_tool::flow::answer(
+            app, parts, uri, base, new_body, resp, ticket, true,
+        )
+        .await;
+    }
+    let (head, body) = resp.into_parts();
     Ok(tap_response(app, ticket.dialect, Some(ticket), head, body))
 }
 
@@ -821,7 +900,10 @@ async fn overflow_in_stream_path(
             drop(held);
             let len = new_body.len();
             let up = upstream_request(parts, uri, full_up(new_body), Some(len));
-            let (head, body) = app.upstream.send(up, &base).await?.into_parts();
+            let (head, body) = match app.upstream.send(up, &base).await {
+                Ok(r) => r.into_parts(),
+                Err(e) => return Err(failed(Some(ticket), e)),
+            };
             return Ok(tap_response(app, ticket.dialect, Some(ticket), head, body));
         }
         tracing::info!(session = %ticket.session.id, "context_length_exceeded inside the stream, and nothing left to cut: relaying it");
@@ -854,6 +936,7 @@ where
         .map(str::to_string);
     let sized = head.headers.contains_key(header::CONTENT_LENGTH);
     let metrics = app.metrics.clone();
+    let merge = app.merge.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
         if let Some(u) = o.collected.usage {
             // Billed: the window and what came on top of it (compaction).
@@ -885,7 +968,17 @@ where
             let whole =
                 o.end == TapEnd::Complete || (o.end == TapEnd::Cancelled && o.collected.terminal);
             let ok = whole && o.collected.error.is_none();
-            t.complete(status, ok, &o.collected);
+            let session = t.session.clone();
+            if o.end == TapEnd::Cancelled && !whole {
+                t.cut_short(status, StepError::Cancelled, &o.collected);
+            } else {
+                t.complete(status, ok, &o.collected);
+            }
+            if let Some(m) = &merge {
+                // The live merge starts in the background when the cut moved.
+                let cut = session.state.lock().meter.cut_upto;
+                m.after_step(&session.id, cut);
+            }
         }
     });
     let limits = app.cfg.net.tap;

@@ -540,6 +540,14 @@ fn cli_rebuild_merge_asks_then_calls_the_model() {
         "{page}"
     );
     assert!(page.contains("## Next step\n\n- t02 ship it\n"));
+    // The call's tokens and cost are in the meter, apart from the spend.
+    let status = ok(&run(tmp.path(), &data, &["status", "cli-main"]));
+    assert!(
+        status.contains(
+            "merge    1 call · 10 in · 5 out · $0.0000 (claude-haiku-4-5; not in the spend above)"
+        ),
+        "{status}"
+    );
 
     // The merged lines live in the database: a mechanical rebuild (no
     // model call; the fake is gone) writes the same page.

@@ -14,14 +14,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a measurement: failures panic
 
 use http_body_util::BodyExt;
-use oceancode_fakeup::{FakeConfig, Reply, Script};
-use oceancode_ledger::Usage;
+use oceancode_fakeup::{Reply, Script};
+use oceancode_ledger::{Dialect, Usage};
 use oceancode_proxy::recall_tool::{RecallTool, NAME};
-use oceancode_tests::Harness;
+use oceancode_tests::{recall, Harness};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const TURNS: usize = 12;
+const A: Dialect = Dialect::Anthropic;
 
 fn turn_text(i: usize) -> String {
     oceancode_tests::tool_lines(i, 40, 3)
@@ -52,16 +53,11 @@ fn script(recall: bool) -> Script {
 }
 
 async fn harness(script: Script, on: bool) -> Harness {
-    Harness::start(
-        FakeConfig {
-            script,
-            ..FakeConfig::default()
-        },
-        move |o| {
-            o.front.recall = RecallTool {
-                enabled: on,
-                max_rounds: 4,
-            };
+    recall::harness(
+        script,
+        RecallTool {
+            enabled: on,
+            max_rounds: 4,
         },
     )
     .await
@@ -73,16 +69,13 @@ async fn session(name: &str, on: bool, recall: bool, flip: bool) -> (f64, u64) {
     let h = harness(script(recall || flip), on).await;
     let mut msgs: Vec<Value> = Vec::new();
     for i in 1..=TURNS {
-        msgs.push(json!({"role":"user","content": format!("turn {i}: {}", turn_text(i))}));
+        msgs.push(recall::user(A, &format!("turn {i}: {}", turn_text(i))));
         let tools = if flip && i % 4 == 0 {
             // What a flipping proxy sends: the tool only when it recalls.
             let mut t = client_tools();
-            t.as_array_mut().unwrap().push(
-                serde_json::from_str(oceancode_proxy::recall_tool::tool_json(
-                    oceancode_ledger::Dialect::Anthropic,
-                ))
-                .unwrap(),
-            );
+            t.as_array_mut()
+                .unwrap()
+                .push(serde_json::from_str(oceancode_proxy::recall_tool::tool_json(A)).unwrap());
             t
         } else {
             client_tools()
@@ -96,7 +89,10 @@ async fn session(name: &str, on: bool, recall: bool, flip: bool) -> (f64, u64) {
             .await;
         assert_eq!(got.status, 200, "{}", got.text());
         assert!(!got.text().contains(NAME) || flip);
-        msgs.push(json!({"role":"assistant","content":[{"type":"text","text": format!("answer {i}: {}", "ok ".repeat(50))}]}));
+        msgs.push(recall::assistant(
+            A,
+            &format!("answer {i}: {}", "ok ".repeat(50)),
+        ));
         h.settle().await;
     }
     let store = h.store();
@@ -159,7 +155,7 @@ async fn main() {
         );
     }
     const N: usize = 40;
-    let ask = |i: usize| vec![json!({"role":"user","content": format!("q {i}: {}", turn_text(i))})];
+    let ask = |i: usize| vec![recall::user(A, &format!("q {i}: {}", turn_text(i)))];
     // One internal round trip: answered directly vs through one recall.
     let plain = harness(Script::always(Reply::text("direct")), true).await;
     let mut direct = Vec::new();

@@ -119,7 +119,11 @@ async fn an_agent_drops_a_big_log_adds_a_note_and_the_edit_holds() {
     a.step(&log).await; // seq 1 ask, 2 call, 3 the log
     a.step("2 tests failed").await; // 4 call, 5 result
     let before = a.step("fixed").await; // 6 call, 7 result
-                                        // Export: the window as the upstream saw it on the last request.
+    assert!(
+        !String::from_utf8_lossy(&before.body).contains("\\n[seq "),
+        "context.seq_tags is off by default: tool results go as the client sent them"
+    );
+    // Export: the window as the upstream saw it on the last request.
     let ans = a.context(json!({"session": SESSION})).await;
     let path = PathBuf::from(ans["path"].as_str().unwrap());
     let text = std::fs::read_to_string(&path).unwrap();
@@ -517,4 +521,405 @@ async fn a_responses_session_deletes_an_output_with_its_call_and_reasoning() {
         (1, 1),
         "the first call and its reasoning left with its output; the second stays"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_read_by_a_request_the_upstream_refuses_stays_recorded() {
+    let step = Reply::tool_call("Bash", json!({"command": "make test"})).with_text("Testing.");
+    let refused = Reply::error(
+        401,
+        json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}),
+    );
+    let fake = FakeConfig::default().with_script(
+        Script::replies([step.clone(), step.clone(), step.clone(), refused]).then(step),
+    );
+    let h = Harness::start(fake, |_| {}).await;
+    let mut a = Agent {
+        h,
+        history: vec![json!({"role":"user","content":"Fix the build, then run the tests."})],
+    };
+    a.step(&tool_lines(1, 300, 7)).await; // seq 3: the log
+    a.step("2 tests failed").await;
+    a.step("fixed").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, without_block(&text, 3)).unwrap();
+    // The request that reads the edit is refused by the upstream (a bad
+    // key): nothing of the request is recorded, but the edit is the file
+    // writer's and holds.
+    let body = json!({
+        "model": "claude-test-200k",
+        "max_tokens": 4096,
+        "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+        "messages": a.history,
+    });
+    let got =
+        a.h.post(
+            "/v1/messages",
+            &[("x-oceancode-session", SESSION)],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(got.status, 401, "{}", got.text());
+    assert_eq!(
+        a.h.proxy()
+            .app
+            .sessions
+            .metrics
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the request was rolled back"
+    );
+    let refused_req = a.h.fake.requests().into_iter().last().unwrap();
+    assert!(
+        !has_result(&messages(&refused_req), "step 1 line 299"),
+        "the edit was in force on the refused request"
+    );
+    a.h.settle().await;
+    a.wait_for_writer().await;
+    let id = a.h.store().latest_session().unwrap().unwrap();
+    let edits = a.h.store().context_edits(&id).unwrap();
+    assert_eq!(edits.len(), 1, "the edit is recorded: {edits:?}");
+    // It survives the session leaving memory: it came from the ledger.
+    assert!(a.h.proxy().app.sessions.evict_idle(-1) > 0);
+    let r = a.step("again").await;
+    assert!(
+        !has_result(&messages(&r), "step 1 line 299"),
+        "the edit holds after eviction"
+    );
+}
+
+/// The first line of the file: (nonce, last seq it covers).
+fn export_of(text: &str) -> (String, u64) {
+    let first = text.lines().next().unwrap();
+    let nonce = first.split(" export ").nth(1).unwrap().split(' ').next();
+    let last = first
+        .split(" · seq ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|r| r.split('–').nth(1))
+        .unwrap();
+    (nonce.unwrap().to_string(), last.parse().unwrap())
+}
+
+/// A real restart (a new proxy on the same data dir) and idle eviction:
+/// the exported file is still refreshed after every request, an edit made
+/// while the proxy was down is read at the first request after it, and no
+/// nonce is ever used twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(1, 400, 7)).await; // sends 1 (the ask)
+    a.step("2 tests failed").await; // sends 1-3 (3: the log)
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let mut nonces = vec![export_of(&std::fs::read_to_string(&path).unwrap()).0];
+    assert_eq!(nonces, ["e1"]);
+    let saved = path.with_file_name("context.state.json");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "the export's record is private like the file"
+    );
+
+    // Restart: nothing but the disk is kept.
+    a.h.restart(|_| {}).await;
+    a.step("fixed").await; // sends 1-5: the session is read back from the ledger
+    let text = std::fs::read_to_string(&path).unwrap();
+    let (nonce, last) = export_of(&text);
+    assert_eq!(
+        (nonce.as_str(), last),
+        ("e1", 5),
+        "refreshed after the restart: {}",
+        text.lines().next().unwrap()
+    );
+    assert!(text.contains("[[m:e1 5 user]]"), "the new rows are in it");
+
+    // An edit made while the proxy is down: the log's block deleted.
+    a.h.stop().await;
+    std::fs::write(&path, without_block(&text, 3)).unwrap();
+    a.h.restart(|_| {}).await;
+    let r = a.step("ok").await; // sends 1-7
+    let receipt = a.receipt(&path);
+    assert!(receipt.starts_with("taken · export e1"), "{receipt}");
+    assert!(receipt.contains("deleted seq 2, 3"), "{receipt}");
+    assert!(
+        !has_result(&messages(&r), "step 1 line 399"),
+        "the log left"
+    );
+    let (nonce, last) = export_of(&std::fs::read_to_string(&path).unwrap());
+    assert_eq!(last, 7);
+    nonces.push(nonce);
+
+    // Idle eviction: the same.
+    a.h.settle().await;
+    assert!(a.h.proxy().app.sessions.evict_idle(-1) > 0);
+    a.step("ok").await; // sends 1-9
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(export_of(&text).1, 9, "refreshed after eviction");
+    let noted = text.replace(
+        "[[end of context",
+        "[[note]]\nThe log (seq 3) said: only net/ fails.\n\n[[end of context",
+    );
+    std::fs::write(&path, noted).unwrap();
+    let r = a.step("ok").await;
+    assert!(
+        a.receipt(&path).starts_with("taken"),
+        "{}",
+        a.receipt(&path)
+    );
+    assert!(has_result(&messages(&r), "only net/ fails"));
+    assert!(!has_result(&messages(&r), "step 1 line 399"), "still out");
+    nonces.push(export_of(&std::fs::read_to_string(&path).unwrap()).0);
+
+    // Another restart, then `context`: a fresh export with a new nonce.
+    a.h.restart(|_| {}).await;
+    a.step("ok").await;
+    nonces.push(export_of(&std::fs::read_to_string(&path).unwrap()).0);
+    let ans = a.context(json!({"session": SESSION})).await;
+    nonces.push(ans["nonce"].as_str().unwrap().to_string());
+    // The file removed and exported again after a restart: still new.
+    std::fs::remove_file(&path).unwrap();
+    a.step("ok").await;
+    a.h.restart(|_| {}).await;
+    a.step("ok").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    nonces.push(ans["nonce"].as_str().unwrap().to_string());
+    assert_eq!(nonces, ["e1", "e2", "e3", "e3", "e4", "e5"], "{nonces:?}");
+}
+
+/// Each message of a body sent upstream, as its raw bytes.
+fn raw_messages(r: &Recorded) -> Vec<String> {
+    use serde_json::value::RawValue;
+    let b: std::collections::HashMap<String, Box<RawValue>> =
+        serde_json::from_slice(&r.body).unwrap();
+    let msgs: Vec<Box<RawValue>> = serde_json::from_str(b["messages"].get()).unwrap();
+    msgs.iter().map(|m| m.get().to_string()).collect()
+}
+
+/// `context.seq_tags` on: every tool result the upstream sees ends with
+/// `[seq N]` (N its ledger row), the same bytes on every request and
+/// across cuts (the prompt cache holds); the ledger keeps the client's
+/// bytes without it; the file shows the tags and an untouched file is no edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_tags_end_every_tool_result_and_stay_the_same_bytes_between_cuts() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("Bash", json!({"command": "make test"})).with_text("Testing."),
+    ));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = std::sync::Arc::new(|_m: &str, _l: Option<u64>| {
+            oceancode_proxy::sessions::ModelLimits {
+                context: Some(200_000),
+                max_output: Some(32_000),
+            }
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+        o.sessions.seq_tags = true;
+    })
+    .await;
+    let mut a = Agent {
+        h,
+        history: vec![json!({"role":"user","content":"Fix the build, then run the tests."})],
+    };
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        sent.push(a.step(&oceancode_tests::tool_output(i)).await);
+    }
+    // The ledger's rows: the client's bytes, the seq of each result.
+    let id = a.h.store().latest_session().unwrap().unwrap();
+    let rows = a.h.store().session_rows(&id, true).unwrap();
+    let mut seq_of = std::collections::HashMap::new();
+    for (r, _) in &rows {
+        assert!(
+            !r.raw.contains("[seq "),
+            "the ledger keeps the client's bytes"
+        );
+        let v: Value = serde_json::from_str(&r.raw).unwrap();
+        if let Some(blocks) = v["content"].as_array() {
+            for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+                seq_of.insert(b["tool_use_id"].as_str().unwrap().to_string(), r.seq);
+            }
+        }
+    }
+    let mut bytes_of: std::collections::HashMap<String, String> = Default::default();
+    let mut stubs = std::collections::BTreeSet::new();
+    let mut results = 0;
+    for r in &sent {
+        let msgs = raw_messages(r);
+        if let Some(s) = oceancode_tests::stub_seq(&serde_json::from_str(&msgs[0]).unwrap()) {
+            stubs.insert(s);
+        }
+        for raw in msgs {
+            let v: Value = serde_json::from_str(&raw).unwrap();
+            let Some(blocks) = v["content"].as_array() else {
+                continue;
+            };
+            for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+                let call = b["tool_use_id"].as_str().unwrap().to_string();
+                let want = format!("\n[seq {}]", seq_of[&call]);
+                assert!(
+                    b["content"].as_str().unwrap().ends_with(&want),
+                    "{call} ends with {want:?}"
+                );
+                results += 1;
+                let prev = bytes_of.entry(call.clone()).or_insert_with(|| raw.clone());
+                assert_eq!(*prev, raw, "{call}: the same bytes on every request");
+            }
+        }
+    }
+    assert!(stubs.len() >= 2, "several cuts: {stubs:?}");
+    assert!(results > 100, "{results}");
+    // The file shows what the upstream saw; untouched, it is no edit.
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\n[seq "), "the tags are in the file");
+    // An edit of the tagged file reads against what it shows: a result's
+    // block deleted (every other block unchanged) is taken.
+    let seq: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("[[m:") && l.ends_with(" user]]"))
+        .nth(2)
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::fs::write(&path, without_block(&text, seq)).unwrap();
+    let r = a.step("ok").await;
+    let receipt = a.receipt(&path);
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    assert!(
+        !messages(&r)
+            .iter()
+            .any(|m| m.to_string().contains(&format!("[seq {seq}]"))),
+        "seq {seq} left"
+    );
+}
+
+/// A proxy at a 20k-token line (200k context): cuts come quickly.
+async fn agent_20k(tweak: impl FnOnce(&mut oceancode_proxy::runtime::ProxyOptions)) -> Agent {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("Bash", json!({"command": "make test"})).with_text("Testing."),
+    ));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = std::sync::Arc::new(|_m: &str, _l: Option<u64>| {
+            oceancode_proxy::sessions::ModelLimits {
+                context: Some(200_000),
+                max_output: Some(32_000),
+            }
+        });
+        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+        tweak(o);
+    })
+    .await;
+    Agent {
+        h,
+        history: vec![json!({"role":"user","content":"Fix the build, then run the tests."})],
+    }
+}
+
+/// The lines of the block under `header` (to the next header line).
+fn block_lines<'a>(text: &'a str, header: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| *l != header)
+        .skip(1)
+        .take_while(|l| !(l.starts_with("[[m:") || l.ends_with(" · not editable]]")))
+        .collect()
+}
+
+/// After a cut the stub and the state block (issue 13) are blocks of their
+/// own in context.txt that say they are not editable; an edit that changes
+/// or removes the state block is refused with the line, nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_block_is_a_block_of_its_own_and_an_edit_of_it_is_refused() {
+    let mut a = agent_20k(|_| {}).await;
+    let mut last = None;
+    for i in 0..16 {
+        last = Some(a.step(&oceancode_tests::tool_output(i)).await);
+    }
+    let sent = messages(&last.unwrap());
+    let stub = sent[0]["content"].to_string();
+    assert!(
+        stub.contains("[State at the tideline:"),
+        "cut, with the state block after the stub: {stub:.300}"
+    );
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[1], "[[stub · not editable]]", "{text:.600}");
+    let state = lines
+        .iter()
+        .position(|l| *l == "[[state · not editable]]")
+        .expect("the state block is a block of its own");
+    assert!(
+        lines[state + 1].starts_with("[State at the tideline:"),
+        "{}",
+        lines[state + 1]
+    );
+    let stub_body = block_lines(&text, "[[stub · not editable]]").join("\n");
+    assert!(stub_body.starts_with("[Earlier content of this session is past the tideline"));
+    assert!(
+        !stub_body.contains("[State at the tideline:"),
+        "not in the stub's block"
+    );
+
+    // Changing a line of it: refused, with the line of its header.
+    let changed = text.replacen(
+        "[State at the tideline:",
+        "[State (edited by the agent) at the tideline:",
+        1,
+    );
+    std::fs::write(&path, changed).unwrap();
+    let r = a.step("ok").await;
+    let receipt = a.receipt(&path);
+    assert!(receipt.starts_with("refused"), "{receipt}");
+    assert!(
+        receipt.contains(&format!("line {}", state + 1))
+            && receipt.contains("the state block is not editable"),
+        "{receipt}"
+    );
+    eprintln!("refused receipt (the state block changed):\n{receipt}");
+    assert!(
+        messages(&r)[0]["content"]
+            .to_string()
+            .contains("[State at the tideline:"),
+        "the request went out with the proxy's state block"
+    );
+    assert!(!messages(&r)[0]["content"]
+        .to_string()
+        .contains("edited by the agent"));
+
+    // Removing it: refused too.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let body = block_lines(&text, "[[state · not editable]]").join("\n");
+    let removed = text.replacen(&format!("[[state · not editable]]\n{body}\n"), "", 1);
+    assert_ne!(removed, text);
+    std::fs::write(&path, removed).unwrap();
+    a.step("ok").await;
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.starts_with("refused") && receipt.contains("the state block was removed"),
+        "{receipt}"
+    );
+    // Untouched, the file is no edit; an edit elsewhere is still taken.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let noted = text.replace(
+        "[[end of context",
+        "[[note]]\nThe state block says where to look.\n\n[[end of context",
+    );
+    std::fs::write(&path, noted).unwrap();
+    let r = a.step("ok").await;
+    assert!(
+        a.receipt(&path).starts_with("taken"),
+        "{}",
+        a.receipt(&path)
+    );
+    assert!(has_result(
+        &messages(&r),
+        "The state block says where to look."
+    ));
 }

@@ -465,6 +465,14 @@ async fn bodies_in_flight_share_a_budget_and_grow_with_what_arrives() {
     })
     .await;
     let addr = addr_of(&h.url());
+    let budget = || h.proxy().app.bodies.in_use();
+    let settle_at = |want: u64| async move {
+        let t0 = Instant::now();
+        while budget() != want && t0.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        budget()
+    };
     // Heads that announce 2 MiB and send one byte reserve one growth step each.
     let mut held = Vec::new();
     for _ in 0..8 {
@@ -477,31 +485,70 @@ async fn bodies_in_flight_share_a_budget_and_grow_with_what_arrives() {
         .unwrap();
         held.push(s);
     }
-    let t0 = Instant::now();
-    while h.proxy().app.bodies.in_use() < 8 * (64 << 10) && t0.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert_eq!(
-        h.proxy().app.bodies.in_use(),
+        settle_at(8 * (64 << 10)).await,
         8 * (64 << 10),
         "a Content-Length reserves nothing past the first growth step"
     );
-    // A whole 2 MiB body no longer fits: 503 in the provider's shape.
+    // A body that sends 1.5 MiB of its 2 MiB no longer fits: it takes the
+    // overdraft (one body at a time may go past the budget).
+    let mut big = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        big,
+        "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{{",
+        2 << 20
+    )
+    .unwrap();
+    big.write_all(&vec![b' '; 3 << 19]).unwrap();
+    assert_eq!(
+        settle_at(8 * (64 << 10) + (2 << 20)).await,
+        8 * (64 << 10) + (2 << 20)
+    );
+    // Another whole body waits (its connection is not read) instead of
+    // being refused, and goes through once bytes are given back.
     let pad = "lorem ipsum ".repeat(((2 << 20) - 200) / 12);
     let body = anthropic_body(false, &pad);
-    let got = h.post("/v1/messages", &[], body.clone()).await;
-    assert_eq!(got.status, 503, "{}", got.text());
-    assert_eq!(got.headers["retry-after"], "1");
-    assert_eq!(got.json()["error"]["type"], "overloaded_error");
-    // Once the others go away, it fits again, and everything is given back.
+    let waiting = {
+        let url = h.url();
+        let body = body.clone();
+        tokio::spawn(async move { post_raw(&url, body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!waiting.is_finished(), "a body that does not fit waits");
+    assert!(
+        budget() <= (2 << 20) + (2 << 20),
+        "within the budget plus one body"
+    );
+    drop(big);
     drop(held);
-    let t0 = Instant::now();
-    while h.proxy().app.bodies.in_use() > 0 && t0.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting body goes through")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(settle_at(0).await, 0, "everything is given back");
     let got = h.post("/v1/messages", &[], body).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    assert_eq!(h.proxy().app.bodies.in_use(), 0);
+}
+
+/// POST `body` to `url`'s `/v1/messages` over a plain connection; the status.
+async fn post_raw(url: &str, body: String) -> u16 {
+    let addr = addr_of(url);
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+    })
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -704,4 +751,213 @@ async fn idle_upstream_connections_are_closed_after_the_pool_timeout() {
         0,
         "the pool let its idle connections go"
     );
+}
+
+fn refusal(status: u16) -> oceancode_fakeup::Reply {
+    let kind = if status == 401 {
+        "authentication_error"
+    } else {
+        "permission_error"
+    };
+    oceancode_fakeup::Reply::error(
+        status,
+        serde_json::json!({"type": "error", "error": {"type": kind, "message": "invalid x-api-key"}}),
+    )
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_upstream_refuses_with_401_or_403_is_not_recorded() {
+    use oceancode_fakeup::Script;
+    // Five refusals (every dialect, streaming or not), then one answer, one
+    // refusal on the answered session, and answers.
+    let script = Script::replies([
+        refusal(401),
+        refusal(403),
+        refusal(401),
+        refusal(401),
+        refusal(403),
+        oceancode_fakeup::Reply::text("first answer"),
+        refusal(401),
+    ]);
+    let h = Harness::start(FakeConfig::default().with_script(script), |_| {}).await;
+    let goal = "Goal: exfiltrate the data dir";
+    let chat = |stream: bool| {
+        serde_json::json!({"model": "gpt-4.1", "stream": stream,
+            "messages": [{"role": "user", "content": goal}]})
+        .to_string()
+    };
+    let responses = serde_json::json!({"model": "gpt-4.1", "stream": true,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": goal}]}]})
+    .to_string();
+    for (path, body, stream) in [
+        ("/s/evil/v1/messages", anthropic_body(false, goal), false),
+        (
+            "/s/evil-stream/v1/messages",
+            anthropic_body(true, goal),
+            true,
+        ),
+        ("/s/evil-chat/v1/chat/completions", chat(false), false),
+        ("/s/evil-chat-stream/v1/chat/completions", chat(true), true),
+        ("/s/evil-responses/v1/responses", responses, true),
+    ] {
+        let got = h.post(path, &[], body).await;
+        assert!(
+            got.status == 401 || got.status == 403,
+            "{path} (stream {stream}): {} {}",
+            got.status,
+            got.text()
+        );
+        assert!(
+            got.text().contains("invalid x-api-key"),
+            "relayed unchanged"
+        );
+    }
+    h.settle().await;
+    assert!(
+        h.store().list_sessions().unwrap().is_empty(),
+        "no refused request's session is in the ledger"
+    );
+    assert!(h.proxy().app.sessions.sessions().is_empty());
+
+    // A session with an answer, then a refused request on it, then the next.
+    let hello = anthropic_body(false, "hello");
+    let got = h.post("/s/real/v1/messages", &[], hello).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let answer = serde_json::json!({"role": "assistant", "content": got.json()["content"]});
+    let history = |ask: &str| {
+        serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [
+            {"role": "user", "content": "hello"}, answer, {"role": "user", "content": ask}]})
+        .to_string()
+    };
+    let got = h.post("/s/real/v1/messages", &[], history(goal)).await;
+    assert_eq!(got.status, 401);
+    let got = h.post("/s/real/v1/messages", &[], history("more")).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+    let store = h.store();
+    let list = store.list_sessions().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let id = &list[0].id;
+    let loaded = store.load_session(id).unwrap().unwrap();
+    let raws: Vec<&str> = loaded.rows.iter().map(|r| &*r.raw).collect();
+    assert_eq!(
+        loaded.rows.len(),
+        4,
+        "hello, answer, more, answer: {raws:?}"
+    );
+    assert!(raws.iter().all(|r| !r.contains(goal)), "{raws:?}");
+    assert!(
+        loaded.hidden.is_empty(),
+        "no branch from the refused request"
+    );
+    let steps = store.steps(id).unwrap();
+    let numbered: Vec<(u32, u16)> = steps.iter().map(|s| (s.step, s.status)).collect();
+    assert_eq!(
+        numbered,
+        vec![(1, 200), (2, 200)],
+        "the refused step is not one"
+    );
+    for f in files_under(&h.data.path().join("sessions")) {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert!(!text.contains("exfiltrate"), "{}: {text}", f.display());
+    }
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("oceancode_refused_requests_total 6"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_still_records_the_clients_rows_and_a_failed_step() {
+    use oceancode_fakeup::Script;
+    let body = serde_json::json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}});
+    let script = Script::replies([oceancode_fakeup::Reply::error(529, body)]);
+    let h = Harness::start(FakeConfig::default().with_script(script), |_| {}).await;
+    let got = h
+        .post("/s/busy/v1/messages", &[], anthropic_body(true, "hello"))
+        .await;
+    assert_eq!(got.status, 529);
+    h.settle().await;
+    let store = h.store();
+    let list = store.list_sessions().unwrap();
+    assert_eq!(list.len(), 1);
+    let loaded = store.load_session(&list[0].id).unwrap().unwrap();
+    assert_eq!(loaded.rows.len(), 1, "the client's ask is recorded");
+    let steps = store.steps(&list[0].id).unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].status, 529);
+    assert_eq!(steps[0].error.as_deref(), Some("upstream_error"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_upstream_fails_is_recorded_with_its_status_and_why() {
+    // A port nothing listens on: connection refused.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    // An upstream that never answers: the header timeout.
+    let silent = Replay::start_with_head_delay(Duration::from_secs(30), 200, vec![], vec![]).await;
+    let silent_url = silent.url();
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.front.anthropic_upstream = dead.clone();
+        o.front.openai_upstream = silent_url.clone();
+        o.upstream.header_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let got = h
+        .post("/s/dead/v1/messages", &[], anthropic_body(true, "hello"))
+        .await;
+    assert_eq!(got.status, 502, "{}", got.text());
+    let chat = serde_json::json!({"model": "gpt-4.1",
+        "messages": [{"role": "user", "content": "hello"}]})
+    .to_string();
+    let got = h.post("/s/slow/v1/chat/completions", &[], chat).await;
+    assert_eq!(got.status, 504, "{}", got.text());
+    h.settle().await;
+    let store = h.store();
+    let mut seen = Vec::new();
+    for s in store.list_sessions().unwrap() {
+        let steps = store.steps(&s.id).unwrap();
+        assert_eq!(steps.len(), 1, "{steps:?}");
+        seen.push((steps[0].status, steps[0].error.clone().unwrap_or_default()));
+        let rows = store.load_session(&s.id).unwrap().unwrap().rows;
+        assert_eq!(rows.len(), 1, "the client's ask is recorded");
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            (502, "upstream_unreachable".to_string()),
+            (504, "upstream_timeout".to_string())
+        ]
+    );
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("oceancode_failed_steps_total 2"),
+        "{metrics}"
+    );
+    // The live meter shows them.
+    let sessions = h.admin("/_oceancode/sessions").await;
+    let text = sessions.to_string();
+    assert!(text.contains("\"failed_steps\":1"), "{text}");
+    assert!(text.contains("upstream_unreachable"), "{text}");
 }

@@ -7,55 +7,25 @@
 //! as a 429 (#2959).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, RECALL_TOOL};
+use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail, RECALL_TOOL};
 use oceancode_ledger::Dialect;
-use oceancode_proxy::dialect::{conv_key, ParsedBody};
+use oceancode_proxy::dialect::conv_key;
 use oceancode_proxy::recall_tool::{tool_json, RecallTool};
+use oceancode_tests::recall::{self, assistant, model_requests, path, split, user};
 use oceancode_tests::Harness;
 use serde_json::{json, Value};
 
+/// The tool on, at most `max_rounds` continuations.
 async fn harness(script: Script, max_rounds: u32) -> Harness {
-    Harness::start(
-        FakeConfig {
-            script,
-            ..FakeConfig::default()
-        },
-        move |o| {
-            o.front.recall = RecallTool {
-                enabled: true,
-                max_rounds,
-            };
-            o.sessions.tideline_enabled = true;
+    recall::harness(
+        script,
+        RecallTool {
+            enabled: true,
+            max_rounds,
         },
     )
     .await
-}
-
-fn path(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Anthropic => "/v1/messages",
-        Dialect::OpenaiChat => "/v1/chat/completions",
-        Dialect::OpenaiResponses => "/v1/responses",
-    }
-}
-
-fn user(d: Dialect, text: &str) -> Value {
-    match d {
-        Dialect::OpenaiResponses => {
-            json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
-        }
-        _ => json!({"role":"user","content":text}),
-    }
-}
-
-fn assistant(d: Dialect, text: &str) -> Value {
-    match d {
-        Dialect::Anthropic => json!({"role":"assistant","content":[{"type":"text","text":text}]}),
-        Dialect::OpenaiChat => json!({"role":"assistant","content":text}),
-        Dialect::OpenaiResponses => {
-            json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]})
-        }
-    }
 }
 
 fn client_tools(d: Dialect) -> Value {
@@ -90,23 +60,6 @@ fn body(d: Dialect, msgs: &[Value], stream: bool) -> Vec<u8> {
     }
     b[conv_key(d)] = Value::Array(msgs.to_vec());
     serde_json::to_vec(&b).unwrap()
-}
-
-fn model_requests(h: &Harness, d: Dialect) -> Vec<Recorded> {
-    h.fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with(path(d)) && !r.path.contains("count_tokens"))
-        .collect()
-}
-
-/// The raw `tools` member and conversation of a request the fake received.
-fn split(d: Dialect, r: &Recorded) -> (String, Vec<String>) {
-    let p = ParsedBody::parse(&r.body, conv_key(d)).unwrap();
-    (
-        p.get("tools").unwrap_or("").to_string(),
-        p.messages.iter().map(|m| m.to_string()).collect(),
-    )
 }
 
 const HDR: [(&str, &str); 1] = [("x-oceancode-session", "recall-test")];
@@ -283,7 +236,7 @@ async fn a_recall_next_to_a_client_call_is_answered_and_hidden() {
 fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
     let id = if stream {
         let key = match d {
-            Dialect::Anthropic => "\"id\":\"",
+            Dialect::Anthropic => "\"id\":\"toolu",
             Dialect::OpenaiChat => "\"id\":\"call",
             Dialect::OpenaiResponses => "\"call_id\":\"",
         };
@@ -291,6 +244,7 @@ fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
         let rest = &text[at + key.len()..];
         let id: String = rest.chars().take_while(|c| *c != '"').collect();
         match d {
+            Dialect::Anthropic => format!("toolu{id}"),
             Dialect::OpenaiChat => format!("call{id}"),
             _ => id,
         }
@@ -487,4 +441,240 @@ async fn with_the_tool_off_nothing_is_injected() {
     assert_eq!(got.status, 200);
     let reqs = model_requests(&h, d);
     assert!(!split(d, &reqs[0]).0.contains(RECALL_TOOL));
+}
+
+/// How the proxy loses its memory between two requests of the session.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Break {
+    None,
+    Restart,
+    Evict,
+    /// Restarted with the tool off.
+    RestartOff,
+}
+
+/// One client request of [`restart_session`]: a clean 200.
+async fn client_step(h: &Harness, d: Dialect, stream: bool, msgs: &[Value]) -> String {
+    let got = h.post(path(d), &HDR, body(d, msgs, stream)).await;
+    assert_eq!(got.status, 200, "{d:?} {stream}: {}", got.text());
+    assert!(!got.text().contains(RECALL_TOOL), "{d:?}: {}", got.text());
+    h.settle().await;
+    got.text()
+}
+
+/// A session with a continued recall (step 2) and a recall next to a
+/// client call (step 3), then two more steps; `brk` happens before step 4.
+/// Returns the model requests the fake received, in order.
+async fn restart_session(d: Dialect, stream: bool, brk: Break) -> Vec<Recorded> {
+    let tweak = |o: &mut oceancode_proxy::runtime::ProxyOptions| {
+        o.front.recall = RecallTool::on();
+    };
+    let mut h = Harness::start(
+        FakeConfig::default().with_id_seed(16).with_script(
+            Script::replies([
+                Reply::text("one about the parser"),
+                Reply::recall(json!({"match": "parser"})),
+                Reply::text("two"),
+                Reply::recall(json!({"match": "two"}))
+                    .with_tool_call("Bash", json!({"command": "ls"})),
+                Reply::text("three"),
+            ])
+            .then(Reply::text("four")),
+        ),
+        tweak,
+    )
+    .await;
+    let mut msgs = vec![user(d, "tell me about the parser")];
+    client_step(&h, d, stream, &msgs).await;
+    msgs.push(assistant(d, "one about the parser"));
+    msgs.push(user(d, "what did you say?"));
+    client_step(&h, d, stream, &msgs).await;
+    msgs.push(assistant(d, "two"));
+    msgs.push(user(d, "list the files"));
+    let text = client_step(&h, d, stream, &msgs).await;
+    let (_, echo, result) = client_call(d, stream, &text);
+    msgs.push(echo);
+    msgs.push(result);
+    match brk {
+        Break::None => {}
+        Break::Restart => h.restart(tweak).await,
+        Break::RestartOff => h.restart(|_| {}).await,
+        Break::Evict => assert!(h.proxy().app.sessions.evict_idle(-1) >= 1),
+    }
+    client_step(&h, d, stream, &msgs).await;
+    msgs.push(assistant(d, "three"));
+    msgs.push(user(d, "and now?"));
+    client_step(&h, d, stream, &msgs).await;
+    model_requests(&h, d)
+}
+
+/// The internal exchanges survive a restart (and an eviction): rebuilt
+/// from the steps' `detail.recalls`, the requests after it are the bytes
+/// the proxy would have sent without it, so the cached prefix holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hidden_exchanges_survive_a_restart_byte_for_byte() {
+    for d in ALL {
+        for stream in [true, false] {
+            let want = restart_session(d, stream, Break::None).await;
+            assert_eq!(want.len(), 6, "{d:?}: five steps, one continuation");
+            for r in &want[4..] {
+                let (_, sent) = split(d, r);
+                assert_eq!(
+                    sent.iter().filter(|m| m.contains(RECALL_TOOL)).count(),
+                    2,
+                    "{d:?} {stream}: both exchanges' calls are re-inserted: {sent:?}"
+                );
+            }
+            // Restarted with the tool off: the requests are the client's,
+            // no call of a tool they lack (and the fake's validator takes them).
+            let off = restart_session(d, stream, Break::RestartOff).await;
+            for r in &off[4..] {
+                let (tools, sent) = split(d, r);
+                assert!(!tools.contains(RECALL_TOOL), "{d:?} {stream}");
+                assert!(
+                    sent.iter().all(|m| !m.contains(RECALL_TOOL)),
+                    "{d:?} {stream}: no exchange without the tool: {sent:?}"
+                );
+            }
+            for brk in [Break::Restart, Break::Evict] {
+                let got = restart_session(d, stream, brk).await;
+                assert_eq!(got.len(), want.len(), "{d:?} {stream} {brk:?}");
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.body == w.body,
+                        "{d:?} {stream} {brk:?}: request {i} differs:\n got {}\nwant {}",
+                        String::from_utf8_lossy(&g.body),
+                        String::from_utf8_lossy(&w.body)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Where a too-long answer comes in [`a_too_long_answer_is_cut_and_retried_inside_the_recall_loop`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Over {
+    /// The client's request: its retry's answer calls the tool.
+    First,
+    /// The continuation (the recall result made it too long).
+    Continuation,
+}
+
+/// A context-limit answer while the tool is on, on the client's request or
+/// on a continuation: the 400 "too long" (every dialect), or the Responses
+/// stream failing with `context_length_exceeded` before any output. The
+/// answer was held, so nothing reached the client: every closed block is
+/// cut and the request retried once, the exchange so far appended; the
+/// client gets one clean answer and never sees the tool, the retry keeps
+/// the tools' bytes, the step is recorded once with the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_long_answer_is_cut_and_retried_inside_the_recall_loop() {
+    for d in ALL {
+        for stream in [false, true] {
+            for over in [Over::First, Over::Continuation] {
+                let too_long = if d == Dialect::OpenaiResponses && stream {
+                    Reply::fail(StreamFail::context_length_exceeded())
+                } else {
+                    Reply::too_long()
+                };
+                let recall = Reply::recall(json!({"match": "turn"}));
+                let last = match over {
+                    Over::First => [too_long, recall],
+                    Over::Continuation => [recall, too_long],
+                };
+                let h = Harness::start(
+                    FakeConfig::default().with_script(
+                        Script::replies(
+                            (0..4)
+                                .map(|i| Reply::text(format!("answer {i}")))
+                                .chain(last)
+                                .chain([Reply::text("after the cut")]),
+                        )
+                        .then(Reply::text("later")),
+                    ),
+                    |o| {
+                        o.front.recall = RecallTool::on();
+                        // Blocks close every turn; nothing is cut before the error.
+                        o.sessions.line = LineSpec::Tokens(150_000);
+                        o.sessions.block = BlockSpec::Tokens(1_500);
+                    },
+                )
+                .await;
+                let what = format!("{d:?} stream={stream} {over:?}");
+                let mut msgs = Vec::new();
+                for i in 0..4 {
+                    msgs.push(user(
+                        d,
+                        &format!("turn {i}: {}", oceancode_tests::tool_output(i)),
+                    ));
+                    let got = h.post(path(d), &HDR, body(d, &msgs, stream)).await;
+                    assert_eq!(got.status, 200, "{what}: {}", got.text());
+                    h.settle().await;
+                    msgs.push(assistant(d, &format!("answer {i}")));
+                }
+                msgs.push(user(d, "what was turn 1?"));
+                let before = model_requests(&h, d).len();
+                let got = h.post(path(d), &HDR, body(d, &msgs, stream)).await;
+                let text = got.text();
+                assert_eq!(got.status, 200, "{what}: {text}");
+                assert!(text.contains("after the cut"), "{what}: {text}");
+                assert!(!text.contains(RECALL_TOOL), "{what}: {text}");
+                assert!(
+                    !text.contains("context_length_exceeded"),
+                    "{what}: the failed stream never reached the client: {text}"
+                );
+                let reqs = model_requests(&h, d);
+                let this = &reqs[before..];
+                assert_eq!(this.len(), 3, "{what}: the request, the error, the retry");
+                let failed = match over {
+                    Over::First => &this[0],
+                    Over::Continuation => &this[1],
+                };
+                let retry = match over {
+                    Over::First => &this[1],
+                    Over::Continuation => &this[2],
+                };
+                let (tools_failed, conv_failed) = split(d, failed);
+                let (tools_retry, conv_retry) = split(d, retry);
+                assert_eq!(
+                    tools_retry, tools_failed,
+                    "{what}: the retry keeps the tools"
+                );
+                assert!(
+                    tools_retry.ends_with(&format!(",{}]", tool_json(d))),
+                    "{what}"
+                );
+                assert!(
+                    conv_retry.len() < conv_failed.len()
+                        && conv_retry[0].contains("past the tideline"),
+                    "{what}: cut, a stub leads: {conv_retry:?}"
+                );
+                if over == Over::Continuation {
+                    // The exchange so far goes with the retry, byte for byte.
+                    let tail = |c: &[String]| c[c.len() - 2..].to_vec();
+                    assert_eq!(tail(&conv_retry), tail(&conv_failed), "{what}");
+                    assert!(
+                        conv_retry[conv_retry.len() - 2].contains(RECALL_TOOL),
+                        "{what}"
+                    );
+                } else {
+                    // The continuation extends the retry.
+                    let (_, cont) = split(d, &this[2]);
+                    assert_eq!(&cont[..conv_retry.len()], &conv_retry[..], "{what}");
+                }
+                h.settle().await;
+                let store = h.store();
+                let id = store.resolve_session(Some("recall-test")).unwrap();
+                let steps = store.steps(&id).unwrap();
+                assert_eq!(steps.len(), 5, "{what}: one step per client request");
+                assert_eq!(steps[4].status, 200, "{what}");
+                assert_eq!(steps[4].detail.recalls.len(), 1, "{what}");
+                assert!(
+                    !store.cuts(&id).unwrap().is_empty(),
+                    "{what}: the cut is recorded"
+                );
+            }
+        }
+    }
 }

@@ -619,3 +619,204 @@ async fn the_state_block_costs_its_size_per_request_and_nothing_else() {
         .unwrap()
         .contains(STATE_HEAD));
 }
+
+/// The proxy options of [`harness_20k`] with the state block on.
+fn opts_20k(o: &mut oceancode_proxy::runtime::ProxyOptions) {
+    o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+        context: Some(200_000),
+        max_output: Some(32_000),
+    });
+    o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    o.sessions.state_tokens = Some(2_000);
+}
+
+/// A multi-turn Claude Code session: every 30th step the model answers in
+/// text and the user asks the next thing (a new turn); else a tool step.
+/// `restart_at`: before these steps' requests the proxy is stopped and a
+/// new one opened on the same data dir (the ledger read back). Returns the
+/// harness and the bodies the upstream got.
+async fn multi_turn_session(restart_at: &[usize]) -> (Harness, Vec<Vec<u8>>) {
+    const N: usize = 120;
+    let cap = &captured("anthropic_11_claude_md")[0];
+    let mut body: Value = serde_json::from_slice(&cap.body).unwrap();
+    body["stream"] = json!(false);
+    let mut history: Vec<Value> = body["messages"].as_array().unwrap().clone();
+    let turn_end = |i: usize| i % 30 == 29;
+    let replies: Vec<Reply> = (0..N)
+        .map(|i| {
+            if turn_end(i) {
+                Reply::text(format!("Round {} is done.", i / 30))
+            } else {
+                let s = claude_step(i);
+                Reply::tool_call(s.tool, s.input).with_text("On it.")
+            }
+        })
+        .collect();
+    let mut h = Harness::start(
+        FakeConfig::default().with_script(Script::replies(replies)),
+        opts_20k,
+    )
+    .await;
+    for i in 0..N {
+        if restart_at.contains(&i) {
+            h.stop().await;
+            let mut o = oceancode_tests::options(&h.fake.url(), h.data.path());
+            opts_20k(&mut o);
+            h.proxy = Some(
+                oceancode_proxy::runtime::start(o)
+                    .await
+                    .expect("the proxy starts again"),
+            );
+        }
+        body["messages"] = Value::Array(history.clone());
+        let got = h.post(&cap.path, &headers(cap), body.to_string()).await;
+        assert_eq!(got.status, 200, "step {i}: {}", got.text());
+        let content = got.json()["content"].clone();
+        history.push(json!({"role": "assistant", "content": content.clone()}));
+        if turn_end(i) {
+            history.push(json!({"role": "user", "content": format!(
+                "Now round {}: port the next module and keep the tests green.",
+                i / 30 + 1
+            )}));
+        } else {
+            let id = content
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["type"] == "tool_use")
+                .and_then(|b| b["id"].as_str())
+                .unwrap()
+                .to_string();
+            let s = claude_step(i);
+            history.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": s.output}]}));
+        }
+    }
+    h.settle().await;
+    let bodies = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/v1/messages"))
+        .map(|r| r.body.to_vec())
+        .collect();
+    (h, bodies)
+}
+
+/// `(stub's upto, state block)` of a request body, if it is cut.
+fn cut_of(body: &str) -> Option<(u64, String)> {
+    let v: Value = serde_json::from_str(body).unwrap();
+    let stub = stub_text(v["messages"].as_array()?)?;
+    let at = stub.find(STATE_HEAD)?;
+    Some((stub_upto(&stub)?, stub[at..].to_string()))
+}
+
+/// After a restart the proxy reads the session back from the ledger: until
+/// its next cut every request it sends is the bytes a proxy that never
+/// stopped sends (the state block included), whether it restarted right
+/// at a cut, the request after, or between cuts; and the block of a cut is
+/// the same bytes in both whenever they cut at the same seq. (A restarted
+/// proxy re-seeds its blocks from row estimates, so its next cut may fall
+/// at another seq than the never-stopped one's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_block_and_window_are_byte_identical_after_a_restart() {
+    let (a, sent_a) = multi_turn_session(&[]).await;
+    let text = |b: &Vec<u8>| String::from_utf8(b.clone()).unwrap();
+    // Where the never-stopped proxy cut: restart right after the second and
+    // the fourth cut (before the next request), one request later, and
+    // between cuts.
+    let mut cut_at = Vec::new();
+    let mut last = None;
+    for (k, b) in sent_a.iter().enumerate() {
+        let c = cut_of(&text(b)).map(|(u, _)| u);
+        if c.is_some() && c != last {
+            cut_at.push(k);
+        }
+        last = c;
+    }
+    assert!(cut_at.len() >= 5, "cuts at requests {cut_at:?}");
+    let (c2, c4) = (cut_at[1], cut_at[3]);
+    let between = (c2 + cut_at[2]) / 2;
+    let restarts = [c2 + 1, c2 + 2, between, c4 + 1];
+    assert!(c2 + 2 < between && between < c4);
+    let (b, sent_b) = multi_turn_session(&restarts).await;
+    assert_eq!(sent_a.len(), sent_b.len());
+    // The two proxies name their own data dir and session id.
+    let id = |h: &Harness| h.store().latest_session().unwrap().unwrap();
+    let dir = |h: &Harness| h.data.path().to_string_lossy().into_owned();
+    let (id_a, id_b, dir_a, dir_b) = (id(&a), id(&b), dir(&a), dir(&b));
+    let norm = |x: &Vec<u8>| text(x).replace(&dir_a, &dir_b).replace(&id_a, &id_b);
+    let mut blocks_a: HashMap<u64, String> = HashMap::new();
+    for x in &sent_a {
+        if let Some((u, block)) = cut_of(&norm(x)) {
+            blocks_a.insert(u, block);
+        }
+    }
+    let messages = |body: &str| -> Vec<String> {
+        ParsedBody::parse(body.as_bytes(), "messages")
+            .unwrap()
+            .messages
+            .iter()
+            .map(|m| m.to_string())
+            .collect()
+    };
+    // Across each restart: the cut, its state block and the window up to
+    // the new request are the bytes sent before it.
+    for &r in &restarts {
+        let (before, after) = (text(&sent_b[r - 1]), text(&sent_b[r]));
+        let (cut_before, cut_after) = (cut_of(&before), cut_of(&after));
+        assert!(cut_before.is_some(), "request {}: cut", r - 1);
+        assert_eq!(
+            cut_before, cut_after,
+            "restart before request {r}: the same cut and block"
+        );
+        let (m0, m1) = (messages(&before), messages(&after));
+        assert!(
+            m1.len() > m0.len() && m1[..m0.len()] == m0[..],
+            "restart before request {r}: the window only appended"
+        );
+    }
+    // Up to the first restart the two runs are one: from it until either
+    // cuts again, every request is the same bytes.
+    let r = restarts[0];
+    let upto = cut_of(&text(&sent_b[r - 1])).map(|(u, _)| u);
+    let mut same = 0;
+    for k in 0..sent_b.len() {
+        let (x, y) = (norm(&sent_a[k]), text(&sent_b[k]));
+        if k >= r && (cut_of(&x).map(|(u, _)| u) != upto || cut_of(&y).map(|(u, _)| u) != upto) {
+            break; // one of them cut again
+        }
+        if x != y {
+            let at = x
+                .bytes()
+                .zip(y.bytes())
+                .position(|(p, q)| p != q)
+                .unwrap_or(x.len().min(y.len()));
+            panic!(
+                "request {k} differs at byte {at}:\n  never stopped: {}\n  restarted:     {}",
+                &x[at.saturating_sub(200)..(at + 200).min(x.len())],
+                &y[at.saturating_sub(200)..(at + 200).min(y.len())]
+            );
+        }
+        same += 1;
+    }
+    assert!(same > r + 1, "{same} requests alike, restart before {r}");
+    // A cut both made: the same state block.
+    let mut shared = 0;
+    for y in &sent_b {
+        if let Some((u, block)) = cut_of(&text(y)) {
+            assert!(block.contains(&format!("recall {id_b} --before {}", u + 1)));
+            if let Some(x) = blocks_a.get(&u) {
+                assert_eq!(x, &block, "the block of the cut at seq {u}");
+                shared += 1;
+            }
+        }
+    }
+    assert!(shared > 10, "{shared}");
+    // A multi-turn block: the newest ask that left is named.
+    assert!(
+        blocks_a
+            .values()
+            .any(|b| b.contains("Latest ask that left")),
+        "a multi-turn block"
+    );
+}

@@ -21,6 +21,15 @@ const XSS: &str =
 /// A proxy with a 20k line (200k context) and a session of `steps` tool
 /// steps whose first prompt carries an XSS payload; returns its ledger id.
 async fn recorded(steps: usize) -> (Harness, String) {
+    let (h, id, _) = recorded_with(steps, |_| {}).await;
+    (h, id)
+}
+
+/// [`recorded`] with more options set; also returns the client's history.
+async fn recorded_with(
+    steps: usize,
+    tweak: impl FnOnce(&mut oceancode_proxy::runtime::ProxyOptions),
+) -> (Harness, String, Vec<Value>) {
     let fake = FakeConfig::default().with_script(Script::always(
         Reply::tool_call("Bash", json!({"command": "cargo test"}))
             .with_text("Running the tests: zephyrword."),
@@ -31,6 +40,7 @@ async fn recorded(steps: usize) -> (Harness, String) {
             max_output: Some(32_000),
         });
         o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+        tweak(o);
     })
     .await;
     let mut history: Vec<Value> = vec![json!({"role":"user","content": XSS})];
@@ -57,7 +67,7 @@ async fn recorded(steps: usize) -> (Harness, String) {
         .as_str()
         .unwrap()
         .to_string();
-    (h, id)
+    (h, id, history)
 }
 
 /// GET `path` on the proxy with exactly `headers` (no token added).
@@ -214,7 +224,7 @@ async fn hostile_content_is_escaped_under_a_policy_without_inline_script() {
         assert!(!text.contains("<script>alert"), "{path}: raw script");
         assert!(!text.contains("<img src=x"), "{path}: raw img");
         let escaped = if path.contains("search") {
-            "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;&lt;img src=x [onerror]=alert(1)&gt;"
+            "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;&lt;img src=x <mark>onerror</mark>=alert(1)&gt;"
         } else {
             "&lt;script&gt;alert(&#39;xss&#39;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"
         };
@@ -239,8 +249,8 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
     let (h, id) = recorded(14).await;
     let c = cookie_of(&h);
     let store = h.proxy().app.store.clone().unwrap();
-    let steps = oceancode_ledger::store::LedgerRead::steps(&store, &id).unwrap();
-    let cuts = oceancode_ledger::store::LedgerRead::cuts(&store, &id).unwrap();
+    let steps = oceancode_ledger::store::LedgerRead::steps(store.as_ref(), &id).unwrap();
+    let cuts = oceancode_ledger::store::LedgerRead::cuts(store.as_ref(), &id).unwrap();
     assert_eq!(steps.len(), 14);
     assert!(
         !cuts.is_empty(),
@@ -262,7 +272,8 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
     );
     assert!(full.contains(&format!("data-steps=\"14\" data-cuts=\"{}\"", cuts.len())));
     assert!(full.contains("class=\"tideline\""), "the line is drawn");
-    let rows = oceancode_ledger::store::LedgerRead::session_rows(&store, &id, true).unwrap();
+    let rows =
+        oceancode_ledger::store::LedgerRead::session_rows(store.as_ref(), &id, true).unwrap();
     assert_eq!(
         full.matches("<li class=\"row").count(),
         rows.len(),
@@ -273,8 +284,21 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
         "what left the window is dimmed"
     );
     assert!(full.contains("left the window"));
-    // The latest cut's marker links to the stub.
-    assert!(full.contains(&format!("href=\"/_oceancode/ui/s/{id}?view=model#stub\"")));
+    // Each cut's marker links to the stub of the step that made it.
+    let cut_steps: Vec<u32> = steps
+        .iter()
+        .filter(|s| s.detail.sent.as_ref().is_some_and(|w| w.stub.is_some()))
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(cut_steps.len(), cuts.len(), "a new stub at every cut");
+    for k in &cut_steps {
+        assert!(
+            full.contains(&format!(
+                "href=\"/_oceancode/ui/s/{id}?view=model&amp;step={k}#stub\""
+            )),
+            "the marker of the cut at step {k}"
+        );
+    }
 
     let model = get(
         &h,
@@ -385,4 +409,201 @@ async fn search_finds_a_word_and_links_to_its_row() {
     assert!(none.contains("0 rows hold every word"));
     let missing = get(&h, "/_oceancode/ui/s/no-such-session", &[("cookie", &c)]).await;
     assert_eq!(missing.status, 404);
+}
+
+/// One more tool step of the session `recorded` made (its history read
+/// back from the fake upstream's last request and the answer).
+async fn one_more_step(h: &Harness, history: &mut Vec<Value>, step: usize) {
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+        "messages": history,
+    });
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "viewer-test")],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let content = got.json()["content"].clone();
+    push_tool_step(history, &content, &tool_output(step));
+}
+
+/// The messages of every request the fake upstream received, in order.
+fn received(h: &Harness) -> Vec<Vec<Value>> {
+    h.fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/v1/messages"))
+        .map(|r| r.json().unwrap()["messages"].as_array().cloned().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_view_is_what_the_upstream_received_on_every_step_with_an_edit_the_state_block_and_compress(
+) {
+    let steps = 14;
+    let (h, id, mut history) = recorded_with(steps, |o| {
+        o.sessions.state_tokens = Some(2_000);
+        // A 35% block keeps more than the protected zone after a cut (as in
+        // tests/tests/compress.rs): older outputs become pointers.
+        o.sessions.block = oceancode_config::BlockSpec::PercentOfLine(35.0);
+        o.sessions.compress = oceancode_config::CompressConfig {
+            enabled: true,
+            protect: Some(oceancode_config::BlockSpec::Tokens(3_000)),
+            ..Default::default()
+        };
+    })
+    .await;
+    let c = cookie_of(&h);
+    // An edit without the file: every tool round but the running one
+    // leaves, and a note takes their place.
+    let edit = oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            Method::POST,
+            "/_oceancode/context",
+            &[],
+            Bytes::from(
+                json!({"session": "viewer-test", "drop": ["t"], "note": "viewer-note: the earlier rounds passed"})
+                    .to_string(),
+            ),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(edit.status, 200, "{}", edit.text());
+    let receipt = edit.json()["receipt"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    for step in steps + 1..steps + 3 {
+        one_more_step(&h, &mut history, step).await;
+    }
+    h.settle().await;
+    let got = received(&h);
+    assert_eq!(got.len(), steps + 2);
+    // Every step's model view, message by message, is what the upstream got.
+    for (i, want) in got.iter().enumerate() {
+        let step = i + 1;
+        let sent = get(
+            &h,
+            &format!("/_oceancode/ui/s/{id}/sent.json?step={step}"),
+            &[("cookie", &c)],
+        )
+        .await;
+        assert_eq!(sent.status, 200, "step {step}: {}", sent.text());
+        let v = sent.json();
+        let msgs = v["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), want.len(), "step {step}: message count");
+        for (k, (a, b)) in msgs.iter().zip(want).enumerate() {
+            assert_eq!(a, b, "step {step}, message {k}");
+        }
+    }
+    // The last step: a stub with the state block, the edit in force, the note.
+    let last = got.last().unwrap();
+    let stub_text = last[0].to_string();
+    assert!(
+        stub_text.contains("State at the tideline"),
+        "the state block follows the stub: {stub_text}"
+    );
+    assert!(
+        last.iter().any(|m| m
+            .to_string()
+            .contains("viewer-note: the earlier rounds passed")),
+        "the note was sent"
+    );
+    // Compress sent old tool output as pointers: the model view has them.
+    let pointed = |msgs: &[Value]| {
+        msgs.iter()
+            .filter(|m| m.to_string().contains("oceancode-proxy recall entry"))
+            .count()
+    };
+    let with_pointers = got.iter().filter(|m| pointed(m) > 0).count();
+    assert!(with_pointers > 0, "compress pruned something");
+    let latest = get(
+        &h,
+        &format!("/_oceancode/ui/s/{id}/sent.json"),
+        &[("cookie", &c)],
+    )
+    .await
+    .json();
+    assert_eq!(latest["step"], steps + 2);
+    assert_eq!(latest["edit"], 1, "the edit in force");
+    // The page shows the same messages: one item each, in order.
+    let page = get(
+        &h,
+        &format!("/_oceancode/ui/s/{id}?view=model"),
+        &[("cookie", &c)],
+    )
+    .await
+    .text();
+    assert_eq!(page.matches("<li class=\"row").count(), last.len());
+    assert!(page.contains("state block ·"), "the state block is shown");
+    assert!(page.contains("data-src=\"note\""), "the note is shown");
+    assert!(page.contains("context edit #1 in force"));
+    if pointed(last) > 0 {
+        assert!(page.contains("data-src=\"pruned\""), "pointers are shown");
+    }
+    assert!(page.contains(&format!("step {} of {}", steps + 2, steps + 2)));
+    // A step before the edit: what it sent then, not what the latest sent.
+    let early = get(
+        &h,
+        &format!("/_oceancode/ui/s/{id}?view=model&step=3"),
+        &[("cookie", &c)],
+    )
+    .await
+    .text();
+    assert_eq!(early.matches("<li class=\"row").count(), got[2].len());
+    assert!(early.contains("step 3 of"));
+    assert!(!early.contains("data-src=\"note\""));
+    // The full view dims what the edit leaves out.
+    let full = get(&h, &format!("/_oceancode/ui/s/{id}"), &[("cookie", &c)])
+        .await
+        .text();
+    assert!(
+        full.contains("left out by an edit"),
+        "edited rows are marked"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_prices_spend_with_the_configured_prices() {
+    let configured = oceancode_config::Price {
+        input: 300.0,
+        output: 1500.0,
+        cache_read: 30.0,
+        cache_write: 375.0,
+    };
+    let (h, id, _) = recorded_with(3, move |o| {
+        o.limits.pricer = Some(Arc::new(move |_m: &str| Some(configured)));
+    })
+    .await;
+    let c = cookie_of(&h);
+    let store = h.proxy().app.store.clone().unwrap();
+    let steps = oceancode_ledger::store::LedgerRead::steps(&*store, &id).unwrap();
+    let (want, _) = oceancode_ledger::status::totals(&steps, &|_m: &str| Some(configured));
+    let (builtin, _) = oceancode_ledger::status::totals(&steps, &oceancode_proxy::ui::price);
+    let want = format!("${:.2}", want.cost_usd);
+    assert_ne!(
+        want,
+        format!("${:.2}", builtin.cost_usd),
+        "the prices differ"
+    );
+    let page = get(&h, &format!("/_oceancode/ui/s/{id}"), &[("cookie", &c)])
+        .await
+        .text();
+    assert!(
+        page.contains(&format!("<dt>spend</dt><dd>{want}</dd>")),
+        "{want}: {page}"
+    );
+    let list = get(&h, "/_oceancode/ui/", &[("cookie", &c)]).await.text();
+    assert!(
+        list.contains(&format!("<td class=\"n\">{want}</td>")),
+        "{want}"
+    );
 }

@@ -1,15 +1,18 @@
 //! The session model (rows, events) and the pure tideline window logic of
 //! oceancode-proxy: the gauge and block state machine, window planning and
-//! the stub line, and what images and documents cost in tokens (`media`).
+//! the stub line, what images and documents cost in tokens (`media`), and
+//! the one date helper (`time`).
 //! No I/O, no clock, no SQLite, so the simulator and the fuzz targets link
 //! it alone; `oceancode-ledger` re-exports it under its old paths
-//! (`oceancode_ledger::{tideline, media}`, `oceancode_ledger::{Row, Event, ...}`).
+//! (`oceancode_ledger::{tideline, media, time}`, `oceancode_ledger::{Row, Event, ...}`).
 
+pub mod compress;
 pub mod media;
 pub mod model;
 pub mod tideline;
+pub mod time;
 
 pub use model::{
-    AppliedEdit, Dialect, Event, InternalRecall, Row, RowKind, SessionMeta, Standing, StandingKind,
-    StepDetail, Usage,
+    AppliedEdit, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers, SentPiece,
+    SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,
 };

@@ -240,6 +240,105 @@ pub struct StepDetail {
     /// the proxy re-inserts into the session's later requests.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub recalls: Vec<InternalRecall>,
+    /// What `ledger.compress` did to the window this step sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compress: Option<Pruned>,
+    /// What the proxy sent upstream in this step, message by message (what
+    /// the viewer's model view shows); None for a step recorded before the
+    /// proxy kept it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent: Option<SentWindow>,
+}
+
+/// The messages a step sent upstream, as references into the ledger: runs
+/// of rows, the stub, rows an edit rewrote, notes, the recall tool's
+/// exchanges. A few dozen bytes a step; the stub's text (which changes only
+/// at a cut) is kept on the first step that sent it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SentWindow {
+    /// The messages, in the order sent.
+    pub pieces: Vec<SentPiece>,
+    /// The last row that left the window (what the stub names; 0 = none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub upto: u64,
+    /// The context edit in force (its number; 0 = none). Its set
+    /// (`context_edits`) holds the rewritten rows' and the notes' JSON.
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub edit: u32,
+    /// The stub message sent (raw JSON), on the first step that sent it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stub: Option<String>,
+    /// The step whose record holds the stub message this one sent (0 =
+    /// this one, or no stub).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub stub_step: u32,
+    /// The request's last row (what a recall exchange of this step follows).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tail: u64,
+    /// A conversation the provider holds (`previous_response_id`): only the
+    /// request's own messages were sent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stateful: bool,
+    /// The tool outputs `ledger.compress` sent as pointers, by row: `(seq,
+    /// [(part, pointer text)])`, on the first step that sent this set (it
+    /// changes only at a cut).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pointers: Option<Vec<RowPointers>>,
+    /// The step whose record holds the pointers this one sent (0 = this
+    /// one, or none).
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub pointers_step: u32,
+}
+
+/// The pointers of one row's pruned tool outputs: `(seq, [(part, text)])`.
+pub type RowPointers = (u64, Vec<(u32, String)>);
+
+/// One part of a [`SentWindow`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SentPiece {
+    /// The rows `from..=to` (consecutive seqs), each as the ledger holds it.
+    Rows(u64, u64),
+    /// The stub message (its text, the state block, the standing parts).
+    Stub,
+    /// A row as the edit set in force rewrote it.
+    Edited(u64),
+    /// A row with tool outputs sent as pointers (`ledger.compress`; the
+    /// pointers in [`SentWindow::pointers`]).
+    Pruned(u64),
+    /// A note of the edit set in force, by id.
+    Note(u32),
+    /// The recall tool's exchange after a row (the proxy's own): `(seq,
+    /// messages)`.
+    Recall(u64, u32),
+    /// Messages past the recorded line (none for a recorded step).
+    Tail(u32),
+}
+
+impl SentWindow {
+    /// Append the row `seq` (joining the run it continues).
+    pub fn push_row(&mut self, seq: u64) {
+        if let Some(SentPiece::Rows(_, to)) = self.pieces.last_mut() {
+            if *to + 1 == seq {
+                *to = seq;
+                return;
+            }
+        }
+        self.pieces.push(SentPiece::Rows(seq, seq));
+    }
+
+    /// Messages sent.
+    pub fn messages(&self) -> usize {
+        self.pieces
+            .iter()
+            .map(|p| match *p {
+                SentPiece::Rows(a, b) => usize::try_from(b.saturating_sub(a) + 1).unwrap_or(0),
+                SentPiece::Recall(_, n) | SentPiece::Tail(n) => n as usize,
+                _ => 1,
+            })
+            .sum()
+    }
 }
 
 /// One `oceancode_recall` call the proxy answered itself (the in-band
@@ -264,12 +363,49 @@ pub struct InternalRecall {
     /// the model's call and its result.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<String>,
+    /// The seq of the row the step's exchange follows in later requests
+    /// (the last row of the request's history); None when the proxy did not
+    /// keep it (the continuation failed). What a restart rebuilds the
+    /// session's internal exchanges from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+}
+
+/// The tool outputs a window carried as pointers (`ledger.compress`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Pruned {
+    /// Tool outputs sent as a pointer.
+    pub outputs: u32,
+    /// Their estimated tokens (what the pointers stand for).
+    pub tokens: u64,
+    /// The saved estimate the gauge adds (removed bytes ÷ 4, images and
+    /// documents by their own tokens).
+    pub saved: u64,
+    /// The rows whose outputs this step's cut made pointers (only on the
+    /// step that chose the set; the rows before stay pointers until they
+    /// leave the window).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<u64>,
 }
 
 impl StepDetail {
     /// Nothing beyond the window's usage.
     pub fn is_empty(&self) -> bool {
         *self == StepDetail::default()
+    }
+
+    /// The internal exchange this step kept: the seq of the row it follows
+    /// and its messages in order (every round's, as later requests carry
+    /// them); None when the step kept none.
+    pub fn kept_exchange(&self) -> Option<(u64, Vec<String>)> {
+        let after = self.recalls.iter().find_map(|r| r.after)?;
+        let messages: Vec<String> = self
+            .recalls
+            .iter()
+            .flat_map(|r| r.messages.iter().cloned())
+            .collect();
+        (!messages.is_empty()).then_some((after, messages))
     }
 }
 

@@ -18,7 +18,7 @@ use clap::Parser;
 use oceancode_bench::conv::{Conv, Spec};
 use oceancode_bench::stats::{ms, Samples, Table};
 use oceancode_config::Config;
-use oceancode_ledger::store::{Store, StoreOptions};
+use oceancode_ledger::store::{open_ledger, LedgerStore, StoreOptions};
 use oceancode_ledger::{transcript, Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,6 +53,10 @@ struct Args {
     /// Data directory (default: a temporary directory, removed at the end).
     #[arg(long)]
     data_dir: Option<std::path::PathBuf>,
+    /// The ledger's PostgreSQL database (`postgres://…`, an empty one);
+    /// default: SQLite in the data dir.
+    #[arg(long)]
+    database: Option<String>,
 }
 
 fn meta(id: &str) -> SessionMeta {
@@ -102,7 +106,7 @@ fn rows_of(conv: &Conv) -> Result<Vec<Row>> {
 }
 
 /// Submits `events` in order and returns every event's enqueue-to-commit lag (µs).
-fn burst(store: &Store, events: Vec<Event>) -> Result<(Vec<u64>, Duration)> {
+fn burst(store: &Arc<dyn LedgerStore>, events: Vec<Event>) -> Result<(Vec<u64>, Duration)> {
     let before = store.metrics().events;
     let n = events.len() as u64;
     let poller = {
@@ -160,7 +164,8 @@ fn main() -> Result<()> {
         .clone()
         .unwrap_or_else(|| tmp.path().to_path_buf());
     let cfg = Config::default();
-    let store = Store::open(
+    let store = open_ledger(
+        a.database.as_deref(),
         &dir,
         StoreOptions {
             queue_capacity: cfg.writer.queue_capacity,
@@ -170,7 +175,14 @@ fn main() -> Result<()> {
         },
     )?;
     println!("Machine: {}\n", oceancode_bench::machine());
-    println!("Data dir: {} (WAL, synchronous=NORMAL)\n", dir.display());
+    match &a.database {
+        Some(url) => println!(
+            "Database: {} (PostgreSQL); files in {}\n",
+            oceancode_ledger::store::pg::redact_url(url),
+            dir.display()
+        ),
+        None => println!("Data dir: {} (WAL, synchronous=NORMAL)\n", dir.display()),
+    }
 
     // --- Bursts.
     let base = Conv::new(
@@ -460,13 +472,13 @@ fn main() -> Result<()> {
     for _ in 0..a.repeat.max(1) {
         let t = Instant::now();
         let mut out = Vec::new();
-        oceancode_ledger::export::markdown(&store, id, &pricer, &mut out, None)
+        oceancode_ledger::export::markdown(&*store, id, &pricer, &mut out, None)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         md.push(t.elapsed());
         md_bytes = out.len();
         let t = Instant::now();
         let mut out = Vec::new();
-        oceancode_ledger::atif::write(&store, id, &pricer, &mut out)
+        oceancode_ledger::atif::write(&*store, id, &pricer, &mut out)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         atif.push(t.elapsed());
         atif_bytes = out.len();

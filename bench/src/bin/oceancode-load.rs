@@ -881,31 +881,57 @@ fn report(files: &[PathBuf]) -> Result<()> {
                     r.errors.to_string(),
                 ]);
             }
-            // Goals.
+            // Goals, for every build of the proxy in the run (a baseline
+            // `oceancode-proxy@before` too).
             let p50 = |r: &RunResult| r.latency.p50;
-            let proxy = rows.iter().find(|r| r.target == "oceancode-proxy");
             let nginx = rows.iter().find(|r| r.target == "nginx");
-            if let Some(pa) = proxy.and_then(|p| paired(p, p50)) {
+            for proxy in rows
+                .iter()
+                .filter(|r| r.target.starts_with("oceancode-proxy"))
+            {
+                let who = &proxy.target;
+                let Some(pa) = paired(proxy, p50) else {
+                    continue;
+                };
                 if *size <= 1_000_000 {
                     goals.push(format!(
-                        "- {name}: proxy added p50 {} — goal ≤ 1 ms: **{}**",
+                        "- {name}: {who} added p50 {} — goal ≤ 1 ms: **{}**",
                         pa.label(),
                         if pa.median <= 1_000 { "met" } else { "not met" }
                     ));
                     if let Some(na) = nginx.and_then(|n| paired(n, p50)) {
                         let ok = pa.median <= 2 * na.median.max(0) || pa.median <= 0;
                         goals.push(format!(
-                            "- {name}: nginx added p50 {}; proxy within 2× of nginx: **{}**",
+                            "- {name}: nginx added p50 {}; {who} within 2× of nginx: **{}**",
                             na.label(),
                             if ok { "met" } else { "not met" }
                         ));
                     }
+                    if *conc > 1 {
+                        if let Some(d) = direct {
+                            let x = proxy.rps / d.rps.max(1e-9);
+                            goals.push(format!(
+                                "- {name}: {who} throughput {x:.2}× direct — goal ≥ 0.95×: **{}**",
+                                if x >= 0.95 { "met" } else { "not met" }
+                            ));
+                        }
+                    }
                 } else {
                     goals.push(format!(
-                        "- {name}: proxy added p50 {} — goal < 20 ms: **{}**",
+                        "- {name}: {who} added p50 {} — goal < 20 ms: **{}**",
                         pa.label(),
                         if pa.median < 20_000 { "met" } else { "not met" }
                     ));
+                    if *conc > 1 {
+                        if let Some(rss) = proxy.peak_rss {
+                            goals.push(format!(
+                                "- {name}: {who} peak RSS {} with {} errors — goal < 300 MB, no error: **{}**",
+                                opt_mib(Some(rss)),
+                                proxy.errors,
+                                if rss < 300_000_000 && proxy.errors == 0 { "met" } else { "not met" }
+                            ));
+                        }
+                    }
                 }
             }
         }
@@ -1025,6 +1051,18 @@ fn report(files: &[PathBuf]) -> Result<()> {
                 r.writer_lag_max_ms.unwrap_or(0),
                 r.settle_ms.unwrap_or(0)
             );
+        }
+        for r in scale.iter().filter(|r| r.target != "direct") {
+            if let Some(rss) = r.rss_after_cold {
+                println!(
+                    "- {}: {} sessions × {} messages open in {} — goal < 100 MB: **{}**",
+                    r.target,
+                    r.sessions,
+                    r.messages,
+                    opt_mib(Some(rss)),
+                    if rss < 100_000_000 { "met" } else { "not met" }
+                );
+            }
         }
         println!();
     }

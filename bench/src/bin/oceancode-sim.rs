@@ -16,6 +16,11 @@
 //!   keep the 3 most recent tool results, older results replaced by a short
 //!   placeholder (evaluated on every request, as the server does). If the
 //!   cleared request still exceeds the context the client compacts.
+//! * `tideline + compress`: the same, and at each cut the retained tool
+//!   results older than the protected zone (`--protect`, percent of the
+//!   line; never the newest row) and at least `--min-tokens` become a
+//!   pointer (`oceancode_window::compress::choose`, the proxy's estimates);
+//!   the gauge adds their saved estimate, so cuts fall where they would.
 //! * `summarize 83%`: Claude Code style auto-compact: when the next request
 //!   would reach 83% of the context, one summarization call (the whole context
 //!   plus an instruction as input, a ~5k summary as output) replaces the history
@@ -38,7 +43,7 @@ use oceancode_ledger::transcript::RowLines;
 use oceancode_window::tideline::{
     block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
 };
-use oceancode_window::{media, RowKind};
+use oceancode_window::{compress, media, RowKind};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -78,6 +83,27 @@ struct Args {
     /// Tideline percent of the context.
     #[arg(long, default_value_t = 40.0)]
     tideline: f64,
+    /// The lower line of the extra tideline rows (percent of the context; 0 = none).
+    #[arg(long, default_value_t = 20.0)]
+    low_line: f64,
+    /// Block size, percent of the line.
+    #[arg(long, default_value_t = 70.0)]
+    block: f64,
+    /// compress: the protected zone, percent of the line (`ledger.compress.protect`).
+    #[arg(long, default_value_t = 10.0)]
+    protect: f64,
+    /// compress: the smallest tool output pruned (`ledger.compress.min_tokens`).
+    #[arg(long, default_value_t = 500)]
+    min_tokens: u64,
+    /// Sweep compress settings: `PROTECTS/MINS[/BLOCKS]`, comma-separated
+    /// percents of the line, token counts and block sizes in percent of the
+    /// line (`0,5,10,25,50/200,500,2000/70,35`); each at the main and the
+    /// low line.
+    #[arg(long)]
+    compress: Option<String>,
+    /// Write the chart of cost vs protect size (needs `--compress`) here.
+    #[arg(long)]
+    compress_svg: Option<PathBuf>,
     /// clear_tool_uses trigger (input tokens).
     #[arg(long, default_value_t = 100_000)]
     clear_trigger: u64,
@@ -233,6 +259,18 @@ fn cleared_id(seq: u64) -> u64 {
 fn special_id(n: u64) -> u64 {
     (n << 2) | 2
 }
+fn pruned_id(seq: u64) -> u64 {
+    (seq << 2) | 3
+}
+
+/// compress settings for one tideline run.
+#[derive(Clone, Copy, Debug)]
+struct Compress {
+    /// Protected zone, percent of the line.
+    protect: f64,
+    /// Smallest output pruned (tokens).
+    min_tokens: u64,
+}
 
 #[derive(Default, Clone)]
 struct Totals {
@@ -259,6 +297,10 @@ struct Totals {
     state_blocks: u64,
     state_tokens_sum: u64,
     state_tokens_max: u64,
+    /// Σ over requests of the saved estimate of the pruned outputs in the window.
+    saved_sum: u64,
+    /// The fewest bytes per o200k token of a block (the budget assumes 2.4).
+    state_min_bytes_per_token: f64,
 }
 
 struct Cache {
@@ -464,7 +506,12 @@ struct PRow {
     turn: u32,
 }
 
-fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
+fn run_tideline(
+    c: &Ctx,
+    bpe: &tiktoken_rs::CoreBPE,
+    percent: f64,
+    compress: Option<Compress>,
+) -> Result<Totals> {
     let a = c.a;
     let mut t = Totals::default();
     let mut cache = Cache { prev: Vec::new() };
@@ -480,15 +527,32 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
     let mut turn_lines: BTreeMap<u32, (u64, String)> = BTreeMap::new();
     let dir = "/home/dev/.local/share/oceancode-proxy/sessions/20261201-093000-cc-3f9a1c";
     let calc = effective_line(
-        LineSpec::Percent(a.tideline),
+        LineSpec::Percent(percent),
         Some(c.context),
         c.max_output,
         Some(a.max_tokens),
     );
     let params = Params {
         line: calc.line,
-        block: block_tokens(BlockSpec::PercentOfLine(70.0), calc.line),
+        block: block_tokens(BlockSpec::PercentOfLine(a.block), calc.line),
     };
+    let cparams = compress.map(|cp| compress::Params {
+        protect: (calc.line as f64 * cp.protect / 100.0) as u64,
+        min_tokens: cp.min_tokens,
+    });
+    // What a pointer costs (the same for every row but the digits).
+    let pointer = compress::pointer_text(
+        1234,
+        2345,
+        &compress::Location::Lines {
+            file: "transcript/0007.md".into(),
+            first: 120,
+            last: 188,
+        },
+    );
+    let pointer_tokens = bpe.encode_ordinary(&pointer).len() as u64 + 4;
+    // Pruned at the last cut: seq → saved estimate.
+    let mut pruned: BTreeMap<u64, u64> = BTreeMap::new();
     let summarize_threshold = (c.context as f64 * a.summarize_at / 100.0) as u64;
     let mut stub_cache: BTreeMap<String, u64> = BTreeMap::new();
     let mut last_cut = 0u64;
@@ -548,7 +612,9 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
         } else {
             tl.observe(
                 Observation {
-                    gauge: last_window.unwrap_or(0) + pending_est,
+                    // The gauge adds the saved estimate: it measures the
+                    // uncompressed window, so cuts fall where they would.
+                    gauge: last_window.unwrap_or(0) + pending_est + pruned.values().sum::<u64>(),
                     added: pending_est,
                     boundary_seq: boundary,
                     last_seq,
@@ -602,6 +668,10 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
                     );
                     if let Some(b) = &block {
                         let n = bpe.encode_ordinary(b).len() as u64;
+                        let bpt = b.len() as f64 / n.max(1) as f64;
+                        if t.state_blocks == 0 || bpt < t.state_min_bytes_per_token {
+                            t.state_min_bytes_per_token = bpt;
+                        }
                         t.state_blocks += 1;
                         t.state_tokens_sum += n;
                         t.state_tokens_max = t.state_tokens_max.max(n);
@@ -629,16 +699,46 @@ fn run_tideline(c: &Ctx, bpe: &tiktoken_rs::CoreBPE) -> Result<Totals> {
             }
             if plan.effective_upto_seq != last_cut {
                 last_cut = plan.effective_upto_seq;
+                // compress, at the cut only: the retained tool results before
+                // the running round (the newest row), by the proxy's estimates.
+                if let Some(cp) = cparams {
+                    let retained = &active[plan.start..active.len().saturating_sub(1)];
+                    let cands: Vec<compress::Candidate> = retained
+                        .iter()
+                        .map(|&s| rows[(s - 1) as usize])
+                        .filter(|r| r.kind == RowKind::ToolResult)
+                        .map(|r| compress::Candidate {
+                            seq: r.seq,
+                            part: 0,
+                            tokens: r.est,
+                        })
+                        .collect();
+                    pruned = compress::choose(&cands, cp)
+                        .into_iter()
+                        .map(|(s, _)| {
+                            let est = rows[(s - 1) as usize].est;
+                            (s, est.saturating_sub(pointer_tokens))
+                        })
+                        .collect();
+                }
             }
             plan.start
         };
         for &s in &active[start..] {
             let r = rows[(s - 1) as usize];
+            if pruned.contains_key(&s) {
+                segs.push(Seg {
+                    id: pruned_id(s),
+                    tokens: pointer_tokens,
+                });
+                continue;
+            }
             segs.push(Seg {
                 id: row_id(s),
                 tokens: r.tokens,
             });
         }
+        t.saved_sum += pruned.values().sum::<u64>();
         let window = sum(&segs);
         if window > c.context {
             t.overflows += 1;
@@ -819,37 +919,68 @@ fn main() -> Result<()> {
         max_output: info.map(|i| i.max_output),
     };
     let bpe = tiktoken_rs::o200k_base().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let runs: Vec<(&str, &str, bool, Totals)> = vec![
-        ("none", "#888888", true, run_client(&c, Client::None)),
-        (
-            "oceancode-proxy tideline",
+    let main_c = Compress {
+        protect: a.protect,
+        min_tokens: a.min_tokens,
+    };
+    let tl_label = |p: f64| format!("oceancode-proxy tideline {p}%");
+    let c_label = |p: f64, cp: Compress| {
+        format!(
+            "tideline {p}% + compress (protect {}%, min {})",
+            cp.protect, cp.min_tokens
+        )
+    };
+    let mut runs: Vec<Run> = vec![
+        Run::new("none", "#888888", true, false, run_client(&c, Client::None)),
+        Run::new(
+            &tl_label(a.tideline),
             "#1f77b4",
             false,
-            run_tideline(&c, &bpe)?,
+            true,
+            run_tideline(&c, &bpe, a.tideline, None)?,
         ),
-        (
-            "clear_tool_uses",
-            "#2ca02c",
+        Run::new(
+            &c_label(a.tideline, main_c),
+            "#9467bd",
             false,
-            run_client(&c, Client::Clear),
-        ),
-        (
-            "summarize",
-            "#d62728",
-            false,
-            run_client(&c, Client::Summarize),
+            true,
+            run_tideline(&c, &bpe, a.tideline, Some(main_c))?,
         ),
     ];
-    let label = |name: &str| match name {
-        "oceancode-proxy tideline" => format!("oceancode-proxy tideline {}%", a.tideline),
-        "clear_tool_uses" => format!(
+    if a.low_line > 0.0 {
+        runs.push(Run::new(
+            &tl_label(a.low_line),
+            "#17becf",
+            true,
+            true,
+            run_tideline(&c, &bpe, a.low_line, None)?,
+        ));
+        runs.push(Run::new(
+            &c_label(a.low_line, main_c),
+            "#e377c2",
+            true,
+            true,
+            run_tideline(&c, &bpe, a.low_line, Some(main_c))?,
+        ));
+    }
+    runs.push(Run::new(
+        &format!(
             "clear_tool_uses (trigger {}k, keep {})",
             a.clear_trigger / 1000,
             a.clear_keep
         ),
-        "summarize" => format!("summarize at {}%", a.summarize_at),
-        other => other.to_string(),
-    };
+        "#2ca02c",
+        false,
+        false,
+        run_client(&c, Client::Clear),
+    ));
+    runs.push(Run::new(
+        &format!("summarize at {}%", a.summarize_at),
+        "#d62728",
+        false,
+        false,
+        run_client(&c, Client::Summarize),
+    ));
     let script_tokens: u64 =
         c.s.user.iter().map(|u| u.tokens).sum::<u64>() + c.s.out.iter().sum::<u64>();
     println!(
@@ -896,17 +1027,20 @@ fn main() -> Result<()> {
         "mean window",
         "compactions / cuts",
         "tool results in window (end / avg)",
+        "pruned (mean saved)",
         "recoverable (end)",
     ]);
-    let none_cost = runs[0].3.cost;
-    for (name, _, _, t) in &runs {
+    let none_cost = runs[0].totals.cost;
+    for run in &runs {
+        let t = &run.totals;
         let input = t.input_uncached + t.cache_read + t.cache_write;
-        let events = match *name {
-            "oceancode-proxy tideline" => format!("{} cuts", t.cuts),
-            _ => format!("{} compactions", t.compactions),
+        let events = if run.cuts {
+            format!("{} cuts", t.cuts)
+        } else {
+            format!("{} compactions", t.compactions)
         };
         table.row([
-            label(name),
+            run.label.clone(),
             t.requests.to_string(),
             tok(input),
             tok(t.cache_read),
@@ -922,30 +1056,38 @@ fn main() -> Result<()> {
                 pct(t.verbatim_end, t.tool_results),
                 100.0 * t.verbatim_frac_sum / a.steps.max(1) as f64
             ),
+            if t.saved_sum > 0 {
+                tok(t.saved_sum / a.steps.max(1) as u64)
+            } else {
+                "–".into()
+            },
             pct(t.recoverable_end, t.tool_results),
         ]);
     }
     println!("{}", table.render());
-    for (name, _, _, t) in &runs {
+    for run in &runs {
+        let t = &run.totals;
         if let Some(s) = t.first_overflow {
             println!(
                 "- {}: the full context first exceeded {}k at step {s} ({} requests over the window); the client then compacted.",
-                label(name),
+                run.label,
                 context / 1000,
                 t.overflows
             );
         }
     }
-    let tl = &runs[1].3;
+    let tl = &runs[1].totals;
     if a.no_state_block {
         println!("- The tideline's stub carries no state block (--no-state-block).");
     } else if tl.state_blocks > 0 {
         println!(
-            "- The tideline's stub carries the state block: {} blocks (one per cut), {} tokens on average, {} at most (budget {}).",
+            "- The tideline's stub carries the state block: {} blocks (one per cut), {} tokens on average, {} at most (budget {}; o200k), at least {:.2} bytes a token (the budget assumes {:.1}).",
             tl.state_blocks,
             tl.state_tokens_sum / tl.state_blocks,
             tl.state_tokens_max,
-            a.state_tokens
+            a.state_tokens,
+            tl.state_min_bytes_per_token,
+            state_block::BYTES_PER_TEN_TOKENS as f64 / 10.0
         );
     }
     println!(
@@ -956,15 +1098,15 @@ fn main() -> Result<()> {
     );
     if let Some(path) = &a.csv {
         let mut out = String::from("step");
-        for (name, ..) in &runs {
+        for run in &runs {
             out.push(',');
-            out.push_str(name);
+            out.push_str(&run.label);
         }
         out.push('\n');
         for i in 0..a.steps {
             out.push_str(&(i + 1).to_string());
-            for (.., t) in &runs {
-                out.push_str(&format!(",{}", t.series[i].1));
+            for run in &runs {
+                out.push_str(&format!(",{}", run.totals.series[i].1));
             }
             out.push('\n');
         }
@@ -973,11 +1115,11 @@ fn main() -> Result<()> {
     if let Some(path) = &a.svg {
         let series: Vec<Series> = runs
             .iter()
-            .map(|(name, color, dashed, t)| Series {
-                label: label(name),
-                color: color.to_string(),
-                dashed: *dashed,
-                points: t.series.clone(),
+            .map(|run| Series {
+                label: run.label.clone(),
+                color: run.color.to_string(),
+                dashed: run.dashed,
+                points: run.totals.series.clone(),
             })
             .collect();
         let hlines = vec![
@@ -997,6 +1139,164 @@ fn main() -> Result<()> {
             ),
             "step",
             "input tokens per request",
+            &series,
+            &hlines,
+            (900.0, 460.0),
+        );
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).ok();
+        }
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        println!("(chart written to {})", path.display());
+    }
+    if let Some(spec) = &a.compress {
+        sweep(&c, &bpe, spec, none_cost, &runs)?;
+    }
+    Ok(())
+}
+
+/// One strategy's result, as the table shows it.
+struct Run {
+    label: String,
+    color: &'static str,
+    dashed: bool,
+    /// Counts cuts (the tideline) rather than compactions.
+    cuts: bool,
+    totals: Totals,
+}
+
+impl Run {
+    fn new(label: &str, color: &'static str, dashed: bool, cuts: bool, totals: Totals) -> Run {
+        Run {
+            label: label.to_string(),
+            color,
+            dashed,
+            cuts,
+            totals,
+        }
+    }
+}
+
+fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>> {
+    s.split(',')
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| {
+            v.trim()
+                .parse::<T>()
+                .map_err(|_| anyhow::anyhow!("not a number: {v:?}"))
+        })
+        .collect()
+}
+
+/// `--compress PROTECTS/MINS`: every pair at the main and the low line; a
+/// table, and the chart of cost vs protect size.
+fn sweep(
+    c: &Ctx,
+    bpe: &tiktoken_rs::CoreBPE,
+    spec: &str,
+    none_cost: f64,
+    runs: &[Run],
+) -> Result<()> {
+    let a = c.a;
+    let mut parts = spec.split('/');
+    let protects: Vec<f64> = parse_list(parts.next().unwrap_or(""))?;
+    let mut mins: Vec<u64> = parse_list(parts.next().unwrap_or(""))?;
+    if mins.is_empty() {
+        mins.push(a.min_tokens);
+    }
+    let mut blocks: Vec<f64> = parse_list(parts.next().unwrap_or(""))?;
+    if blocks.is_empty() {
+        blocks.push(a.block);
+    }
+    let mut lines = vec![a.tideline];
+    if a.low_line > 0.0 {
+        lines.push(a.low_line);
+    }
+    println!("### compress sweep ({})\n", a.model);
+    let mut table = Table::new([
+        "line",
+        "block",
+        "protect",
+        "min_tokens",
+        "input sent",
+        "cache read",
+        "cache write",
+        "cost",
+        "vs none",
+        "max window",
+        "mean window",
+        "cuts",
+        "pruned (mean saved)",
+    ]);
+    let colors = [
+        "#1f77b4", "#9467bd", "#17becf", "#e377c2", "#ff7f0e", "#8c564b", "#bcbd22", "#7f7f7f",
+    ];
+    let mut series: Vec<Series> = Vec::new();
+    for &line in &lines {
+        for &block in &blocks {
+            let cb = Ctx {
+                a: &Args { block, ..a.clone() },
+                s: c.s,
+                price: c.price,
+                context: c.context,
+                max_output: c.max_output,
+            };
+            for &min in &mins {
+                let mut points = Vec::new();
+                for &protect in &protects {
+                    let cp = Compress {
+                        protect,
+                        min_tokens: min,
+                    };
+                    let t = run_tideline(&cb, bpe, line, Some(cp))?;
+                    let input = t.input_uncached + t.cache_read + t.cache_write;
+                    let ratio = t.cost / none_cost;
+                    table.row([
+                        format!("{line}%"),
+                        format!("{block}%"),
+                        format!("{protect}%"),
+                        min.to_string(),
+                        tok(input),
+                        tok(t.cache_read),
+                        tok(t.cache_write),
+                        format!("${:.2}", t.cost),
+                        format!("{ratio:.2}×"),
+                        tok(t.max_window),
+                        tok(t.window_sum / a.steps.max(1) as u64),
+                        t.cuts.to_string(),
+                        tok(t.saved_sum / a.steps.max(1) as u64),
+                    ]);
+                    points.push((protect, ratio));
+                }
+                let color = colors[series.len() % colors.len()];
+                series.push(Series {
+                    label: format!("tideline {line}%, block {block}%, min {min}"),
+                    color: color.to_string(),
+                    dashed: line != a.tideline,
+                    points,
+                });
+            }
+        }
+    }
+    println!("{}", table.render());
+    if let Some(path) = &a.compress_svg {
+        let mut hlines = vec![HLine {
+            label: "goal 0.35×".into(),
+            y: 0.35,
+        }];
+        for run in runs.iter().skip(1) {
+            if run.label.contains("compress") {
+                continue;
+            }
+            hlines.push(HLine {
+                label: format!("{} {:.2}×", run.label, run.totals.cost / none_cost),
+                y: run.totals.cost / none_cost,
+            });
+        }
+        let svg = line_chart(
+            &format!("Cost vs protect size ({}, {} steps)", a.model, a.steps),
+            "protect (% of the line)",
+            "cost vs none",
             &series,
             &hlines,
             (900.0, 460.0),

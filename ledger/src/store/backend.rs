@@ -67,7 +67,72 @@ pub struct LoadedSession {
     /// The context edit set in force (its JSON) and the number of edits
     /// taken (None = never edited).
     pub context: Option<(u32, String)>,
+    /// The in-band recall tool's internal exchanges the steps kept, in step
+    /// order: the seq of the row each follows and its messages
+    /// ([`StepDetail::kept_exchange`]).
+    pub exchanges: Vec<(u64, Vec<String>)>,
+    /// The `ledger.compress` pointers the newest recorded window sent, and
+    /// the cut they were chosen at (None = no window after a cut was
+    /// recorded with its `sent` record): a restarted proxy sends the very
+    /// same bytes until the next cut.
+    pub pointers: Option<SentPointers>,
 }
+
+/// [`LoadedSession::pointers`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SentPointers {
+    /// The last row that left the window when they were sent.
+    pub upto: u64,
+    /// The pruned outputs by row (empty: the window sent none).
+    pub rows: Vec<crate::model::RowPointers>,
+}
+
+/// A `LIKE` pattern that step details with a `sent` record match.
+pub(crate) const SENT_LIKE: &str = "%\"sent\"%";
+
+/// [`LoadedSession::pointers`] from the newest step detail with a `sent`
+/// record (`newest`); `detail_of(step)` reads the detail of the step it
+/// names as holding its pointers.
+pub(crate) fn sent_pointers(
+    newest: Option<&str>,
+    detail_of: impl FnOnce(u32) -> Option<String>,
+) -> Option<SentPointers> {
+    let sent = serde_json::from_str::<StepDetail>(newest?).ok()?.sent?;
+    if sent.upto == 0 {
+        return None;
+    }
+    let rows = match (sent.pointers, sent.pointers_step) {
+        (Some(p), _) => p,
+        (None, 0) => Vec::new(),
+        (None, from) => {
+            serde_json::from_str::<StepDetail>(&detail_of(from)?)
+                .ok()?
+                .sent?
+                .pointers?
+        }
+    };
+    Some(SentPointers {
+        upto: sent.upto,
+        rows,
+    })
+}
+
+/// [`LoadedSession::exchanges`] from a session's step details (JSON, in
+/// step order); details that do not read are skipped. Every engine's
+/// `load_session` reads them with the SQL filter [`RECALLS_LIKE`].
+pub(crate) fn kept_exchanges<'a>(
+    details: impl IntoIterator<Item = &'a str>,
+) -> Vec<(u64, Vec<String>)> {
+    details
+        .into_iter()
+        .filter_map(|d| serde_json::from_str::<StepDetail>(d).ok())
+        .filter_map(|d| d.kept_exchange())
+        .collect()
+}
+
+/// A `LIKE` pattern that step details with recalls match (a cheap filter
+/// before [`kept_exchanges`] parses them).
+pub(crate) const RECALLS_LIKE: &str = "%\"recalls\"%";
 
 /// One taken context edit (`Event::ContextEdit`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,6 +324,8 @@ pub trait LedgerWrite: Send + Sync {
     fn settle(&self) -> SettleFuture<'_>;
     /// Blocking form of [`LedgerWrite::settle`].
     fn settle_blocking(&self) -> Result<(), StoreError>;
+    /// [`LedgerWrite::settle_blocking`] for at most `wait`: whether it settled.
+    fn settle_within(&self, wait: std::time::Duration) -> Result<bool, StoreError>;
     /// Whether the ledger keeps up, and if not why.
     fn health(&self) -> Health;
     /// Counters and the lag summary.
@@ -278,6 +345,9 @@ pub trait LedgerWrite: Send + Sync {
     /// committed, for the proxy's restorer. Waits on the writer only when
     /// one of them has events still queued; errors are the caller's to log.
     fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError>;
+    /// The proxy let `session` go (idle eviction): a backend shared by
+    /// several proxies releases its hold so another may serve it at once.
+    fn release(&self, _session: &str) {}
     /// Drain, commit and stop. Idempotent; later submits fail with
     /// [`StoreError::Closed`].
     fn shutdown(&self) -> Result<(), StoreError>;
@@ -298,6 +368,13 @@ pub trait LedgerRead: Send + Sync {
     fn latest_session(&self) -> Result<Option<String>, StoreError>;
     /// `None` = the most recent; an exact id; else a unique id prefix.
     fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError>;
+    /// The SQLite engine behind this handle, if it is one (tests and
+    /// benches that look at its file).
+    fn as_sqlite(&self) -> Option<&super::Store> {
+        None
+    }
+    /// Every session as a name may mean it ([`crate::resolve::Candidate`]).
+    fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError>;
     /// A session's facts.
     fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError>;
     /// A session's rows in seq order with their `hidden` flag.
@@ -309,6 +386,11 @@ pub trait LedgerRead: Send + Sync {
     /// A session's taken context edits in order (none by default: an
     /// engine without them records no edit).
     fn context_edits(&self, _id: &str) -> Result<Vec<ContextEditRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    /// What each model merge of a session's `SESSION.md` used, in order
+    /// (the markers of `page_notes` that carry it; none by default).
+    fn merge_uses(&self, _id: &str) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
         Ok(Vec::new())
     }
     /// The line a session last ran with, if one was recorded.
@@ -346,7 +428,11 @@ pub trait LedgerStore: LedgerWrite + LedgerRead {
         progress: Option<Progress>,
     ) -> Result<RebuildReport, StoreError>;
     /// Remove every session idle for `days` days or more (`0` = keep all).
-    fn sweep(&self, days: u32) -> Result<SweepReport, StoreError>;
+    fn sweep(&self, days: u32) -> Result<SweepReport, StoreError> {
+        self.sweep_at(days, super::sql::now_ms())
+    }
+    /// [`LedgerStore::sweep`] with an explicit "now" (Unix ms), for tests.
+    fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError>;
     /// Compact the database.
     fn vacuum(&self) -> Result<VacuumReport, StoreError>;
     /// Store model-merged lines for a session's `SESSION.md` and rewrite it.

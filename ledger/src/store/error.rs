@@ -11,6 +11,12 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL failed (the connection, or a statement).
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// PostgreSQL could not be reached or set up (the pool, the URL).
+    #[error("postgres: {0}")]
+    PgSetup(String),
     /// A file or directory operation failed.
     #[error("{path}: {source}")]
     Io {

@@ -24,6 +24,9 @@ impl LedgerWrite for Store {
     fn settle_blocking(&self) -> Result<(), StoreError> {
         Store::settle_blocking(self)
     }
+    fn settle_within(&self, wait: std::time::Duration) -> Result<bool, StoreError> {
+        Store::settle_within(self, wait)
+    }
     fn health(&self) -> Health {
         Store::health(self)
     }
@@ -69,6 +72,12 @@ impl LedgerRead for Store {
     fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
         Store::resolve_session(self, spec)
     }
+    fn as_sqlite(&self) -> Option<&Store> {
+        Some(self)
+    }
+    fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
+        Store::session_candidates(self)
+    }
     fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         Store::session_meta(self, id)
     }
@@ -86,6 +95,9 @@ impl LedgerRead for Store {
     }
     fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
         Store::recorded_line(self, id)
+    }
+    fn merge_uses(&self, id: &str) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
+        Store::merge_uses(self, id)
     }
     fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError> {
         Store::load_session(self, id)
@@ -122,8 +134,8 @@ impl LedgerStore for Store {
     ) -> Result<RebuildReport, StoreError> {
         Store::rebuild(self, session, progress)
     }
-    fn sweep(&self, days: u32) -> Result<SweepReport, StoreError> {
-        Store::sweep(self, days)
+    fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError> {
+        Store::sweep_at(self, days, now_ms)
     }
     fn vacuum(&self) -> Result<VacuumReport, StoreError> {
         Store::vacuum(self)

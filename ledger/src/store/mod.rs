@@ -39,6 +39,7 @@ mod health;
 mod impls;
 mod jobs;
 mod page_io;
+pub mod pg;
 mod queue;
 mod reads;
 mod rebuild;
@@ -49,8 +50,8 @@ mod writer;
 
 pub use backend::{
     Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LedgerRead,
-    LedgerStore, LedgerWrite, LineRecord, LoadedSession, SessionSummary, SettleFuture, StepRecord,
-    StoreMetrics, LAG_WINDOW,
+    LedgerStore, LedgerWrite, LineRecord, LoadedSession, SentPointers, SessionSummary,
+    SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
 };
 pub(crate) use error::io_err;
 pub use error::StoreError;
@@ -88,6 +89,9 @@ pub struct StoreOptions {
     /// How long SQLite waits for a lock before an attempt fails as busy
     /// (the writer then retries with backoff).
     pub busy_timeout: Duration,
+    /// PostgreSQL only: how long a proxy's hold on a session lasts without
+    /// renewal (see [`pg`]).
+    pub lease: Duration,
 }
 
 impl Default for StoreOptions {
@@ -97,6 +101,7 @@ impl Default for StoreOptions {
             queue_bytes: 64 << 20,
             batch_max: 512,
             busy_timeout: Duration::from_secs(5),
+            lease: Duration::from_secs(10),
         }
     }
 }
@@ -141,6 +146,20 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Open the ledger a config names: `database` = a `postgres://` URL opens
+/// the PostgreSQL engine ([`pg::PgStore`], this proxy's files under
+/// `data_dir`); None opens the SQLite one in `data_dir` ([`Store`]).
+pub fn open_ledger(
+    database: Option<&str>,
+    data_dir: &Path,
+    opts: StoreOptions,
+) -> Result<Arc<dyn LedgerStore>, StoreError> {
+    Ok(match database {
+        Some(url) => Arc::new(pg::PgStore::open(url, data_dir, opts)?),
+        None => Arc::new(Store::open(data_dir, opts)?),
+    })
 }
 
 impl Store {
@@ -259,38 +278,7 @@ impl Store {
 
     /// A snapshot of the writer's counters and lag summary.
     pub fn metrics(&self) -> StoreMetrics {
-        let s = &self.inner.shared;
-        let (queued, queued_bytes, writer_lag_ms) = s.queue_state();
-        let mut lags: Vec<u64> = s.lags_us.lock().iter().copied().collect();
-        lags.sort_unstable();
-        let pct = |p: usize| {
-            if lags.is_empty() {
-                0
-            } else {
-                lags[(lags.len() - 1) * p / 100]
-            }
-        };
-        let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-        StoreMetrics {
-            events: n(&s.events),
-            batches: n(&s.batches),
-            commits_failed: n(&s.commits_failed),
-            commit_retries: n(&s.commit_retries),
-            rejected: n(&s.rejected),
-            shed: n(&s.shed),
-            behind: s.behind_count() as u64,
-            reopens: n(&s.reopens),
-            transcript_errors: n(&s.transcript_errors),
-            files_healed: n(&s.files_healed),
-            pages_written: n(&s.pages_written),
-            sessions_removed: n(&s.sessions_removed),
-            queued,
-            queued_bytes,
-            writer_lag_ms,
-            lag_p50_us: pct(50),
-            lag_p99_us: pct(99),
-            lag_max_us: lags.last().copied().unwrap_or(0),
-        }
+        metrics_of(&self.inner.shared)
     }
 
     /// The data-dir layout.
@@ -306,5 +294,40 @@ impl Store {
     /// `<data>/sessions/<sanitized id>`.
     pub fn session_dir(&self, id: &str) -> PathBuf {
         self.inner.dir.session_dir(id)
+    }
+}
+
+/// The counters and lag summary of an engine's shared writer state.
+fn metrics_of(s: &Shared) -> StoreMetrics {
+    let (queued, queued_bytes, writer_lag_ms) = s.queue_state();
+    let mut lags: Vec<u64> = s.lags_us.lock().iter().copied().collect();
+    lags.sort_unstable();
+    let pct = |p: usize| {
+        if lags.is_empty() {
+            0
+        } else {
+            lags[(lags.len() - 1) * p / 100]
+        }
+    };
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    StoreMetrics {
+        events: n(&s.events),
+        batches: n(&s.batches),
+        commits_failed: n(&s.commits_failed),
+        commit_retries: n(&s.commit_retries),
+        rejected: n(&s.rejected),
+        shed: n(&s.shed),
+        behind: s.behind_count() as u64,
+        reopens: n(&s.reopens),
+        transcript_errors: n(&s.transcript_errors),
+        files_healed: n(&s.files_healed),
+        pages_written: n(&s.pages_written),
+        sessions_removed: n(&s.sessions_removed),
+        queued,
+        queued_bytes,
+        writer_lag_ms,
+        lag_p50_us: pct(50),
+        lag_p99_us: pct(99),
+        lag_max_us: lags.last().copied().unwrap_or(0),
     }
 }

@@ -398,13 +398,14 @@ impl Reply {
     }
 }
 
-/// Work run on the writer thread, in queue order with the events.
-pub(super) type Job = Box<dyn FnOnce(&mut Writer) + Send>;
+/// Work run on the writer thread, in queue order with the events (`W` is
+/// the engine's writer: SQLite's by default, PostgreSQL's in `pg`).
+pub(super) type Job<W = Writer> = Box<dyn FnOnce(&mut W) + Send>;
 
 /// One command of the writer's queue.
-pub(super) enum Cmd {
+pub(super) enum Cmd<W = Writer> {
     Event { ev: Event, id: u64, at: Instant },
     Settle(Reply),
-    Job(Job),
+    Job(Job<W>),
     Shutdown,
 }

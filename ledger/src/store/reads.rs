@@ -268,6 +268,25 @@ impl Store {
         })
     }
 
+    /// What each model merge of a session's `SESSION.md` used, in order
+    /// (its markers in `page_notes`; a marker without usage is skipped).
+    pub fn merge_uses(&self, id: &str) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
+        self.with_reader(|c| {
+            let mut stmt = c.prepare(
+                "SELECT text FROM page_notes WHERE session = ?1 AND section = ?2 ORDER BY rowid",
+            )?;
+            let texts = stmt
+                .query_map(rusqlite::params![id, crate::merge::MARKER_SECTION], |r| {
+                    r.get::<_, String>(0)
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(texts
+                .iter()
+                .filter_map(|t| crate::merge::marker_use(t))
+                .collect())
+        })
+    }
+
     /// The line a session last ran with, if one was recorded (sessions of
     /// schema 4 on).
     pub fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {

@@ -3,7 +3,7 @@
 //! decoding, a session's facts and rows, turn summaries, the bulk search-index
 //! writer, and the one policy for a stored dialect this build does not know.
 
-use super::backend::LoadedSession;
+use super::backend::{LoadedSession, SentPointers, RECALLS_LIKE, SENT_LIKE};
 use super::error::StoreError;
 use crate::model::{Dialect, Row, RowKind, SessionMeta, Usage};
 use crate::parts;
@@ -11,14 +11,9 @@ use crate::transcript::{self, TurnSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Unix milliseconds now.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub(crate) use crate::time::now_ms;
 
 /// A `u64` as SQLite's `INTEGER` (saturating).
 pub(crate) fn to_i64(v: u64) -> i64 {
@@ -170,6 +165,8 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
             |r| Ok((r.get::<_, i64>(0)?.max(0) as u32, r.get::<_, String>(1)?)),
         )
         .optional()?;
+    let exchanges = kept_exchanges(c, id)?;
+    let pointers = sent_pointers(c, id)?;
     Ok(Some(LoadedSession {
         meta,
         rows,
@@ -179,7 +176,53 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
         last_usage,
         steps: steps as u32,
         context,
+        exchanges,
+        pointers,
     }))
+}
+
+/// The compress pointers the session's newest recorded window sent
+/// ([`LoadedSession::pointers`]).
+fn sent_pointers(c: &Connection, id: &str) -> Result<Option<SentPointers>, StoreError> {
+    let newest: Option<String> = c
+        .query_row(
+            "SELECT detail FROM steps WHERE session = ?1 AND detail LIKE ?2
+             ORDER BY step DESC LIMIT 1",
+            params![id, SENT_LIKE],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let mut err = None;
+    let p = super::backend::sent_pointers(newest.as_deref(), |step| {
+        c.query_row(
+            "SELECT detail FROM steps WHERE session = ?1 AND step = ?2",
+            params![id, step],
+            |r| r.get::<_, Option<String>>(0),
+        )
+        .optional()
+        .map_err(|e| err = Some(e))
+        .ok()
+        .flatten()
+        .flatten()
+    });
+    match err {
+        Some(e) => Err(e.into()),
+        None => Ok(p),
+    }
+}
+
+/// The recall tool's internal exchanges a session's steps kept, in step
+/// order (only steps whose detail names recalls are read).
+fn kept_exchanges(c: &Connection, id: &str) -> Result<Vec<(u64, Vec<String>)>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT detail FROM steps WHERE session = ?1 AND detail LIKE ?2 ORDER BY step",
+    )?;
+    let details = stmt
+        .query_map(params![id, RECALLS_LIKE], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(super::backend::kept_exchanges(
+        details.iter().map(String::as_str),
+    ))
 }
 
 /// Visible rows of one turn, by seq.

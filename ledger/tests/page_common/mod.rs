@@ -2,7 +2,8 @@
 //! the page, export, recall and retention tests.
 #![allow(dead_code)]
 
-use oceancode_ledger::store::{Store, StoreOptions};
+use oceancode_ledger::store::pg::PgStore;
+use oceancode_ledger::store::{LedgerStore, Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -15,9 +16,32 @@ pub fn open(dir: &Path) -> Store {
     Store::open(dir, StoreOptions::default()).expect("open store")
 }
 
+/// A ledger of either backend, as the scripted session holds it.
+pub trait AnyLedger {
+    fn ledger(&self) -> Arc<dyn LedgerStore>;
+}
+
+impl AnyLedger for Store {
+    fn ledger(&self) -> Arc<dyn LedgerStore> {
+        Arc::new(self.clone())
+    }
+}
+
+impl AnyLedger for PgStore {
+    fn ledger(&self) -> Arc<dyn LedgerStore> {
+        Arc::new(self.clone())
+    }
+}
+
+impl AnyLedger for Arc<dyn LedgerStore> {
+    fn ledger(&self) -> Arc<dyn LedgerStore> {
+        self.clone()
+    }
+}
+
 /// Drives one session: every call submits its events at once.
 pub struct Sim {
-    pub store: Store,
+    pub store: Arc<dyn LedgerStore>,
     pub id: String,
     pub seq: u64,
     pub turn: u32,
@@ -27,9 +51,9 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub fn new(store: &Store, id: &str, last_ms: i64) -> Sim {
+    pub fn new(store: &impl AnyLedger, id: &str, last_ms: i64) -> Sim {
         let sim = Sim {
-            store: store.clone(),
+            store: store.ledger(),
             id: id.to_string(),
             seq: 0,
             turn: 0,
@@ -167,6 +191,26 @@ impl Sim {
         self.step += 1;
     }
 
+    /// End a step without an answer: `status` and why.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn fail_step(&mut self, status: u16, error: &str) {
+        self.ts += 1_000;
+        self.store
+            .submit(Event::Step {
+                session: self.id.clone(),
+                step: self.step,
+                model: self.model.clone(),
+                status,
+                usage: Usage::default(),
+                window_rows: self.seq as u32,
+                ts_ms: self.ts,
+                error: Some(error.to_string()),
+                detail: Default::default(),
+            })
+            .expect("submit step");
+        self.step += 1;
+    }
+
     pub fn cut(&mut self, upto_seq: u64) {
         self.ts += 10;
         self.store
@@ -199,7 +243,7 @@ impl Sim {
 /// A session that exercises every page fact: goal, files, commands and
 /// exit codes, a fixed error, tasks whose status changes, a rewind, and
 /// cuts (one in the middle of a turn).
-pub fn scripted(store: &Store, id: &str) -> Sim {
+pub fn scripted(store: &impl AnyLedger, id: &str) -> Sim {
     let mut s = Sim::new(store, id, T0);
     s.system("You are a careful engineer.");
     // t1

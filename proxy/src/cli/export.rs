@@ -54,10 +54,10 @@ pub fn run(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
             private_file(Path::new(&a.out)).with_context(|| format!("cannot create {}", a.out))?,
         )
     };
-    let bar = progress_bar(session_rows(&store, &id), "export");
+    let bar = progress_bar(session_rows(&*store, &id), "export");
     if a.md {
         oceancode_ledger::export::markdown(
-            &store,
+            &*store,
             &id,
             &price,
             &mut out,
@@ -68,7 +68,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &ExportArgs) -> Result<i32> {
             b.set_message("export (ATIF)");
             b.enable_steady_tick(std::time::Duration::from_millis(120));
         }
-        oceancode_ledger::atif::write(&store, &id, &price, &mut out)?;
+        oceancode_ledger::atif::write(&*store, &id, &price, &mut out)?;
     }
     if let Some((b, _)) = bar {
         b.finish_and_clear();

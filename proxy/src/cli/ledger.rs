@@ -48,11 +48,11 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
     match cmd {
         LedgerCmd::Path { session } => {
             let id = store.resolve_session(session.as_deref())?;
-            outln!("{}", store.session_dir(&id).display());
+            outln!("{}", store.data_dir().session_dir(&id).display());
             if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
                 super::out::errln!(
                     "oceancode-proxy: `oceancode-proxy context {id}` writes its live window to {} to edit",
-                    store.session_dir(&id).join("context.txt").display()
+                    store.data_dir().session_dir(&id).join("context.txt").display()
                 );
             }
         }
@@ -69,7 +69,7 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 vec![store.resolve_session(session.as_deref())?]
             };
             for id in &ids {
-                let rows = session_rows(&store, id);
+                let rows = session_rows(&*store, id);
                 let bar = progress_bar(rows, "rebuild");
                 let started = std::time::Instant::now();
                 let r = store.rebuild(id, bar.as_ref().map(|(_, p)| p.clone()))?;
@@ -91,7 +91,7 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 );
             }
             if *merge {
-                let code = merge::run(&store, cfg, &ids, *yes)?;
+                let code = merge::run(&*store, cfg, &ids, *yes)?;
                 let _ = store.shutdown();
                 return Ok(code);
             }

@@ -2,11 +2,11 @@
 
 use super::out::{err, errln, outln};
 use anyhow::{bail, Context, Result};
-use http_body_util::{BodyExt, Full};
 use oceancode_config::Config;
 use oceancode_ledger::merge as m;
-use oceancode_ledger::store::Store;
+use oceancode_ledger::store::LedgerStore;
 use oceancode_ledger::Dialect;
+use oceancode_proxy::merge as lm;
 use std::io::BufRead;
 
 /// Ask y/N on stderr; anything but `y`/`yes` (EOF included) is no.
@@ -20,7 +20,7 @@ fn confirm(question: &str) -> bool {
 }
 
 /// Fold each session's merge backlog with `ledger.merge.model`.
-pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32> {
+pub fn run(store: &dyn LedgerStore, cfg: &Config, ids: &[String], yes: bool) -> Result<i32> {
     let Some(model) = cfg.ledger.merge.model.clone() else {
         bail!("the model merge is off: set ledger.merge.model in the config to use --merge");
     };
@@ -69,9 +69,9 @@ pub fn run(store: &Store, cfg: &Config, ids: &[String], yes: bool) -> Result<i32
             .collect();
         let prompt = m::prompt(&id, &page, &transcripts);
         let answer = rt.block_on(ask(&up, cfg, dialect, &model, &prompt))?;
-        let mut notes = m::parse_notes(&answer, from, to);
+        let mut notes = m::parse_notes(&answer.text, from, to);
         let n = notes.len();
-        notes.push(m::marker(to));
+        notes.push(m::marker_with(to, &model, &answer.usage));
         store.add_page_notes(&id, notes)?;
         outln!(
             "merged {id}: t{from:02}–t{to:02} → {n} line{} in SESSION.md",
@@ -89,76 +89,29 @@ async fn ask(
     dialect: Dialect,
     model: &str,
     prompt: &str,
-) -> Result<String> {
+) -> Result<lm::Answer> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let (base, path, body, headers): (&str, &str, serde_json::Value, Vec<(&str, String)>) =
-        match dialect {
-            Dialect::Anthropic => {
-                let mut h = vec![("anthropic-version", "2023-06-01".to_string())];
-                if let Some(k) = env("ANTHROPIC_API_KEY") {
-                    h.push(("x-api-key", k));
-                } else if let Some(t) = env("ANTHROPIC_AUTH_TOKEN") {
-                    h.push(("authorization", format!("Bearer {t}")));
-                } else {
-                    bail!("--merge needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) for an Anthropic session");
-                }
-                (
-                    cfg.anthropic_upstream(),
-                    "/v1/messages",
-                    serde_json::json!({"model": model, "max_tokens": 4096,
-                        "messages": [{"role": "user", "content": prompt}]}),
-                    h,
-                )
-            }
-            Dialect::OpenaiChat | Dialect::OpenaiResponses => {
-                let Some(k) = env("OPENAI_API_KEY") else {
-                    bail!("--merge needs OPENAI_API_KEY for an OpenAI session");
-                };
-                (
-                    cfg.openai_upstream(),
-                    "/v1/chat/completions",
-                    serde_json::json!({"model": model,
-                        "messages": [{"role": "user", "content": prompt}]}),
-                    vec![("authorization", format!("Bearer {k}"))],
-                )
-            }
-        };
-    let uri = oceancode_proxy::upstream::join(base, path)?;
-    let mut req = http::Request::post(uri).header("content-type", "application/json");
-    for (k, v) in headers {
-        req = req.header(k, v);
-    }
-    let body = Full::new(bytes::Bytes::from(body.to_string()))
-        .map_err(|never| match never {})
-        .boxed();
-    let resp = up.send(req.body(body)?, base).await?;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    if !status.is_success() {
-        bail!(
-            "the merge model answered {status}: {}",
-            String::from_utf8_lossy(&bytes)
-                .chars()
-                .take(500)
-                .collect::<String>()
-        );
-    }
-    let text = match dialect {
-        Dialect::Anthropic => v["content"]
-            .as_array()
-            .map(|blocks| {
-                blocks
-                    .iter()
-                    .filter_map(|b| b["text"].as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .unwrap_or_default(),
-        _ => v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
+    let (base, provider, auth) = match dialect {
+        Dialect::Anthropic => {
+            let auth = if let Some(k) = env("ANTHROPIC_API_KEY") {
+                lm::Auth::ApiKey(lm::Secret::new(k))
+            } else if let Some(t) = env("ANTHROPIC_AUTH_TOKEN") {
+                lm::Auth::Bearer(lm::Secret::new(t))
+            } else {
+                bail!("--merge needs ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN) for an Anthropic session");
+            };
+            (cfg.anthropic_upstream(), lm::Provider::Anthropic, auth)
+        }
+        Dialect::OpenaiChat | Dialect::OpenaiResponses => {
+            let Some(k) = env("OPENAI_API_KEY") else {
+                bail!("--merge needs OPENAI_API_KEY for an OpenAI session");
+            };
+            (
+                cfg.openai_upstream(),
+                lm::Provider::OpenAi,
+                lm::Auth::Bearer(lm::Secret::new(k)),
+            )
+        }
     };
-    Ok(text)
+    Ok(lm::ask(up, base, provider, model, &auth, prompt).await?)
 }

@@ -36,7 +36,7 @@ mod ui;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use oceancode_config::{self as config, Config, LineSpec, Overrides};
-use oceancode_ledger::store::{Store, StoreOptions};
+use oceancode_ledger::store::{open_ledger, LedgerStore, StoreOptions};
 use out::errln;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,6 +54,11 @@ pub struct Cli {
     /// $XDG_DATA_HOME/oceancode-proxy.
     #[arg(long, global = true, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// The ledger's database: `sqlite` (the data dir's oceancode.db) or a
+    /// postgres://user@host:port/db URL shared by several proxies.
+    /// Default: $OCEANCODE_DATABASE_URL, else `ledger.database`, else sqlite.
+    #[arg(long, global = true, value_name = "URL")]
+    database: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -158,22 +163,21 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
-/// A `--tideline` value of `serve`/`run`: `40%`, `500k`, `0`, `default` (None).
+/// A `--tideline` value of `serve`/`run`: `40%`, `500k`, `0`, `default`
+/// (None); the value as every other line value is read (`LineSpec`'s parser).
 fn parse_line(s: &str) -> Result<Option<LineSpec>> {
     if s.trim().eq_ignore_ascii_case("default") {
         return Ok(None);
     }
-    match s.parse::<config::Amount>() {
-        Ok(config::Amount::Percent(p)) => Ok(Some(LineSpec::Percent(p))),
-        Ok(config::Amount::Tokens(t)) if t == 0 || t >= config::MIN_FIXED_LINE => {
-            Ok(Some(LineSpec::Tokens(t)))
-        }
-        Ok(config::Amount::Tokens(_)) => bail!(
-            "the smallest fixed tideline is 20k\n{}",
-            config::TIDELINE_USAGE
-        ),
+    match s.parse::<LineSpec>() {
+        Ok(spec) => Ok(Some(spec)),
         Err(e) => bail!("{e}\n{}", config::TIDELINE_USAGE),
     }
+}
+
+/// `--compress on|off`.
+pub(super) fn parse_on_off(s: &str) -> Result<bool, String> {
+    config::parse_switch(s).ok_or_else(|| format!("expected on or off, not {s:?}"))
 }
 
 /// Resolve the config layers (file, env, these flags); warnings go to
@@ -183,6 +187,7 @@ fn load(
     listen: Option<SocketAddr>,
     up: &UpstreamFlags,
     tideline: Option<LineSpec>,
+    compress: Option<bool>,
 ) -> Result<config::Loaded> {
     let limits = match &cli.command {
         Command::Serve(a) => Some(&a.limits),
@@ -198,14 +203,17 @@ fn load(
         anthropic_upstream: up.anthropic_upstream.clone(),
         openai_upstream: up.openai_upstream.clone(),
         tideline,
+        compress,
         allow_remote: matches!(&cli.command, Command::Serve(a) if a.allow_remote),
         recall_tool: match &cli.command {
             Command::Serve(a) => a.recall_tool,
             Command::Run(a) => a.recall_tool,
             _ => false,
         },
+        database: cli.database.clone(),
     };
     let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
+    let _ = DATABASE.set(loaded.config.ledger.postgres_url().map(str::to_string));
     // The log filter is checked here, where a bad one can still stop the
     // command with an error that names where it came from.
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(loaded.config.log_filter()) {
@@ -287,7 +295,7 @@ fn real_main(cli: Cli) -> Result<i32> {
 /// The config and the absolute data dir of a command that reads the
 /// ledger or asks a running proxy (no flags of `serve`'s).
 fn reader(cli: &Cli) -> Result<(Config, PathBuf)> {
-    let loaded = load(cli, None, &UpstreamFlags::default(), None)?;
+    let loaded = load(cli, None, &UpstreamFlags::default(), None, None)?;
     let dir = data_dir(&loaded.config);
     Ok((loaded.config, dir))
 }
@@ -316,15 +324,29 @@ fn runtime_block<T, F: std::future::Future<Output = Result<T>>>(f: F) -> Result<
     rt.block_on(f)
 }
 
-/// Open the ledger of `dir` for a command (never creates one).
-fn open_store(dir: &Path) -> Result<Store> {
+/// The PostgreSQL URL of the loaded config (`ledger.database`), set once
+/// the config is loaded; unset or None = SQLite in the data dir.
+static DATABASE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Open the ledger of `dir` (or of the configured PostgreSQL database,
+/// with `dir` for the files it renders) for a command; an SQLite ledger
+/// is never created by a command.
+fn open_store(dir: &Path) -> Result<std::sync::Arc<dyn LedgerStore>> {
+    if let Some(url) = DATABASE.get().and_then(Option::as_deref) {
+        return open_ledger(Some(url), dir, StoreOptions::default()).with_context(|| {
+            format!(
+                "cannot open the ledger at {}",
+                oceancode_ledger::store::pg::redact_url(url)
+            )
+        });
+    }
     if !dir.join("oceancode.db").exists() {
         bail!(
             "no ledger in {} yet (run `oceancode-proxy serve` first)",
             dir.display()
         );
     }
-    Store::open(dir, StoreOptions::default())
+    open_ledger(None, dir, StoreOptions::default())
         .with_context(|| format!("cannot open the ledger in {}", dir.display()))
 }
 

@@ -1,11 +1,11 @@
 //! Progress bars for long ledger work (rebuild, export) on a terminal.
 
 use oceancode_ledger::rebuild::Progress;
-use oceancode_ledger::store::Store;
+use oceancode_ledger::store::LedgerStore;
 use std::sync::Arc;
 
 /// Rows of a session on the active line (0 if unknown).
-pub(super) fn session_rows(store: &Store, id: &str) -> u64 {
+pub(super) fn session_rows(store: &dyn LedgerStore, id: &str) -> u64 {
     store
         .session_summary(id)
         .ok()

@@ -17,6 +17,9 @@ pub struct RunArgs {
     /// Tideline for this run: `50%`, `500k`, `default`.
     #[arg(long, value_name = "X")]
     tideline: Option<String>,
+    /// Old tool output becomes a pointer at each cut (`ledger.compress`).
+    #[arg(long, value_name = "on|off", value_parser = super::parse_on_off)]
+    compress: Option<bool>,
     #[command(flatten)]
     upstreams: UpstreamFlags,
     #[command(flatten)]
@@ -37,7 +40,7 @@ pub const LIMIT_EXIT: i32 = 8;
 /// `run`.
 pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32> {
     let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
-    let loaded = load(cli, None, &a.upstreams, line)?;
+    let loaded = load(cli, None, &a.upstreams, line, a.compress)?;
     init_tracing("warn");
     let opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)));
     runtime_block(run_child(opts, a.cmd.clone()))

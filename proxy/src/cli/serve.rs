@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// Tideline for all sessions: `40%`, `500k`, `0` (the model's ceiling).
     #[arg(long, value_name = "X")]
     tideline: Option<String>,
+    /// Old tool output becomes a pointer at each cut (`ledger.compress`).
+    #[arg(long, value_name = "on|off", value_parser = super::parse_on_off)]
+    compress: Option<bool>,
     /// Allow a non-loopback listen address (`0.0.0.0:…`, `[::]:…`): other
     /// machines can then use the proxy (the admin API needs the admin token).
     #[arg(long)]
@@ -42,7 +45,7 @@ pub struct ServeArgs {
 /// `serve`.
 pub fn run(cli: &Cli, a: &ServeArgs) -> Result<i32> {
     let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
-    let loaded = load(cli, a.listen, &a.upstreams, line)?;
+    let loaded = load(cli, a.listen, &a.upstreams, line, a.compress)?;
     init_tracing(loaded.config.log_filter());
     for w in &loaded.warnings {
         tracing::warn!("{w}");
@@ -87,18 +90,31 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
                 .state
                 .enabled
                 .then_some(cfg.ledger.state.max_tokens),
+            compress: cfg.ledger.compress,
+            seq_tags: cfg.context.seq_tags,
         },
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {
             queue_capacity: cfg.writer.queue_capacity,
             queue_bytes: usize::try_from(cfg.writer.queue_bytes).unwrap_or(usize::MAX),
             batch_max: cfg.writer.batch_max,
+            lease: std::time::Duration::from_millis(cfg.ledger.lease_ms),
             ..StoreOptions::default()
         }),
         limits: SessionLimits::from_config(&cfg.limits.session, {
             let c = Arc::new(cfg.clone());
             Arc::new(move |model: &str| config::price(model, &c))
         }),
+        database: cfg.ledger.postgres_url().map(str::to_string),
+        // Opt-in: `ledger.merge.model` and a key in this process's own
+        // environment (never a client's).
+        merge: cfg
+            .ledger
+            .enabled
+            .then(|| {
+                oceancode_proxy::merge::MergeOptions::from_config(cfg, &|k| std::env::var(k).ok())
+            })
+            .flatten(),
     }
 }
 
@@ -199,9 +215,7 @@ pub(super) fn register(
     let entry = Entry {
         url: format!("http://{addr}"),
         pid: std::process::id(),
-        started_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64),
+        started_ms: oceancode_ledger::time::now_ms(),
         kind: kind.to_string(),
         command,
         token_file,

@@ -90,6 +90,7 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         line_source: source,
         behind: behind.contains(&id),
         limits,
+        merge: oceancode_ledger::status::MergeSpend::of(&store.merge_uses(&id)?, &price),
         ..st
     };
     if a.json {

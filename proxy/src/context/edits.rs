@@ -325,7 +325,8 @@ pub fn protected<'f>(
 }
 
 /// A block of the export as the proxy wrote it (what an edit is read against).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "b", rename_all = "snake_case")]
 pub enum Exported {
     /// A message: its seq and the hash of its body.
     Row {
@@ -351,7 +352,7 @@ pub enum Exported {
 }
 
 /// An export: its nonce, first line and blocks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Export {
     /// The nonce every header names.
     pub nonce: String,

@@ -20,6 +20,28 @@ fn fixed_text(raw: &str) -> String {
     }
 }
 
+/// A stub message's text without its state block, and the state block
+/// (`oceancode_ledger::state_block::HEAD` to the end of the stub's part).
+fn split_state(raw: &str) -> (String, Option<String>) {
+    let v: serde_json::Value = serde_json::from_str(raw).unwrap_or_default();
+    let head = format!("\n\n{}", oceancode_ledger::state_block::HEAD);
+    let mut texts: Vec<String> = match v.get("content") {
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(|t| t.as_str()).map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let state = texts.first_mut().and_then(|first| {
+        let at = first.find(&head)?;
+        let state = first[at + 2..].to_string();
+        first.truncate(at);
+        Some(state)
+    });
+    (texts.join("\n"), state)
+}
+
 /// A rendered body without its escapes (what a parse of it gives back).
 fn unescaped(text: &str) -> String {
     text.split('\n')
@@ -54,6 +76,21 @@ pub fn blocks(d: Dialect, pieces: &[(Src, &str)], notes: &[Note]) -> Vec<Block> 
                     out.push(Block::Note {
                         id: *id,
                         text: n.text.clone(),
+                    });
+                }
+            }
+            Src::Fixed("stub") => {
+                // The state block follows the stub's text in the same part:
+                // a block of its own in the file, not editable either.
+                let (stub, state) = split_state(raw);
+                out.push(Block::Fixed {
+                    label: "stub".into(),
+                    text: stub,
+                });
+                if let Some(state) = state {
+                    out.push(Block::Fixed {
+                        label: "state".into(),
+                        text: state,
                     });
                 }
             }

@@ -6,6 +6,9 @@
 //! [[stub · not editable]]
 //! [Earlier content of this session is past the tideline: …]
 //!
+//! [[state · not editable]]
+//! [State at the tideline: facts the proxy recorded from the rows that left …]
+//!
 //! [[m:NONCE 3 user]]
 //! Work through the numbered steps.
 //!

@@ -6,7 +6,7 @@
 
 use super::edits::{Note, Src};
 use super::export;
-use super::live::{Slot, Stamp};
+use super::live::{nonce_number, Saved, Slot, SlotState, Stamp};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
 use oceancode_ledger::Dialect;
@@ -105,7 +105,62 @@ pub fn replace(slot: &Slot, text: &str, record: super::edits::Export) -> std::io
     oceancode_ledger::paths::write_atomic(&slot.path, text.as_bytes())?;
     st.stamp = Stamp::of(&slot.path);
     st.export = record;
+    if let Some(stamp) = st.stamp {
+        let saved = Saved {
+            export: st.export.clone(),
+            stamp,
+        };
+        let json = serde_json::to_vec(&saved)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        oceancode_ledger::paths::write_atomic(&saved_path(&slot.path), &json)?;
+    }
     Ok(true)
+}
+
+/// `context.state.json` next to `context.txt`.
+pub fn saved_path(file: &std::path::Path) -> std::path::PathBuf {
+    file.with_file_name("context.state.json")
+}
+
+/// What a restart reads back of a session's exported file: the slot to
+/// keep fresh (None = the file is gone, or its record is: `context` exports
+/// it again) and the highest nonce number written, from the record and the
+/// file's own first line (a nonce is never used twice).
+pub fn resume(session: &str, file: &std::path::Path) -> (Option<SlotState>, u32) {
+    use std::io::Read;
+    let saved: Option<Saved> = std::fs::read(saved_path(file))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let mut head = Vec::with_capacity(512);
+    let on_disk = std::fs::File::open(file)
+        .and_then(|f| f.take(4096).read_to_end(&mut head))
+        .is_ok();
+    let first = String::from_utf8_lossy(&head);
+    let first = first.lines().next().unwrap_or_default();
+    let written = super::edits::nonce_of(first).and_then(nonce_number);
+    let floor = saved
+        .as_ref()
+        .and_then(|s| nonce_number(&s.export.nonce))
+        .max(written)
+        .unwrap_or(0);
+    match saved {
+        Some(s) if on_disk => (
+            Some(SlotState {
+                export: s.export,
+                stamp: Some(s.stamp),
+            }),
+            floor,
+        ),
+        _ => {
+            if on_disk {
+                tracing::info!(
+                    session,
+                    "context.txt has no record to read edits against: `context` exports it again"
+                );
+            }
+            (None, floor)
+        }
+    }
 }
 
 /// Write a receipt.

@@ -4,17 +4,18 @@
 
 use super::edits::{EditSet, Export, Src};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What identifies a version of the file on disk (size, mtime, inode): a
 /// stat, never a read, tells whether it changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stamp {
     /// Bytes.
     pub len: u64,
     /// Modification time, ns since the epoch.
-    pub mtime_ns: i128,
+    pub mtime_ns: i64,
     /// Inode (an atomic replace makes a new one).
     pub ino: u64,
 }
@@ -26,7 +27,10 @@ impl Stamp {
         let m = std::fs::metadata(path).ok()?;
         Some(Stamp {
             len: m.len(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
             ino: m.ino(),
         })
     }
@@ -55,6 +59,23 @@ pub struct Slot {
     pub state: Mutex<SlotState>,
 }
 
+/// What survives a restart of an exported file (`context.state.json` next
+/// to it, written with every write of the file): the export it was written
+/// from, its stamp, and the highest nonce written, so a session read back
+/// from the ledger keeps its file fresh and never repeats a nonce.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    /// The export the file was written from (its nonce included).
+    pub export: Export,
+    /// The file as written.
+    pub stamp: Stamp,
+}
+
+/// The number of a nonce (`e7` → 7).
+pub fn nonce_number(nonce: &str) -> Option<u32> {
+    nonce.strip_prefix('e')?.parse().ok()
+}
+
 /// A live session's context edits.
 #[derive(Debug, Default)]
 pub struct Live {
@@ -77,9 +98,19 @@ pub struct Live {
     pub receipt: Option<String>,
     /// The last receipt written.
     pub last_receipt: Option<String>,
+    /// `context.seq_tags`: tool results end with `[seq N]` upstream.
+    pub seq_tags: bool,
+    /// Tagged tool results by seq: (xxh3 of the client's bytes, the tagged
+    /// bytes), so a row is tagged once, not per request.
+    pub tagged: Mutex<HashMap<u64, (u64, Arc<str>)>>,
 }
 
 impl Live {
+    /// Nonces from now on are numbered above `n` (one already written).
+    pub fn floor(&mut self, n: u32) {
+        self.exports = self.exports.max(n);
+    }
+
     /// A new nonce for the next export.
     pub fn mint(&mut self) -> String {
         self.exports += 1;

@@ -11,6 +11,7 @@
 //! | `receipt` | the receipt's text | none |
 //! | `live` | what a live session keeps: the edit set, the export, the last layout | stat |
 //! | `export` | the blocks of a window, and the export record an edit is read against | none |
+//! | `seq_tag` | `context.seq_tags`: a tool result's `[seq N]`, spliced into the client's bytes | none |
 //! | `io` | writing the file (behind the request) and the receipt | files |
 
 pub mod body;
@@ -20,3 +21,4 @@ pub mod file;
 pub mod io;
 pub mod live;
 pub mod receipt;
+pub mod seq_tag;

@@ -7,6 +7,11 @@
 //! (429, 5xx) reaches the client as that status and body, unchanged. An
 //! answer that calls client tools too (or past the round limit) goes to the
 //! client without its recall calls; their results go with the next request.
+//! A context-limit answer on the way (a 400/413 "too long", or a Responses
+//! stream failing with `context_length_exceeded` before any output: nothing
+//! reached the client, the answer is held) is answered as on the plain
+//! path: every closed block cut, the request retried once, the exchange so
+//! far appended to the retry.
 
 use super::{calls, search, strip};
 use crate::dialect::{self, Collected};
@@ -87,15 +92,34 @@ async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<Str
     tokio::task::spawn_blocking(move || {
         inputs
             .iter()
-            .map(|i| search::run(&store, &session, i))
+            .map(|i| search::run(store.as_ref(), &session, i))
             .collect::<Vec<_>>()
     })
     .await
     .unwrap_or_else(|e| vec![format!("oceancode_recall: the recall failed ({e})"); n])
 }
 
+/// The too-long retry of a request in the loop: every closed block cut
+/// (the ceiling learned), the client's request re-rendered, the exchange
+/// so far (`hidden`: the continuations' messages) appended. None: nothing
+/// to cut.
+fn cut_retry(
+    app: &Arc<App>,
+    ticket: &mut Ticket,
+    ceiling: Option<u64>,
+    hidden: &[String],
+) -> Option<Bytes> {
+    let sessions = app.sessions.clone();
+    let body = server::cpu(|| sessions.too_long(ticket, ceiling))?;
+    if hidden.is_empty() {
+        return Some(body);
+    }
+    append(ticket.dialect, &body, hidden)
+}
+
 /// The answer of a request that carries the tool (status 200 from the
-/// upstream): the internal loop, then the client's answer.
+/// upstream): the internal loop, then the client's answer. `retried`: the
+/// request's one too-long retry is spent.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn answer(
     app: &Arc<App>,
@@ -105,6 +129,7 @@ pub(crate) async fn answer(
     sent: Bytes,
     resp: Response<Incoming>,
     mut ticket: Ticket,
+    mut retried: bool,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let d = ticket.dialect;
     let max_rounds = app.cfg.recall.max_rounds;
@@ -126,6 +151,51 @@ pub(crate) async fn answer(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok()),
         );
+        let too_long =
+            head.status == StatusCode::BAD_REQUEST || head.status == StatusCode::PAYLOAD_TOO_LARGE;
+        if too_long && identity && !retried {
+            // A continuation over the context: read the (small) error.
+            app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            let bytes =
+                match read_whole(body, server::ERROR_PEEK, app.cfg.idle_stream_timeout).await {
+                    Read::Whole(b) => b,
+                    Read::Over(held) => {
+                        ticket.note_internal(recalls, billed, sent.len());
+                        return Ok(server::tap_response(app, d, Some(ticket), head, held));
+                    }
+                    Read::Failed(reason) => {
+                        ticket.note_internal(recalls, billed, sent.len());
+                        ticket.fail(StatusCode::BAD_GATEWAY.as_u16(), StepError::Stream);
+                        return Err(ProxyError::Unreachable {
+                            upstream: base,
+                            reason: format!("error body could not be read: {reason}"),
+                        });
+                    }
+                };
+            let limit = crate::overflow::context_limit(d, &bytes);
+            if let Some(l) = limit {
+                app.sessions.learn_limit(&ticket, l);
+            }
+            let next = limit.and_then(|l| cut_retry(app, &mut ticket, l.ceiling, &hidden));
+            let Some(next) = next else {
+                ticket.note_internal(recalls, billed, sent.len());
+                return Ok(server::tap_response(
+                    app,
+                    d,
+                    Some(ticket),
+                    head,
+                    Full::new(bytes),
+                ));
+            };
+            tracing::info!(session = %ticket.session.id, round, "recall tool: too long, cut every closed block, retrying once");
+            retried = true;
+            sent = next;
+            resp = match send(app, parts, &uri, &base, &sent).await {
+                Ok(r) => r,
+                Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
+            };
+            continue;
+        }
         if head.status != StatusCode::OK || !identity || framing == Framing::Opaque {
             // A continuation's error, as the upstream sent it (never a 200
             // the client would not retry); or an answer the proxy cannot read.
@@ -153,6 +223,24 @@ pub(crate) async fn answer(
                 });
             }
         };
+        if !retried
+            && d == Dialect::OpenaiResponses
+            && sse
+            && crate::overflow::failed_before_output(&bytes)
+        {
+            // `context_length_exceeded` inside the 200, before any output:
+            // the client has seen nothing; cut and retry once.
+            if let Some(next) = cut_retry(app, &mut ticket, None, &hidden) {
+                tracing::info!(session = %ticket.session.id, round, "recall tool: context_length_exceeded inside the stream, cut every closed block, retrying once");
+                retried = true;
+                sent = next;
+                resp = match send(app, parts, &uri, &base, &sent).await {
+                    Ok(r) => r,
+                    Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
+                };
+                continue;
+            }
+        }
         let collected = collect(d, sse, &bytes);
         let found = calls::find(d, &collected.rows);
         if found.recall.is_empty() || collected.error.is_some() || !collected.terminal {
@@ -186,6 +274,7 @@ pub(crate) async fn answer(
                 result_chars: t.chars().count() as u64,
                 continued: cont,
                 messages: if i == 0 { msgs.clone() } else { Vec::new() },
+                after: None,
             });
         }
         let next = if cont { append(d, &sent, &msgs) } else { None };
@@ -217,19 +306,39 @@ pub(crate) async fn answer(
                 .plus(collected.detail.extra),
         );
         sent = next;
-        let len = sent.len();
-        let up =
-            server::upstream_request(parts, uri.clone(), server::full_up(sent.clone()), Some(len));
-        resp = match app.upstream.send(up, &base).await {
+        resp = match send(app, parts, &uri, &base, &sent).await {
             Ok(r) => r,
-            Err(e) => {
-                ticket.note_internal(recalls, billed, len);
-                ticket.fail(e.status().as_u16(), StepError::Unreachable);
-                return Err(e);
-            }
+            Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
         };
         round += 1;
     }
+}
+
+/// Send `body` upstream for the loop (a continuation or a retry).
+async fn send(
+    app: &Arc<App>,
+    parts: &http::request::Parts,
+    uri: &http::Uri,
+    base: &str,
+    body: &Bytes,
+) -> Result<Response<Incoming>, ProxyError> {
+    let len = body.len();
+    let up = server::upstream_request(parts, uri.clone(), server::full_up(body.clone()), Some(len));
+    app.upstream.send(up, base).await
+}
+
+/// The upstream could not be reached for the loop: the step ends failed,
+/// its recalls noted.
+fn lost(
+    mut ticket: Ticket,
+    recalls: Vec<InternalRecall>,
+    billed: Usage,
+    sent_len: usize,
+    e: ProxyError,
+) -> ProxyError {
+    ticket.note_internal(recalls, billed, sent_len);
+    ticket.fail(e.status().as_u16(), StepError::Unreachable);
+    e
 }
 
 /// The client's answer: `bytes` through the tap (which records it), the
@@ -241,7 +350,7 @@ fn finish(
     mut head: http::response::Parts,
     bytes: Bytes,
     changed: bool,
-    recalls: Vec<InternalRecall>,
+    mut recalls: Vec<InternalRecall>,
     billed: Usage,
     hidden: Vec<String>,
     sent_len: usize,
@@ -250,6 +359,10 @@ fn finish(
         head.headers.remove(header::CONTENT_LENGTH);
     }
     if !hidden.is_empty() {
+        // Recorded where it goes, so a restart puts it back there.
+        for r in &mut recalls {
+            r.after = Some(ticket.tail_seq);
+        }
         ticket.keep_hidden(hidden);
     }
     ticket.note_internal(recalls, billed, sent_len);

@@ -19,7 +19,7 @@
 //! client as that status. What that costs is the answer's streaming: the
 //! client gets the first byte when the upstream sent the last one.
 
-pub(crate) mod calls;
+pub mod calls;
 pub(crate) mod flow;
 pub(crate) mod hidden;
 pub(crate) mod search;

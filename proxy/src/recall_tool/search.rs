@@ -1,7 +1,7 @@
 //! The recall itself: the `recall` CLI's three reads against the ledger
 //! (settled first), clipped as the CLI clips them, as the tool's text.
 
-use oceancode_ledger::store::Store;
+use oceancode_ledger::store::LedgerStore;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 /// Run the call with `input` (JSON text) on session `session`; blocking
 /// (SQLite): call from a blocking thread.
-pub fn run(store: &Store, session: &str, input: &str) -> String {
+pub fn run(store: &dyn LedgerStore, session: &str, input: &str) -> String {
     let input: Input = match serde_json::from_str(input) {
         Ok(i) => i,
         Err(e) => {
@@ -76,7 +76,7 @@ pub fn run(store: &Store, session: &str, input: &str) -> String {
 }
 
 fn entry(
-    store: &Store,
+    store: &dyn LedgerStore,
     session: &str,
     seq: u64,
 ) -> Result<String, oceancode_ledger::store::StoreError> {

@@ -203,6 +203,24 @@ fn record(st: &mut State, taken: &Taken, before: u64, after: u64, events: &mut V
     });
 }
 
+/// A session read back from the ledger (a restart, idle eviction): its
+/// exported file is kept fresh again from its saved record, and its nonces
+/// go on from the highest one written.
+pub(super) fn resume(data_dir: &std::path::Path, st: &mut State) {
+    let slot = slot_of(data_dir, &st.meta.id);
+    if !slot.path.exists() && !io::saved_path(&slot.path).exists() {
+        return;
+    }
+    let (state, floor) = io::resume(&st.meta.id, &slot.path);
+    st.context.floor(floor);
+    if let Some(state) = state {
+        st.context.nonce = state.export.nonce.clone();
+        *slot.state.lock() = state;
+        tracing::debug!(session = %st.meta.id, nonce = %st.context.nonce, "context.txt is kept fresh again");
+        st.context.slot = Some(slot);
+    }
+}
+
 /// Keep what the window was made of, for an export.
 pub(super) fn remember(st: &mut State, window: &mut Window) {
     st.context.layout = window.layout.take();
@@ -280,10 +298,28 @@ impl SessionManager {
             None => st.active.iter().map(|&s| Src::Row(s)).collect(),
         };
         let notes = &st.context.set.notes;
+        // Tool results as the upstream saw them (`context.seq_tags`).
+        let tagged: HashMap<u64, String> = if st.context.seq_tags {
+            layout
+                .iter()
+                .filter_map(|src| match src {
+                    Src::Row(s) if !st.row(*s).calls.closes.is_empty() => rows
+                        .get(s)
+                        .and_then(|r| crate::context::seq_tag::tag(st.dialect, r, *s))
+                        .map(|t| (*s, t)),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         let mut pieces: Vec<(Src, &str)> = Vec::with_capacity(layout.len());
         for src in &layout {
             let raw = match src {
-                Src::Row(s) => rows.get(s).map(|r| &**r),
+                Src::Row(s) => tagged
+                    .get(s)
+                    .map(String::as_str)
+                    .or_else(|| rows.get(s).map(|r| &**r)),
                 Src::Edited(s) => st.context.set.rewritten.get(s).map(String::as_str),
                 Src::Note(id) => notes.iter().find(|n| n.id == *id).map(|n| n.raw.as_str()),
                 Src::Fixed(_) => st.context.stub.as_deref(),
@@ -356,15 +392,50 @@ impl SessionManager {
                 text: text.trim().to_string(),
             });
         }
+        Ok(self.take_now(&mut st, &changes, rows))
+    }
+
+    /// The changes an edited file would make (delete, rewrite, restore,
+    /// notes), taken or refused now like [`SessionManager::edit_context`]:
+    /// what tests and the window fuzz target edit with, without a file.
+    /// Returns the receipt.
+    pub fn edit_changes(
+        &self,
+        session: &Session,
+        changes: &[Change],
+        rows: &HashMap<u64, Arc<str>>,
+    ) -> String {
+        let mut st = session.state.lock();
+        self.take_now(&mut st, changes, rows)
+    }
+
+    /// The seqs of a session's active line and the notes in force (tests,
+    /// fuzzing).
+    pub fn context_line(&self, session: &Session) -> (Vec<u64>, Vec<u32>) {
+        let st = session.state.lock();
+        (
+            st.active.clone(),
+            st.context.set.notes.iter().map(|n| n.id).collect(),
+        )
+    }
+
+    /// Take `changes` now against the session's line and its last window;
+    /// the receipt (also written to the file next to context.txt).
+    fn take_now(
+        &self,
+        st: &mut State,
+        changes: &[Change],
+        rows: &HashMap<u64, Arc<str>>,
+    ) -> String {
         let raw = |seq: u64| -> Option<&str> { rows.get(&seq).map(|r| &**r) };
         let ctx = Ctx {
             dialect: st.dialect,
             line: &st.active,
-            facts: facts(&st),
+            facts: facts(st),
             raw: &raw,
         };
         let nonce = st.context.nonce.clone();
-        let result = edits::take(&st.context.set, &changes, &ctx).and_then(|(set, taken)| {
+        let result = edits::take(&st.context.set, changes, &ctx).and_then(|(set, taken)| {
             // The last window with the new set must stay valid.
             let layout: Vec<(Src, &str)> = match &st.context.layout {
                 Some(l) => l.iter().map(|s| (*s, "")).collect(),
@@ -379,8 +450,8 @@ impl SessionManager {
                 })
                 .filter(|(s, _)| !matches!(s, Src::Note(_)))
                 .collect();
-            let applied = edits::apply(&set, &base, facts(&st));
-            edits::check(st.dialect, &applied, facts(&st)).map_err(|e| Refusal {
+            let applied = edits::apply(&set, &base, facts(st));
+            edits::check(st.dialect, &applied, facts(st)).map_err(|e| Refusal {
                 line: 0,
                 reason: format!("the edit leaves the request invalid: {e}"),
             })?;
@@ -391,12 +462,12 @@ impl SessionManager {
             Ok((set, taken)) => {
                 let old = std::mem::replace(&mut st.context.set, set);
                 let before = st.meter.gauge;
-                let after = tokens_after(&st, &old, &taken, before);
+                let after = tokens_after(st, &old, &taken, before);
                 let mut events = Vec::new();
                 if !taken.is_empty() {
-                    record(&mut st, &taken, before, after, &mut events);
+                    record(st, &taken, before, after, &mut events);
                 }
-                (self.sink)(events);
+                st.emit(&self.sink, events);
                 receipt::taken(&nonce, &when(), &taken, before, after)
             }
         };
@@ -405,9 +476,12 @@ impl SessionManager {
             Some(s) => s.clone(),
             None => slot_of(&self.settings.data_dir, &st.meta.id),
         };
-        io::write_receipt(&slot, &text)
-            .map_err(|e| format!("cannot write {}: {e}", slot.receipt.display()))?;
-        Ok(text)
+        if let Err(e) = io::write_receipt(&slot, &text) {
+            // The edit stands (or was refused) either way; `context
+            // --receipt` still answers from memory.
+            tracing::warn!(session = %st.meta.id, error = %e, "cannot write {}", slot.receipt.display());
+        }
+        text
     }
 
     /// The last receipt of a session (in memory, else its file).
@@ -472,6 +546,8 @@ impl SessionManager {
     /// turn; the newest turn always stays.
     pub fn evict(&self, session: &Session, how: Evict) -> Result<Evicted, String> {
         let mut st = session.state.lock();
+        // It builds on what a request in flight holds (see `hold`).
+        st.release_hold(&self.sink);
         let newest = st
             .active
             .iter()

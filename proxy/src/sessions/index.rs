@@ -30,6 +30,29 @@ impl Index {
             .push(s.clone());
         self.by_id.insert(s.id.clone(), s);
     }
+
+    /// Take `s` out again when nothing of it was recorded or is under way
+    /// (the request that created it was rolled back, [`super::hold`]).
+    pub(super) fn forget_unrecorded(&mut self, s: &Arc<Session>) {
+        let st = s.state.lock();
+        if !st.unrecorded() {
+            return;
+        }
+        if let Some(key) = st.meta.client_session.as_deref() {
+            if let Some(list) = self.by_key.get_mut(key) {
+                list.retain(|x| !Arc::ptr_eq(x, s));
+                if list.is_empty() {
+                    self.by_key.remove(key);
+                }
+            }
+        }
+        if self.by_id.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
+            self.by_id.remove(&s.id);
+        }
+        if self.latest.as_deref() == Some(s.id.as_str()) {
+            self.latest = None;
+        }
+    }
 }
 
 impl SessionManager {
@@ -37,8 +60,13 @@ impl SessionManager {
     /// sessions of a client key together). They are read back from the
     /// ledger on their next request. Needs a restorer (a ledger on disk).
     pub fn evict_idle(&self, idle_ms: i64) -> usize {
+        self.evict_idle_ids(idle_ms).len()
+    }
+
+    /// [`SessionManager::evict_idle`], returning the ids that left memory.
+    pub fn evict_idle_ids(&self, idle_ms: i64) -> Vec<String> {
         if self.restorer.is_none() {
-            return 0;
+            return Vec::new();
         }
         let now = now_ms();
         let mut idx = self.index.lock();
@@ -54,14 +82,14 @@ impl SessionManager {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let mut n = 0;
+        let mut gone = Vec::new();
         for k in idle_keys {
             for s in idx.by_key.remove(&k).unwrap_or_default() {
                 if let Some(l) = s.state.lock().override_line {
                     self.parked_overrides.lock().insert(s.id.clone(), l);
                 }
                 idx.by_id.remove(&s.id);
-                n += 1;
+                gone.push(s.id.clone());
             }
         }
         if idx
@@ -71,7 +99,7 @@ impl SessionManager {
         {
             idx.latest = None;
         }
-        n
+        gone
     }
 
     /// Read a client key's recorded sessions back (SQLite, and a wait for
@@ -82,7 +110,14 @@ impl SessionManager {
             return Vec::new();
         };
         match r(key) {
-            Ok(loaded) => loaded.into_iter().map(State::restore).collect(),
+            Ok(loaded) => loaded
+                .into_iter()
+                .map(|l| {
+                    let mut st = State::restore(l);
+                    super::context::resume(&self.settings.data_dir, &mut st);
+                    st
+                })
+                .collect(),
             Err(e) => {
                 tracing::warn!(key, error = %e, "cannot read the client's recorded sessions back; its request starts a new session");
                 Vec::new()
@@ -147,8 +182,8 @@ impl SessionManager {
             .unwrap_or_default()
     }
 
-    /// The session a request continues, or a new one.
-    pub(super) fn find_or_create(&self, req: &Request<'_>) -> Arc<Session> {
+    /// The session a request continues, or a new one (true).
+    pub(super) fn find_or_create(&self, req: &Request<'_>) -> (Arc<Session>, bool) {
         let mut idx = self.index.lock();
         if self.restorer.is_some() && !idx.by_key.contains_key(&req.key) {
             // The key's first request since a start or an eviction: read its
@@ -162,16 +197,16 @@ impl SessionManager {
             }
         }
         let cands = idx.by_key.get(&req.key).cloned().unwrap_or_default();
-        let session = match choose(&cands, req) {
-            Some(s) => s,
+        let (session, created) = match choose(&cands, req) {
+            Some(s) => (s, false),
             None => {
                 let s = self.create(&cands, req);
                 idx.insert(&req.key, s.clone());
-                s
+                (s, true)
             }
         };
         idx.latest = Some(session.id.clone());
-        session
+        (session, created)
     }
 
     /// A new session for `req` (linked to the key's first one, whose line
@@ -230,9 +265,6 @@ impl SessionManager {
     fn new_id(&self, client: &str) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let ms = now_ms();
-        let secs = ms / 1000;
-        let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
-        let rem = secs.rem_euclid(86_400);
         let tag = match client {
             "claude-code" => "cc",
             "codex" => "codex",
@@ -243,10 +275,8 @@ impl SessionManager {
         let salt =
             xxhash_rust::xxh3::xxh3_64(format!("{ms}-{n}-{}", std::process::id()).as_bytes());
         format!(
-            "{y:04}{mo:02}{d:02}-{:02}{:02}{:02}-{tag}-{:06x}",
-            rem / 3600,
-            (rem / 60) % 60,
-            rem % 60,
+            "{}-{tag}-{:06x}",
+            oceancode_ledger::time::id_stamp(ms),
             salt & 0xff_ffff
         )
     }
@@ -311,29 +341,4 @@ fn choose(cands: &[Arc<Session>], req: &Request<'_>) -> Option<Arc<Session>> {
             .max_by_key(|(last, _)| *last)
             .map(|(_, s)| s)
     })
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_788), (2026, 12, 1));
-    }
 }

@@ -35,6 +35,27 @@ pub struct Meter {
     pub steps: u32,
     /// Cuts so far.
     pub cuts: u32,
+    /// Tool outputs the last window sent as pointers (`ledger.compress`).
+    pub pruned_outputs: u32,
+    /// Their estimated tokens.
+    pub pruned_tokens: u64,
+    /// The saved estimate the gauge adds for them.
+    pub saved_tokens: u64,
+    /// Steps that failed (no whole answer) since the session was loaded.
+    pub failed_steps: u32,
+    /// The latest of them.
+    pub last_error: Option<LastError>,
+}
+
+/// A failed step as the meter shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct LastError {
+    /// Step number.
+    pub step: u32,
+    /// The status the client got.
+    pub status: u16,
+    /// Why it failed.
+    pub error: super::StepError,
 }
 
 /// How a line spec reads to a person: `40%`, `20k`, `ceiling`.

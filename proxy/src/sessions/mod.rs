@@ -11,10 +11,14 @@
 //! |---|---|
 //! | `prepare` | a request in named phases: split, describe, record, tideline, window |
 //! | `step` | the [`Ticket`] a prepared request carries until its step finishes, exactly once |
+//! | `hold` | a request's events held until the upstream's status is known; a 401/403 rolled back |
 //! | `index` | live sessions by client key and id, matching, siblings, restore, eviction |
 //! | `state` | one session's rows, active line and tideline; absorbing a history |
 //! | `window` | rendering the window for the current cut (pure) |
 //! | `view` | the same plan from a recorded session, for the viewer's model view (pure) |
+//! | `compress` | `ledger.compress`: the pruned set chosen at a cut, applied in the rendering |
+//! | `view` | the same plan from a recorded session, for the viewer's model view of a step recorded without its window (pure) |
+//! | `sent` | what a step sent, kept in its record for the viewer (pure) |
 //! | `layouts` | each client's latest body layouts, to split the next body fast |
 //! | `parse` | full parses of new messages, root hashes, token estimates |
 //! | `meter` | what the meter shows |
@@ -22,13 +26,16 @@
 //! | `budget` | per-session bounds on spend, steps and time (`limits.session`) |
 
 mod budget;
+mod compress;
 mod context;
+mod hold;
 mod index;
 mod layouts;
 mod limits;
 mod meter;
 mod parse;
 mod prepare;
+mod sent;
 mod state;
 mod step;
 #[cfg(test)]
@@ -39,6 +46,8 @@ mod window;
 pub use context::{ContextAnswer, Evict, Evicted};
 
 pub use budget::{Budget, BudgetView, Limit, LimitHit, Pricer, SessionLimits, SpendSeed, Spent};
+pub use compress::Locator;
+pub use hold::refuses_caller;
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
 pub use state::State;
@@ -47,7 +56,7 @@ pub use view::{model_view, ModelView, Sent};
 
 use index::Index;
 use layouts::Layouts;
-use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_config::{BlockSpec, CompressConfig, LineSpec};
 use oceancode_ledger::store::LoadedSession;
 use oceancode_ledger::tideline;
 use oceancode_ledger::Event;
@@ -56,7 +65,6 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Context window and output allowance of a model, as configured/known.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,6 +120,12 @@ pub struct Settings {
     /// The state block after the stub at every cut, within this many tokens
     /// (`ledger.state`; None = off).
     pub state_tokens: Option<u32>,
+    /// `ledger.compress`: at a cut, old tool output becomes a pointer
+    /// (`enabled: false` = off).
+    pub compress: CompressConfig,
+    /// `context.seq_tags`: every tool result sent upstream ends with its
+    /// seq, `[seq N]`.
+    pub seq_tags: bool,
 }
 
 /// The default [`Settings::live_window`]: an agent's next request follows
@@ -139,6 +153,16 @@ pub struct SessionMetrics {
     /// Bodies split against a previous body of the same client (its shared
     /// prefix hashed, not scanned).
     pub bodies_spliced: AtomicU64,
+    /// Requests the upstream refused with 401/403, left unrecorded.
+    pub refused: AtomicU64,
+    /// Steps recorded as failed (no whole answer: unreachable, timeout,
+    /// broken stream, cancelled, an error status or error event).
+    pub failed_steps: AtomicU64,
+    /// Tool outputs `ledger.compress` made pointers (counted at the cut
+    /// that chose them).
+    pub compress_outputs: AtomicU64,
+    /// The saved estimate of the pointers sent, summed over requests.
+    pub compress_saved_tokens: AtomicU64,
 }
 
 /// A ledger session shared between requests.
@@ -153,13 +177,14 @@ pub struct Session {
 pub struct SessionManager {
     settings: Settings,
     sink: EventSink,
-    index: Mutex<Index>,
+    index: Arc<Mutex<Index>>,
     global_override: Mutex<Option<LineSpec>>,
     /// Counters.
     pub metrics: Arc<SessionMetrics>,
     counter: AtomicU64,
     restorer: Option<Restorer>,
     healer: Option<Healer>,
+    locator: Option<Locator>,
     /// Line overrides of sessions that left memory (restored with them).
     parked_overrides: Mutex<HashMap<String, LineSpec>>,
     layouts: Layouts,
@@ -169,12 +194,7 @@ pub struct SessionManager {
     recall_tool: bool,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+use oceancode_ledger::time::now_ms;
 
 impl SessionManager {
     /// A manager writing ledger events to `sink`.
@@ -182,12 +202,13 @@ impl SessionManager {
         SessionManager {
             settings,
             sink,
-            index: Mutex::new(Index::default()),
+            index: Arc::default(),
             global_override: Mutex::new(None),
             metrics: Arc::default(),
             counter: AtomicU64::new(0),
             restorer: None,
             healer: None,
+            locator: None,
             parked_overrides: Mutex::new(HashMap::new()),
             layouts: Layouts::default(),
             budget: None,
@@ -211,6 +232,12 @@ impl SessionManager {
     /// seen after a restart, so its next full resend continues (and heals) them.
     pub fn with_restorer(mut self, r: Restorer) -> Self {
         self.restorer = Some(r);
+        self
+    }
+
+    /// Name transcript lines in compress pointers (see [`Locator`]).
+    pub fn with_locator(mut self, l: Locator) -> Self {
+        self.locator = Some(l);
         self
     }
 
@@ -278,6 +305,7 @@ impl SessionManager {
     pub fn cut_now(&self, id: &str) -> Result<u64, String> {
         let s = self.get(id).ok_or_else(|| format!("no session {id:?}"))?;
         let mut st = s.state.lock();
+        st.release_hold(&self.sink);
         let boundary = st.active.last().copied().unwrap_or(0);
         st.tideline
             .cut_now(boundary)

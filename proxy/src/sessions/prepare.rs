@@ -102,7 +102,7 @@ enum Run {
     Done {
         step: u32,
         boundary: u64,
-        window: Window,
+        window: Box<Window>,
         media: Cost,
     },
     /// Another conversation: it left the session's live line after row `at`.
@@ -216,34 +216,44 @@ impl SessionManager {
             return Ok(self.prepare_count(&req, parsed, &body));
         }
         // 3–5. Record it on its session (or on a sibling), run the tideline,
-        // render the window.
-        let mut events = Vec::new();
-        let mut session = self.find_or_create(&req);
+        // render the window. Its events are held on the sessions it changed
+        // until the upstream's status is known (`hold`).
+        let id = super::hold::next_ticket();
+        let (mut session, created) = self.find_or_create(&req);
         if let Err(hit) = self.admit(&session) {
+            if created {
+                // Refused before anything of it was recorded: it leaves the
+                // index as a rolled-back request's session does.
+                self.index.lock().forget_unrecorded(&session);
+            }
             return Ok(Prepared {
                 refused: Some(hit),
                 ..Prepared::forward(body)
             });
         }
+        let mut held = Vec::new();
+        let mut new_sessions = Vec::new();
+        if created {
+            new_sessions.push(session.clone());
+        }
         let mut may_split = true;
         let (step, boundary, window, media) = loop {
-            match self.run_on(&session, &req, parsed, may_split, &mut events) {
+            held.push(session.clone());
+            match self.run_on(&session, &req, parsed, may_split, id) {
                 Run::Done {
                     step,
                     boundary,
                     window,
                     media,
-                } => break (step, boundary, window, media),
+                } => break (step, boundary, *window, media),
                 Run::Sibling { at } => {
                     session = self.sibling(&session, &req, at);
+                    new_sessions.push(session.clone());
                     may_split = false;
                 }
             }
         };
-        // 6. Hand the events to the writer, the body and the ticket back.
-        if !events.is_empty() {
-            (self.sink)(events);
-        }
+        // 6. The body and the ticket back.
         self.metrics
             .tokens_kept_out
             .fetch_add(window.kept_out, Ordering::Relaxed);
@@ -258,7 +268,8 @@ impl SessionManager {
         super::context::refresh(&session, &out);
         let body_len = out.len();
         let tail_seq = session.state.lock().active.last().copied().unwrap_or(0);
-        let ticket = Ticket::new(
+        let sent = window.sent;
+        let mut ticket = Ticket::new(
             session,
             step,
             dialect,
@@ -269,7 +280,10 @@ impl SessionManager {
             media,
             tail_seq,
             self.recorder(),
-        );
+        )
+        .holding(id, held, new_sessions);
+        ticket.compress = window.compress;
+        ticket.sent = sent.map(|s| *s);
         Ok(Prepared {
             body: out,
             ticket: Some(ticket),
@@ -277,7 +291,8 @@ impl SessionManager {
         })
     }
 
-    /// Phases 3–5 on `session`, under its lock: record, tideline, window.
+    /// Phases 3–5 on `session`, under its lock: record, tideline, window;
+    /// the events are held on the session for request `ticket`.
     /// With `may_split`, a headerless request that leaves the session's
     /// line while the line is live is another conversation: nothing is
     /// recorded here but the hiding of the answer it continues with (its
@@ -288,12 +303,14 @@ impl SessionManager {
         req: &Request<'_>,
         parsed: &ParsedBody<'_>,
         may_split: bool,
-        events: &mut Vec<Event>,
+        ticket: u64,
     ) -> Run {
         let mut st = session.state.lock();
         if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
             st.resync(r.committed);
         }
+        let before = st.checkpoint(&self.sink);
+        let mut events = Vec::new();
         if may_split {
             if let Some((at, answer)) = self.leaves_live_line(&st, req) {
                 let seqs = answer.map(|a| st.give_away(a)).unwrap_or_default();
@@ -303,10 +320,12 @@ impl SessionManager {
                         seqs,
                     });
                 }
+                st.hold(ticket, events, before);
                 return Run::Sibling { at };
             }
         }
         st.recall_tool = self.recall_tool;
+        let events = &mut events;
         let boundary = self.record(&mut st, req, events);
         let step = st.step;
         st.step_opened(step);
@@ -314,10 +333,11 @@ impl SessionManager {
         record_line(&mut st, events);
         let window = self.window(&mut st, req, parsed, params, cut_gauge, events);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
+        st.hold(ticket, std::mem::take(events), before);
         Run::Done {
             step,
             boundary,
-            window,
+            window: Box::new(window),
             media,
         }
     }
@@ -410,7 +430,11 @@ impl SessionManager {
             let cut_before = st.tideline.cut_upto();
             // A restored session knows its last real usage; otherwise the row
             // estimates are all there is (seeding).
-            let measured = st.last_usage.map(|u| u.window_total() + st.pending_est);
+            // With compress, plus the saved estimate of the pointers the
+            // last window sent: the gauge measures the uncompressed window.
+            let measured = st
+                .last_usage
+                .map(|u| u.window_total() + st.pending_est + st.compress.saved);
             let obs = Observation {
                 gauge: measured.unwrap_or(0),
                 added: st.pending_est,
@@ -451,8 +475,10 @@ impl SessionManager {
         events: &mut Vec<Event>,
     ) -> Window {
         let mut window = if req.windowed(self.settings.tideline_enabled) {
+            st.context.seq_tags = self.settings.seq_tags;
             // The agent's edit of its context file, read first (a stat when none).
             let edit = super::context::read_edit(st, parsed);
+            self.compress_at_cut(st, parsed, params.line);
             let w = window::render(
                 &self.settings.data_dir,
                 st,
@@ -463,6 +489,8 @@ impl SessionManager {
         } else {
             Window::unchanged(parsed.messages.len())
         };
+        let n = parsed.messages.len();
+        window.sent = Some(Box::new(super::sent::record(st, &window, n, req.stateful)));
         super::context::remember(st, &mut window);
         if window.upto > st.recorded_cut {
             let gauge = cut_gauge.unwrap_or(st.meter.gauge);
@@ -477,7 +505,33 @@ impl SessionManager {
         st.meter.window_rows = window.rows;
         st.meter.pinned_tokens = window.pinned_tokens;
         st.meter.state_tokens = window.state_tokens;
+        self.metrics
+            .compress_saved_tokens
+            .fetch_add(window.saved, Ordering::Relaxed);
+        let sent = window.saved > 0;
+        st.meter.pruned_outputs = if sent { st.compress.outputs } else { 0 };
+        st.meter.pruned_tokens = if sent { st.compress.tokens } else { 0 };
+        st.meter.saved_tokens = window.saved;
+
+        window.compress = if sent { st.compress.detail() } else { None };
         window
+    }
+
+    /// `ledger.compress`: choose the pruned set again when the window's
+    /// start moved (a cut); between cuts it stays.
+    pub(super) fn compress_at_cut(&self, st: &mut State, parsed: &ParsedBody<'_>, line: u64) {
+        let c = &self.settings.compress;
+        let cp = c.enabled.then(|| oceancode_ledger::compress::Params {
+            protect: c.protect_tokens(line),
+            min_tokens: c.min_tokens,
+        });
+        let added = super::compress::refresh(st, parsed, cp, self.locator.as_ref());
+        if added > 0 {
+            self.metrics
+                .compress_outputs
+                .fetch_add(u64::from(added), Ordering::Relaxed);
+            tracing::debug!(session = %st.meta.id, added, outputs = st.compress.outputs, saved = st.compress.saved, "compress: old tool output sent as pointers from this cut on");
+        }
     }
 
     /// The line and block for a session and model.

@@ -7,7 +7,7 @@
 
 use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
-use super::thread::{BlockCache, RowThread};
+use super::thread::{BlockCache, CommandCalls, RowThread};
 use crate::dialect;
 use oceancode_config::LineSpec;
 use oceancode_ledger::media::{self, Cost};
@@ -167,6 +167,24 @@ pub struct State {
     pub(super) hidden_gen: u32,
     /// The state block of the current cut.
     pub(super) block_cache: BlockCache,
+    /// The latest request's events, held until its answer's status is
+    /// known ([`super::hold`]).
+    pub(super) hold: Option<super::hold::Hold>,
+    /// Row hashes the latest request changed (seq, raw, normalized, echo
+    /// as they were), to roll it back.
+    pub(super) undo: Vec<(u64, u64, u64, u64)>,
+    /// `ledger.compress`: the tool outputs the window sends as pointers.
+    pub(super) compress: super::compress::Compressed,
+    /// The hash of the stub message the last recorded window sent, and the
+    /// step whose record holds it (`sent`).
+    pub(super) sent_stub: Option<(u64, u32)>,
+    /// The same for the compress pointers the last recorded window sent.
+    pub(super) sent_pointers: Option<(u64, u32)>,
+    /// The command calls among the rows ([`RowThread::of`]).
+    pub(super) commands: CommandCalls,
+    /// The compress pointers the recorded session last sent (a restored
+    /// session), sent again while the window stays at their cut.
+    pub(super) restored_pointers: Option<oceancode_ledger::store::SentPointers>,
 }
 
 impl State {
@@ -203,6 +221,13 @@ impl State {
             recall_tool: false,
             hidden_gen: 0,
             block_cache: BlockCache::default(),
+            hold: None,
+            undo: Vec::new(),
+            compress: Default::default(),
+            sent_stub: None,
+            sent_pointers: None,
+            commands: CommandCalls::default(),
+            restored_pointers: None,
         }
     }
 
@@ -356,7 +381,14 @@ impl State {
         let turn = self.turn.max(1);
         let media = media::cost(raw);
         let tokens = media::row_tokens(raw.len(), media, self.bytes_per_token);
-        let thread = RowThread::of(self.dialect, seq, &p.info.role, p.info.kind, raw);
+        let thread = RowThread::of(
+            self.dialect,
+            seq,
+            &p.info.role,
+            p.info.kind,
+            raw,
+            &mut self.commands,
+        );
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
             norm_hash: p.norm,
@@ -386,6 +418,13 @@ impl State {
         seq
     }
 
+    /// Keep row `idx`'s hashes as they are, to roll the request back.
+    fn remember_hashes(&mut self, idx: usize) {
+        let r = &self.rows[idx];
+        self.undo
+            .push((idx as u64 + 1, r.raw_hash, r.norm_hash, r.echo));
+    }
+
     /// Map the client's history onto the active line: record a branch when
     /// it diverges, confirm the answer it echoes, append what is new.
     pub(super) fn absorb(&mut self, msgs: &[&str], hashes: &[u64], events: &mut Vec<Event>) {
@@ -402,6 +441,7 @@ impl State {
                 break;
             }
             // The ledger keeps the bytes first sent (a cleared tool output too).
+            self.remember_hashes(idx);
             self.rows[idx].raw_hash = hashes[p];
             p += 1;
         }
@@ -453,12 +493,19 @@ impl State {
                     seq,
                     raw: Arc::from(*m),
                 });
+                self.remember_hashes(idx);
                 self.rows[idx].raw_hash = hashes[p];
                 self.rows[idx].norm_hash = parsed.norm;
                 self.rows[idx].echo = parsed.echo;
                 // The ledger keeps the echo's bytes: its transcript lines too.
-                self.rows[idx].thread =
-                    RowThread::of(self.dialect, seq, &parsed.info.role, parsed.info.kind, m);
+                self.rows[idx].thread = RowThread::of(
+                    self.dialect,
+                    seq,
+                    &parsed.info.role,
+                    parsed.info.kind,
+                    m,
+                    &mut self.commands,
+                );
                 self.active.push(seq);
                 p += 1;
             }
@@ -631,7 +678,7 @@ impl State {
                 echo: p.echo,
                 standing: p.info.standing.into_boxed_slice(),
                 compaction: p.info.compaction,
-                thread: RowThread::of(dialect, r.seq, &r.role, r.kind, &r.raw),
+                thread: RowThread::of(dialect, r.seq, &r.role, r.kind, &r.raw, &mut st.commands),
                 hidden: hidden.contains(&r.seq),
             });
             if !hidden.contains(&r.seq) {
@@ -657,6 +704,12 @@ impl State {
         st.recorded_cut = l.cut_upto;
         st.meter.cut_upto = l.cut_upto;
         st.needs_seed = true;
+        st.restored_pointers = l.pointers;
+        // The recall tool's internal exchanges, back after their rows: the
+        // next request's window is the one the session would have sent.
+        for (after, messages) in l.exchanges {
+            st.hidden.record(after, messages);
+        }
         if let Some((n, set)) = l.context {
             st.context.taken = n;
             match serde_json::from_str(&set) {
@@ -686,8 +739,13 @@ impl State {
         fresh.reserves_max_tokens = self.reserves_max_tokens;
         fresh.bytes_per_token = self.bytes_per_token;
         fresh.totals = self.totals;
-        // The edit set in force and the exported file are the live session's.
+        // The edit set in force and the exported file are the live session's;
+        // so are the recall tool's exchanges (the newest may not be committed).
         fresh.context = std::mem::take(&mut self.context);
+        fresh.hidden = std::mem::take(&mut self.hidden);
+        // So are the compress pointers the last window sent (kept while the
+        // window stays at their cut).
+        fresh.compress = std::mem::take(&mut self.compress);
         fresh.meter = Meter {
             cut_upto: fresh.meter.cut_upto,
             ..self.meter

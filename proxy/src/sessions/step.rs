@@ -3,12 +3,16 @@
 //! completed with the answer, failed with why there is none, or — dropped
 //! unfinished (the client went away, an early return) — recorded as failed.
 
+use super::hold::refuses_caller;
+use super::index::Index;
+use super::meter::LastError;
 use super::state::State;
 use super::{now_ms, window, EventSink, Session, SessionManager, SessionMetrics};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
 use oceancode_ledger::media::Cost;
 use oceancode_ledger::{Dialect, Event, InternalRecall, Usage};
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -17,7 +21,8 @@ use std::sync::Arc;
 pub const CLIENT_CLOSED: u16 = 499;
 
 /// Why a step has no whole answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(into = "&'static str")]
 pub enum StepError {
     /// The upstream could not be reached (connect, TLS, reset before headers).
     Unreachable,
@@ -44,20 +49,20 @@ impl StepError {
     }
 }
 
-/// Where a finished step goes: the manager's sink and counters.
+impl From<StepError> for &'static str {
+    fn from(e: StepError) -> &'static str {
+        e.as_str()
+    }
+}
+
+/// Where a finished step goes: the manager's sink and counters, and its
+/// index (a rolled-back request's new session leaves it).
 #[derive(Clone)]
 pub(super) struct Recorder {
     sink: EventSink,
     metrics: Arc<SessionMetrics>,
+    index: Arc<Mutex<Index>>,
     budget: Option<Arc<super::Budget>>,
-}
-
-impl Recorder {
-    fn emit(&self, events: Vec<Event>) {
-        if !events.is_empty() {
-            (self.sink)(events);
-        }
-    }
 }
 
 /// The body to forward and the step to finish.
@@ -108,8 +113,19 @@ pub struct Ticket {
     /// The recall calls the proxy answered itself, and what their internal
     /// answers were billed (beyond the window of the answer the client got).
     internal: Option<(Vec<InternalRecall>, Usage)>,
+    /// What `ledger.compress` did to the window sent (the step's detail).
+    pub(super) compress: Option<oceancode_ledger::Pruned>,
+    /// What it sent upstream (the retry's window after a too-long answer).
+    pub(super) sent: Option<oceancode_ledger::SentWindow>,
     recorder: Recorder,
     finished: bool,
+    /// Which request holds events on the sessions in `held`, until the
+    /// upstream's status is known ([`Ticket::answered`]).
+    id: u64,
+    held: Vec<Arc<Session>>,
+    /// Sessions this request created (they leave the index if it is
+    /// rolled back).
+    created: Vec<Arc<Session>>,
 }
 
 impl SessionManager {
@@ -118,6 +134,7 @@ impl SessionManager {
             sink: self.sink.clone(),
             metrics: self.metrics.clone(),
             budget: self.budget.clone(),
+            index: self.index.clone(),
         }
     }
 
@@ -125,8 +142,23 @@ impl SessionManager {
     /// block, and return the body for the single retry (None = nothing to
     /// cut). The ticket stays open for the retry's answer.
     pub fn too_long(&self, ticket: &mut Ticket, ceiling: Option<u64>) -> Option<Bytes> {
+        ticket.answered(400);
         let parsed = ParsedBody::parse(&ticket.original, dialect::conv_key(ticket.dialect)).ok()?;
+        // The retry carries the recall tool as every request of the session.
+        let tools = self
+            .recall_tool
+            .then(|| crate::recall_tool::tools_member(ticket.dialect, parsed.get("tools")))
+            .flatten();
+        let view;
+        let parsed = match &tools {
+            Some(t) => {
+                view = parsed.with_member("tools", t);
+                &view
+            }
+            None => &parsed,
+        };
         let mut st = ticket.session.state.lock();
+        st.release_hold(&self.sink);
         if let Some(c) = ceiling {
             st.learned_ceiling = Some(c);
         }
@@ -135,13 +167,20 @@ impl SessionManager {
         if upto <= before {
             return None;
         }
+        let line = st.meter.line;
+        self.compress_at_cut(&mut st, parsed, line);
         let w = window::render(
             &self.settings.data_dir,
             &st,
-            &parsed,
+            parsed,
             self.settings.state_tokens,
         );
+        if w.saved > 0 {
+            ticket.compress = st.compress.detail();
+        }
         let media = st.sent_media(parsed.messages.len(), w.media_out);
+        let n = parsed.messages.len();
+        ticket.sent = Some(super::sent::record(&st, &w, n, false));
         self.metrics
             .too_long_retries
             .fetch_add(1, Ordering::Relaxed);
@@ -150,8 +189,8 @@ impl SessionManager {
             let (gauge, line) = (st.meter.gauge, st.meter.line);
             events.push(self.record_cut(&mut st, w.upto, gauge, line));
         }
+        st.emit(&self.sink, events);
         drop(st);
-        ticket.recorder.emit(events);
         let body = w.body.map(Bytes::from)?;
         ticket.body_len = body.len();
         ticket.media = media;
@@ -184,8 +223,13 @@ impl Ticket {
             media,
             tail_seq,
             internal: None,
+            compress: None,
+            sent: None,
             recorder,
             finished: false,
+            id: 0,
+            held: Vec::new(),
+            created: Vec::new(),
         }
     }
 
@@ -206,8 +250,9 @@ impl Ticket {
         self.internal = Some((recalls, billed));
     }
 
-    /// Keep an internal exchange after this request's last row.
-    pub(crate) fn keep_hidden(&self, messages: Vec<String>) {
+    /// Keep an internal exchange after this request's last row (the recall
+    /// loop; public for the window invariants).
+    pub fn keep_hidden(&self, messages: Vec<String>) {
         self.session
             .state
             .lock()
@@ -215,26 +260,118 @@ impl Ticket {
             .record(self.tail_seq, messages);
     }
 
+    /// The sessions holding this request's events (a sibling's parent
+    /// first), and those it created.
+    pub(super) fn holding(
+        mut self,
+        id: u64,
+        held: Vec<Arc<Session>>,
+        created: Vec<Arc<Session>>,
+    ) -> Ticket {
+        self.id = id;
+        self.held = held;
+        self.created = created;
+        self
+    }
+
+    /// The upstream answered with `status`: the request's held events go
+    /// to the writer, unless the upstream refused the caller (401/403):
+    /// then the request is rolled back and leaves no trace, its step
+    /// finished (see [`super::hold`]). Called once the status is known; the
+    /// first call decides, and finishing the step calls it too.
+    pub fn answered(&mut self, status: u16) {
+        let held = std::mem::take(&mut self.held);
+        if held.is_empty() {
+            return;
+        }
+        if refuses_caller(status) && self.roll_back(&held) {
+            self.finished = true;
+            tracing::info!(session = %self.session.id, step = self.step, status, "the upstream refused the caller: nothing of the request is recorded");
+            return;
+        }
+        for s in &held {
+            let mut st = s.state.lock();
+            if st.holds(self.id) {
+                st.release_hold(&self.recorder.sink);
+            }
+        }
+    }
+
+    /// Undo the request on every session it changed, if it still holds
+    /// them all (nothing else changed them since).
+    fn roll_back(&mut self, held: &[Arc<Session>]) -> bool {
+        let mut guards: Vec<_> = held.iter().map(|s| s.state.lock()).collect();
+        if !guards.iter().all(|st| st.holds(self.id)) {
+            return false;
+        }
+        let metrics = &self.recorder.metrics;
+        for st in guards.iter_mut().rev() {
+            st.roll_back(self.id, metrics, &self.recorder.sink);
+        }
+        drop(guards);
+        metrics.refused.fetch_add(1, Ordering::Relaxed);
+        let created = std::mem::take(&mut self.created);
+        for s in &created {
+            if s.state.lock().meta.parent_seq.is_some() {
+                // The sibling made for it was no other conversation after all.
+                metrics.siblings.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let mut idx = self.recorder.index.lock();
+        for s in &created {
+            idx.forget_unrecorded(s);
+        }
+        true
+    }
+
     /// The step ended with an answer (`ok`: whole, no error event): record
     /// its rows (when it succeeded) and the real usage.
+    /// An answer that is not whole or not a success is a failed step: an
+    /// error status or error event is [`StepError::Upstream`], else the
+    /// stream broke off ([`StepError::Stream`]).
     pub fn complete(mut self, status: u16, ok: bool, collected: &dialect::Collected) {
-        self.finish(status, ok, collected);
+        let error = if !(200..300).contains(&status) || collected.error.is_some() {
+            Some(StepError::Upstream)
+        } else if !ok {
+            Some(StepError::Stream)
+        } else {
+            None
+        };
+        self.finish(status, collected, error);
     }
 
     /// The step ended without an answer: record it as failed, with the
-    /// status the client got.
+    /// status the client got and why.
     pub fn fail(mut self, status: u16, error: StepError) {
-        tracing::debug!(session = %self.session.id, step = self.step, status, error = error.as_str(), "step failed");
-        self.finish(status, false, &dialect::Collected::default());
+        self.finish(status, &dialect::Collected::default(), Some(error));
     }
 
-    fn finish(&mut self, status: u16, ok: bool, collected: &dialect::Collected) {
+    /// The answer began but did not end whole (`error`: the client went
+    /// away, the stream broke off): the usage seen so far, no rows.
+    pub fn cut_short(mut self, status: u16, error: StepError, collected: &dialect::Collected) {
+        self.finish(status, collected, Some(error));
+    }
+
+    fn finish(&mut self, status: u16, collected: &dialect::Collected, error: Option<StepError>) {
+        self.answered(status);
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
         let mut st = self.session.state.lock();
         let mut events = Vec::new();
-        if ok && (200..300).contains(&status) {
+        if let Some(e) = error {
+            tracing::debug!(session = %self.session.id, step = self.step, status, error = e.as_str(), "step failed");
+            self.recorder
+                .metrics
+                .failed_steps
+                .fetch_add(1, Ordering::Relaxed);
+            st.meter.failed_steps += 1;
+            st.meter.last_error = Some(LastError {
+                step: self.step,
+                status,
+                error: e,
+            });
+        } else {
             let rows = st.take_answer(self.step, collected, self.body_len, self.media);
             if !rows.is_empty() {
                 self.recorder
@@ -248,7 +385,8 @@ impl Ticket {
             }
         }
         st.step_done(self.step, now_ms());
-        let mut event = step_event(&st, self, status, collected);
+        self.sent = super::sent::keep_stub_once(&mut st, self.step, self.sent.take());
+        let mut event = step_event(&st, self, status, collected, error);
         if let (Some((recalls, billed)), Event::Step { detail, .. }) =
             (self.internal.take(), &mut event)
         {
@@ -256,21 +394,41 @@ impl Ticket {
             detail.recalls = recalls;
         }
         events.push(event);
-        drop(st);
-        if let (Some(b), Some(u)) = (&self.recorder.budget, collected.usage) {
-            let model = collected.model.as_deref().unwrap_or_default();
-            let model = if model.is_empty() {
-                self.session.state.lock().meta.model.clone()
-            } else {
-                model.to_string()
-            };
-            b.charge(&self.session.id, &model, u.plus(collected.detail.extra));
+        // The spend bound charges the answer's model (the session's when the
+        // answer named none), after the session's lock is let go.
+        let charge = self
+            .recorder
+            .budget
+            .as_ref()
+            .zip(collected.usage)
+            .map(|(b, u)| {
+                let model = match collected.model.as_deref() {
+                    Some(m) if !m.is_empty() => m.to_string(),
+                    _ => st.meta.model.clone(),
+                };
+                (b.clone(), model, u.plus(collected.detail.extra))
+            });
+        if error.is_some() {
+            // Only the step's own record: it builds on nothing another
+            // request may still hold (see `hold`).
+            (self.recorder.sink)(events);
+        } else {
+            st.emit(&self.recorder.sink, events);
         }
-        self.recorder.emit(events);
+        drop(st);
+        if let Some((b, model, usage)) = charge {
+            b.charge(&self.session.id, &model, usage);
+        }
     }
 }
 
-fn step_event(st: &State, t: &Ticket, status: u16, collected: &dialect::Collected) -> Event {
+fn step_event(
+    st: &State,
+    t: &Ticket,
+    status: u16,
+    collected: &dialect::Collected,
+    error: Option<StepError>,
+) -> Event {
     Event::Step {
         session: st.meta.id.clone(),
         step: t.step,
@@ -282,8 +440,12 @@ fn step_event(st: &State, t: &Ticket, status: u16, collected: &dialect::Collecte
         usage: collected.usage.unwrap_or_default(),
         window_rows: t.window_rows as u32,
         ts_ms: now_ms(),
-        error: None,
-        detail: Box::new(collected.detail.clone()),
+        error: error.map(|e| e.as_str().to_string()),
+        detail: Box::new(oceancode_ledger::StepDetail {
+            compress: t.compress.clone(),
+            sent: t.sent.clone(),
+            ..collected.detail.clone()
+        }),
     }
 }
 
@@ -291,7 +453,11 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.finished {
             tracing::debug!(session = %self.session.id, step = self.step, "step dropped unfinished; recorded as failed");
-            self.finish(CLIENT_CLOSED, false, &dialect::Collected::default());
+            self.finish(
+                CLIENT_CLOSED,
+                &dialect::Collected::default(),
+                Some(StepError::Cancelled),
+            );
         }
     }
 }

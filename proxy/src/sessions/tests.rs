@@ -6,6 +6,7 @@ use crate::dialect::Collected;
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
 use oceancode_ledger::{Dialect, SessionMeta, Usage};
+use std::sync::atomic::Ordering;
 
 type Recorded = Arc<Mutex<Vec<Event>>>;
 
@@ -23,6 +24,11 @@ fn manager() -> (SessionManager, Recorded) {
         tideline_enabled: true,
         live_window: LIVE_WINDOW,
         state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
+        compress: oceancode_config::CompressConfig {
+            enabled: false,
+            ..Default::default()
+        },
+        seq_tags: false,
     };
     let m = SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev)));
     (m, seen)
@@ -65,6 +71,16 @@ fn steps(events: &[Event]) -> Vec<(u32, u16, Usage)> {
         .collect()
 }
 
+fn errors(events: &[Event]) -> Vec<Option<String>> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn row_seqs(events: &[Event]) -> Vec<u64> {
     events
         .iter()
@@ -102,11 +118,13 @@ fn a_request_records_its_rows_and_its_answer_one_step() {
         &ident("a"),
         body(&[HELLO]),
     );
+    assert!(take(&seen).is_empty(), "held until the upstream's status");
+    let mut t = p.ticket.expect("a main request has a ticket");
+    t.answered(200);
     let events = take(&seen);
     assert!(matches!(events[0], Event::Session(_)));
     assert_eq!(row_seqs(&events), vec![1]);
     assert!(steps(&events).is_empty(), "no step before the answer");
-    let t = p.ticket.expect("a main request has a ticket");
     t.complete(200, true, &answer(USAGE));
     let events = take(&seen);
     assert_eq!(row_seqs(&events), vec![2], "the answer's row");
@@ -119,12 +137,14 @@ fn a_request_records_its_rows_and_its_answer_one_step() {
         &ident("a"),
         body(&[HELLO, ANSWER, next]),
     );
+    let mut t = p.ticket.expect("ticket");
+    t.answered(200);
     let events = take(&seen);
     assert!(events
         .iter()
         .any(|e| matches!(e, Event::Confirm { seq: 2, .. })));
     assert_eq!(row_seqs(&events), vec![3]);
-    drop(p);
+    drop(t);
 }
 
 #[test]
@@ -136,14 +156,15 @@ fn a_ticket_dropped_unfinished_records_a_failed_step_once() {
         &ident("d"),
         body(&[HELLO]),
     );
-    take(&seen);
+    assert!(take(&seen).is_empty());
     drop(p);
     let events = take(&seen);
     assert_eq!(
         steps(&events),
         vec![(1, step::CLIENT_CLOSED, Usage::default())]
     );
-    assert!(row_seqs(&events).is_empty(), "no answer rows");
+    assert_eq!(errors(&events), vec![Some("cancelled".to_string())]);
+    assert_eq!(row_seqs(&events), vec![1], "the request's rows, no answer");
     let s = m.latest().expect("session");
     assert!(s.state.lock().answers.is_empty());
     assert!(
@@ -161,11 +182,16 @@ fn a_failed_ticket_records_one_step_and_no_answer() {
         &ident("f"),
         body(&[HELLO]),
     );
-    take(&seen);
     p.ticket.expect("ticket").fail(502, StepError::Unreachable);
     let events = take(&seen);
+    assert_eq!(row_seqs(&events), vec![1], "the request's own rows");
     assert_eq!(steps(&events), vec![(1, 502, Usage::default())]);
-    assert_eq!(events.len(), 1, "the fail, and nothing on drop: {events:?}");
+    assert_eq!(
+        errors(&events),
+        vec![Some("upstream_unreachable".to_string())],
+        "one step, with why: {events:?}"
+    );
+    assert!(take(&seen).is_empty(), "nothing on drop");
 }
 
 #[test]
@@ -177,11 +203,11 @@ fn an_error_answer_records_the_step_without_rows() {
         &ident("e"),
         body(&[HELLO]),
     );
+    let mut t = p.ticket.expect("ticket");
+    t.answered(200);
     take(&seen);
     // A stream that broke off: usage seen so far, rows not taken.
-    p.ticket
-        .expect("ticket")
-        .complete(200, false, &answer(USAGE));
+    t.complete(200, false, &answer(USAGE));
     let events = take(&seen);
     assert!(row_seqs(&events).is_empty());
     assert_eq!(steps(&events), vec![(1, 200, USAGE)]);
@@ -276,7 +302,7 @@ fn a_failing_restore_still_records_the_request() {
         &ident("r"),
         body(&[HELLO]),
     );
-    assert!(p.ticket.is_some());
+    p.ticket.expect("ticket").answered(200);
     assert_eq!(row_seqs(&take(&seen)), vec![1]);
 }
 
@@ -548,4 +574,258 @@ fn tideline_now_after_a_rewind_reports_only_what_the_active_line_loses() {
         Ok(upto) => assert!(stub, "tideline now said rows up to {upto} leave, none did"),
         Err(_) => assert!(!stub),
     }
+}
+
+#[test]
+fn a_failed_step_records_why_and_the_meter_shows_it() {
+    let (m, seen) = manager();
+    let id = ident("why");
+    send(&m, &id, &[HELLO]).fail(504, StepError::Timeout);
+    send(&m, &id, &[HELLO]).complete(500, true, &Collected::default());
+    send(&m, &id, &[HELLO]).complete(200, false, &answer(USAGE));
+    let cancelled = send(&m, &id, &[HELLO]);
+    cancelled.cut_short(200, StepError::Cancelled, &Collected::default());
+    send(&m, &id, &[HELLO]).complete(200, true, &answer(USAGE));
+    let events = take(&seen);
+    let kinds: Vec<Option<&str>> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { error, .. } => Some(error.as_deref()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            Some("upstream_timeout"),
+            Some("upstream_error"),
+            Some("stream_error"),
+            Some("cancelled"),
+            None
+        ]
+    );
+    assert_eq!(m.metrics.failed_steps.load(Ordering::Relaxed), 4);
+    let s = m.latest().expect("session");
+    let meter = s.state.lock().meter;
+    assert_eq!(meter.failed_steps, 4);
+    let last = meter.last_error.expect("the latest failure");
+    assert_eq!(
+        (last.step, last.status, last.error),
+        (4, 200, StepError::Cancelled)
+    );
+}
+
+#[test]
+fn a_request_the_upstream_refuses_leaves_no_trace() {
+    let (m, seen) = manager();
+    let id = ident("refused");
+    // A new session: nothing recorded, nothing left in memory.
+    for status in [401, 403] {
+        let mut t = send(&m, &id, &[HELLO]);
+        t.answered(status);
+        t.complete(status, true, &Collected::default());
+        assert!(take(&seen).is_empty(), "{status}: nothing recorded");
+        assert!(m.sessions().is_empty(), "{status}: no session left");
+        assert!(m.latest().is_none());
+    }
+    assert_eq!(m.metrics.refused.load(Ordering::Relaxed), 2);
+    assert_eq!(m.metrics.rows.load(Ordering::Relaxed), 0);
+    // An existing session: a refused step changes nothing of it.
+    let mut t = send(&m, &id, &[HELLO]);
+    t.answered(200);
+    t.complete(200, true, &answer(USAGE));
+    take(&seen);
+    let before = m.latest().expect("session").state.lock().meter;
+    let evil = user("evil");
+    let mut t = send(&m, &id, &[HELLO, ANSWER, &evil]);
+    t.answered(401);
+    drop(t);
+    assert!(take(&seen).is_empty(), "nothing of the refused request");
+    let s = m.latest().expect("session");
+    assert_eq!(s.state.lock().meter.steps, before.steps);
+    assert_eq!(
+        s.state.lock().active,
+        vec![1],
+        "the answer is unechoed again"
+    );
+    // The next request is matched as if the refused one never came: the
+    // answer is confirmed, its ask is row 3 of step 2.
+    let more = user("more");
+    let mut t = send(&m, &id, &[HELLO, ANSWER, &more]);
+    t.answered(200);
+    t.complete(200, true, &answer(USAGE));
+    let events = take(&seen);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Confirm { seq: 2, .. })));
+    assert_eq!(row_seqs(&events), vec![3, 4]);
+    assert_eq!(steps(&events), vec![(2, 200, USAGE)]);
+    assert_eq!(m.sessions().len(), 1);
+}
+
+#[test]
+fn a_refused_request_another_built_on_is_recorded_as_a_failed_step() {
+    let (m, seen) = manager();
+    let id = ident("raced");
+    let mut first = send(&m, &id, &[HELLO]);
+    // A second request on the session before the first's answer: it
+    // builds on the first's rows, which go to the writer first.
+    let more = user("more");
+    let mut second = send(&m, &id, &[HELLO, &more]);
+    assert_eq!(row_seqs(&take(&seen)), vec![1]);
+    first.answered(401);
+    first.complete(401, true, &Collected::default());
+    let events = take(&seen);
+    assert_eq!(steps(&events), vec![(1, 401, Usage::default())]);
+    assert_eq!(errors(&events), vec![Some("upstream_error".to_string())]);
+    // The second is the session's latest: refused, it is rolled back.
+    second.answered(403);
+    drop(second);
+    assert!(take(&seen).is_empty());
+    assert_eq!(m.sessions().len(), 1, "the session has rows: it stays");
+    let again = user("again");
+    let mut t = send(&m, &id, &[HELLO, &again]);
+    t.answered(200);
+    assert_eq!(
+        row_seqs(&take(&seen)),
+        vec![2],
+        "as if the second never came"
+    );
+}
+
+#[test]
+fn events_held_for_one_request_reach_the_writer_before_a_later_steps() {
+    let (m, seen) = manager();
+    let id = ident("order");
+    let mut one = send(&m, &id, &[HELLO]);
+    one.answered(200);
+    take(&seen);
+    // Step 2 is prepared (its rows held) while step 1 is still answering.
+    let more = user("more");
+    let two = send(&m, &id, &[HELLO, &more]);
+    one.complete(200, true, &answer(USAGE));
+    let events = take(&seen);
+    assert_eq!(
+        row_seqs(&events),
+        vec![2, 3],
+        "step 2's ask, then step 1's answer"
+    );
+    drop(two);
+}
+
+#[test]
+fn a_refused_sibling_leaves_its_parent_as_it_was() {
+    let (m, seen) = manager_live(std::time::Duration::from_secs(300));
+    let id = headerless();
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("A1"));
+    send(&m, &id, &[HELLO]).complete(200, true, &text_answer("B1"));
+    let (a1, a2) = (echo("A1"), user("A2"));
+    send(&m, &id, &[HELLO, &a1, &a2]).complete(200, true, &text_answer("A3"));
+    take(&seen);
+    // B's continuation would be a sibling; refused, it leaves nothing.
+    let (b1, b2) = (echo("B1"), user("B2"));
+    let mut t = send(&m, &id, &[HELLO, &b1, &b2]);
+    t.answered(401);
+    drop(t);
+    assert!(take(&seen).is_empty(), "no hide, no sibling");
+    assert_eq!(m.sessions().len(), 1);
+    assert_eq!(m.metrics.siblings.load(Ordering::Relaxed), 0);
+    // Sent again and answered, it is the sibling it would have been.
+    let mut t = send(&m, &id, &[HELLO, &b1, &b2]);
+    t.answered(200);
+    let events = take(&seen);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Hide { seqs, .. } if *seqs == [3])));
+    assert_eq!(sessions_created(&events).len(), 1);
+    assert_eq!(m.sessions().len(), 2);
+}
+
+/// A manager with `ledger.compress` on: no zone, every output pruned.
+fn manager_compress() -> (SessionManager, Recorded) {
+    let (m, seen) = manager();
+    let mut settings = m.settings().clone();
+    settings.compress = oceancode_config::CompressConfig {
+        enabled: true,
+        protect: Some(BlockSpec::Tokens(0)),
+        min_tokens: 1,
+    };
+    let s = seen.clone();
+    (
+        SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev))),
+        seen,
+    )
+}
+
+#[test]
+fn compress_prunes_old_outputs_at_a_cut_only_and_keeps_them_until_the_next() {
+    let (m, _seen) = manager_compress();
+    let call = |i: usize| {
+        format!(
+            r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{"command":"ls {i}"}}}}]}}"#
+        )
+    };
+    let result = |i: usize| {
+        format!(
+            r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","is_error":false,"content":"output {i} {}"}}]}}"#,
+            "x".repeat(400)
+        )
+    };
+    let mut history: Vec<String> = vec![HELLO.to_string()];
+    let mut sent: Vec<String> = Vec::new();
+    let mut id = None;
+    for i in 0..16 {
+        let refs: Vec<&str> = history.iter().map(String::as_str).collect();
+        let p = m.prepare(Dialect::Anthropic, ReqKind::Main, &ident("c"), body(&refs));
+        let out = String::from_utf8(p.body.to_vec()).unwrap();
+        let t = p.ticket.unwrap();
+        id = Some(t.session.id.clone());
+        // The window grows by 12k a step (line 80k, block 56k): a cut
+        // leaves the open block's rows in the window.
+        let mut collected = answer(Usage {
+            input: 12_000 * (i as u64 + 1),
+            ..USAGE
+        });
+        collected.rows = vec![call(i)];
+        t.complete(200, true, &collected);
+        history.push(call(i));
+        history.push(result(i));
+        sent.push(out);
+    }
+    let pointers = |s: &str| s.matches("[pruned tool output: seq ").count();
+    let stub = |s: &str| s.contains("past the tideline");
+    let first = sent.iter().position(|s| stub(s)).expect("a cut");
+    for (i, s) in sent.iter().enumerate().take(first) {
+        assert_eq!(pointers(s), 0, "request {i}: nothing before the cut");
+    }
+    let at_cut = pointers(&sent[first]);
+    assert!(at_cut > 0, "the cut prunes: {}", sent[first]);
+    assert!(sent[first].contains(r#""is_error":false,"content":"[pruned tool output: seq "#));
+    // The running round (the newest result) stays.
+    let newest = format!("output {} xxx", first - 1);
+    assert!(sent[first].contains(&newest), "{}", sent[first]);
+    // Between cuts: the same pointers, and the request only appends.
+    let mut cut_stub = sent[first].split("]\"").next().unwrap().to_string();
+    let mut pruned = at_cut;
+    for i in first + 1..sent.len() {
+        let this_stub = sent[i].split("]\"").next().unwrap().to_string();
+        if this_stub != cut_stub {
+            // The next cut: a new set.
+            cut_stub = this_stub;
+            pruned = pointers(&sent[i]);
+            continue;
+        }
+        assert_eq!(pointers(&sent[i]), pruned, "request {i}: only at a cut");
+        let prev = sent[i - 1].trim_end_matches("]}");
+        assert!(
+            sent[i].starts_with(prev),
+            "request {i} appends to {}",
+            i - 1
+        );
+    }
+    let st = m.get(id.as_deref().unwrap()).unwrap();
+    let meter = st.state.lock().meter;
+    assert_eq!(meter.pruned_outputs as usize, pruned);
+    assert_eq!(meter.pruned_tokens > 0, pruned > 0);
+    assert_eq!(meter.saved_tokens > 0, pruned > 0);
 }

@@ -8,42 +8,166 @@
 //! from the ledger gives the same bytes (its rows are the same bytes).
 
 use super::state::State;
-use oceancode_ledger::facts::{self, RowFacts};
+use oceancode_ledger::facts::{self, CallFacts, ResultFacts, RowFacts};
 use oceancode_ledger::state_block::{self, Ask, StateFacts, StateInput};
 use oceancode_ledger::tideline::WindowPlan;
 use oceancode_ledger::transcript::{self, RowLines};
 use oceancode_ledger::{Dialect, RowKind};
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// What one row tells the state block.
 #[derive(Debug, Clone, Default)]
 pub(super) struct RowThread {
-    /// Its tool calls and results (None = none).
-    facts: Option<Box<RowFacts>>,
+    /// Its tool calls and results that can change the block.
+    facts: Facts,
     /// Its ask (prompt rows).
     ask: Option<Box<str>>,
     /// Lines of its section in its turn file.
     pub(super) lines: u32,
 }
 
+/// The hashed ids of the session's tool calls that run a command: the only
+/// calls whose results change the state block (a command that failed, or a
+/// success that clears its earlier failure).
+pub(super) type CommandCalls = HashSet<u64>;
+
+/// The facts of a row that [`StateFacts::add`] can use, held for the row's
+/// life in the smallest form: one command call or one result (an agent's
+/// usual tool row) inline, anything else as [`RowFacts`]. Call ids are kept
+/// hashed (they are only ever matched with each other); a `RowFacts` is made
+/// again when a block is rendered, which happens when the cut moves. A
+/// whole `RowFacts` per row, with its vectors' first growth (room for
+/// four), was ≈ 320 bytes a row.
+#[derive(Debug, Clone, Default)]
+enum Facts {
+    /// Nothing the block uses.
+    #[default]
+    None,
+    /// One call that runs a command.
+    Command { id: u64, command: Box<str> },
+    /// One result of a command call.
+    Result {
+        id: u64,
+        is_error: bool,
+        exit: Option<i64>,
+    },
+    /// Anything else: calls that name files or write a task list, several
+    /// calls or results (ids as [`id_text`]).
+    Full(Box<RowFacts>),
+}
+
+/// A hashed call id as the id of a [`RowFacts`] made again.
+fn id_text(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+impl Facts {
+    /// Keep what the fold can use: a call that names files or writes a task
+    /// list (its file touches, its tasks), or runs a command and has an id
+    /// (what its result is matched by); a result that answers one of the
+    /// session's command calls, which `commands` gathers in seq order (any
+    /// other result finds no call in the fold and changes nothing). The tool
+    /// name is never read there.
+    fn of(mut f: RowFacts, commands: &mut CommandCalls) -> Facts {
+        let hash = |id: &str| crate::dialect::raw_hash(id);
+        f.calls.retain_mut(|c| {
+            c.tool = String::new();
+            c.id = match (&c.id, &c.command) {
+                (Some(id), Some(_)) => {
+                    let h = hash(id);
+                    commands.insert(h);
+                    Some(id_text(h))
+                }
+                _ => None,
+            };
+            c.files.shrink_to_fit();
+            !c.files.is_empty() || c.todos.is_some() || c.id.is_some()
+        });
+        f.results.retain_mut(|r| match r.id.as_deref().map(hash) {
+            Some(h) if commands.contains(&h) => {
+                r.id = Some(id_text(h));
+                true
+            }
+            _ => false,
+        });
+        match (f.calls.as_mut_slice(), f.results.as_slice()) {
+            ([], []) => Facts::None,
+            ([c], []) if c.files.is_empty() && c.todos.is_none() => {
+                match (c.id.as_deref().map(hash_of_text), c.command.take()) {
+                    (Some(Some(id)), Some(command)) => Facts::Command {
+                        id,
+                        command: command.into_boxed_str(),
+                    },
+                    _ => Facts::None,
+                }
+            }
+            ([], [r]) => match r.id.as_deref().and_then(hash_of_text) {
+                Some(id) => Facts::Result {
+                    id,
+                    is_error: r.is_error,
+                    exit: r.exit,
+                },
+                None => Facts::None,
+            },
+            _ => {
+                f.calls.shrink_to_fit();
+                f.results.shrink_to_fit();
+                Facts::Full(Box::new(f))
+            }
+        }
+    }
+
+    /// The facts as [`StateFacts::add`] takes them (None = nothing).
+    fn row_facts(&self) -> Option<Cow<'_, RowFacts>> {
+        match self {
+            Facts::None => None,
+            Facts::Command { id, command } => Some(Cow::Owned(RowFacts {
+                calls: vec![CallFacts {
+                    id: Some(id_text(*id)),
+                    command: Some(command.to_string()),
+                    ..CallFacts::default()
+                }],
+                results: Vec::new(),
+            })),
+            Facts::Result { id, is_error, exit } => Some(Cow::Owned(RowFacts {
+                calls: Vec::new(),
+                results: vec![ResultFacts {
+                    id: Some(id_text(*id)),
+                    is_error: *is_error,
+                    exit: *exit,
+                }],
+            })),
+            Facts::Full(f) => Some(Cow::Borrowed(f)),
+        }
+    }
+}
+
+/// The hash an [`id_text`] stands for.
+fn hash_of_text(t: &str) -> Option<u64> {
+    u64::from_str_radix(t, 16).ok()
+}
+
 impl RowThread {
-    /// Read a row as the ledger keeps it.
+    /// Read a row as the ledger keeps it. Rows come in seq order; `commands`
+    /// gathers the session's command calls.
     pub(super) fn of(
         dialect: Dialect,
         seq: u64,
         role: &str,
         kind: RowKind,
         raw: &str,
+        commands: &mut CommandCalls,
     ) -> RowThread {
-        let f = match kind {
+        let facts = match kind {
             RowKind::Assistant | RowKind::ToolResult | RowKind::Prompt | RowKind::Other => {
-                facts::row_facts(dialect, raw)
+                Facts::of(facts::row_facts(dialect, raw), commands)
             }
-            RowKind::System => RowFacts::default(),
+            RowKind::System => Facts::None,
         };
         RowThread {
-            facts: (!f.is_empty()).then(|| Box::new(f)),
+            facts,
             ask: (kind == RowKind::Prompt)
                 .then(|| facts::ask_text(dialect, raw))
                 .flatten()
@@ -96,8 +220,8 @@ fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<S
     let mut latest: Option<Ask> = None;
     for (i, &seq) in st.active.iter().enumerate().take(plan.start) {
         let r = st.row(seq);
-        if let Some(x) = &r.thread.facts {
-            f.add(seq, r.turn, x);
+        if let Some(x) = r.thread.facts.row_facts() {
+            f.add(seq, r.turn, &x);
         }
         if let Some(a) = &r.thread.ask {
             let ask = Ask {
@@ -141,7 +265,7 @@ fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<S
 /// Where every row up to `upto` is in its turn file, as the ledger's
 /// writer renders it: the rows of a turn file are the turn's rows no
 /// branch hid (an answer never echoed is in it too), in seq order.
-fn row_lines(st: &State, upto: u64) -> Vec<RowLines> {
+pub(super) fn row_lines(st: &State, upto: u64) -> Vec<RowLines> {
     let mut at: HashMap<u32, u32> = HashMap::new();
     let mut out = Vec::new();
     for (i, r) in st.rows.iter().enumerate().take(upto as usize) {
@@ -162,4 +286,110 @@ fn row_lines(st: &State, upto: u64) -> Vec<RowLines> {
         out.push(placed);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(id: &str, name: &str, input: serde_json::Value) -> String {
+        json!({"role":"assistant","content":[{"type":"tool_use","id":id,"name":name,"input":input}]})
+            .to_string()
+    }
+
+    fn result(id: &str, text: &str, is_error: bool) -> String {
+        json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":text,"is_error":is_error}]})
+            .to_string()
+    }
+
+    /// The block folded from every row's whole facts and from what
+    /// [`RowThread::of`] keeps of them, for each prefix of the rows.
+    #[test]
+    fn the_kept_facts_render_the_block_the_whole_facts_render() {
+        let d = Dialect::Anthropic;
+        let two_calls = json!({"role":"assistant","content":[
+            {"type":"tool_use","id":"m1","name":"Bash","input":{"command":"make"}},
+            {"type":"tool_use","id":"m2","name":"Read","input":{"file_path":"src/m.rs"}}]})
+        .to_string();
+        let rows = [
+            call("a", "Read", json!({"file_path": "src/a.rs"})),
+            result("a", "fn main() {}", false),
+            call("b", "Bash", json!({"command": "cargo test"})),
+            result("b", "Exit code 101\nfailed", false),
+            call(
+                "c",
+                "TodoWrite",
+                json!({"todos": [{"content": "fix a", "status": "in_progress"}]}),
+            ),
+            result("c", "ok", false),
+            call("g", "WebSearch", json!({"query": "rust"})),
+            result("g", "nothing", true),
+            call("e", "Bash", json!({"command": "cat src/b.rs > src/c.rs"})),
+            result("e", "Exit code 1", false),
+            two_calls,
+            result("m1", "boom", true),
+            result("m2", "text", false),
+            call("f", "Bash", json!({"command": "cargo test"})),
+            result("f", "ok", false),
+            result("zz", "an answer to no call", true),
+            call("h", "Bash", json!({"command": "cargo build"})),
+        ];
+        let mut commands = CommandCalls::default();
+        let kept: Vec<Facts> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let t = RowThread::of(d, i as u64 + 1, "x", RowKind::Assistant, r, &mut commands);
+                t.facts
+            })
+            .collect();
+        assert!(kept.iter().any(|f| matches!(f, Facts::Command { .. })));
+        assert!(kept.iter().any(|f| matches!(f, Facts::Result { .. })));
+        assert!(kept.iter().any(|f| matches!(f, Facts::Full(_))));
+        assert!(
+            matches!(kept[6], Facts::None),
+            "a call with no command, files or tasks"
+        );
+        assert!(
+            matches!(kept[15], Facts::None),
+            "a result of no command call"
+        );
+        for n in 1..=rows.len() {
+            let render = |facts: &StateFacts| {
+                state_block::render(
+                    &StateInput {
+                        upto_seq: n as u64,
+                        session: "s1",
+                        dir: "/d/s1",
+                        goal: None,
+                        latest_ask: None,
+                        facts,
+                        lines: &[],
+                    },
+                    4000,
+                )
+            };
+            let mut whole = StateFacts::new();
+            let mut thin = StateFacts::new();
+            for (i, r) in rows.iter().take(n).enumerate() {
+                whole.add(i as u64 + 1, 1, &facts::row_facts(d, r));
+                if let Some(x) = kept[i].row_facts() {
+                    thin.add(i as u64 + 1, 1, &x);
+                }
+            }
+            assert_eq!(render(&whole), render(&thin), "after {n} rows");
+            if n == rows.len() {
+                let block = render(&thin).unwrap_or_default();
+                assert!(
+                    block.contains("make") && block.contains("src/c.rs"),
+                    "{block}"
+                );
+                assert!(
+                    !block.contains("cargo test"),
+                    "its failure was cleared: {block}"
+                );
+            }
+        }
+    }
 }

@@ -43,6 +43,14 @@ pub(super) struct Window {
     pub(super) state_tokens: u64,
     /// The state block's budget it was rendered with (None = off).
     pub(super) state_budget: Option<u32>,
+    /// The saved estimate of the tool outputs sent as pointers.
+    pub(super) saved: u64,
+    /// What the step records of them (set by the caller that owns the state).
+    pub(super) compress: Option<oceancode_ledger::Pruned>,
+    /// Rows whose tool outputs it sends as pointers (`ledger.compress`).
+    pub(super) pruned_rows: Vec<u64>,
+    /// What it sends, for the step's record (set by the request path).
+    pub(super) sent: Option<Box<oceancode_ledger::SentWindow>>,
 }
 
 impl Window {
@@ -60,6 +68,10 @@ impl Window {
             edit_error: None,
             state_tokens: 0,
             state_budget: None,
+            saved: 0,
+            compress: None,
+            sent: None,
+            pruned_rows: Vec::new(),
         }
     }
 }
@@ -111,10 +123,13 @@ fn finish(
     };
     // The recall tool's internal exchanges, right after their rows.
     let pieces = with_hidden(st, pieces);
+    let tagged = seq_tags(st, &pieces);
     let parts: Vec<&str> = pieces
         .iter()
-        .map(|(src, raw)| match (src, &stub) {
-            (Src::Fixed("stub"), Some(s)) => s.as_str(),
+        .zip(&tagged)
+        .map(|((src, raw), t)| match (src, &stub, t) {
+            (_, _, Some(t)) => &**t,
+            (Src::Fixed("stub"), Some(s), _) => s.as_str(),
             _ => raw,
         })
         .collect();
@@ -125,10 +140,46 @@ fn finish(
     w
 }
 
+/// `context.seq_tags`: each tool result row of `pieces` as the upstream
+/// sees it, ending with its seq (None = sent as it is). A row is tagged
+/// once and kept while its bytes stay the same; rows that left go.
+fn seq_tags(st: &State, pieces: &[(Src, &str)]) -> Vec<Option<std::sync::Arc<str>>> {
+    if !st.context.seq_tags {
+        return vec![None; pieces.len()];
+    }
+    let mut cache = st.context.tagged.lock();
+    let mut used = 0usize;
+    let out: Vec<_> = pieces
+        .iter()
+        .map(|(src, raw)| {
+            let Src::Row(seq) = *src else { return None };
+            if st.row(seq).calls.closes.is_empty() {
+                return None;
+            }
+            used += 1;
+            let h = xxhash_rust::xxh3::xxh3_64(raw.as_bytes());
+            if let Some((hash, t)) = cache.get(&seq) {
+                if *hash == h {
+                    return Some(t.clone());
+                }
+            }
+            let t: std::sync::Arc<str> = crate::context::seq_tag::tag(st.dialect, raw, seq)?.into();
+            cache.insert(seq, (h, t.clone()));
+            Some(t)
+        })
+        .collect();
+    if cache.len() > used + 64 {
+        let keep: std::collections::HashSet<u64> =
+            pieces.iter().filter_map(|(s, _)| s.seq()).collect();
+        cache.retain(|s, _| keep.contains(s));
+    }
+    out
+}
+
 /// `pieces` with the recall tool's internal exchanges put after their rows
 /// (as `Src::Fixed("recall")`: the proxy's own, not editable).
 fn with_hidden<'a>(st: &'a State, pieces: Vec<(Src, &'a str)>) -> Vec<(Src, &'a str)> {
-    if st.hidden.is_empty() {
+    if !puts_back(st) {
         return pieces;
     }
     let mut out = Vec::with_capacity(pieces.len() + 4);
@@ -143,6 +194,13 @@ fn with_hidden<'a>(st: &'a State, pieces: Vec<(Src, &'a str)>) -> Vec<(Src, &'a 
         }
     }
     out
+}
+
+/// Whether the session's requests get its internal exchanges back: it has
+/// some, and the tool is on (a session restored by a proxy with the tool
+/// off is sent as the client has it: no call of a tool the request lacks).
+fn puts_back(st: &State) -> bool {
+    st.recall_tool && !st.hidden.is_empty()
 }
 
 /// Render the window of `parsed` (the request's messages, mapped onto the
@@ -160,7 +218,7 @@ pub(super) fn render(
     // Messages past the active line (a count_tokens request's new tail)
     // are retained as they are.
     // Nothing to rewrite: no edit set, no recall exchange to put back.
-    let unedited = st.context.set.is_empty() && st.hidden.is_empty();
+    let unedited = st.context.set.is_empty() && !puts_back(st) && !st.context.seq_tags;
     if cut_upto == 0 || st.active.len() > n {
         if unedited {
             return Window::unchanged(n);
@@ -246,19 +304,31 @@ pub(super) fn render(
     if let Some(i) = plan.pinned_prompt {
         parts.push((Src::Row(st.active[i]), parsed.messages[i]));
     }
+    // ledger.compress: the pruned outputs of the retained rows as pointers.
+    let (pruned, pruned_media) = super::compress::rewritten(st, parsed, plan.start);
     parts.extend((plan.start..n).map(|i| {
         (
             st.active.get(i).map_or(Src::Tail, |&s| Src::Row(s)),
-            parsed.messages[i],
+            pruned.get(&i).map_or(parsed.messages[i], String::as_str),
         )
     }));
+    let saved = if pruned.is_empty() {
+        0
+    } else {
+        st.compress.saved
+    };
     let w = Window {
         kept_out: kept_out.saturating_sub(pinned_tokens),
-        media_out,
+        media_out: media_out.plus(pruned_media),
         upto: plan.effective_upto_seq,
         pinned_tokens,
         state_tokens,
         state_budget,
+        saved,
+        pruned_rows: pruned
+            .keys()
+            .filter_map(|&i| st.active.get(i).copied())
+            .collect(),
         ..Window::unchanged(n)
     };
     finish(st, parsed, parts, Some(stub_msg), w)

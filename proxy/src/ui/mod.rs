@@ -18,10 +18,12 @@
 //! | `html` | the escaping HTML writer, URL segments (pure) |
 //! | `pages` | the pages (pure) |
 //! | `chart` | the context chart as SVG (pure) |
+//! | `seen` | what the model saw on a step, from its record and the ledger (pure) |
 
 pub mod chart;
 pub mod html;
 pub mod pages;
+pub mod seen;
 
 use crate::admin::token;
 use crate::error::{full, ProxyBody};
@@ -231,7 +233,7 @@ async fn route(app: Arc<App>, rest: &str, query: &str) -> Response<ProxyBody> {
         let Some(store) = app.store.as_ref() else {
             return not_found("no ledger");
         };
-        page(&app, store, &rest, &query)
+        page(&app, store.as_ref(), &rest, &query)
     })
     .await;
     match blocking {
@@ -243,10 +245,20 @@ async fn route(app: Arc<App>, rest: &str, query: &str) -> Response<ProxyBody> {
     }
 }
 
-/// The built-in price of a model (the configured ones are the command
-/// line's: `status` and the exports use them).
+/// The built-in price of a model: what a proxy started without a
+/// configuration (tests, benches) prices with.
 pub fn price(model: &str) -> Option<oceancode_config::Price> {
     oceancode_config::lookup(model).and_then(|i| i.price)
+}
+
+/// The prices the viewer shows spend at: the proxy's configured ones
+/// (`providers.<id>.models[].price` over the built-in table, what `status`,
+/// the exports and the session limits use), else the built-in table.
+pub fn prices(app: &App) -> impl Fn(&str) -> Option<oceancode_config::Price> + '_ {
+    move |model: &str| match &app.prices {
+        Some(p) => p(model),
+        None => price(model),
+    }
 }
 
 fn store_failed(e: &dyn std::fmt::Display) -> Response<ProxyBody> {
@@ -256,9 +268,9 @@ fn store_failed(e: &dyn std::fmt::Display) -> Response<ProxyBody> {
     )
 }
 
-fn page<S: LedgerStore>(app: &App, store: &S, rest: &str, query: &str) -> Response<ProxyBody> {
+fn page(app: &App, store: &dyn LedgerStore, rest: &str, query: &str) -> Response<ProxyBody> {
     if rest.is_empty() {
-        return match sessions_lines(store) {
+        return match sessions_lines(store, &prices(app)) {
             Ok(lines) => {
                 let total = lines.len();
                 let sort = Sort::parse(&query_value(query, "sort").unwrap_or_default());
@@ -308,12 +320,60 @@ fn page<S: LedgerStore>(app: &App, store: &S, rest: &str, query: &str) -> Respon
             Ok(None) => not_found("No such session."),
             Err(e) => store_failed(&e),
         },
-        "export.md" | "export.atif.json" => export(store, &id, tail),
+        "sent.json" => sent_json(store, &id, query),
+        "export.md" | "export.atif.json" => export(store, &id, tail, &prices(app)),
         _ => not_found("No such page in the viewer."),
     }
 }
 
-fn export<S: LedgerStore>(store: &S, id: &str, what: &str) -> Response<ProxyBody> {
+/// `s/<id>/sent.json?step=N`: what step N (default: the latest) sent
+/// upstream, message by message, as the model view shows it.
+fn sent_json<S: LedgerRead + ?Sized>(store: &S, id: &str, query: &str) -> Response<ProxyBody> {
+    let read = || -> Result<Option<String>, oceancode_ledger::store::StoreError> {
+        let steps = store.steps(id)?;
+        let Some(step) = query_value(query, "step")
+            .and_then(|s| s.parse().ok())
+            .or(steps.last().map(|s| s.step))
+        else {
+            return Ok(None);
+        };
+        let rows = store.session_rows(id, true)?;
+        let edits = store.context_edits(id)?;
+        let row = |seq: u64| {
+            rows.binary_search_by_key(&seq, |(r, _)| r.seq)
+                .ok()
+                .map(|i| &rows[i].0)
+        };
+        let dialect = store
+            .session_meta(id)?
+            .map_or(oceancode_ledger::Dialect::Anthropic, |m| m.dialect);
+        Ok(seen::seen(dialect, &steps, step, row, &edits).map(|s| {
+            format!(
+                "{{\"session\":{},\"step\":{},\"upto\":{},\"edit\":{},\"stateful\":{},\"messages\":{}}}",
+                serde_json::Value::from(id),
+                s.step,
+                s.upto,
+                s.edit.as_ref().map_or(0, |e| e.n),
+                s.stateful,
+                s.messages_json()
+            )
+        }))
+    };
+    match read() {
+        Ok(Some(body)) => answer(StatusCode::OK, "application/json", body),
+        Ok(None) => {
+            not_found("No such step, or it was recorded before the proxy kept what each step sent.")
+        }
+        Err(e) => store_failed(&e),
+    }
+}
+
+fn export(
+    store: &dyn LedgerStore,
+    id: &str,
+    what: &str,
+    price: &dyn Fn(&str) -> Option<oceancode_config::Price>,
+) -> Response<ProxyBody> {
     match store.session_meta(id) {
         Ok(Some(_)) => {}
         Ok(None) => return not_found("No such session."),
@@ -322,12 +382,12 @@ fn export<S: LedgerStore>(store: &S, id: &str, what: &str) -> Response<ProxyBody
     let mut out = Vec::new();
     let (done, ctype) = if what == "export.md" {
         (
-            oceancode_ledger::export::markdown(store, id, &price, &mut out, None),
+            oceancode_ledger::export::markdown(store, id, price, &mut out, None),
             "text/markdown; charset=utf-8",
         )
     } else {
         (
-            oceancode_ledger::atif::write(store, id, &price, &mut out),
+            oceancode_ledger::atif::write(store, id, price, &mut out),
             "application/json",
         )
     };
@@ -346,8 +406,9 @@ fn export<S: LedgerStore>(store: &S, id: &str, what: &str) -> Response<ProxyBody
     r
 }
 
-fn sessions_lines<S: LedgerRead>(
+fn sessions_lines<S: LedgerRead + ?Sized>(
     store: &S,
+    price: &dyn Fn(&str) -> Option<oceancode_config::Price>,
 ) -> Result<Vec<SessionLine>, oceancode_ledger::store::StoreError> {
     let list = store.list_sessions()?;
     let mut children: std::collections::HashMap<String, Vec<String>> = Default::default();
@@ -360,7 +421,7 @@ fn sessions_lines<S: LedgerRead>(
     for s in list {
         let steps = store.steps(&s.id)?;
         let cuts = store.cuts(&s.id)?.len();
-        let (totals, _) = oceancode_ledger::status::totals(&steps, &price);
+        let (totals, _) = oceancode_ledger::status::totals(&steps, price);
         let priced = totals.unpriced.is_empty() || totals.cost_usd > 0.0;
         out.push(SessionLine {
             steps: steps.len() as u32,
@@ -374,7 +435,7 @@ fn sessions_lines<S: LedgerRead>(
 }
 
 /// Read what a session page shows.
-pub fn session_data<S: LedgerRead>(
+pub fn session_data<S: LedgerRead + ?Sized>(
     store: &S,
     id: &str,
     live: bool,
@@ -392,7 +453,22 @@ pub fn session_data<S: LedgerRead>(
         .map(|r| (r.clone(), hidden.contains(&r.seq)))
         .collect();
     let meta = loaded.meta.clone();
-    let view = crate::sessions::model_view(store.data_dir().root(), loaded);
+    let steps = store.steps(id)?;
+    // The latest step's record says what it sent: the window need not be
+    // rebuilt from the rows (which parses every row), only the active line.
+    let view = if steps.last().is_some_and(|s| s.detail.sent.is_some()) {
+        crate::sessions::ModelView {
+            active: loaded
+                .rows
+                .iter()
+                .filter(|r| !r.from_response && !hidden.contains(&r.seq))
+                .map(|r| r.seq)
+                .collect(),
+            ..Default::default()
+        }
+    } else {
+        crate::sessions::model_view(store.data_dir().root(), loaded)
+    };
     let children = store
         .list_sessions()?
         .into_iter()
@@ -401,10 +477,11 @@ pub fn session_data<S: LedgerRead>(
         .collect();
     let page_md = std::fs::read_to_string(store.data_dir().session_md(id)).ok();
     Ok(Some(SessionData {
+        edits: store.context_edits(id)?,
         summary,
         meta,
         rows,
-        steps: store.steps(id)?,
+        steps,
         cuts: store.cuts(id)?,
         line: store.recorded_line(id)?,
         view,
@@ -414,7 +491,12 @@ pub fn session_data<S: LedgerRead>(
     }))
 }
 
-fn session<S: LedgerRead>(app: &App, store: &S, id: &str, query: &str) -> Response<ProxyBody> {
+fn session<S: LedgerRead + ?Sized>(
+    app: &App,
+    store: &S,
+    id: &str,
+    query: &str,
+) -> Response<ProxyBody> {
     let live = app.sessions.get(id).is_some();
     let d = match session_data(store, id, live) {
         Ok(Some(d)) => d,
@@ -428,8 +510,9 @@ fn session<S: LedgerRead>(app: &App, store: &S, id: &str, query: &str) -> Respon
         },
         page: query_value(query, "page").and_then(|p| p.parse().ok()),
         seq: query_value(query, "seq").and_then(|p| p.parse().ok()),
+        step: query_value(query, "step").and_then(|p| p.parse().ok()),
     };
-    html_answer(StatusCode::OK, pages::session_page(&d, q, &price))
+    html_answer(StatusCode::OK, pages::session_page(&d, q, &prices(app)))
 }
 
 #[cfg(test)]

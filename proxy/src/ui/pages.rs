@@ -4,17 +4,24 @@
 
 use super::chart;
 use super::html::{qv, seg, session_url, ui_url, Html};
+use super::seen::{self, Seen, Source};
 use crate::sessions::{ModelView, Sent};
 use oceancode_ledger::parts::{parts, Part};
 use oceancode_ledger::recall::RecallHit;
 use oceancode_ledger::status::tokens;
-use oceancode_ledger::store::{CutRecord, LineRecord, SessionSummary, StepRecord};
+use oceancode_ledger::store::{
+    ContextEditRecord, CutRecord, LineRecord, SessionSummary, StepRecord,
+};
 use oceancode_ledger::transcript::utc_iso;
 use oceancode_ledger::{Dialect, Row, SessionMeta};
 use std::collections::HashSet;
 
 /// Rows on one page of the conversation.
 pub const PAGE_ROWS: usize = 200;
+/// Lines of `SESSION.md` shown open; a longer page is folded.
+const FOLD_LINES: usize = 80;
+/// Cuts listed open; more are folded.
+const FOLD_CUTS: usize = 12;
 /// Characters of one text part shown before the rest is folded away.
 const TEXT_CLIP: usize = 4000;
 
@@ -226,7 +233,7 @@ pub fn sessions_page(lines: &[SessionLine], sort: Sort, filter: &str, total: usi
         );
         return layout("Sessions", h, None);
     }
-    h.raw("<table class=\"sessions\" id=\"sessions\"><thead><tr>");
+    h.raw("<div class=\"scroll\"><table class=\"sessions\" id=\"sessions\"><thead><tr>");
     let col = |h: &mut Html, label: &str, key: Option<Sort>| match key {
         Some(k) => {
             let href = format!("{}?sort={}&filter={}", ui_url(""), k.key(), qv(filter));
@@ -275,7 +282,7 @@ pub fn sessions_page(lines: &[SessionLine], sort: Sort, filter: &str, total: usi
         h.close("td");
         h.close("tr");
     }
-    h.raw("</tbody></table>");
+    h.raw("</tbody></table></div>");
     layout("Sessions", h, None)
 }
 
@@ -317,11 +324,62 @@ pub fn search_page(q: &str, hits: &[RecallHit], limit: usize) -> String {
         if hit.hidden {
             h.raw(" <span class=\"badge\">hidden by a rewind</span>");
         }
-        h.el("div", &[("class", "snippet")], &hit.body);
+        h.open("div", &[("class", "snippet")]);
+        for (hit, text) in highlight(&hit.body, q) {
+            if hit {
+                h.el("mark", &[], text);
+            } else {
+                h.text(text);
+            }
+        }
+        h.close("div");
         h.raw("</li>");
     }
     h.raw("</ol>");
     layout("Search", h, None)
+}
+
+/// The search's snippet (`[word]` marks what the index matched) as runs of
+/// text, `true` for a matched word of `q` (its brackets dropped); a
+/// bracket the row itself holds stays text.
+pub fn highlight<'a>(snippet: &'a str, q: &str) -> Vec<(bool, &'a str)> {
+    let words: Vec<String> = q
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let mut out = Vec::new();
+    let mut from = 0;
+    let mut at = 0;
+    while let Some(open) = snippet[at..].find('[').map(|i| at + i) {
+        let Some(close) = snippet[open + 1..].find(']').map(|i| open + 1 + i) else {
+            break;
+        };
+        let inner = &snippet[open + 1..close];
+        // The index marks a phrase whole (`[zephyrword_case]`): every word
+        // in the brackets must be one of the query's.
+        let mut inner_words = inner
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .peekable();
+        let matched = inner_words.peek().is_some()
+            && !inner.contains('[')
+            && inner_words.all(|w| words.contains(&w.to_lowercase()));
+        if !matched {
+            at = open + 1;
+            continue;
+        }
+        if open > from {
+            out.push((false, &snippet[from..open]));
+        }
+        out.push((true, inner));
+        from = close + 1;
+        at = from;
+    }
+    if from < snippet.len() {
+        out.push((false, &snippet[from..]));
+    }
+    out
 }
 
 /// Which conversation a session page shows.
@@ -347,8 +405,11 @@ pub struct SessionData {
     pub cuts: Vec<CutRecord>,
     /// The line it last ran with.
     pub line: Option<LineRecord>,
-    /// What the upstream saw at the latest cut.
+    /// The latest cut's window rebuilt from the rows (for a step recorded
+    /// before the proxy kept what each step sent).
     pub view: ModelView,
+    /// The session's taken context edits.
+    pub edits: Vec<ContextEditRecord>,
     /// `SESSION.md`, if written.
     pub page_md: Option<String>,
     /// Sessions linked to it.
@@ -380,6 +441,8 @@ pub struct PageQuery {
     pub page: Option<usize>,
     /// A row to show (its page is chosen).
     pub seq: Option<u64>,
+    /// The step the model view shows (None: the latest).
+    pub step: Option<u32>,
 }
 
 /// The live-update stamp: changes when a step, row or cut is recorded.
@@ -403,19 +466,28 @@ pub fn session_page(
     summary(&mut h, d, price);
     // The chart.
     let points = chart::points(&d.steps, price);
-    let ts: Vec<i64> = d.steps.iter().map(|s| s.ts_ms).collect();
-    let latest = d.cuts.iter().map(|c| c.ts_ms).max();
+    let w = Windows::of(d, q);
     let markers: Vec<chart::Marker> = d
         .cuts
         .iter()
-        .map(|c| chart::Marker {
-            at: chart::cut_step_index(&ts, c),
-            href: if Some(c.ts_ms) == latest && d.view.stub.is_some() {
-                format!("{base}?view=model#stub")
-            } else {
-                format!("{base}?seq={}#r-{}", c.upto_seq, c.upto_seq)
-            },
-            cut: c.clone(),
+        .map(|c| {
+            let at = cut_step(d, c);
+            let recorded = d
+                .steps
+                .get(at)
+                .and_then(|s| s.detail.sent.as_ref())
+                .is_some_and(|w| w.upto >= c.upto_seq);
+            let latest = d.cuts.last().map(|l| l.ts_ms) == Some(c.ts_ms);
+            let href = match d.steps.get(at) {
+                Some(s) if recorded => format!("{base}?view=model&step={}#stub", s.step),
+                _ if latest && d.view.stub.is_some() => format!("{base}?view=model#stub"),
+                _ => format!("{base}?seq={}#r-{}", c.upto_seq, c.upto_seq),
+            };
+            chart::Marker {
+                at,
+                href,
+                cut: c.clone(),
+            }
         })
         .collect();
     let line = d
@@ -427,11 +499,22 @@ pub fn session_page(
     h.append(chart::render(&points, &markers, line));
     h.raw("</section>");
     // The conversation.
-    conversation(&mut h, d, q, &base);
+    conversation(&mut h, d, q, &base, &w);
     // Cuts, SESSION.md, exports.
     cuts_table(&mut h, d, &base);
     h.raw("<section class=\"card\" id=\"page\"><h2>SESSION.md</h2>");
     match &d.page_md {
+        // A long page (a long session's) is folded: it would push the
+        // exports far below.
+        Some(md) if md.lines().count() > FOLD_LINES => {
+            h.open("details", &[("class", "fold")]).el(
+                "summary",
+                &[],
+                &format!("{} lines · open", md.lines().count()),
+            );
+            markdown(&mut h, md);
+            h.close("details");
+        }
         Some(md) => markdown(&mut h, md),
         None => {
             h.el("p", &[("class", "muted")], "Not written yet.");
@@ -469,6 +552,18 @@ pub fn session_page(
     layout(&format!("Session {id}"), h, Some((&live_url, &st)))
 }
 
+/// The index of the step that made cut `c`: the first whose record says
+/// it sent a window past it, else the first recorded at or after it.
+fn cut_step(d: &SessionData, c: &CutRecord) -> usize {
+    d.steps
+        .iter()
+        .position(|s| s.detail.sent.as_ref().is_some_and(|w| w.upto >= c.upto_seq))
+        .unwrap_or_else(|| {
+            let ts: Vec<i64> = d.steps.iter().map(|s| s.ts_ms).collect();
+            chart::cut_step_index(&ts, c)
+        })
+}
+
 fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceancode_config::Price>) {
     let (totals, _) = oceancode_ledger::status::totals(&d.steps, price);
     let window = d
@@ -499,7 +594,12 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
     fact(h, "cuts", &d.cuts.len().to_string());
     fact(h, "window now", &tokens(window));
     if let Some(l) = &d.line {
-        fact(h, "line", &format!("{} ({})", tokens(l.line), l.spec));
+        let line = tokens(l.line);
+        if l.spec == line {
+            fact(h, "line", &line);
+        } else {
+            fact(h, "line", &format!("{line} ({})", l.spec));
+        }
     }
     fact(
         h,
@@ -546,16 +646,64 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
     h.raw("</section>");
 }
 
-fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
-    let sent: HashSet<u64> = d
-        .view
-        .sent
-        .iter()
-        .filter_map(|s| match s {
-            Sent::Row(seq) => Some(*seq),
-            Sent::Stub => None,
-        })
-        .collect();
+/// What the model saw on the steps a session page shows.
+struct Windows {
+    /// The latest step's (None: recorded before the proxy kept it).
+    latest: Option<Seen>,
+    /// The chosen step's (the model view).
+    chosen: Option<Seen>,
+    /// The chosen step's number (None: no step yet).
+    step: Option<u32>,
+    /// The chosen step is the latest.
+    is_latest: bool,
+}
+
+impl Windows {
+    fn of(d: &SessionData, q: PageQuery) -> Windows {
+        let latest_step = d.steps.last().map(|s| s.step);
+        let step = q
+            .step
+            .filter(|n| d.steps.iter().any(|s| s.step == *n))
+            .or(latest_step);
+        let row = |s: u64| d.row(s).map(|r| &r.0);
+        let dialect = d.meta.dialect;
+        let latest = latest_step.and_then(|n| seen::seen(dialect, &d.steps, n, row, &d.edits));
+        let is_latest = step == latest_step;
+        let chosen = if is_latest {
+            latest.clone()
+        } else {
+            step.and_then(|n| seen::seen(dialect, &d.steps, n, row, &d.edits))
+        };
+        Windows {
+            latest,
+            chosen,
+            step,
+            is_latest,
+        }
+    }
+}
+
+fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str, w: &Windows) {
+    let (sent, upto): (HashSet<u64>, u64) = match &w.latest {
+        Some(s) => (s.row_seqs().collect(), s.upto),
+        None => (
+            d.view
+                .sent
+                .iter()
+                .filter_map(|s| match s {
+                    Sent::Row(seq) => Some(*seq),
+                    Sent::Stub => None,
+                })
+                .collect(),
+            d.view.upto,
+        ),
+    };
+    let deleted: HashSet<u64> = w
+        .latest
+        .as_ref()
+        .and_then(|s| s.edit.as_ref())
+        .map(|e| e.deleted.iter().copied().collect())
+        .unwrap_or_default();
     let active: HashSet<u64> = d.view.active.iter().copied().collect();
     let view_key = match q.view {
         View::Full => "full",
@@ -590,50 +738,41 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
         }
     }
     h.raw("</nav>");
-    let total = match q.view {
-        View::Full => d.rows.len(),
-        View::Model => d.view.sent.len(),
+    let seen = match q.view {
+        View::Model => w.chosen.as_ref(),
+        View::Full => None,
+    };
+    let total = match (q.view, seen) {
+        (View::Full, _) => d.rows.len(),
+        (View::Model, Some(s)) => s.messages.len(),
+        (View::Model, None) => d.view.sent.len(),
     };
     match q.view {
         View::Full => {
-            if d.view.upto > 0 {
-                h.open("p", &[("class", "muted")])
-                    .text(&format!(
-                        "Every recorded row. Dimmed: what the latest window left out (up to seq {}), and rows hidden by a rewind.",
-                        d.view.upto
-                    ))
-                    .close("p");
+            let text = if upto > 0 {
+                format!(
+                    "Every recorded row. Dimmed: what the latest window left out (up to seq {upto}{}), and rows hidden by a rewind.",
+                    if deleted.is_empty() { "" } else { ", and rows an edit leaves out" }
+                )
+            } else if !deleted.is_empty() {
+                "Every recorded row. Dimmed: rows the edit in force leaves out, and rows hidden by a rewind.".to_string()
             } else {
-                h.el(
-                    "p",
-                    &[("class", "muted")],
-                    "Every recorded row; nothing is cut yet, so the model saw them all.",
-                );
-            }
+                "Every recorded row; nothing is cut yet, so the model saw them all.".to_string()
+            };
+            h.el("p", &[("class", "muted")], &text);
         }
-        View::Model => {
-            h.el(
-                "p",
-                &[("class", "muted")],
-                &format!(
-                    "What the latest request sent upstream: {} messages{}.",
-                    d.view.sent.len(),
-                    if d.view.stub.is_some() {
-                        ", the stub first"
-                    } else {
-                        " (nothing cut)"
-                    }
-                ),
-            );
-        }
+        View::Model => model_head(h, d, base, w, seen),
     }
     let pages = total.div_ceil(PAGE_ROWS).max(1);
     let page = match (q.page, q.seq) {
         (Some(p), _) => p.min(pages - 1),
         (None, Some(seq)) => {
-            let idx = match q.view {
-                View::Full => d.rows.iter().position(|(r, _)| r.seq >= seq),
-                View::Model => d
+            let idx = match (q.view, seen) {
+                (View::Full, _) => d.rows.iter().position(|(r, _)| r.seq >= seq),
+                (View::Model, Some(s)) => s.messages.iter().position(|m| {
+                    matches!(m.source, Source::Row(x) | Source::Edited(x) | Source::Pruned(x) if x >= seq)
+                }),
+                (View::Model, None) => d
                     .view
                     .sent
                     .iter()
@@ -643,13 +782,17 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
         }
         (None, None) => pages - 1,
     };
+    let step_q = match (q.view, w.step) {
+        (View::Model, Some(n)) if !w.is_latest => format!("&step={n}"),
+        _ => String::new(),
+    };
     let nav = |h: &mut Html| {
         if pages <= 1 {
             return;
         }
         h.raw("<nav class=\"pager\">");
         let link = |h: &mut Html, p: usize, label: &str| {
-            let href = format!("{base}?view={view_key}&page={p}");
+            let href = format!("{base}?view={view_key}{step_q}&page={p}");
             h.link(&href, label);
         };
         if page > 0 {
@@ -669,14 +812,16 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
     h.raw("<ol class=\"rows\" id=\"rows\">");
     let lo = page * PAGE_ROWS;
     let hi = (lo + PAGE_ROWS).min(total);
-    match q.view {
-        View::Full => {
+    match (q.view, seen) {
+        (View::Full, _) => {
             for (r, hidden) in &d.rows[lo..hi] {
                 let out = !sent.contains(&r.seq);
                 let state = if *hidden || (!active.contains(&r.seq) && !r.from_response) {
                     Some("hidden by a rewind")
                 } else if r.from_response && !active.contains(&r.seq) {
                     Some("answer not echoed yet")
+                } else if deleted.contains(&r.seq) && r.seq > upto {
+                    Some("left out by an edit")
                 } else if out {
                     Some("left the window")
                 } else {
@@ -695,7 +840,12 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
                 );
             }
         }
-        View::Model => {
+        (View::Model, Some(s)) => {
+            for m in &s.messages[lo..hi] {
+                sent_message(h, d, base, s, m, q.seq);
+            }
+        }
+        (View::Model, None) => {
             for s in &d.view.sent[lo..hi] {
                 match s {
                     Sent::Stub => stub(h, d, base),
@@ -720,6 +870,304 @@ fn conversation(h: &mut Html, d: &SessionData, q: PageQuery, base: &str) {
     h.raw("</ol>");
     nav(h);
     h.close("section");
+}
+
+/// The model view's heading: which step, what it sent, and the way to
+/// another step.
+fn model_head(h: &mut Html, d: &SessionData, base: &str, w: &Windows, seen: Option<&Seen>) {
+    let Some(n) = w.step else {
+        h.el("p", &[("class", "muted")], "No step recorded yet.");
+        return;
+    };
+    let count = d.steps.len();
+    let pos = d.steps.iter().position(|s| s.step == n).unwrap_or(0);
+    h.open("div", &[("class", "stepnav"), ("id", "stepnav")]);
+    let step_link = |h: &mut Html, i: usize, label: &str| {
+        if let Some(s) = d.steps.get(i) {
+            h.link(&format!("{base}?view=model&step={}", s.step), label);
+        }
+    };
+    if pos > 0 {
+        step_link(h, 0, "« first");
+        h.raw(" ");
+        step_link(h, pos - 1, "‹ step before");
+        h.raw(" ");
+    }
+    h.open("strong", &[])
+        .text(&format!("step {n} of {count}"))
+        .close("strong");
+    if pos + 1 < count {
+        h.raw(" ");
+        step_link(h, pos + 1, "step after ›");
+        h.raw(" ");
+        step_link(h, count - 1, "latest »");
+    }
+    if seen.is_some_and(|s| s.upto > 0) {
+        h.raw(" · ");
+        h.link(
+            &format!("{base}?view=model&step={n}&page=0#stub"),
+            "its stub",
+        );
+    }
+    h.open(
+        "form",
+        &[("class", "stepform"), ("action", base), ("method", "get")],
+    )
+    .void(
+        "input",
+        &[("type", "hidden"), ("name", "view"), ("value", "model")],
+    );
+    let max = d.steps.last().map(|s| s.step).unwrap_or(1).to_string();
+    let now = n.to_string();
+    h.void(
+        "input",
+        &[
+            ("type", "number"),
+            ("name", "step"),
+            ("min", "1"),
+            ("max", &max),
+            ("value", &now),
+            ("aria-label", "step"),
+        ],
+    )
+    .raw("<button type=\"submit\">show</button></form>");
+    h.close("div");
+    let text = match seen {
+        Some(s) => {
+            let mut t = format!(
+                "What step {n} sent upstream, message by message: {} messages",
+                s.messages.len()
+            );
+            if s.stateful {
+                t.push_str(", the request's own (the provider holds the conversation)");
+            }
+            if s.upto > 0 {
+                t.push_str(&format!(
+                    "; every row up to seq {} had left the window, the stub (first) stands for them",
+                    s.upto
+                ));
+            } else {
+                t.push_str("; nothing was cut");
+            }
+            if let Some(e) = &s.edit {
+                t.push_str(&format!(
+                    "; context edit #{} in force ({} rows left out, {} rewritten, {} notes)",
+                    e.n,
+                    e.deleted.len(),
+                    e.rewritten,
+                    e.notes
+                ));
+            }
+            t.push('.');
+            t
+        }
+        None if w.is_latest => format!(
+            "Step {n} was recorded before the proxy kept what each step sent: this is the window of the latest cut rebuilt from the rows ({} messages{}).",
+            d.view.sent.len(),
+            if d.view.stub.is_some() { ", the stub first" } else { ", nothing cut" }
+        ),
+        None => format!(
+            "Step {n} was recorded before the proxy kept what each step sent (or is not in the ledger): there is nothing to show for it."
+        ),
+    };
+    h.el("p", &[("class", "muted")], &text);
+}
+
+/// One message of a step's window.
+fn sent_message(
+    h: &mut Html,
+    d: &SessionData,
+    base: &str,
+    s: &Seen,
+    m: &seen::Message,
+    open_seq: Option<u64>,
+) {
+    let dialect = d.meta.dialect;
+    let edit = s.edit.as_ref().map_or(0, |e| e.n);
+    match (&m.source, &m.raw) {
+        (Source::Row(seq), _) | (Source::Edited(seq), _) | (Source::Pruned(seq), _) => {
+            let Some((r, hidden)) = d.row(*seq) else {
+                message(
+                    h,
+                    dialect,
+                    "missing",
+                    &format!("seq {seq}"),
+                    None,
+                    "not in the ledger",
+                    None,
+                );
+                return;
+            };
+            let pruned = matches!(m.source, Source::Pruned(_));
+            let edited = matches!(m.source, Source::Edited(_)) || pruned;
+            let badge = if pruned {
+                Some("old tool output sent as a pointer (compress)".to_string())
+            } else if edited {
+                Some(format!("rewritten by edit #{edit}"))
+            } else if *seq <= s.upto {
+                Some("kept from before the cut".to_string())
+            } else if *hidden {
+                Some("later hidden by a rewind".to_string())
+            } else {
+                None
+            };
+            match (&m.raw, edited) {
+                (Some(raw), true) => {
+                    let mut r = r.clone();
+                    r.raw = raw.as_str().into();
+                    row_as(
+                        h,
+                        dialect,
+                        &r,
+                        if pruned { "pruned" } else { "edited" },
+                        false,
+                        badge.as_deref(),
+                        base,
+                        open_seq == Some(*seq),
+                    );
+                }
+                (None, true) => {
+                    message(
+                        h,
+                        dialect,
+                        "missing",
+                        &format!("seq {seq}"),
+                        None,
+                        "rewritten (an edit or compress) with bytes the ledger does not hold",
+                        None,
+                    );
+                }
+                _ => row_as(
+                    h,
+                    dialect,
+                    r,
+                    "row",
+                    false,
+                    badge.as_deref(),
+                    base,
+                    open_seq == Some(*seq),
+                ),
+            }
+        }
+        (Source::Stub, Some(raw)) => sent_stub(h, dialect, base, s.upto, raw),
+        (Source::Stub, None) => {
+            message(
+                h,
+                dialect,
+                "stub",
+                "stub",
+                Some("stub"),
+                "the stub this step sent is not in the ledger",
+                None,
+            );
+        }
+        (Source::Note(id), raw) => message(
+            h,
+            dialect,
+            "note",
+            &format!("note {id}"),
+            None,
+            &format!("a note of edit #{edit}"),
+            raw.as_deref(),
+        ),
+        (Source::Recall(after), raw) => message(
+            h,
+            dialect,
+            "recall",
+            &format!("after seq {after}"),
+            None,
+            "the recall tool's exchange (the proxy's own)",
+            raw.as_deref(),
+        ),
+        (Source::Tail, _) => message(
+            h,
+            dialect,
+            "tail",
+            "—",
+            None,
+            "a message past the recorded line",
+            None,
+        ),
+    }
+}
+
+/// A message that is no recorded row: `label` heads it, `badge` says what
+/// it is, `raw` (if held) is shown by its parts.
+fn message(
+    h: &mut Html,
+    dialect: Dialect,
+    src: &str,
+    label: &str,
+    id: Option<&str>,
+    badge: &str,
+    raw: Option<&str>,
+) {
+    let class = format!("row k-{src}");
+    let mut attrs = vec![("class", class.as_str()), ("data-src", src)];
+    if let Some(id) = id {
+        attrs.push(("id", id));
+    }
+    h.open("li", &attrs);
+    h.raw("<div class=\"head\">");
+    h.el("span", &[("class", "seq")], label);
+    h.raw(" ").el("span", &[("class", "badge")], badge);
+    h.raw("</div>");
+    match raw {
+        Some(raw) => row_parts(h, dialect, raw, false),
+        None => {
+            h.el(
+                "p",
+                &[("class", "muted")],
+                "(its content is not in the ledger)",
+            );
+        }
+    }
+    h.close("li");
+}
+
+/// The stub message a step sent: the stub's text, the state block after
+/// it, and the standing parts kept with it.
+fn sent_stub(h: &mut Html, dialect: Dialect, base: &str, upto: u64, raw: &str) {
+    h.raw("<li class=\"row stub\" id=\"stub\" data-src=\"stub\"><div class=\"head\"><span class=\"role\">stub</span> ");
+    h.text(&format!("the window starts after seq {upto}"));
+    h.raw(" · ");
+    h.link(
+        &format!("{base}?view=full&seq={upto}#r-{upto}"),
+        "see what left",
+    );
+    h.raw("</div>");
+    let texts: Vec<String> = parts(dialect, raw)
+        .into_iter()
+        .filter_map(|p| match p {
+            Part::Text(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    for (i, t) in texts.iter().enumerate() {
+        if i == 0 {
+            let (stub, state) = match t.find(oceancode_ledger::state_block::HEAD) {
+                Some(at) => (t[..at].trim_end(), Some(&t[at..])),
+                None => (t.as_str(), None),
+            };
+            h.el("div", &[("class", "text")], stub);
+            if let Some(state) = state {
+                h.open("details", &[("class", "state"), ("open", "")])
+                    .el(
+                        "summary",
+                        &[],
+                        &format!("state block · {} lines", state.lines().count()),
+                    )
+                    .el("pre", &[], state)
+                    .close("details");
+            }
+        } else {
+            h.open("details", &[("class", "pinned")])
+                .el("summary", &[], "kept with the stub: standing instructions")
+                .el("pre", &[], t)
+                .close("details");
+        }
+    }
+    h.raw("</li>");
 }
 
 fn stub(h: &mut Html, d: &SessionData, base: &str) {
@@ -783,13 +1231,21 @@ fn row(
     base: &str,
     open: bool,
 ) {
-    let details = |h: &mut Html, class: &'static str| {
-        if open {
-            h.open("details", &[("class", class), ("open", "")]);
-        } else {
-            h.open("details", &[("class", class)]);
-        }
-    };
+    row_as(h, dialect, r, "row", dim, state, base, open);
+}
+
+/// One row, marked as coming from `src` (`row`, `edited`).
+#[allow(clippy::too_many_arguments)]
+fn row_as(
+    h: &mut Html,
+    dialect: Dialect,
+    r: &Row,
+    src: &str,
+    dim: bool,
+    state: Option<&str>,
+    base: &str,
+    open: bool,
+) {
     let anchor = format!("r-{}", r.seq);
     let class = match (dim, r.kind.as_str()) {
         (true, k) => format!("row out k-{k}"),
@@ -798,7 +1254,12 @@ fn row(
     let seq = r.seq.to_string();
     h.open(
         "li",
-        &[("class", &class), ("id", &anchor), ("data-seq", &seq)],
+        &[
+            ("class", &class),
+            ("id", &anchor),
+            ("data-seq", &seq),
+            ("data-src", src),
+        ],
     );
     h.raw("<div class=\"head\">");
     h.open(
@@ -817,7 +1278,21 @@ fn row(
         h.raw(" ").el("span", &[("class", "badge")], s);
     }
     h.raw("</div>");
-    for p in parts(dialect, &r.raw) {
+    row_parts(h, dialect, &r.raw, open);
+    h.close("li");
+}
+
+/// A message's parts: text, thinking, tool calls and results (folded
+/// unless `open`), media.
+fn row_parts(h: &mut Html, dialect: Dialect, raw: &str, open: bool) {
+    let details = |h: &mut Html, class: &'static str| {
+        if open {
+            h.open("details", &[("class", class), ("open", "")]);
+        } else {
+            h.open("details", &[("class", class)]);
+        }
+    };
+    for p in parts(dialect, raw) {
         match p {
             Part::Text(t) => clipped(h, "text", &t),
             Part::Thinking(t) => {
@@ -873,7 +1348,6 @@ fn row(
             }
         }
     }
-    h.close("li");
 }
 
 fn clip(s: &str, max: usize) -> String {
@@ -918,7 +1392,15 @@ fn cuts_table(h: &mut Html, d: &SessionData, base: &str) {
         h.raw("</section>");
         return;
     }
-    h.raw("<table class=\"cuts\"><thead><tr><th>#</th><th>rows up to</th><th>gauge</th><th>line</th><th>when</th></tr></thead><tbody>");
+    let folded = d.cuts.len() > FOLD_CUTS;
+    if folded {
+        h.open("details", &[("class", "fold")]).el(
+            "summary",
+            &[],
+            &format!("{} cuts · open the table", d.cuts.len()),
+        );
+    }
+    h.raw("<div class=\"scroll\"><table class=\"cuts\"><thead><tr><th>#</th><th>rows up to</th><th>step</th><th>gauge</th><th>line</th><th>when</th></tr></thead><tbody>");
     for (i, c) in d.cuts.iter().enumerate() {
         h.raw("<tr>")
             .el("td", &[("class", "n")], &(i + 1).to_string())
@@ -927,13 +1409,30 @@ fn cuts_table(h: &mut Html, d: &SessionData, base: &str) {
             &format!("{base}?view=full&seq={}#r-{}", c.upto_seq, c.upto_seq),
             &format!("seq {}", c.upto_seq),
         );
+        h.raw("</td><td>");
+        // The step that cut, at its stub (what the model got instead).
+        match d.steps.get(cut_step(d, c)) {
+            Some(s) if s.detail.sent.as_ref().is_some_and(|w| w.upto >= c.upto_seq) => {
+                h.link(
+                    &format!("{base}?view=model&step={}#stub", s.step),
+                    &format!("step {} · stub", s.step),
+                );
+            }
+            _ => {
+                h.raw("—");
+            }
+        }
         h.raw("</td>")
             .el("td", &[("class", "n")], &tokens(c.gauge))
             .el("td", &[("class", "n")], &tokens(c.line))
             .el("td", &[], &when(c.ts_ms))
             .raw("</tr>");
     }
-    h.raw("</tbody></table></section>");
+    h.raw("</tbody></table></div>");
+    if folded {
+        h.close("details");
+    }
+    h.raw("</section>");
 }
 
 /// A small Markdown reading of `SESSION.md` (headings, lists, code, tables
@@ -1020,6 +1519,43 @@ mod tests {
         assert!(!s.contains("<b>"), "{s}");
         assert!(s.contains("&lt;script&gt;"));
         assert!(s.contains("text &amp; more"));
+    }
+
+    #[test]
+    fn search_marks_the_matched_words_and_leaves_other_brackets() {
+        let snip = "…ran [zephyrword_case] and [case] with a[0] and [<i>] [ZephyrWord]…";
+        assert_eq!(
+            highlight(snip, "zephyrword_case"),
+            [
+                (false, "…ran "),
+                (true, "zephyrword_case"),
+                (false, " and "),
+                (true, "case"),
+                (false, " with a[0] and [<i>] "),
+                (true, "ZephyrWord"),
+                (false, "…"),
+            ]
+        );
+        assert_eq!(
+            highlight("no [match] here", "other"),
+            [(false, "no [match] here")]
+        );
+        // On the page the runs are escaped: a matched word is text in <mark>.
+        let hit = RecallHit {
+            session: "s".into(),
+            seq: 3,
+            turn: 1,
+            role: "user".into(),
+            kind: oceancode_ledger::RowKind::Prompt,
+            hidden: false,
+            body: "say [<script>] [zap]".into(),
+        };
+        let page = search_page("zap", std::slice::from_ref(&hit), 10);
+        assert!(page.contains("<mark>zap</mark>"), "{page}");
+        assert!(page.contains("[&lt;script&gt;]"), "{page}");
+        let page = search_page("zap script", std::slice::from_ref(&hit), 10);
+        assert!(page.contains("<mark>&lt;script&gt;</mark>"), "{page}");
+        assert!(!page.contains("<script>]"), "{page}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-// oceancode session viewer: the chart's hover and the live update.
+// oceancode session viewer: the chart's hover and click (a step's model
+// view), and the live update.
 // Embedded in the binary; served from the viewer's own path (the page's
 // Content-Security-Policy allows no other script). It never builds markup
 // from strings: a refreshed part is taken from the server's own escaped page.
@@ -30,6 +31,16 @@
       band.setAttribute("x", String(bx - bw / 2));
       band.setAttribute("width", String(bw));
       band.classList.add("on");
+    });
+    // A click on the chart (not on a cut marker) opens that step's model view.
+    svg.addEventListener("click", function (ev) {
+      if (ev.target.closest && ev.target.closest("a")) return;
+      var box = svg.getBoundingClientRect();
+      var x = (ev.clientX - box.left) / box.width * W;
+      var n = data.length;
+      var i = n <= 1 ? 0 : Math.round((x - L) / (W - L - R) * (n - 1));
+      i = Math.max(0, Math.min(n - 1, i));
+      location.assign(location.pathname + "?view=model&step=" + encodeURIComponent(String(data[i][0])) + "#conversation");
     });
     svg.addEventListener("mouseleave", function () {
       band.classList.remove("on");

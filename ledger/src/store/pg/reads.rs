@@ -1,0 +1,275 @@
+//! The read side of the PostgreSQL engine (pooled connections, committed
+//! state): session lists, steps, cuts, the recorded line, recall and
+//! full-text search (`tsvector` + GIN, every word must appear, as FTS5).
+
+use super::super::backend::{CutRecord, LineRecord, SessionSummary, StepRecord};
+use super::super::error::StoreError;
+use super::super::sql::stored_dialect;
+use super::sql::{big, read_row, ROW_COLS};
+use crate::model::{Row, RowKind, Usage};
+use crate::recall::{clip_body, RecallHit, BODY_MAX};
+use deadpool_postgres::Object;
+use tracing::warn;
+
+pub(super) async fn summaries(
+    c: Object,
+    only: Option<String>,
+) -> Result<Vec<SessionSummary>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
+               (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND NOT r.hidden),
+               (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND NOT r.hidden),
+               s.parent_seq
+             FROM sessions s WHERE $1::text IS NULL OR s.id = $1
+             ORDER BY s.last_ms DESC, s.ord DESC",
+            &[&only],
+        )
+        .await?;
+    let mut out = Vec::new();
+    for r in rows {
+        let id: String = r.get(0);
+        let dialect = match stored_dialect(&id, &r.get::<_, String>(3)) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("{e}; not listed");
+                continue;
+            }
+        };
+        out.push(SessionSummary {
+            id,
+            client: r.get(1),
+            model: r.get(2),
+            dialect,
+            turns: r.get::<_, i64>(6).max(0) as u32,
+            rows: r.get::<_, i64>(7).max(0) as u64,
+            last_ms: r.get(4),
+            parent: r.get(5),
+            parent_seq: r.get::<_, Option<i64>>(8).map(|s| s.max(0) as u64),
+        });
+    }
+    Ok(out)
+}
+
+pub(super) async fn candidates(c: Object) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT id, client, client_session, parent, created_ms, last_ms FROM sessions",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| crate::resolve::Candidate {
+            id: r.get(0),
+            client: r.get(1),
+            client_session: r.get(2),
+            parent: r.get(3),
+            created_ms: r.get(4),
+            last_ms: r.get(5),
+        })
+        .collect())
+}
+
+pub(super) async fn steps(c: Object, id: String) -> Result<Vec<StepRecord>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT step, model, status, input, output, cache_read, cache_write, window_rows,
+                    ts_ms, error, detail
+             FROM steps WHERE session = $1 ORDER BY step",
+            &[&id],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| StepRecord {
+            step: r.get::<_, i64>(0).max(0) as u32,
+            model: r.get(1),
+            status: r.get::<_, i64>(2).clamp(0, i64::from(u16::MAX)) as u16,
+            usage: Usage {
+                input: r.get::<_, i64>(3).max(0) as u64,
+                output: r.get::<_, i64>(4).max(0) as u64,
+                cache_read: r.get::<_, i64>(5).max(0) as u64,
+                cache_write: r.get::<_, i64>(6).max(0) as u64,
+            },
+            window_rows: r.get::<_, i64>(7).max(0) as u32,
+            ts_ms: r.get(8),
+            error: r.get(9),
+            detail: r
+                .get::<_, Option<String>>(10)
+                .and_then(|d| serde_json::from_str(&d).ok())
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+pub(super) async fn cuts(c: Object, id: String) -> Result<Vec<CutRecord>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT upto_seq, gauge, line, ts_ms FROM cuts WHERE session = $1 ORDER BY ts_ms, ord",
+            &[&id],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| CutRecord {
+            upto_seq: r.get::<_, i64>(0).max(0) as u64,
+            gauge: r.get::<_, i64>(1).max(0) as u64,
+            line: r.get::<_, i64>(2).max(0) as u64,
+            ts_ms: r.get(3),
+        })
+        .collect())
+}
+
+pub(super) async fn merge_uses(
+    c: Object,
+    id: String,
+) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT text FROM page_notes WHERE session = $1 AND section = $2 ORDER BY id",
+            &[&id, &crate::merge::MARKER_SECTION],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| crate::merge::marker_use(&r.get::<_, String>(0)))
+        .collect())
+}
+
+pub(super) async fn recorded_line(c: Object, id: String) -> Result<Option<LineRecord>, StoreError> {
+    Ok(c.query_opt(
+        "SELECT line, line_spec, line_ms FROM sessions WHERE id = $1 AND line IS NOT NULL",
+        &[&id],
+    )
+    .await?
+    .map(|r| LineRecord {
+        line: r.get::<_, i64>(0).max(0) as u64,
+        spec: r.get::<_, Option<String>>(1).unwrap_or_default(),
+        ts_ms: r.get::<_, Option<i64>>(2).unwrap_or(0),
+    }))
+}
+
+pub(super) async fn recall_log(
+    c: Object,
+    session: String,
+    pattern: Option<String>,
+    before: Option<u64>,
+    limit: usize,
+) -> Result<Vec<RecallHit>, StoreError> {
+    // SQLite's LIKE ignores ASCII case; ILIKE does here.
+    let rows = c
+        .query(
+            "SELECT r.seq, r.turn, r.role, r.kind, r.hidden, COALESCE(t.text, r.raw)
+             FROM rows r LEFT JOIN row_text t
+               ON t.session = r.session AND t.seq = r.seq AND t.day = r.day
+             WHERE r.session = $1 AND r.seq < $2
+               AND ($3::text IS NULL OR COALESCE(t.text, r.raw) ILIKE '%' || $3 || '%')
+             ORDER BY r.seq DESC LIMIT $4",
+            &[
+                &session,
+                &before.map_or(i64::MAX, big),
+                &pattern,
+                &i64::try_from(limit).unwrap_or(i64::MAX),
+            ],
+        )
+        .await?;
+    let mut hits: Vec<RecallHit> = rows
+        .iter()
+        .map(|r| RecallHit {
+            session: session.clone(),
+            seq: r.get::<_, i64>(0).max(0) as u64,
+            turn: r.get::<_, i64>(1).max(0) as u32,
+            role: r.get(2),
+            kind: RowKind::parse(&r.get::<_, String>(3)).unwrap_or(RowKind::Other),
+            hidden: r.get(4),
+            body: clip_body(&r.get::<_, String>(5), BODY_MAX),
+        })
+        .collect();
+    hits.reverse();
+    Ok(hits)
+}
+
+pub(super) async fn recall_entry(
+    c: Object,
+    session: String,
+    seq: u64,
+) -> Result<Option<(Row, bool)>, StoreError> {
+    Ok(c.query_opt(
+        &format!("SELECT {ROW_COLS} FROM rows WHERE session = $1 AND seq = $2"),
+        &[&session, &big(seq)],
+    )
+    .await?
+    .map(|r| read_row(&r)))
+}
+
+/// Every word must appear (`plainto_tsquery` ANDs the words' tokens, the
+/// `simple` configuration folds case and does not stem, like FTS5's
+/// default tokenizer); newest session first, then newest row.
+pub(super) async fn search(
+    c: Object,
+    words: Vec<String>,
+    limit: usize,
+) -> Result<Vec<RecallHit>, StoreError> {
+    let text = words
+        .iter()
+        .flat_map(|w| w.split_whitespace())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if text.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = c
+        .query(
+            "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q),
+             hits AS (
+               SELECT t.session, t.seq, t.day, t.text, s.last_ms, s.ord
+               FROM row_text t JOIN sessions s ON s.id = t.session, q
+               WHERE t.tsv @@ q.q AND numnode(q.q) > 0
+               ORDER BY s.last_ms DESC, s.ord DESC, t.seq DESC
+               LIMIT $2)
+             SELECT h.session, h.seq, r.turn, r.role, r.kind, r.hidden,
+                    ts_headline('simple', h.text, q.q,
+                      'StartSel=[, StopSel=], MaxWords=16, MinWords=6, ShortWord=0, MaxFragments=1, FragmentDelimiter=…')
+             FROM hits h JOIN rows r ON r.session = h.session AND r.seq = h.seq AND r.day = h.day, q
+             ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC",
+            &[&text, &i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| RecallHit {
+            session: r.get(0),
+            seq: r.get::<_, i64>(1).max(0) as u64,
+            turn: r.get::<_, i64>(2).max(0) as u32,
+            role: r.get(3),
+            kind: RowKind::parse(&r.get::<_, String>(4)).unwrap_or(RowKind::Other),
+            hidden: r.get(5),
+            body: clip_body(&r.get::<_, String>(6), BODY_MAX),
+        })
+        .collect())
+}
+
+pub(super) async fn context_edits(
+    c: Object,
+    id: String,
+) -> Result<Vec<super::super::backend::ContextEditRecord>, StoreError> {
+    let rows = c
+        .query(
+            "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
+             FROM context_edits WHERE session = $1 ORDER BY n",
+            &[&id],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| super::super::backend::ContextEditRecord {
+            n: r.get::<_, i64>(0).max(0) as u32,
+            ts_ms: r.get(1),
+            seqs: serde_json::from_str(&r.get::<_, String>(2)).unwrap_or_default(),
+            tokens_before: r.get::<_, i64>(3).max(0) as u64,
+            tokens_after: r.get::<_, i64>(4).max(0) as u64,
+            set: r.get(5),
+        })
+        .collect())
+}

@@ -1,0 +1,681 @@
+//! The store's behaviour on both backends (one parameterized suite): every
+//! case runs on SQLite and, when a PostgreSQL server is set
+//! (`OCEANCODE_TEST_DATABASE_URL`, see `pg_common`), on PostgreSQL, which
+//! must read back and render exactly what SQLite does.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
+
+mod page_common;
+mod pg_common;
+
+use oceancode_ledger::store::pg::PgStore;
+use oceancode_ledger::store::{
+    BehindReason, LedgerStore, LedgerWrite, SentPointers, StoreError, StoreOptions,
+};
+use oceancode_ledger::{Event, InternalRecall, RowKind, SentWindow, StepDetail};
+use page_common::*;
+use pg_common::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DAY: i64 = 86_400_000;
+
+/// What a backend holds of a session, as every reader sees it.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    loaded: oceancode_ledger::store::LoadedSession,
+    rows: Vec<(oceancode_ledger::Row, bool)>,
+    steps: Vec<oceancode_ledger::store::StepRecord>,
+    cuts: Vec<oceancode_ledger::store::CutRecord>,
+    line: Option<oceancode_ledger::store::LineRecord>,
+    summary: Option<oceancode_ledger::store::SessionSummary>,
+    files: BTreeMap<String, Vec<u8>>,
+}
+
+fn seen(store: &Arc<dyn LedgerStore>, id: &str) -> Seen {
+    Seen {
+        loaded: store.load_session(id).expect("load").expect("session"),
+        rows: store.session_rows(id, true).expect("rows"),
+        steps: store.steps(id).expect("steps"),
+        cuts: store.cuts(id).expect("cuts"),
+        line: store.recorded_line(id).expect("line"),
+        summary: store.session_summary(id).expect("summary"),
+        files: snapshot(&store.data_dir().session_dir(id)),
+    }
+}
+
+fn line_event(id: &str) -> Event {
+    Event::Line {
+        session: id.into(),
+        line: 80_000,
+        spec: "40%".into(),
+        ts_ms: T0 + 5,
+    }
+}
+
+#[test]
+fn backends_record_render_and_rebuild_the_same_session() {
+    let mut oracle: Option<Seen> = None;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let s = scripted(&store, "sess-same");
+        store.submit(line_event(&s.id)).expect("line");
+        store
+            .submit(Event::ContextEdit {
+                session: s.id.clone(),
+                n: 1,
+                set: r#"{"delete":[3]}"#.into(),
+                seqs: vec![3],
+                tokens_before: 900,
+                tokens_after: 400,
+                ts_ms: T0 + 6,
+            })
+            .expect("context edit");
+        // A step whose recall-tool exchange the proxy kept after row 2.
+        store
+            .submit(Event::Step {
+                session: s.id.clone(),
+                step: 90,
+                model: "m".into(),
+                status: 200,
+                usage: Default::default(),
+                window_rows: 2,
+                ts_ms: T0 + 7,
+                error: None,
+                detail: Box::new(StepDetail {
+                    recalls: vec![InternalRecall {
+                        round: 1,
+                        messages: vec!["call".into(), "result".into()],
+                        after: Some(2),
+                        ..Default::default()
+                    }],
+                    sent: Some(SentWindow {
+                        upto: 2,
+                        pointers: Some(vec![(3, vec![(1, "[pruned tool output: seq 3]".into())])]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .expect("step");
+        // The next window sent the same pointers (named by step 90).
+        store
+            .submit(Event::Step {
+                session: s.id.clone(),
+                step: 91,
+                model: "m".into(),
+                status: 200,
+                usage: Default::default(),
+                window_rows: 2,
+                ts_ms: T0 + 8,
+                error: None,
+                detail: Box::new(StepDetail {
+                    sent: Some(SentWindow {
+                        upto: 2,
+                        pointers_step: 90,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .expect("step");
+        store.settle_blocking().expect("settle");
+        let edits = store.context_edits(&s.id).expect("edits");
+        assert_eq!(
+            (edits.len(), edits[0].seqs.clone()),
+            (1, vec![3]),
+            "{}",
+            b.name()
+        );
+        let got = seen(&store, &s.id);
+        assert!(got.files.contains_key("SESSION.md"), "{}", b.name());
+        assert!(
+            got.files.contains_key("transcript/index.md"),
+            "{}",
+            b.name()
+        );
+        assert!(!got.loaded.hidden.is_empty(), "{}", b.name());
+        assert_eq!(
+            got.loaded.exchanges,
+            vec![(2, vec!["call".to_string(), "result".to_string()])],
+            "{}: the kept exchange is read back",
+            b.name()
+        );
+        assert_eq!(
+            got.loaded.pointers,
+            Some(SentPointers {
+                upto: 2,
+                rows: vec![(3, vec![(1, "[pruned tool output: seq 3]".to_string())])],
+            }),
+            "{}: the compress pointers the last window sent are read back",
+            b.name()
+        );
+        assert_eq!(store.list_sessions().expect("list").len(), 1);
+        assert_eq!(store.resolve_session(None).expect("latest"), s.id);
+        assert_eq!(
+            store.resolve_session(Some("sess-sa")).expect("prefix"),
+            s.id
+        );
+        assert_eq!(
+            store.sessions_for_client("cc:sess-same").expect("key"),
+            vec![s.id.clone()]
+        );
+        // `ledger rebuild` writes the same files from the database.
+        let dir = store.data_dir().session_dir(&s.id);
+        std::fs::remove_dir_all(&dir).expect("remove");
+        let report = store.rebuild(&s.id, None).expect("rebuild");
+        assert_eq!(report.rows, s.seq, "{}", b.name());
+        assert!(report.page);
+        assert_eq!(snapshot(&dir), got.files, "{}: rebuild differs", b.name());
+        match &oracle {
+            None => oracle = Some(got),
+            Some(o) => {
+                assert_eq!(o.loaded, got.loaded, "{} load_session", b.name());
+                assert_eq!(o.rows, got.rows, "{} rows", b.name());
+                assert_eq!(o.steps, got.steps, "{} steps", b.name());
+                assert_eq!(o.cuts, got.cuts, "{} cuts", b.name());
+                assert_eq!(o.line, got.line, "{} line", b.name());
+                assert_eq!(o.summary, got.summary, "{} summary", b.name());
+                for (k, v) in &o.files {
+                    assert_eq!(
+                        Some(String::from_utf8_lossy(v)),
+                        got.files.get(k).map(|g| String::from_utf8_lossy(g)),
+                        "{}: {k}",
+                        b.name()
+                    );
+                }
+                assert_eq!(o.files.len(), got.files.len());
+            }
+        }
+        store.shutdown().expect("shutdown");
+        // A restart reads the same back.
+        let again = b.open(tmp.path());
+        assert_eq!(
+            again.load_session(&s.id).expect("load").expect("s"),
+            oracle.as_ref().expect("oracle").loaded
+        );
+    }
+}
+
+#[test]
+fn backends_refuse_a_gap_and_heal_by_resync() {
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let mut s = Sim::new(&store, "sess-gap", T0);
+        s.prompt("first");
+        s.say("one");
+        s.settle();
+        // Rows that skip seq 3 are refused; the session is behind.
+        store
+            .submit(Event::Rows {
+                session: s.id.clone(),
+                rows: vec![text_row(5, 2, RowKind::Prompt, "skipped ahead")],
+            })
+            .expect("submit");
+        store.settle_blocking().expect("settle");
+        let behind = store.behind(&s.id).expect("behind");
+        assert_eq!(behind.reason, BehindReason::Gap, "{}", b.name());
+        assert_eq!(store.behind_count(), 1);
+        assert_eq!(
+            store.health().status,
+            oceancode_ledger::store::HealthStatus::Degraded
+        );
+        // Later events are dropped until the resync.
+        s.prompt("dropped");
+        s.settle();
+        let back = store.resync(&s.id).expect("resync").expect("session");
+        assert_eq!(back.rows.len(), 2, "{}", b.name());
+        assert!(store.behind(&s.id).is_none());
+        store
+            .submit(Event::Rows {
+                session: s.id.clone(),
+                rows: vec![text_row(3, 2, RowKind::Prompt, "healed")],
+            })
+            .expect("submit");
+        store.settle_blocking().expect("settle");
+        let l = store.load_session(&s.id).expect("load").expect("s");
+        assert_eq!(l.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            store.health().status,
+            oceancode_ledger::store::HealthStatus::Ok,
+            "{}",
+            b.name()
+        );
+        let m = store.metrics();
+        assert_eq!(m.rejected, 1, "{}", b.name());
+        assert!(m.batches > 0 && m.lag_max_us > 0);
+    }
+}
+
+fn text_row(seq: u64, turn: u32, kind: RowKind, text: &str) -> oceancode_ledger::Row {
+    let role = if kind == RowKind::Assistant {
+        "assistant"
+    } else {
+        "user"
+    };
+    oceancode_ledger::Row {
+        seq,
+        role: role.into(),
+        kind,
+        raw: Arc::from(json!({ "role": role, "content": text }).to_string()),
+        tokens: 3,
+        turn,
+        step: turn,
+        branch: 0,
+        from_response: false,
+    }
+}
+
+#[test]
+fn backends_search_every_word_and_recall_hidden_rows() {
+    let mut oracle = None;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let s = scripted(&store, "sess-recall");
+        let mut a = Sim::new(&store, "sess-a", T0 + 1000);
+        a.prompt("the flux capacitor needs calibration");
+        a.say("Calibrating the flux capacitor now.");
+        a.end_step(1, 1, 0, 0);
+        a.settle();
+        let mut c = Sim::new(&store, "sess-b", T0 + 60_000);
+        c.prompt("is the Flux capacitor stable?");
+        c.call("x1", "Bash", json!({"command": "grep capacitor notes.txt"}));
+        c.result("x1", "capacitor: unstable", false);
+        c.end_step(1, 1, 0, 0);
+        c.settle();
+        let keys = |words: &[&str], limit| -> Vec<(String, u64, bool)> {
+            let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+            store
+                .search(&words, limit)
+                .expect("search")
+                .into_iter()
+                .map(|h| (h.session, h.seq, h.hidden))
+                .collect()
+        };
+        let flux = keys(&["flux", "capacitor"], 20);
+        assert_eq!(
+            flux,
+            vec![
+                ("sess-b".to_string(), 1, false),
+                ("sess-a".to_string(), 2, false),
+                ("sess-a".to_string(), 1, false)
+            ],
+            "{}",
+            b.name()
+        );
+        let hit = &store.search(&["flux".into()], 1).expect("search")[0];
+        assert!(hit.body.contains("[Flux]"), "{}: {}", b.name(), hit.body);
+        assert_eq!(keys(&["capacitor", "calibration"], 20).len(), 1);
+        assert_eq!(keys(&["notes.txt"], 20), vec![("sess-b".into(), 2, false)]);
+        assert_eq!(keys(&["capacitor"], 2).len(), 2);
+        assert!(keys(&["\"OR"], 5).is_empty(), "{}", b.name());
+        // Hidden rows are found and flagged.
+        let changelog = keys(&["CHANGELOG.md"], 5);
+        assert!(changelog.iter().all(|k| k.2), "{}: {changelog:?}", b.name());
+        let log = store
+            .recall_log(&s.id, Some("changelog.md"), None, 20)
+            .expect("log");
+        assert_eq!(log.len(), 1, "{}", b.name());
+        assert!(log[0].hidden);
+        let (row, hidden) = store.recall_entry(&s.id, 19).expect("entry").expect("row");
+        assert!(hidden && row.raw.contains("CHANGELOG.md"));
+        let all: Vec<u64> = store
+            .recall_log(&s.id, None, Some(10), 3)
+            .expect("log")
+            .iter()
+            .map(|h| h.seq)
+            .collect();
+        assert_eq!(all, vec![7, 8, 9]);
+        let got = (flux, changelog, all);
+        match &oracle {
+            None => oracle = Some(got),
+            Some(o) => assert_eq!(o, &got, "{}", b.name()),
+        }
+    }
+}
+
+#[test]
+fn backends_sweep_idle_sessions_with_their_files() {
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let old = scripted(&store, "sess-old");
+        // Created today: on PostgreSQL it lands in a day partition.
+        let now = oceancode_now();
+        let mut fresh = Sim::new(&store, "sess-fresh", now);
+        fresh.prompt("recent work on the scheduler");
+        fresh.end_step(1, 1, 0, 0);
+        fresh.settle();
+        let old_dir = store.data_dir().session_dir(&old.id);
+        assert!(old_dir.join("SESSION.md").exists());
+        assert!(store
+            .sweep_at(0, now + 100 * DAY)
+            .expect("sweep")
+            .removed
+            .is_empty());
+        let report = store.sweep_at(2, now).expect("sweep");
+        assert_eq!(report.removed, vec!["sess-old".to_string()], "{}", b.name());
+        assert_eq!(report.rows, old.seq);
+        assert!(!old_dir.exists());
+        assert!(store
+            .search(&["parser".into()], 10)
+            .expect("search")
+            .is_empty());
+        assert_eq!(store.search(&["scheduler".into()], 10).expect("s").len(), 1);
+        // Later the fresh one goes too (PostgreSQL: its whole day partition).
+        let report = store.sweep_at(7, now + 30 * DAY).expect("sweep");
+        assert_eq!(
+            report.removed,
+            vec!["sess-fresh".to_string()],
+            "{}",
+            b.name()
+        );
+        assert_eq!(report.rows, 1);
+        assert!(store.list_sessions().expect("list").is_empty());
+        assert!(store
+            .search(&["scheduler".into()], 10)
+            .expect("s")
+            .is_empty());
+        store.vacuum().expect("vacuum");
+        assert_eq!(store.metrics().sessions_removed, 2);
+    }
+}
+
+fn oceancode_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+#[test]
+fn backends_keep_page_notes_and_backlog() {
+    let mut oracle = None;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let s = scripted(&store, "sess-notes");
+        let before = store.page_backlog(&s.id).expect("backlog");
+        store
+            .add_page_notes(
+                &s.id,
+                vec![oceancode_ledger::page::Note {
+                    section: "Decisions".into(),
+                    turn: 1,
+                    text: "keep the parser strict".into(),
+                }],
+            )
+            .expect("notes");
+        let page = std::fs::read_to_string(store.data_dir().session_md(&s.id)).expect("page");
+        assert!(page.contains("keep the parser strict"), "{}", b.name());
+        let got = (before, page);
+        match &oracle {
+            None => oracle = Some(got),
+            Some(o) => assert_eq!(o, &got, "{}", b.name()),
+        }
+        assert!(matches!(
+            store.rebuild("no-such-session", None),
+            Err(StoreError::UnknownSession(_))
+        ));
+    }
+}
+
+/// A database at a newer schema version is refused with a clear error.
+#[test]
+fn postgres_refuses_a_newer_schema() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    PgStore::open(&url, tmp.path(), StoreOptions::default())
+        .expect("open")
+        .shutdown()
+        .expect("shutdown");
+    admin(&url, "UPDATE schema_version SET version = 99");
+    match PgStore::open(&url, tmp.path(), StoreOptions::default()) {
+        Err(e @ StoreError::SchemaTooNew { found: 99, .. }) => {
+            assert!(e.to_string().contains("newer than supported"), "{e}")
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a newer schema was opened"),
+    }
+    // A server that cannot be reached fails the open, naming it without the password.
+    let bad = "postgres://u:secret@127.0.0.1:1/x";
+    match PgStore::open(bad, tmp.path(), StoreOptions::default()) {
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("127.0.0.1:1") && !msg.contains("secret"),
+                "{msg}"
+            );
+        }
+        Ok(_) => panic!("opened an unreachable database"),
+    }
+}
+
+/// Two proxies, one database: the one holding a session's lease writes
+/// it; the other's writes of it are refused (behind) until the holder lets
+/// go, then it takes over and continues the same session gap-free; its
+/// files are rendered from the database in its own data dir.
+#[test]
+fn postgres_one_proxy_at_a_time_per_session() {
+    let Some(url) = fresh_db() else { return };
+    let opts = StoreOptions {
+        lease: Duration::from_millis(1500),
+        ..StoreOptions::default()
+    };
+    let dir_a = tempfile::tempdir().expect("tmp");
+    let dir_b = tempfile::tempdir().expect("tmp");
+    let a = Arc::new(PgStore::open(&url, dir_a.path(), opts).expect("a"));
+    let b = Arc::new(PgStore::open(&url, dir_b.path(), opts).expect("b"));
+    assert_ne!(a.owner(), b.owner());
+    let a_dyn: Arc<dyn LedgerStore> = a.clone();
+    let b_dyn: Arc<dyn LedgerStore> = b.clone();
+    let mut s = Sim::new(&a_dyn, "sess-shared", T0);
+    s.prompt("first ask");
+    s.say("first answer");
+    s.settle();
+    assert_eq!(a.held(), vec!["sess-shared".to_string()]);
+    // B writing the session while A holds it is refused.
+    b_dyn
+        .submit(Event::Rows {
+            session: "sess-shared".into(),
+            rows: vec![text_row(3, 2, RowKind::Prompt, "from b")],
+        })
+        .expect("submit");
+    b_dyn.settle_blocking().expect("settle");
+    assert_eq!(
+        b_dyn.behind("sess-shared").map(|x| x.reason),
+        Some(BehindReason::Gap)
+    );
+    // A keeps renewing past the lease's length.
+    std::thread::sleep(Duration::from_millis(2000));
+    let left = b
+        .take_leases(&["sess-shared".into()], Duration::ZERO)
+        .expect("take");
+    assert_eq!(left, vec!["sess-shared".to_string()], "A still holds it");
+    // A lets go (idle eviction): B's restorer takes over at once.
+    a_dyn.release("sess-shared");
+    a_dyn.settle_blocking().expect("settle");
+    let t = Instant::now();
+    let restored = b_dyn.restore_client("cc:sess-shared").expect("restore");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(restored.len(), 1);
+    assert_eq!(restored[0].rows.len(), 2);
+    assert!(b_dyn.behind("sess-shared").is_none());
+    let mut s2 = Sim::new(&b_dyn, "sess-shared", T0 + 10);
+    s2.seq = 2;
+    s2.turn = 1;
+    s2.prompt("second ask, on proxy b");
+    s2.say("second answer");
+    s2.settle();
+    assert_eq!(b.held(), vec!["sess-shared".to_string()]);
+    assert!(a.held().is_empty());
+    let l = a_dyn.load_session("sess-shared").expect("load").expect("s");
+    assert_eq!(
+        l.rows.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    // A's writes now fall behind; B's data dir has the session's files.
+    a_dyn
+        .submit(Event::Rows {
+            session: "sess-shared".into(),
+            rows: vec![text_row(5, 3, RowKind::Prompt, "stale a")],
+        })
+        .expect("submit");
+    a_dyn.settle_blocking().expect("settle");
+    assert!(a_dyn.behind("sess-shared").is_some());
+    let t2 = std::fs::read_to_string(b_dyn.data_dir().turn_file("sess-shared", 2)).expect("t2");
+    assert!(t2.contains("second ask, on proxy b"), "{t2}");
+    // A proxy that stops lets go of its leases.
+    b_dyn.shutdown().expect("shutdown");
+    assert!(a
+        .take_leases(&["sess-shared".into()], Duration::ZERO)
+        .expect("take")
+        .is_empty());
+}
+
+/// A holder that stops renewing (its proxy died) loses the session once
+/// the lease lapses; the restorer waits for that, not longer.
+#[test]
+fn postgres_takeover_after_the_lease_lapses() {
+    let Some(url) = fresh_db() else { return };
+    let lease = Duration::from_millis(1500);
+    let opts = StoreOptions {
+        lease,
+        ..StoreOptions::default()
+    };
+    let dir_b = tempfile::tempdir().expect("tmp");
+    // The dead proxy: a lease row nobody renews.
+    admin(
+        &url,
+        "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)",
+    );
+    let b = Arc::new(PgStore::open(&url, dir_b.path(), opts).expect("b"));
+    let b_dyn: Arc<dyn LedgerStore> = b.clone();
+    let mut s = Sim::new(&b_dyn, "sess-dead", T0);
+    s.prompt("ask");
+    s.settle();
+    admin(
+        &url,
+        "UPDATE leases SET owner = 'dead-proxy',
+            expires_ms = (extract(epoch from clock_timestamp()) * 1000)::bigint + 1500",
+    );
+    let t = Instant::now();
+    let left = b
+        .take_leases(&["sess-dead".into()], Duration::from_secs(5))
+        .expect("take");
+    let waited = t.elapsed();
+    assert!(left.is_empty());
+    assert!(
+        waited >= Duration::from_millis(1000) && waited < Duration::from_millis(3000),
+        "{waited:?}"
+    );
+}
+
+/// A loopback relay to the test server that can be cut (the database
+/// going away) and restored.
+struct Relay {
+    port: u16,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn start(target: std::net::SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, c) = (up.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(s) = s else { continue };
+                if !u.load(Ordering::SeqCst) {
+                    drop(s);
+                    continue;
+                }
+                let Ok(t) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                c.lock().unwrap().push(s.try_clone().unwrap());
+                c.lock().unwrap().push(t.try_clone().unwrap());
+                for (mut from, mut to) in [(s.try_clone().unwrap(), t.try_clone().unwrap()), (t, s)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { port, up, conns }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The database going away: submits never wait, health says degraded with
+/// the reason, nothing queued is lost; when it comes back the writer
+/// reconnects and commits what waited, and health is ok again.
+#[test]
+fn postgres_outage_degrades_and_heals() {
+    let Some(url) = fresh_db() else { return };
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').nth(1))
+        .and_then(|r| r.split('/').next())
+        .expect("host:port");
+    let target: std::net::SocketAddr = hostport.parse().expect("addr");
+    let relay = Relay::start(target);
+    let relayed = url.replacen(hostport, &format!("127.0.0.1:{}", relay.port), 1);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&relayed, tmp.path(), StoreOptions::default()).expect("open"));
+    let mut s = Sim::new(&store, "sess-outage", T0);
+    s.prompt("before the outage");
+    s.settle();
+    relay.cut();
+    let t = Instant::now();
+    s.say("during the outage");
+    s.prompt("still during it");
+    assert!(t.elapsed() < Duration::from_millis(200), "submit waited");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        let h = store.health();
+        if h.status == oceancode_ledger::store::HealthStatus::Degraded {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "health never degraded");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        health.reasons.iter().any(|r| r.contains("commits failing")),
+        "{:?}",
+        health.reasons
+    );
+    assert!(health.queued > 0);
+    relay.restore();
+    s.settle();
+    let l = store.load_session("sess-outage").expect("load").expect("s");
+    assert_eq!(l.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(
+        store.health().status,
+        oceancode_ledger::store::HealthStatus::Ok
+    );
+    assert!(store.metrics().commit_retries > 0);
+    assert_eq!(store.behind_count(), 0);
+}

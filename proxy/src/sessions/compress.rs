@@ -1,0 +1,240 @@
+//! `ledger.compress` on the request path: at a cut, tool output in the
+//! retained window older than the protected zone becomes one pointer line
+//! to the verbatim record (the choice and the splicing are pure, in
+//! `oceancode_window::compress`).
+//!
+//! The pruned set is chosen when the window's start moves (a cut) and kept
+//! in the session's state with the pointer text, so between cuts every
+//! request carries the very same bytes (the prompt cache hits) and the set
+//! only changes when the window is rewritten anyway. The running round (the
+//! results after the newest assistant message) is never pruned, and the
+//! ledger keeps every original: this is rendering only.
+//!
+//! A pointer names the row's lines in its transcript file, placed from
+//! memory as the ledger's writer renders them (the state block's rule, no
+//! read on the request path), or as a [`Locator`] says; both with the
+//! `recall entry` command that prints the original.
+
+use super::state::State;
+use crate::dialect::ParsedBody;
+use oceancode_ledger::compress::{self as wc, Candidate, Location};
+use oceancode_ledger::media::Cost;
+use oceancode_ledger::{paths, tideline, Pruned, RowKind};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Where a session's row can be read in its transcript (`session id`,
+/// `seq`), when the ledger has written it: the file and the lines of the
+/// row. `None` = not known (yet): the pointer names the turn's file.
+pub type Locator = Arc<dyn Fn(&str, u64) -> Option<Location> + Send + Sync>;
+
+/// One tool output sent as a pointer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct PrunedOutput {
+    /// The output's index in its message.
+    pub(super) part: u32,
+    /// The pointer text (fixed until the next cut).
+    pub(super) pointer: String,
+    /// Estimated tokens of the original content.
+    pub(super) tokens: u64,
+    /// What it no longer costs (the gauge adds it).
+    pub(super) saved: u64,
+    /// Its images and documents (no longer sent).
+    pub(super) media: Cost,
+}
+
+/// The pruned set of a session's window.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Compressed {
+    /// The window start (the last row that left) the set was chosen for;
+    /// 0 = none yet.
+    pub(super) at: u64,
+    /// Pruned outputs by row seq.
+    pub(super) rows: BTreeMap<u64, Vec<PrunedOutput>>,
+    /// Σ saved.
+    pub(super) saved: u64,
+    /// Σ tokens.
+    pub(super) tokens: u64,
+    /// Outputs pruned.
+    pub(super) outputs: u32,
+    /// Rows the latest choice added (reported once with its step).
+    pub(super) newly: Vec<u64>,
+}
+
+impl Compressed {
+    /// What the step's detail records: the counts, and the rows newly
+    /// pruned at this step's cut.
+    pub(super) fn detail(&mut self) -> Option<Pruned> {
+        if self.outputs == 0 && self.newly.is_empty() {
+            return None;
+        }
+        Some(Pruned {
+            outputs: self.outputs,
+            tokens: self.tokens,
+            saved: self.saved,
+            rows: std::mem::take(&mut self.newly),
+        })
+    }
+}
+
+/// At a cut (the window's start moved since the set was chosen), choose
+/// the pruned set again for the window `parsed` renders to; otherwise keep
+/// it. Returns the number of outputs newly pruned.
+pub(super) fn refresh(
+    st: &mut State,
+    parsed: &ParsedBody<'_>,
+    params: Option<wc::Params>,
+    locate: Option<&Locator>,
+) -> u32 {
+    let Some(params) = params else {
+        st.compress = Compressed::default();
+        return 0;
+    };
+    let cut_upto = st.tideline.cut_upto();
+    if cut_upto == 0 || st.active.len() > parsed.messages.len() {
+        return 0;
+    }
+    let plan = tideline::plan_window(&st.row_infos(), cut_upto);
+    if plan.start == 0 || plan.effective_upto_seq == 0 || plan.effective_upto_seq == st.compress.at
+    {
+        return 0;
+    }
+    // The running round: everything after the newest assistant message.
+    let end = (plan.start..st.active.len())
+        .rev()
+        .find(|&i| st.row(st.active[i]).kind == RowKind::Assistant)
+        .unwrap_or(plan.start);
+    let mut spans: HashMap<(u64, u32), wc::Span> = HashMap::new();
+    let mut candidates = Vec::new();
+    for i in plan.start..end {
+        let seq = st.active[i];
+        for s in wc::outputs(st.dialect, parsed.messages[i]) {
+            candidates.push(Candidate {
+                seq,
+                part: s.part,
+                tokens: s.tokens(),
+            });
+            spans.insert((seq, s.part), s);
+        }
+    }
+    let mut before: std::collections::BTreeSet<u64> = st.compress.rows.keys().copied().collect();
+    let mut next = Compressed {
+        at: plan.effective_upto_seq,
+        ..Compressed::default()
+    };
+    // A restarted proxy at the cut its predecessor last sent: the very same
+    // pointers (the same bytes, so the prompt cache still hits), not a new
+    // choice over the window as it has grown since.
+    if st
+        .restored_pointers
+        .as_ref()
+        .is_some_and(|r| r.upto != plan.effective_upto_seq)
+    {
+        st.restored_pointers = None;
+    }
+    let recorded: HashMap<(u64, u32), &str> = st
+        .restored_pointers
+        .iter()
+        .flat_map(|r| &r.rows)
+        .flat_map(|(seq, parts)| parts.iter().map(move |(p, t)| ((*seq, *p), t.as_str())))
+        .collect();
+    let chosen: Vec<(u64, u32)> = if st.restored_pointers.is_some() {
+        before.extend(recorded.keys().map(|&(seq, _)| seq));
+        let mut c: Vec<(u64, u32)> = recorded.keys().copied().collect();
+        c.sort_unstable();
+        c
+    } else {
+        wc::choose(&candidates, params)
+    };
+    // Where each row is in its turn file, as the writer renders it (from
+    // memory: no read on the request path).
+    let placed: HashMap<u64, (u32, u32, u32)> =
+        if chosen.is_empty() || locate.is_some() || !recorded.is_empty() {
+            HashMap::new()
+        } else {
+            let upto = chosen.iter().map(|&(seq, _)| seq).max().unwrap_or(0);
+            super::thread::row_lines(st, upto)
+                .into_iter()
+                .map(|l| (l.seq, (l.turn, l.first, l.last)))
+                .collect()
+        };
+    for (seq, part) in chosen {
+        let Some(span) = spans.get(&(seq, part)) else {
+            continue;
+        };
+        let at = || {
+            locate
+                .and_then(|l| l(&st.meta.id, seq))
+                .or_else(|| {
+                    placed
+                        .get(&seq)
+                        .map(|&(turn, first, last)| Location::Lines {
+                            file: format!("transcript/{}", paths::turn_file_name(turn)),
+                            first: first.into(),
+                            last: last.into(),
+                        })
+                })
+                .unwrap_or_else(|| {
+                    Location::File(format!(
+                        "transcript/{}",
+                        paths::turn_file_name(st.row(seq).turn)
+                    ))
+                })
+        };
+        let tokens = span.tokens();
+        let pointer = match recorded.get(&(seq, part)) {
+            Some(text) => (*text).to_string(),
+            None => wc::pointer_text(seq, tokens, &at()),
+        };
+        let saved = wc::saved_tokens(span, &pointer);
+        next.saved += saved;
+        next.tokens += tokens;
+        next.outputs += 1;
+        next.rows.entry(seq).or_default().push(PrunedOutput {
+            part,
+            pointer,
+            tokens,
+            saved,
+            media: span.media,
+        });
+    }
+    let newly: Vec<u64> = next
+        .rows
+        .keys()
+        .copied()
+        .filter(|s| !before.contains(s))
+        .collect();
+    let added = newly.iter().map(|s| next.rows[s].len() as u32).sum::<u32>();
+    next.newly = newly;
+    st.compress = next;
+    added
+}
+
+/// The retained messages from `start` on, with their pruned outputs as
+/// pointers: `(index, rewritten message)` for the messages that change,
+/// and the images and documents no longer sent.
+pub(super) fn rewritten(
+    st: &State,
+    parsed: &ParsedBody<'_>,
+    start: usize,
+) -> (HashMap<usize, String>, Cost) {
+    let mut out = HashMap::new();
+    let mut media = Cost::default();
+    if st.compress.rows.is_empty() {
+        return (out, media);
+    }
+    for i in start..parsed.messages.len().min(st.active.len()) {
+        let Some(pruned) = st.compress.rows.get(&st.active[i]) else {
+            continue;
+        };
+        let parts: Vec<(u32, &str)> = pruned
+            .iter()
+            .map(|p| (p.part, p.pointer.as_str()))
+            .collect();
+        if let Some(m) = wc::rewrite(st.dialect, parsed.messages[i], &parts) {
+            media = pruned.iter().fold(media, |c, p| c.plus(p.media));
+            out.insert(i, m);
+        }
+    }
+    (out, media)
+}
