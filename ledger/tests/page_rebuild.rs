@@ -155,7 +155,7 @@ fn page_schema_v1_migrates_to_v2() {
              ALTER TABLE sessions DROP COLUMN line; ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
-             DROP TABLE context_edits;
+             DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override;
              UPDATE schema_version SET version = 1;",
         )
         .expect("downgrade");

@@ -48,8 +48,9 @@ fn seen(store: &Arc<dyn LedgerStore>, id: &str) -> Seen {
 fn line_event(id: &str) -> Event {
     Event::Line {
         session: id.into(),
-        line: 80_000,
-        spec: "40%".into(),
+        line: 20_000,
+        spec: "20k".into(),
+        overridden: Some(r#"{"tokens":20000}"#.into()),
         ts_ms: T0 + 5,
     }
 }
@@ -150,6 +151,12 @@ fn backends_record_render_and_rebuild_the_same_session() {
                 rows: vec![(3, vec![(1, "[pruned tool output: seq 3]".to_string())])],
             }),
             "{}: the compress pointers the last window sent are read back",
+            b.name()
+        );
+        assert_eq!(
+            got.loaded.line_override.as_deref(),
+            Some(r#"{"tokens":20000}"#),
+            "{}: the session's own line override is read back",
             b.name()
         );
         assert_eq!(store.list_sessions().expect("list").len(), 1);

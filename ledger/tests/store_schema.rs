@@ -90,7 +90,7 @@ fn version_2_is_migrated() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
-             DROP TABLE context_edits;
+             DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override;
              UPDATE schema_version SET version = 2;",
         )
         .expect("back to version 2");
@@ -105,7 +105,7 @@ fn version_2_is_migrated() {
         .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
         .expect("version");
     assert_eq!(v, SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 7);
+    assert_eq!(SCHEMA_VERSION, 8);
     let p = plan(&c, "SELECT id FROM sessions WHERE client_session = 'cc:x'");
     assert!(p.contains("USING INDEX sessions_client"), "{p}");
     let errors: Vec<Option<String>> = store
@@ -137,7 +137,7 @@ fn version_3_is_migrated_and_a_siblings_link_reads_back() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
-             DROP TABLE context_edits;
+             DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override;
              UPDATE schema_version SET version = 3;",
         )
         .expect("back to version 3");
@@ -167,6 +167,7 @@ fn line(session: &str, line: u64, spec: &str, ts_ms: i64) -> Event {
         session: session.into(),
         line,
         spec: spec.into(),
+        overridden: None,
         ts_ms,
     }
 }
@@ -217,7 +218,7 @@ fn version_4_is_migrated() {
              ALTER TABLE sessions DROP COLUMN line_spec;
              ALTER TABLE sessions DROP COLUMN line_ms;
              ALTER TABLE steps DROP COLUMN detail;
-             DROP TABLE context_edits;
+             DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override;
              UPDATE schema_version SET version = 4;",
         )
         .expect("back to version 4");
@@ -281,7 +282,7 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
         let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
         c.execute_batch(
             "ALTER TABLE steps DROP COLUMN detail;
-             DROP TABLE context_edits;
+             DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override;
              UPDATE schema_version SET version = 5;",
         )
         .expect("back to version 5");
@@ -451,7 +452,7 @@ fn version_6_is_migrated_and_a_context_edit_reads_back() {
     }
     {
         let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
-        c.execute_batch("DROP TABLE context_edits; UPDATE schema_version SET version = 6;")
+        c.execute_batch("DROP TABLE context_edits; ALTER TABLE sessions DROP COLUMN line_override; UPDATE schema_version SET version = 6;")
             .expect("back to version 6");
     }
     let store = open(tmp.path());
@@ -484,4 +485,42 @@ fn version_6_is_migrated_and_a_context_edit_reads_back() {
         (edits[1].n, edits[1].seqs.clone(), edits[1].tokens_after),
         (2, vec![2], 400)
     );
+}
+
+/// A version-7 database (no `line_override`) is brought to version 8: a
+/// session reads back with no override, and a `Line` event's override then
+/// round-trips (set, then cleared).
+#[test]
+fn version_7_is_migrated_and_a_line_override_reads_back() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    {
+        let store = open(tmp.path());
+        store
+            .submit(Event::Session(meta("v7", Dialect::Anthropic)))
+            .expect("session");
+        store.shutdown().expect("shutdown");
+    }
+    {
+        let c = rusqlite::Connection::open(tmp.path().join("oceancode.db")).expect("open");
+        c.execute_batch(
+            "ALTER TABLE sessions DROP COLUMN line_override; UPDATE schema_version SET version = 7;",
+        )
+        .expect("back to version 7");
+    }
+    let store = open(tmp.path());
+    let l = store.load_session("v7").expect("load").expect("there");
+    assert_eq!(l.line_override, None);
+    for (ts_ms, overridden) in [(5, Some(r#"{"percent":50.0}"#)), (6, None)] {
+        store
+            .submit(Event::Line {
+                session: "v7".into(),
+                line: 100_000,
+                spec: "50%".into(),
+                overridden: overridden.map(String::from),
+                ts_ms,
+            })
+            .expect("line");
+        let l = store.load_session("v7").expect("load").expect("there");
+        assert_eq!(l.line_override.as_deref(), overridden, "at {ts_ms}");
+    }
 }

@@ -454,6 +454,7 @@ fn store_reopen_loads_same_session() {
             upto: 5,
             rows: vec![(2, vec![(0, "[pruned tool output: seq 2]".into())])],
         }),
+        line_override: None,
     };
     assert_eq!(got, want);
     assert_eq!(

@@ -368,6 +368,34 @@ async fn nginx_fleet_takes_a_session_over_after_kill_9() {
     // Which proxy serves it: the one whose data dir has its files.
     let a_serves = data_a.join("sessions").exists()
         && std::fs::read_dir(data_a.join("sessions")).unwrap().count() > 0;
+    // The session's own line (30k over the fleet's 20k), set on the proxy
+    // that serves it and recorded with its next request.
+    let (serving_url, serving_dir, other_url) = if a_serves {
+        (a.url.clone(), data_a.clone(), b.url.clone())
+    } else {
+        (b.url.clone(), data_b.clone(), a.url.clone())
+    };
+    let (ok, _, err) = cli(
+        tmp.path(),
+        &url,
+        &serving_dir,
+        &[
+            "tideline",
+            "--session",
+            "fleet-1",
+            "--proxy",
+            &serving_url,
+            "30k",
+        ],
+    );
+    assert!(ok, "tideline --set: {err}");
+    let content = send(&client, &front, &convo).await.unwrap();
+    convo.push(json!({"role": "assistant", "content": content}).to_string());
+    turn += 1;
+    committed(&ledger, convo.len() as u64);
+    convo.push(user_msg(turn));
+    let before = ledger.load_session(&id).unwrap().unwrap();
+    assert_eq!(before.line_override.as_deref(), Some(r#"{"tokens":30000}"#));
     let (dead, alive_dir) = if a_serves {
         (&mut a, &data_b)
     } else {
@@ -390,6 +418,28 @@ async fn nginx_fleet_takes_a_session_over_after_kill_9() {
         "{takeover:?}"
     );
     convo.push(json!({"role": "assistant", "content": content}).to_string());
+    // The survivor runs the session on its own line.
+    let (ok, shown, err) = cli(
+        tmp.path(),
+        &url,
+        alive_dir,
+        &[
+            "tideline",
+            "--session",
+            "fleet-1",
+            "--proxy",
+            &other_url,
+            "--json",
+        ],
+    );
+    assert!(ok, "tideline: {err}");
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let session = &shown["session"];
+    assert_eq!(
+        session["override"], "30000",
+        "the override was lost: {shown}"
+    );
+    assert_eq!(session["meter"]["line"], 30_000, "{shown}");
     // The window the survivor sent starts past the cut, like the dead one's.
     let last = fake.requests().last().unwrap().json().unwrap();
     let sent = last["messages"].as_array().unwrap().len();

@@ -414,6 +414,57 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
     assert_eq!(s["meter"]["line"], 80_000);
 }
 
+fn models_200k(o: &mut oceancode_proxy::runtime::ProxyOptions) {
+    o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+        context: Some(CONTEXT),
+        max_output: Some(64_000),
+    });
+}
+
+/// One request of the `keep-line` session, then its answer and the next ask.
+async fn keep_line_step(h: &Harness, history: &mut Vec<Value>) {
+    let body = json!({"model":"claude-x","max_tokens":1000,"messages":history}).to_string();
+    let hdr = [("x-claude-code-session-id", "keep-line")];
+    assert_eq!(h.post("/v1/messages", &hdr, body).await.status, 200);
+    history.push(json!({"role":"assistant","content":"ok"}));
+    history.push(json!({"role":"user","content":"next"}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_override_survives_a_restart_and_so_does_clearing_it() {
+    let fake = FakeConfig::default().with_script(Script::always(Reply::text("ok")));
+    let mut h = Harness::start(fake, models_200k).await;
+    let mut history = vec![json!({"role":"user","content":"main task"})];
+    keep_line_step(&h, &mut history).await;
+    let id = h.admin("/_oceancode/sessions/latest").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let set = admin_post(&h, json!({"session": id, "value": "50%"})).await;
+    assert_eq!(set.status, 200, "{}", set.text());
+    keep_line_step(&h, &mut history).await;
+    h.settle().await;
+    h.restart(models_200k).await;
+    keep_line_step(&h, &mut history).await;
+    let s = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    assert_eq!(
+        s["override"], "50%",
+        "the restarted proxy lost the override: {s}"
+    );
+    assert_eq!(s["meter"]["line"], 100_000);
+
+    // Cleared, then a restart: the configured line, not the old override.
+    let clear = admin_post(&h, json!({"session": id, "value": "default"})).await;
+    assert_eq!(clear.status, 200, "{}", clear.text());
+    keep_line_step(&h, &mut history).await;
+    h.settle().await;
+    h.restart(models_200k).await;
+    keep_line_step(&h, &mut history).await;
+    let s = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    assert!(s["override"].is_null(), "a cleared override came back: {s}");
+    assert_eq!(s["meter"]["line"], 80_000);
+}
+
 /// A proxy whose models all have a `CONTEXT` window (32k output) and a
 /// fixed 20k line.
 async fn harness_20k(fake: FakeConfig) -> Harness {

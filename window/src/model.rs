@@ -568,6 +568,9 @@ pub enum Event {
         line: u64,
         /// How it was set, as a person reads it (`40%`, `20k`, `ceiling`).
         spec: String,
+        /// The session's own override in force (`tideline SESSION --set`),
+        /// as the proxy writes it (LineSpec JSON); None = none.
+        overridden: Option<String>,
         /// Unix milliseconds.
         ts_ms: i64,
     },

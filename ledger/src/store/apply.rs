@@ -312,12 +312,14 @@ pub(super) fn apply_event(
             session,
             line,
             spec,
+            overridden,
             ts_ms,
         } => {
             c.prepare_cached(
-                "UPDATE sessions SET line = ?2, line_spec = ?3, line_ms = ?4 WHERE id = ?1",
+                "UPDATE sessions SET line = ?2, line_spec = ?3, line_ms = ?4, line_override = ?5
+                 WHERE id = ?1",
             )?
-            .execute(params![session, to_i64(*line), spec, ts_ms])?;
+            .execute(params![session, to_i64(*line), spec, ts_ms, overridden])?;
             Ok(Outcome::Applied(None, Vec::new(), false))
         }
         Event::ContextEdit {

@@ -76,6 +76,9 @@ pub struct LoadedSession {
     /// recorded with its `sent` record): a restarted proxy sends the very
     /// same bytes until the next cut.
     pub pointers: Option<SentPointers>,
+    /// The session's own tideline override as last recorded (LineSpec JSON,
+    /// as the proxy wrote it in [`Event::Line`]); None = none.
+    pub line_override: Option<String>,
 }
 
 /// [`LoadedSession::pointers`].

@@ -36,7 +36,9 @@ pub(super) fn event_bytes(ev: &Event) -> usize {
         Event::Hide { seqs, .. } => seqs.len() * 8,
         Event::Step { model, error, .. } => model.len() + error.as_ref().map_or(0, String::len),
         Event::Cut { .. } => 0,
-        Event::Line { spec, .. } => spec.len(),
+        Event::Line {
+            spec, overridden, ..
+        } => spec.len() + overridden.as_ref().map_or(0, String::len),
         Event::ContextEdit { set, seqs, .. } => set.len() + seqs.len() * 8,
     }
 }

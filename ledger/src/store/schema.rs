@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::warn;
 
 /// Current schema version (table `schema_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Schema migrations; entry `i` brings the database to version `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -137,6 +137,12 @@ CREATE TABLE context_edits (
     tokens_after  INTEGER NOT NULL,
     PRIMARY KEY (session, n)
 );
+"#,
+    // 8: the session's own tideline override (`tideline SESSION --set`),
+    // as LineSpec JSON (NULL = none): a restarted proxy, or the one that
+    // takes the session over, keeps it.
+    r#"
+ALTER TABLE sessions ADD COLUMN line_override TEXT;
 "#,
 ];
 

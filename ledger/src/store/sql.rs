@@ -128,9 +128,11 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
             rows.push(row);
         }
     }
-    let cut_upto: i64 = c.query_row("SELECT cut_upto FROM sessions WHERE id = ?1", [id], |r| {
-        r.get(0)
-    })?;
+    let (cut_upto, line_override): (i64, Option<String>) = c.query_row(
+        "SELECT cut_upto, line_override FROM sessions WHERE id = ?1",
+        [id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
     let branch: i64 = c.query_row(
         "SELECT COALESCE((SELECT branch FROM branches WHERE session = ?1
                           ORDER BY rowid DESC LIMIT 1), 0)",
@@ -178,6 +180,7 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
         context,
         exchanges,
         pointers,
+        line_override,
     }))
 }
 

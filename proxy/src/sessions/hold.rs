@@ -54,7 +54,7 @@ pub(super) struct Checkpoint {
     needs_seed: bool,
     last_usage: Option<Usage>,
     pending_est: u64,
-    recorded_line: Option<(u64, String)>,
+    recorded_line: Option<super::state::RecordedLine>,
     meter: Meter,
     compress_at: u64,
 }

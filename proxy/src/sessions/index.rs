@@ -85,9 +85,8 @@ impl SessionManager {
         let mut gone = Vec::new();
         for k in idle_keys {
             for s in idx.by_key.remove(&k).unwrap_or_default() {
-                if let Some(l) = s.state.lock().override_line {
-                    self.parked_overrides.lock().insert(s.id.clone(), l);
-                }
+                let line = s.state.lock().override_line;
+                self.parked_overrides.lock().insert(s.id.clone(), line);
                 idx.by_id.remove(&s.id);
                 gone.push(s.id.clone());
             }
@@ -131,7 +130,11 @@ impl SessionManager {
             if idx.by_id.contains_key(&st.meta.id) {
                 continue;
             }
-            st.override_line = self.parked_overrides.lock().remove(&st.meta.id);
+            // An override set (or cleared) while it was live wins over the
+            // recorded one (a request records it; none may have since).
+            if let Some(line) = self.parked_overrides.lock().remove(&st.meta.id) {
+                st.override_line = line;
+            }
             let s = Arc::new(Session {
                 id: st.meta.id.clone(),
                 state: Mutex::new(st),

@@ -186,7 +186,7 @@ pub struct SessionManager {
     healer: Option<Healer>,
     locator: Option<Locator>,
     /// Line overrides of sessions that left memory (restored with them).
-    parked_overrides: Mutex<HashMap<String, LineSpec>>,
+    parked_overrides: Mutex<HashMap<String, Option<LineSpec>>>,
     layouts: Layouts,
     /// Per-session bounds (None: none set).
     budget: Option<Arc<Budget>>,

@@ -615,12 +615,17 @@ impl SessionManager {
     }
 }
 
-/// A `Line` event when the line in force differs from the one last
-/// recorded (the first request, an override, a learned ceiling): what
-/// `status` shows once no running proxy holds the session.
+/// A `Line` event when the line in force or the session's override differs
+/// from the one last recorded (the first request, an override, a learned
+/// ceiling): what `status` shows once no running proxy holds the session,
+/// and the override a restarted proxy (or the one taking the session over)
+/// keeps.
 fn record_line(st: &mut State, events: &mut Vec<Event>) {
     let Some(spec) = st.meter.spec else { return };
-    let now = (st.meter.line, super::line_label(spec));
+    let overridden = st
+        .override_line
+        .and_then(|o| serde_json::to_string(&o).ok());
+    let now = (st.meter.line, super::line_label(spec), overridden);
     if st.recorded_line.as_ref() == Some(&now) {
         return;
     }
@@ -628,6 +633,7 @@ fn record_line(st: &mut State, events: &mut Vec<Event>) {
         session: st.meta.id.clone(),
         line: now.0,
         spec: now.1.clone(),
+        overridden: now.2.clone(),
         ts_ms: now_ms(),
     });
     st.recorded_line = Some(now);

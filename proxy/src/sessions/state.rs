@@ -137,8 +137,9 @@ pub struct State {
     pub(super) last_usage: Option<Usage>,
     pub(super) pending_est: u64,
     pub(super) override_line: Option<LineSpec>,
-    /// The line and its label last handed to the ledger (a `Line` event).
-    pub(super) recorded_line: Option<(u64, String)>,
+    /// The line, its label and the session's override (LineSpec JSON)
+    /// last handed to the ledger (a `Line` event).
+    pub(super) recorded_line: Option<RecordedLine>,
     pub(super) learned_ceiling: Option<u64>,
     /// The provider counts the request's `max_tokens` against the context
     /// (it answered `input length and max_tokens exceed context limit`):
@@ -186,6 +187,9 @@ pub struct State {
     /// session), sent again while the window stays at their cut.
     pub(super) restored_pointers: Option<oceancode_ledger::store::SentPointers>,
 }
+
+/// [`State::recorded_line`]: the line, its label, the override.
+pub(super) type RecordedLine = (u64, String, Option<String>);
 
 impl State {
     pub(super) fn new(meta: SessionMeta, dialect: Dialect, tools_fp: u64, system_fp: u64) -> Self {
@@ -705,6 +709,16 @@ impl State {
         st.meter.cut_upto = l.cut_upto;
         st.needs_seed = true;
         st.restored_pointers = l.pointers;
+        // The session's own line override, as its last request recorded it
+        // (another proxy may have served it before this one took it over).
+        if let Some(o) = &l.line_override {
+            match serde_json::from_str(o) {
+                Ok(spec) => st.override_line = Some(spec),
+                Err(e) => {
+                    tracing::warn!(session = %st.meta.id, error = %e, "the recorded line override cannot be read; the session runs on the line in force")
+                }
+            }
+        }
         // The recall tool's internal exchanges, back after their rows: the
         // next request's window is the one the session would have sent.
         for (after, messages) in l.exchanges {

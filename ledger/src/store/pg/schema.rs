@@ -151,6 +151,12 @@ CREATE TABLE context_edits (
 );
 "#,
     ),
+    (
+        8,
+        r#"
+ALTER TABLE sessions ADD COLUMN line_override TEXT;
+"#,
+    ),
 ];
 
 /// Bring the database to [`SCHEMA_VERSION`] (refusing a newer one) in one

@@ -119,7 +119,8 @@ pub(super) async fn load_session<C: GenericClient>(
             "SELECT s.cut_upto,
                 COALESCE((SELECT branch FROM branches b WHERE b.session = s.id
                           ORDER BY b.ord DESC LIMIT 1), 0),
-                COALESCE((SELECT MAX(step) FROM steps t WHERE t.session = s.id), 0)
+                COALESCE((SELECT MAX(step) FROM steps t WHERE t.session = s.id), 0),
+                s.line_override
              FROM sessions s WHERE s.id = $1",
             &[&id],
         )
@@ -181,6 +182,7 @@ pub(super) async fn load_session<C: GenericClient>(
         context,
         exchanges,
         pointers,
+        line_override: r.get(3),
         meta,
         rows,
         hidden,

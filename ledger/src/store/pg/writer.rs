@@ -1090,11 +1090,16 @@ async fn apply_event(
             Ok(Outcome::Applied(Vec::new(), false))
         }
         Event::Line {
-            line, spec, ts_ms, ..
+            line,
+            spec,
+            overridden,
+            ts_ms,
+            ..
         } => {
             tx.execute(
-                "UPDATE sessions SET line = $2, line_spec = $3, line_ms = $4 WHERE id = $1",
-                &[&session, &big(*line), spec, ts_ms],
+                "UPDATE sessions SET line = $2, line_spec = $3, line_ms = $4, line_override = $5
+                 WHERE id = $1",
+                &[&session, &big(*line), spec, ts_ms, overridden],
             )
             .await?;
             Ok(Outcome::Applied(Vec::new(), false))
