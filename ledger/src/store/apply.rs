@@ -3,44 +3,11 @@
 //! changes in the writer's caches and files.
 
 use super::sql::{now_ms, session_exists, to_i64};
-use crate::model::{Dialect, Event, Row, SessionMeta};
+use super::writer::{rows_gap, Effect, Known, Outcome};
+use crate::model::{Event, SessionMeta};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-
-/// What a committed event changes in the writer's caches.
-pub(super) enum Effect {
-    Meta(SessionMeta),
-    Append(Vec<Row>),
-    Confirm { seq: u64, turn: u32, raw: Arc<str> },
-    Invalidate,
-}
-
-/// What a batch changed of one session: caches to update, files to write.
-#[derive(Default)]
-pub(super) struct Touch {
-    pub(super) effects: Vec<Effect>,
-    pub(super) turns: BTreeSet<u32>,
-    pub(super) index: bool,
-    /// Rows, cuts, branches or confirms: `SESSION.md` may change.
-    pub(super) page: bool,
-}
-
-/// What applying one event did.
-pub(super) enum Outcome {
-    /// Applied: its cache effect, the turns it touched, whether the index changes.
-    Applied(Option<Effect>, Vec<u32>, bool),
-    /// Refused (nothing written), and why.
-    Refused(String),
-}
-
-/// Facts of a session the writer has committed events for.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Known {
-    pub(super) dialect: Option<Dialect>,
-    /// The seq the next `Rows` event must start at (None = ask the database).
-    pub(super) next_seq: Option<u64>,
-}
 
 /// Full-text indexing deferred to the end of a batch: FTS5 flushes its
 /// pending segment at every savepoint, so indexing inside the per-event
@@ -50,21 +17,6 @@ pub(super) struct FtsJob {
     pub(super) session: String,
     pub(super) seq: u64,
     pub(super) raw: Arc<str>,
-}
-
-/// What a committed event teaches the writer about its session.
-pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
-    match ev {
-        Event::Session(m) => {
-            known.entry(m.id.clone()).or_default().dialect = Some(m.dialect);
-        }
-        Event::Rows { session, rows } => {
-            if let Some(last) = rows.last() {
-                known.entry(session.clone()).or_default().next_seq = Some(last.seq + 1);
-            }
-        }
-        _ => {}
-    }
 }
 
 /// Mark rows hidden (a branch, or rows a sibling took): the turns they are
@@ -137,9 +89,9 @@ pub(super) fn apply_event(
             Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))
         }
         Event::Rows { session, rows } => {
-            let Some(first) = rows.first() else {
+            if rows.is_empty() {
                 return Ok(Outcome::Applied(None, Vec::new(), false));
-            };
+            }
             let expected = match k.and_then(|k| k.next_seq) {
                 Some(n) => n,
                 None => {
@@ -151,17 +103,8 @@ pub(super) fn apply_event(
                     max as u64 + 1
                 }
             };
-            if first.seq != expected {
-                return Ok(Outcome::Refused(format!(
-                    "rows start at seq {} but the ledger expects {expected}",
-                    first.seq
-                )));
-            }
-            if let Some(w) = rows.windows(2).find(|w| w[1].seq != w[0].seq + 1) {
-                return Ok(Outcome::Refused(format!(
-                    "rows jump from seq {} to {}",
-                    w[0].seq, w[1].seq
-                )));
+            if let Some(why) = rows_gap(rows, expected) {
+                return Ok(Outcome::Refused(why));
             }
             let mut stmt = c.prepare_cached(
                 "INSERT INTO rows (session, seq, branch, role, kind, turn, step, tokens, raw,

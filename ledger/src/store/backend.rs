@@ -93,31 +93,53 @@ pub struct SentPointers {
 /// A `LIKE` pattern that step details with a `sent` record match.
 pub(crate) const SENT_LIKE: &str = "%\"sent\"%";
 
-/// [`LoadedSession::pointers`] from the newest step detail with a `sent`
-/// record (`newest`); `detail_of(step)` reads the detail of the step it
-/// names as holding its pointers.
-pub(crate) fn sent_pointers(
-    newest: Option<&str>,
-    detail_of: impl FnOnce(u32) -> Option<String>,
-) -> Option<SentPointers> {
-    let sent = serde_json::from_str::<StepDetail>(newest?).ok()?.sent?;
-    if sent.upto == 0 {
-        return None;
-    }
-    let rows = match (sent.pointers, sent.pointers_step) {
-        (Some(p), _) => p,
-        (None, 0) => Vec::new(),
-        (None, from) => {
-            serde_json::from_str::<StepDetail>(&detail_of(from)?)
-                .ok()?
-                .sent?
-                .pointers?
-        }
+/// Where [`LoadedSession::pointers`] are, read from the newest step
+/// detail with a `sent` record: in it, or in the detail of the step it
+/// names (a window that sent the same pointers as an earlier one names
+/// that step instead of repeating them).
+pub(crate) enum PointersAt {
+    /// No window after a cut recorded its pointers.
+    None,
+    Here(SentPointers),
+    /// In the detail of `step`; `upto` is the cut they were chosen at.
+    Step {
+        step: u32,
+        upto: u64,
+    },
+}
+
+/// [`PointersAt`] of the newest step detail with a `sent` record.
+pub(crate) fn pointers_at(newest: Option<&str>) -> PointersAt {
+    let Some(sent) = newest
+        .and_then(|d| serde_json::from_str::<StepDetail>(d).ok())
+        .and_then(|d| d.sent)
+        .filter(|s| s.upto > 0)
+    else {
+        return PointersAt::None;
     };
-    Some(SentPointers {
-        upto: sent.upto,
-        rows,
-    })
+    match (sent.pointers, sent.pointers_step) {
+        (Some(rows), _) => PointersAt::Here(SentPointers {
+            upto: sent.upto,
+            rows,
+        }),
+        (None, 0) => PointersAt::Here(SentPointers {
+            upto: sent.upto,
+            rows: Vec::new(),
+        }),
+        (None, step) => PointersAt::Step {
+            step,
+            upto: sent.upto,
+        },
+    }
+}
+
+/// The pointers a [`PointersAt::Step`] names, from that step's detail.
+pub(crate) fn pointers_of_step(upto: u64, detail: Option<&str>) -> Option<SentPointers> {
+    let rows = serde_json::from_str::<StepDetail>(detail?)
+        .ok()?
+        .sent?
+        .pointers?;
+    Some(SentPointers { upto, rows })
 }
 
 /// [`LoadedSession::exchanges`] from a session's step details (JSON, in

@@ -1,32 +1,41 @@
-//! The files the writer keeps in step with the database after each commit:
-//! per-turn transcripts (atomic replace, each row rendered once while its
-//! turn is the newest), `index.md`, and `SESSION.md` once a turn came wholly
-//! past the tideline. The caches that make a step cheap live here too.
+//! The files the writer keeps in step with the database after each commit,
+//! the same on both engines ([`Files`], reading through
+//! [`super::source::Source`]): per-turn transcripts and their line index
+//! (atomic replace, each row rendered once while its turn is the newest),
+//! `index.md`, and `SESSION.md` once a turn came wholly past the tideline.
+//! The caches that make a step cheap live here too: a step that appends to
+//! the newest turn reads nothing back from the database.
 //!
 //! Holes: a session whose file write failed (a read-only or full disk, its
 //! directory in the way) has all its files written again from the database
 //! once writes succeed — tried with backoff, and at every settle — with one
 //! WARN line when file writes start failing and one INFO line when they
-//! recover. When the store opens, the `index.md` and the turn files of the
-//! active line that are missing (kill -9 between a commit and its files) are
-//! created from the database (never replacing a file).
+//! recover. [`write_session_files`] is also what `ledger rebuild` writes,
+//! so a rebuild gives the live writer's bytes.
 
-use super::apply::{Effect, Touch};
 use super::error::{io_err, StoreError};
 use super::page_io;
-use super::queue::Fault;
-use super::rebuild::rewrite_session_files;
-use super::sql::{session_meta, turn_rows, turn_summaries};
-use super::writer::{Writer, CACHE_BYTES, CACHE_SESSIONS, FILES_RETRY_MAX, FILES_RETRY_MIN};
+use super::queue::{Fault, Shared};
+use super::source::Source;
+use super::writer::{Effect, Touch};
 use crate::model::{Row, SessionMeta};
 use crate::page::Page;
-use crate::paths;
+use crate::paths::{self, DataDir};
 use crate::transcript::{self, TurnSummary};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
+
+/// Sessions whose newest turn / turn index the writer keeps in memory.
+const CACHE_SESSIONS: usize = 1024;
+/// Bytes of cached newest-turn rows and rendered sections across sessions
+/// beyond which the least recently used session's cache is dropped.
+const CACHE_BYTES: usize = 256 << 20;
+/// First and longest wait before failed file writes are tried again.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The newest turn of a session, kept so a step does not re-read the session.
 struct TurnCache {
@@ -38,7 +47,15 @@ struct TurnCache {
     sections: HashMap<u64, Section>,
 }
 
-pub(super) struct SessionCache {
+/// One row's rendered section of a turn file.
+struct Section {
+    raw: Arc<str>,
+    tools: transcript::RowTools,
+    label: String,
+    text: String,
+}
+
+struct SessionCache {
     /// Approximate bytes held by `newest` (rows and rendered sections).
     newest_bytes: usize,
     meta: SessionMeta,
@@ -51,20 +68,94 @@ pub(super) struct SessionCache {
     /// Hash of the last `SESSION.md` written.
     page_hash: Option<u64>,
     /// `index.md` is behind (written at the next flush of deferred writes).
-    pub(super) index_dirty: bool,
+    index_dirty: bool,
 }
 
-impl Writer {
+impl SessionCache {
+    fn bytes(&self) -> usize {
+        if self.newest.is_some() {
+            self.newest_bytes
+        } else {
+            0
+        }
+    }
+}
+
+/// The writer's files: what it caches of each session to write them, and
+/// the sessions whose file writes failed.
+pub(super) struct Files {
+    dir: DataDir,
+    shared: Arc<Shared>,
+    caches: HashMap<String, SessionCache>,
+    tick: u64,
+    /// Some session's `index.md` waits for the next deferred flush.
+    index_waiting: bool,
+    /// Sessions whose file writes failed: all their files are written again
+    /// once writes succeed.
+    failing: BTreeSet<String>,
+    /// When failed file writes are tried next, and the wait after that.
+    retry_at: (Instant, Duration),
+}
+
+impl Files {
+    pub(super) fn new(dir: DataDir, shared: Arc<Shared>) -> Files {
+        Files {
+            dir,
+            shared,
+            caches: HashMap::new(),
+            tick: 0,
+            index_waiting: false,
+            failing: BTreeSet::new(),
+            retry_at: (Instant::now(), RETRY_MIN),
+        }
+    }
+
+    /// Forget what is cached of a session (a job changed it).
+    pub(super) fn forget(&mut self, session: &str) {
+        self.caches.remove(session);
+    }
+
+    /// Forget every cache (the database was reopened).
+    pub(super) fn clear_caches(&mut self) {
+        self.caches.clear();
+        self.index_waiting = false;
+    }
+
+    /// Drop the pending repairs: the database they would be written from
+    /// is gone (a fresh one in its place).
+    pub(super) fn clear_failing(&mut self) {
+        self.failing.clear();
+        let mut f = self.shared.faults.lock();
+        f.files = None;
+        f.files_sessions = 0;
+    }
+
+    /// Whether some `index.md` waits for the next deferred flush.
+    pub(super) fn index_waiting(&self) -> bool {
+        self.index_waiting
+    }
+
+    /// When failed file writes are due again (None = none failing).
+    pub(super) fn next_retry(&self) -> Option<Instant> {
+        (!self.failing.is_empty()).then_some(self.retry_at.0)
+    }
+
+    /// Whether failed file writes should be tried now (`force`: a settle,
+    /// a job or shutdown asks).
+    pub(super) fn retry_due(&self, force: bool) -> bool {
+        !self.failing.is_empty() && (force || Instant::now() >= self.retry_at.0)
+    }
+
     /// A file write of `session` failed: its cache is dropped and all its
     /// files are written again once writes succeed.
-    pub(super) fn files_failed(&mut self, session: &str, e: &StoreError) {
+    pub(super) fn failed(&mut self, session: &str, e: &StoreError) {
         self.shared
             .transcript_errors
             .fetch_add(1, Ordering::Relaxed);
         self.caches.remove(session);
-        let newly = self.files_failing.insert(session.to_string());
+        let newly = self.failing.insert(session.to_string());
         let mut f = self.shared.faults.lock();
-        f.files_sessions = self.files_failing.len();
+        f.files_sessions = self.failing.len();
         match &mut f.files {
             Some(fault) => {
                 fault.retries += 1;
@@ -83,23 +174,23 @@ impl Writer {
                     error: e.to_string(),
                     retries: 0,
                 });
-                self.files_retry = (Instant::now() + FILES_RETRY_MIN, FILES_RETRY_MIN);
+                self.retry_at = (Instant::now() + RETRY_MIN, RETRY_MIN);
             }
         }
     }
 
     /// Write every file of the sessions whose file writes failed again.
-    pub(super) fn retry_files(&mut self) {
-        let failing = std::mem::take(&mut self.files_failing);
+    pub(super) fn retry(&mut self, src: &dyn Source) {
+        let failing = std::mem::take(&mut self.failing);
         let mut healed = 0u64;
         let mut error = None;
         for session in failing {
-            match rewrite_session_files(&self.conn, &self.dir, &session) {
+            match rewrite_session_files(src, &self.dir, &session) {
                 Ok(_) | Err(StoreError::UnknownSession(_)) => healed += 1,
                 Err(StoreError::Corrupt(why)) => warn!("ledger files not written: {why}"),
                 Err(e) => {
                     error = Some(e.to_string());
-                    self.files_failing.insert(session);
+                    self.failing.insert(session);
                 }
             }
         }
@@ -107,7 +198,7 @@ impl Writer {
             .files_healed
             .fetch_add(healed, Ordering::Relaxed);
         let mut f = self.shared.faults.lock();
-        f.files_sessions = self.files_failing.len();
+        f.files_sessions = self.failing.len();
         match error {
             None => {
                 if let Some(fault) = f.files.take() {
@@ -123,108 +214,33 @@ impl Writer {
                     fault.retries += 1;
                     fault.error = e;
                 }
-                let wait = (self.files_retry.1 * 2).min(FILES_RETRY_MAX);
-                self.files_retry = (Instant::now() + wait, wait);
+                let wait = (self.retry_at.1 * 2).min(RETRY_MAX);
+                self.retry_at = (Instant::now() + wait, wait);
             }
         }
     }
 
-    /// At open: write the turn files of the active line and the `index.md`
-    /// that are missing (kill -9 between a commit and its files, a
-    /// read-only period), from the database. Only what is missing is
-    /// created, never replaced, so a proxy writing the same files meanwhile
-    /// (this open is a CLI command's) keeps its newer ones.
-    pub(super) fn heal_holes(&mut self) {
-        let holes = match self.find_holes() {
-            Ok(h) => h,
-            Err(e) => {
-                warn!("ledger transcripts not checked for missing files: {e}");
-                return;
-            }
-        };
-        if holes.is_empty() {
+    /// Write the `index.md` of every session whose index waits.
+    pub(super) fn flush_indexes(&mut self, src: &dyn Source) {
+        if !std::mem::take(&mut self.index_waiting) {
             return;
         }
-        let mut written = 0usize;
-        let sessions = holes.len();
-        for hole in holes {
-            match self.fill_hole(&hole) {
-                Ok(n) => {
-                    written += n;
-                    self.shared.files_healed.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(StoreError::Corrupt(why)) => warn!("ledger files not written: {why}"),
-                Err(e) => self.files_failed(&hole.session, &e),
+        let dirty: Vec<String> = self
+            .caches
+            .iter()
+            .filter(|(_, c)| c.index_dirty)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for session in dirty {
+            if let Err(e) = self.write_index(src, &session) {
+                self.failed(&session, &e);
             }
         }
-        info!(
-            sessions,
-            files = written,
-            "ledger transcripts: missing files written again from the database"
-        );
-    }
-
-    /// Create one session's missing files; returns how many it wrote.
-    fn fill_hole(&self, hole: &Hole) -> Result<usize, StoreError> {
-        let meta = session_meta(&self.conn, &hole.session)?
-            .ok_or_else(|| StoreError::UnknownSession(hole.session.clone()))?;
-        let tdir = self.dir.transcript_dir(&hole.session);
-        paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
-        let mut written = 0;
-        for &turn in &hole.turns {
-            let rows = turn_rows(&self.conn, &hole.session, turn)?;
-            let path = self.dir.turn_file(&hole.session, turn);
-            let (text, index) = transcript::render_turn_indexed(meta.dialect, turn, &rows);
-            written +=
-                usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
-            let path = self.dir.rows_file(&hole.session, turn);
-            paths::write_new(&path, index.render().as_bytes()).map_err(io_err(&path))?;
-        }
-        if hole.index {
-            let turns: Vec<TurnSummary> = turn_summaries(&self.conn, &hole.session, meta.dialect)?
-                .into_values()
-                .collect();
-            let path = self.dir.index_file(&hole.session);
-            let text = transcript::render_index(&meta, &turns);
-            written +=
-                usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
-        }
-        Ok(written)
-    }
-
-    /// Sessions with missing files: which turn files, and whether `index.md`.
-    fn find_holes(&self) -> Result<Vec<Hole>, StoreError> {
-        let mut stmt = self.conn.prepare(
-            "SELECT r.session, r.turn FROM rows r JOIN sessions s ON s.id = r.session
-             WHERE r.hidden = 0 GROUP BY r.session, r.turn ORDER BY r.session, r.turn",
-        )?;
-        let mut out: Vec<Hole> = Vec::new();
-        let mut current: Option<Hole> = None;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let session: String = r.get(0)?;
-            let turn = r.get::<_, i64>(1)? as u32;
-            if current.as_ref().is_none_or(|h| h.session != session) {
-                out.extend(current.take().filter(Hole::any));
-                current = Some(Hole {
-                    index: !self.dir.index_file(&session).exists(),
-                    session,
-                    turns: Vec::new(),
-                });
-            }
-            if let Some(h) = current.as_mut() {
-                if !self.dir.turn_file(&h.session, turn).exists() {
-                    h.turns.push(turn);
-                }
-            }
-        }
-        out.extend(current.filter(Hole::any));
-        Ok(out)
     }
 
     /// Drop the least recently used session caches until one more fits
     /// (at most [`CACHE_SESSIONS`], about [`CACHE_BYTES`]).
-    pub(super) fn evict_caches(&mut self) {
+    fn evict(&mut self, src: &dyn Source) {
         let mut bytes: usize = self.caches.values().map(SessionCache::bytes).sum();
         while self.caches.len() >= CACHE_SESSIONS
             || (bytes > CACHE_BYTES && !self.caches.is_empty())
@@ -238,7 +254,7 @@ impl Writer {
                 return;
             };
             if self.caches.get(&old).is_some_and(|c| c.index_dirty) {
-                if let Err(e) = self.write_index(&old) {
+                if let Err(e) = self.write_index(src, &old) {
                     warn!("ledger index of session {old}: {e}");
                 }
             }
@@ -248,14 +264,21 @@ impl Writer {
         }
     }
 
-    /// Bring a session's transcript files up to date after a commit.
-    pub(super) fn write_files(&mut self, session: &str, touch: Touch) -> Result<(), StoreError> {
+    /// Bring a session's files up to date after a commit: the touched
+    /// turns, `index.md` when the session's facts or its turns changed,
+    /// `SESSION.md` when it may change.
+    pub(super) fn write(
+        &mut self,
+        src: &dyn Source,
+        session: &str,
+        touch: Touch,
+    ) -> Result<(), StoreError> {
         self.tick += 1;
         if !self.caches.contains_key(session) {
-            let Some(meta) = session_meta(&self.conn, session)? else {
+            let Some(meta) = src.session_meta(session)? else {
                 return Ok(());
             };
-            self.evict_caches();
+            self.evict(src);
             self.caches.insert(
                 session.to_string(),
                 SessionCache {
@@ -281,15 +304,15 @@ impl Writer {
         }
         // The page after the transcripts: a reader who follows the page to
         // a transcript finds it written.
-        let result = self.write_transcripts(session, touch.turns, touch.index, meta_changed);
+        let result = self.write_transcripts(src, session, touch.turns, touch.index, meta_changed);
         if touch.page {
-            return result.and(self.write_page(session));
+            return result.and(self.write_page(src, session));
         }
         result
     }
 
     /// Fold newly merged turns into the session's page and write it if it changed.
-    pub(super) fn write_page(&mut self, session: &str) -> Result<(), StoreError> {
+    fn write_page(&mut self, src: &dyn Source, session: &str) -> Result<(), StoreError> {
         let Some(cache) = self.caches.get_mut(session) else {
             return Ok(());
         };
@@ -297,9 +320,9 @@ impl Writer {
         let fresh = cache.page.is_none();
         let page = match &mut cache.page {
             Some(p) => p,
-            None => cache.page.insert(page_io::new_page(&self.conn, session)?),
+            None => cache.page.insert(page_io::new_page(src, session)?),
         };
-        let changed = page_io::advance_page(&self.conn, session, dialect, page)?;
+        let changed = page_io::advance_page(src, session, dialect, page)?;
         if !(changed || fresh) {
             return Ok(());
         }
@@ -312,8 +335,9 @@ impl Writer {
     /// Rewrite the given turns' transcript files, and the index when the
     /// session's facts or its list of turns changed (a step that only grows
     /// the newest turn leaves the index to the next deferred flush).
-    pub(super) fn write_transcripts(
+    fn write_transcripts(
         &mut self,
+        src: &dyn Source,
         session: &str,
         touched_turns: BTreeSet<u32>,
         index: bool,
@@ -333,7 +357,7 @@ impl Writer {
         let dialect = cache.meta.dialect;
         let mut turns_changed = meta_changed;
         if cache.summaries.is_none() {
-            cache.summaries = Some(turn_summaries(&self.conn, session, dialect)?);
+            cache.summaries = Some(src.turn_summaries(session, dialect)?);
             turns_changed = true;
         }
         for turn in touched_turns {
@@ -341,7 +365,7 @@ impl Writer {
                 Some(n) if n.turn == turn => (n.rows, n.sections),
                 other => {
                     cache.newest = other;
-                    (turn_rows(&self.conn, session, turn)?, HashMap::new())
+                    (src.turn_rows(session, turn)?, HashMap::new())
                 }
             };
             let path = self.dir.turn_file(session, turn);
@@ -402,19 +426,19 @@ impl Writer {
         }
         if !turns_changed {
             cache.index_dirty = true;
-            self.deferred_since.get_or_insert_with(Instant::now);
+            self.index_waiting = true;
             return Ok(());
         }
-        self.write_index(session)
+        self.write_index(src, session)
     }
 
     /// Write a session's `index.md` from the cached turn summaries.
-    pub(super) fn write_index(&mut self, session: &str) -> Result<(), StoreError> {
+    fn write_index(&mut self, src: &dyn Source, session: &str) -> Result<(), StoreError> {
         let Some(cache) = self.caches.get_mut(session) else {
             return Ok(());
         };
         if cache.summaries.is_none() {
-            cache.summaries = Some(turn_summaries(&self.conn, session, cache.meta.dialect)?);
+            cache.summaries = Some(src.turn_summaries(session, cache.meta.dialect)?);
         }
         let turns: Vec<TurnSummary> = cache
             .summaries
@@ -429,39 +453,6 @@ impl Writer {
         .map_err(io_err(&path))?;
         cache.index_dirty = false;
         Ok(())
-    }
-}
-
-/// One row's rendered section of a turn file.
-struct Section {
-    raw: Arc<str>,
-    tools: transcript::RowTools,
-    label: String,
-    text: String,
-}
-
-/// What a session misses on disk.
-struct Hole {
-    session: String,
-    /// Turn files of the active line that are missing.
-    turns: Vec<u32>,
-    /// `index.md` is missing.
-    index: bool,
-}
-
-impl Hole {
-    fn any(&self) -> bool {
-        self.index || !self.turns.is_empty()
-    }
-}
-
-impl SessionCache {
-    fn bytes(&self) -> usize {
-        if self.newest.is_some() {
-            self.newest_bytes
-        } else {
-            0
-        }
     }
 }
 
@@ -504,4 +495,127 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
             cache.page = None;
         }
     }
+}
+
+/// What [`write_session_files`] wrote.
+pub(crate) struct FilesWritten {
+    pub(crate) turns: u32,
+    pub(crate) removed: u32,
+    pub(crate) page: bool,
+}
+
+/// Write every file of a session from its active line (`visible`, by
+/// turn): each turn file and its line index, `index.md` (turn files the
+/// line no longer has removed) and `SESSION.md`. `done(rows)` is told after
+/// each turn.
+pub(crate) fn write_session_files(
+    src: &dyn Source,
+    dir: &DataDir,
+    meta: &SessionMeta,
+    visible: &BTreeMap<u32, Vec<Row>>,
+    done: &mut dyn FnMut(u64),
+) -> Result<FilesWritten, StoreError> {
+    let session = meta.id.as_str();
+    let dialect = meta.dialect;
+    let mut out = FilesWritten {
+        turns: 0,
+        removed: 0,
+        page: false,
+    };
+    let tdir = dir.transcript_dir(session);
+    paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
+    let mut summaries = Vec::with_capacity(visible.len());
+    for (turn, rows) in visible {
+        let path = dir.turn_file(session, *turn);
+        let (text, index) = transcript::render_turn_indexed(dialect, *turn, rows);
+        paths::write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        let path = dir.rows_file(session, *turn);
+        paths::write_atomic(&path, index.render().as_bytes()).map_err(io_err(&path))?;
+        if let Some(s) = transcript::summarize_turn(dialect, *turn, rows) {
+            summaries.push(s);
+        }
+        out.turns += 1;
+        done(rows.len() as u64);
+    }
+    // Turn files the active line no longer has.
+    let entries = std::fs::read_dir(&tdir).map_err(io_err(&tdir))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let Some(stem) = name.strip_suffix(".md") else {
+            continue;
+        };
+        let (stem, sidecar) = match stem.strip_suffix(".rows") {
+            Some(s) => (s, true),
+            None => (stem, false),
+        };
+        let Ok(turn) = stem.parse::<u32>() else {
+            continue;
+        };
+        if stem.len() >= 4 && !visible.contains_key(&turn) {
+            paths::remove_if_exists(&entry.path()).map_err(io_err(&entry.path()))?;
+            out.removed += u32::from(!sidecar);
+        }
+    }
+    let path = dir.index_file(session);
+    paths::write_atomic(&path, transcript::render_index(meta, &summaries).as_bytes())
+        .map_err(io_err(&path))?;
+    let mut page = page_io::new_page(src, session)?;
+    page_io::advance_page(src, session, dialect, &mut page)?;
+    out.page = page_io::write_page(dir, session, &page, &mut None)?;
+    Ok(out)
+}
+
+/// Write every file of a session again from the database (the search index
+/// is left alone): the writer's heal of a session whose file writes failed,
+/// whose files are missing, or another machine's `ledger rebuild`.
+pub(crate) fn rewrite_session_files(
+    src: &dyn Source,
+    dir: &DataDir,
+    session: &str,
+) -> Result<FilesWritten, StoreError> {
+    let meta = src
+        .session_meta(session)?
+        .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
+    let mut visible: BTreeMap<u32, Vec<Row>> = BTreeMap::new();
+    for row in src.visible_rows(session)? {
+        visible.entry(row.turn).or_default().push(row);
+    }
+    write_session_files(src, dir, &meta, &visible, &mut |_| {})
+}
+
+/// Create the files of a session that are missing (`turns` of its active
+/// line, `index`: its `index.md`), never replacing one; returns how many it
+/// wrote. The heal at open of a kill -9 between a commit and its files.
+pub(super) fn fill_missing(
+    src: &dyn Source,
+    dir: &DataDir,
+    session: &str,
+    turns: &[u32],
+    index: bool,
+) -> Result<usize, StoreError> {
+    let meta = src
+        .session_meta(session)?
+        .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
+    let tdir = dir.transcript_dir(session);
+    paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
+    let mut written = 0;
+    for &turn in turns {
+        let rows = src.turn_rows(session, turn)?;
+        let path = dir.turn_file(session, turn);
+        let (text, index) = transcript::render_turn_indexed(meta.dialect, turn, &rows);
+        written += usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+        let path = dir.rows_file(session, turn);
+        paths::write_new(&path, index.render().as_bytes()).map_err(io_err(&path))?;
+    }
+    if index {
+        let turns: Vec<TurnSummary> = src
+            .turn_summaries(session, meta.dialect)?
+            .into_values()
+            .collect();
+        let path = dir.index_file(session);
+        let text = transcript::render_index(&meta, &turns);
+        written += usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+    }
+    Ok(written)
 }

@@ -48,9 +48,8 @@ impl Store {
         let id = session.to_string();
         self.run_job(move |w| {
             w.shared.clear_behind(&id);
-            w.known.remove(&id);
-            w.caches.remove(&id);
-            sql::load_session(&w.conn, &id)
+            w.forget(&id);
+            sql::load_session(&w.db.conn, &id)
         })
     }
 

@@ -6,8 +6,7 @@ use super::error::StoreError;
 use super::page_io::{advance_page, new_page, write_page};
 use super::queue::Cmd;
 use super::sql::{now_ms, session_meta};
-use super::writer::Writer;
-use super::{rebuild, retention, Store};
+use super::{rebuild, retention, LiteWriter, Store};
 use crate::page::Note;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::retention::{SweepReport, VacuumReport};
@@ -21,10 +20,10 @@ impl Store {
     /// wait for its result (blocking; from async code use a blocking thread).
     pub(super) fn run_job<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Writer) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&mut LiteWriter) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Job(Box::new(move |w: &mut Writer| {
+        self.send_cmd(Cmd::Job(Box::new(move |w: &mut LiteWriter| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
                 .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
             let _ = tx.send(result);
@@ -42,8 +41,8 @@ impl Store {
     ) -> Result<RebuildReport, StoreError> {
         let session = session.to_string();
         self.run_job(move |w| {
-            w.caches.remove(&session);
-            rebuild::rebuild_session(&mut w.conn, &w.dir, &session, progress.as_ref())
+            w.files.forget(&session);
+            rebuild::rebuild_session(&mut w.db.conn, &w.dir, &session, progress.as_ref())
         })
     }
 
@@ -57,9 +56,9 @@ impl Store {
     /// [`Store::sweep`] with an explicit "now" (Unix ms), for tests.
     pub fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError> {
         self.run_job(move |w| {
-            let report = retention::sweep(&mut w.conn, &w.dir, days, now_ms)?;
+            let report = retention::sweep(&mut w.db.conn, &w.dir, days, now_ms)?;
             for id in &report.removed {
-                w.caches.remove(id);
+                w.forget(id);
             }
             w.shared
                 .sessions_removed
@@ -70,7 +69,7 @@ impl Store {
 
     /// Compact the database (`VACUUM`, search index optimized, WAL truncated).
     pub fn vacuum(&self) -> Result<VacuumReport, StoreError> {
-        self.run_job(|w| retention::vacuum(&mut w.conn, &w.dir))
+        self.run_job(|w| retention::vacuum(&mut w.db.conn, &w.dir))
     }
 
     /// Store model-merged lines for a session's `SESSION.md` and rewrite the page.
@@ -78,7 +77,7 @@ impl Store {
         let session = session.to_string();
         self.run_job(move |w| {
             {
-                let tx = w.conn.transaction()?;
+                let tx = w.db.conn.transaction()?;
                 {
                     let mut stmt = tx.prepare(
                         "INSERT INTO page_notes (session, turn, section, text, created_ms)
@@ -90,12 +89,12 @@ impl Store {
                 }
                 tx.commit()?;
             }
-            w.caches.remove(&session);
-            let Some(meta) = session_meta(&w.conn, &session)? else {
+            w.files.forget(&session);
+            let Some(meta) = session_meta(&w.db.conn, &session)? else {
                 return Err(StoreError::UnknownSession(session));
             };
-            let mut page = new_page(&w.conn, &session)?;
-            advance_page(&w.conn, &session, meta.dialect, &mut page)?;
+            let mut page = new_page(&w.db.conn, &session)?;
+            advance_page(&w.db.conn, &session, meta.dialect, &mut page)?;
             write_page(&w.dir, &session, &page, &mut None)?;
             Ok(())
         })
@@ -106,11 +105,11 @@ impl Store {
     pub fn page_backlog(&self, session: &str) -> Result<(u32, u32), StoreError> {
         let session = session.to_string();
         self.run_job(move |w| {
-            let meta = session_meta(&w.conn, &session)?
+            let meta = session_meta(&w.db.conn, &session)?
                 .ok_or_else(|| StoreError::UnknownSession(session.clone()))?;
-            let mut page = new_page(&w.conn, &session)?;
-            advance_page(&w.conn, &session, meta.dialect, &mut page)?;
-            let noted: i64 = w.conn.query_row(
+            let mut page = new_page(&w.db.conn, &session)?;
+            advance_page(&w.db.conn, &session, meta.dialect, &mut page)?;
+            let noted: i64 = w.db.conn.query_row(
                 "SELECT COALESCE(MAX(turn), 0) FROM page_notes WHERE session = ?1 AND section = ?2",
                 params![session, crate::merge::MARKER_SECTION],
                 |r| r.get(0),

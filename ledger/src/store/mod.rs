@@ -38,6 +38,7 @@ mod files;
 mod health;
 mod impls;
 mod jobs;
+mod lite;
 mod page_io;
 pub mod pg;
 mod queue;
@@ -45,6 +46,7 @@ mod reads;
 mod rebuild;
 mod retention;
 mod schema;
+mod source;
 mod sql;
 mod writer;
 
@@ -60,6 +62,7 @@ pub use schema::SCHEMA_VERSION;
 
 use crate::model::Event;
 use crate::paths::DataDir;
+use lite::Lite;
 use parking_lot::{Mutex, RwLock};
 use queue::{Admit, Cmd, Reply, Shared};
 use rusqlite::Connection;
@@ -72,6 +75,9 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::warn;
 use writer::Writer;
+
+/// The SQLite engine's writer.
+type LiteWriter = Writer<Lite>;
 
 /// Idle read connections kept for reuse.
 const READER_POOL: usize = 4;
@@ -117,7 +123,7 @@ struct Inner {
     dir: DataDir,
     db: PathBuf,
     busy: Duration,
-    tx: RwLock<Option<Sender<Cmd>>>,
+    tx: RwLock<Option<Sender<Cmd<LiteWriter>>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     shared: Arc<Shared>,
     /// Idle read connections, with the database generation they read.
@@ -174,15 +180,9 @@ impl Store {
         let conn = schema::open_writer(&db, opts.busy_timeout)?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::new(opts.queue_capacity, opts.queue_bytes));
-        let mut writer = Writer::new(
-            conn,
-            dir.clone(),
-            opts.busy_timeout,
-            rx,
-            shared.clone(),
-            opts.batch_max,
-        );
-        writer.heal_holes();
+        let lite = Lite::new(conn, dir.clone(), opts.busy_timeout, shared.clone());
+        let mut writer = Writer::new(lite, dir.clone(), rx, shared.clone(), opts.batch_max);
+        writer.db.heal_holes(&mut writer.files);
         let handle = std::thread::Builder::new()
             .name("oceancode-writer".into())
             .spawn(move || writer.run())
@@ -230,7 +230,7 @@ impl Store {
         })
     }
 
-    fn send_cmd(&self, cmd: Cmd) -> Result<(), StoreError> {
+    fn send_cmd(&self, cmd: Cmd<LiteWriter>) -> Result<(), StoreError> {
         let guard = self.inner.tx.read();
         let tx = guard.as_ref().ok_or(StoreError::Closed)?;
         tx.send(cmd).map_err(|_| StoreError::Closed)

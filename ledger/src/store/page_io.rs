@@ -4,29 +4,16 @@
 //! Shared by the live writer and `ledger rebuild`.
 
 use super::error::{io_err, StoreError};
-use super::sql::{read_row, to_i64, ROW_COLS};
+use super::source::Source;
 use crate::model::{Dialect, Row};
-use crate::page::{Note, Page};
+use crate::page::Page;
 use crate::paths::{self, DataDir};
-use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
 /// An empty page with the session's stored model-merged notes.
-pub(crate) fn new_page(c: &Connection, session: &str) -> Result<Page, StoreError> {
+pub(crate) fn new_page(src: &dyn Source, session: &str) -> Result<Page, StoreError> {
     let mut page = Page::new();
-    let mut stmt = c.prepare_cached(
-        "SELECT section, turn, text FROM page_notes WHERE session = ?1 ORDER BY id",
-    )?;
-    let notes = stmt
-        .query_map([session], |r| {
-            Ok(Note {
-                section: r.get(0)?,
-                turn: r.get::<_, i64>(1)? as u32,
-                text: r.get(2)?,
-            })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    page.add_notes(notes);
+    page.add_notes(src.page_notes(session)?);
     Ok(page)
 }
 
@@ -39,69 +26,37 @@ pub(crate) fn new_page(c: &Connection, session: &str) -> Result<Page, StoreError
 /// on the active line) is noted for the model merge. Returns whether
 /// anything changed.
 pub(crate) fn advance_page(
-    c: &Connection,
+    src: &dyn Source,
     session: &str,
     dialect: Dialect,
     page: &mut Page,
 ) -> Result<bool, StoreError> {
     let mut changed = false;
     if !page.has_goal() {
-        let first: Option<(i64, String)> = c
-            .prepare_cached(
-                "SELECT turn, raw FROM rows WHERE session = ?1 AND hidden = 0 AND kind = 'prompt'
-                 ORDER BY seq LIMIT 1",
-            )?
-            .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        if let Some((turn, raw)) = first {
-            page.set_goal(dialect, turn as u32, &raw);
+        if let Some((turn, raw)) = src.first_prompt(session)? {
+            page.set_goal(dialect, turn, &raw);
             changed = true;
         }
     }
-    let cuts: Vec<i64> = c
-        .prepare_cached(
-            "SELECT DISTINCT upto_seq FROM cuts WHERE session = ?1 AND upto_seq > ?2
-             ORDER BY upto_seq",
-        )?
-        .query_map(params![session, to_i64(page.merged_upto_seq())], |r| {
-            r.get(0)
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+    let cuts = src.cuts_after(session, page.merged_upto_seq())?;
     let Some(&upto) = cuts.last() else {
         return Ok(changed);
     };
-    let mut stmt = c.prepare_cached(&format!(
-        "SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq"
-    ))?;
     for cut in cuts {
         let mut turns: BTreeMap<u32, Vec<(Row, bool)>> = BTreeMap::new();
-        for r in stmt.query_map(
-            params![session, to_i64(page.merged_upto_seq()), cut],
-            read_row,
-        )? {
-            let (row, hidden) = r?;
+        for (row, hidden) in src.rows_between(session, page.merged_upto_seq(), cut)? {
             turns.entry(row.turn).or_default().push((row, hidden));
         }
         for (turn, rows) in turns {
             page.merge_turn(dialect, turn, &rows);
             changed = true;
         }
-        page.set_merged_upto(cut.max(0) as u64);
+        page.set_merged_upto(cut);
     }
-    let open: Option<i64> = c
-        .prepare_cached(
-            "SELECT turn FROM rows WHERE session = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
-        )?
-        .query_row(params![session, upto], |r| r.get(0))
-        .optional()?;
-    let newest: Option<i64> = c
-        .prepare_cached(
-            "SELECT turn FROM rows WHERE session = ?1 AND hidden = 0 ORDER BY seq DESC LIMIT 1",
-        )?
-        .query_row([session], |r| r.get(0))
-        .optional()?;
-    let limit = open.unwrap_or(i64::MAX).min(newest.unwrap_or(0));
-    page.set_whole_through(u32::try_from(limit.saturating_sub(1).max(0)).unwrap_or(u32::MAX));
+    let open = src.turn_after(session, upto)?;
+    let newest = src.newest_turn(session)?;
+    let limit = open.unwrap_or(u32::MAX).min(newest.unwrap_or(0));
+    page.set_whole_through(limit.saturating_sub(1));
     Ok(changed)
 }
 

@@ -10,7 +10,6 @@
 
 use super::backend::{Behind, BehindReason};
 use super::sql::now_ms;
-use super::writer::Writer;
 use crate::model::Event;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -401,11 +400,11 @@ impl Reply {
 }
 
 /// Work run on the writer thread, in queue order with the events (`W` is
-/// the engine's writer: SQLite's by default, PostgreSQL's in `pg`).
-pub(super) type Job<W = Writer> = Box<dyn FnOnce(&mut W) + Send>;
+/// the engine's writer).
+pub(super) type Job<W> = Box<dyn FnOnce(&mut W) + Send>;
 
 /// One command of the writer's queue.
-pub(super) enum Cmd<W = Writer> {
+pub(super) enum Cmd<W> {
     Event { ev: Event, id: u64, at: Instant },
     Settle(Reply),
     Job(Job<W>),

@@ -3,7 +3,9 @@
 //! decoding, a session's facts and rows, turn summaries, the bulk search-index
 //! writer, and the one policy for a stored dialect this build does not know.
 
-use super::backend::{LoadedSession, SentPointers, RECALLS_LIKE, SENT_LIKE};
+use super::backend::{
+    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
+};
 use super::error::StoreError;
 use crate::model::{Dialect, Row, RowKind, SessionMeta, Usage};
 use crate::parts;
@@ -195,23 +197,21 @@ fn sent_pointers(c: &Connection, id: &str) -> Result<Option<SentPointers>, Store
             |r| r.get(0),
         )
         .optional()?;
-    let mut err = None;
-    let p = super::backend::sent_pointers(newest.as_deref(), |step| {
-        c.query_row(
-            "SELECT detail FROM steps WHERE session = ?1 AND step = ?2",
-            params![id, step],
-            |r| r.get::<_, Option<String>>(0),
-        )
-        .optional()
-        .map_err(|e| err = Some(e))
-        .ok()
-        .flatten()
-        .flatten()
-    });
-    match err {
-        Some(e) => Err(e.into()),
-        None => Ok(p),
-    }
+    Ok(match pointers_at(newest.as_deref()) {
+        PointersAt::None => None,
+        PointersAt::Here(p) => Some(p),
+        PointersAt::Step { step, upto } => {
+            let detail: Option<String> = c
+                .query_row(
+                    "SELECT detail FROM steps WHERE session = ?1 AND step = ?2",
+                    params![id, step],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .flatten();
+            pointers_of_step(upto, detail.as_deref())
+        }
+    })
 }
 
 /// The recall tool's internal exchanges a session's steps kept, in step

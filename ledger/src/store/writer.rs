@@ -1,130 +1,239 @@
-//! The writer thread: takes what is queued (up to `batch_max`), applies it in
-//! one transaction (each event under its own savepoint, so a refused event
-//! does not sink its batch), commits, then brings the touched sessions' files
-//! up to date ([`super::files`]). Jobs (rebuild, sweep, vacuum, page notes)
-//! run here too, in queue order.
+//! The writer thread, one per store and the same on both engines: it takes
+//! what is queued (up to `batch_max`), has its engine ([`Db`]) apply it in
+//! one transaction (each event on its own, so a refused event does not sink
+//! its batch), commits, then brings the touched sessions' files up to date
+//! ([`super::files`]). Jobs (rebuild, sweep, vacuum, page notes) run here
+//! too, in queue order.
 //!
-//! Faults: a batch whose transaction fails (the database locked past the
-//! busy timeout, the disk full, an I/O error) is retried with bounded
-//! backoff and never dropped while the process lives (at shutdown it gets a
-//! grace period); one WARN line when commits start failing, one INFO line
-//! when they recover. The database file is checked before every batch and
-//! once a second when idle: deleted or replaced, it is opened afresh in its
-//! place (one ERROR line) and the sessions fall behind and heal. An event
-//! refused because it does not continue what is committed marks its session
-//! behind (see [`super::backend`]).
+//! Faults: a batch whose transaction fails for a reason of the environment
+//! (SQLite locked past the busy timeout, a full disk, an I/O error; the
+//! PostgreSQL connection lost or the server refusing) is retried with
+//! bounded backoff and never dropped while the process lives (at shutdown
+//! it gets a grace period); one WARN line when commits start failing, one
+//! INFO line when they recover. The database is checked before every batch
+//! and once a second when idle ([`Db::ensure`]): SQLite's file deleted or
+//! replaced is opened afresh in its place, a lost PostgreSQL connection is
+//! made again. An event refused because it does not continue what is
+//! committed marks its session behind (see [`super::backend`]).
+//!
+//! The engines differ only in [`Db`]: SQLite's is [`super::lite::Lite`],
+//! PostgreSQL's `pg::writer::PgDb`.
 
-use super::apply::{apply_event, learn, FtsJob, Known, Outcome, Touch};
 use super::backend::{BehindReason, LAG_WINDOW};
-use super::error::{io_err, StoreError};
-use super::files::SessionCache;
+use super::error::StoreError;
+use super::files::Files;
 use super::queue::{Cmd, Fault, Shared};
-use super::schema;
-use super::sql::{session_dialect, TextBatch};
-use crate::model::Event;
+use super::source::Source;
+use crate::model::{Dialect, Event, Row, SessionMeta};
 use crate::paths::DataDir;
-use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
-/// Sessions whose newest turn / turn index the writer keeps in memory.
-pub(super) const CACHE_SESSIONS: usize = 1024;
-/// Bytes of cached newest-turn rows and rendered sections across sessions
-/// beyond which the least recently used session's cache is dropped.
-pub(super) const CACHE_BYTES: usize = 256 << 20;
-/// Longest a deferred write (a session's `index.md`, the full-text index of
-/// new rows) waits behind the events; `settle`, jobs and shutdown flush it
-/// at once.
+/// Longest a deferred write (a session's `index.md`, SQLite's full-text
+/// index of new rows) waits behind the events; `settle`, jobs and shutdown
+/// flush it at once.
 pub(super) const DEFER_MAX: Duration = Duration::from_millis(1000);
-/// Rows waiting for the full-text index that force a flush.
-const FTS_BATCH: usize = 1024;
-/// Sessions whose facts the writer keeps (beyond it, the map starts over).
-const KNOWN_SESSIONS: usize = 100_000;
-/// How often an idle writer checks that its database file is still there.
+/// Items of an engine's deferred work that force a flush.
+const DEFER_BATCH: usize = 1024;
+/// How often an idle writer checks its database.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// First and longest wait between attempts of a failing batch.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// First and longest wait before failed file writes are tried again.
-pub(super) const FILES_RETRY_MIN: Duration = Duration::from_secs(1);
-pub(super) const FILES_RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long a failing batch is still retried once shutdown was asked for.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The identity of a file (device, inode).
-type FileId = (u64, u64);
+/// One queued event as the writer holds it: the event, its queue id, when
+/// it was queued.
+pub(super) type Queued = (Event, u64, Instant);
 
-fn file_id(path: &std::path::Path) -> Option<FileId> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// What a committed event changes in the writer's caches.
+pub(super) enum Effect {
+    Meta(SessionMeta),
+    Append(Vec<Row>),
+    Confirm { seq: u64, turn: u32, raw: Arc<str> },
+    Invalidate,
 }
 
-/// Whether an SQLite error is the environment's (locks, space, I/O, a
-/// read-only or vanished file) and worth retrying, rather than the event's.
-pub(super) fn transient(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(
-            ErrorCode::DatabaseBusy
-                | ErrorCode::DatabaseLocked
-                | ErrorCode::DiskFull
-                | ErrorCode::SystemIoFailure
-                | ErrorCode::ReadOnly
-                | ErrorCode::CannotOpen
-                | ErrorCode::OutOfMemory
-                | ErrorCode::FileLockingProtocolFailed
-        )
-    )
+/// What a batch changed of one session: caches to update, files to write.
+#[derive(Default)]
+pub(super) struct Touch {
+    pub(super) effects: Vec<Effect>,
+    pub(super) turns: BTreeSet<u32>,
+    /// The session's facts or its list of turns may change: `index.md`.
+    pub(super) index: bool,
+    /// Rows, cuts, branches or confirms: `SESSION.md` may change.
+    pub(super) page: bool,
 }
 
-/// One queued event as the writer holds it.
-type Queued = (Event, u64, Instant);
+/// What applying one event did.
+pub(super) enum Outcome {
+    /// Applied: its cache effect, the turns it touched, whether the index changes.
+    Applied(Option<Effect>, Vec<u32>, bool),
+    /// Refused (nothing written), and why.
+    Refused(String),
+}
 
 /// What one successful attempt at a batch did.
-struct Applied {
-    touched: BTreeMap<String, Touch>,
-    refused: u64,
+#[derive(Default)]
+pub(super) struct Applied {
+    pub(super) touched: BTreeMap<String, Touch>,
+    pub(super) refused: u64,
     /// Sessions that fall behind with this batch: (session, event id,
     /// reason, why).
-    behind: Vec<(String, u64, BehindReason, String)>,
+    pub(super) behind: Vec<(String, u64, BehindReason, String)>,
     /// Events skipped because their session fell behind earlier in the batch.
-    skipped: u64,
+    pub(super) skipped: u64,
+    /// Sessions that fell behind in this batch (their later events skipped).
+    fallen: HashSet<String>,
+}
+
+impl Applied {
+    /// Whether `ev` is skipped because its session fell behind earlier in
+    /// the batch (counted).
+    pub(super) fn skips(&mut self, ev: &Event) -> bool {
+        let skip = self.fallen.contains(ev.session());
+        self.skipped += u64::from(skip);
+        skip
+    }
+
+    /// `ev` was applied: what it changes of its session.
+    pub(super) fn applied(
+        &mut self,
+        ev: &Event,
+        effect: Option<Effect>,
+        turns: Vec<u32>,
+        index: bool,
+    ) {
+        let t = self.touched.entry(ev.session().to_string()).or_default();
+        t.effects.extend(effect);
+        t.turns.extend(turns);
+        t.index |= index;
+        t.page |= !matches!(
+            ev,
+            Event::Session(_) | Event::Step { .. } | Event::Line { .. } | Event::ContextEdit { .. }
+        );
+    }
+
+    /// `ev` (queue id `id`) was refused: its session falls behind.
+    pub(super) fn refused(&mut self, ev: &Event, id: u64, reason: BehindReason, why: String) {
+        let session = ev.session().to_string();
+        self.refused += 1;
+        self.fallen.insert(session.clone());
+        self.behind.push((session, id, reason, why));
+    }
+}
+
+/// Facts of a session the writer has committed events for, so a step does
+/// not query for them.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Known {
+    pub(super) dialect: Option<Dialect>,
+    /// The seq the next `Rows` event must start at (None = ask the database).
+    pub(super) next_seq: Option<u64>,
+    /// PostgreSQL: the session's partition day.
+    pub(super) day: Option<i64>,
+}
+
+/// What a committed event teaches the writer about its session.
+pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
+    match ev {
+        Event::Session(m) => {
+            known.entry(m.id.clone()).or_default().dialect = Some(m.dialect);
+        }
+        Event::Rows { session, rows } => {
+            if let Some(last) = rows.last() {
+                known.entry(session.clone()).or_default().next_seq = Some(last.seq + 1);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Why `rows` do not continue a session whose next seq is `expected`
+/// (None = they do: they start there and have no gap). What is on disk
+/// stays a gap-free, in-order prefix.
+pub(super) fn rows_gap(rows: &[Row], expected: u64) -> Option<String> {
+    let first = rows.first()?;
+    if first.seq != expected {
+        return Some(format!(
+            "rows start at seq {} but the ledger expects {expected}",
+            first.seq
+        ));
+    }
+    rows.windows(2)
+        .find(|w| w[1].seq != w[0].seq + 1)
+        .map(|w| format!("rows jump from seq {} to {}", w[0].seq, w[1].seq))
+}
+
+/// How [`Db::ensure`] found the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reopen {
+    /// As it was.
+    No,
+    /// Connected again to the same data (PostgreSQL): what the writer
+    /// cached may be stale (another proxy may have written meanwhile).
+    Reconnected,
+    /// A fresh, empty database in place of one that vanished (SQLite's
+    /// file deleted or replaced): every cache and every pending file
+    /// repair is void.
+    Fresh,
+}
+
+/// The engine's half of the writer: its database.
+pub(super) trait Db: Send + 'static {
+    /// Make sure the database can be written (SQLite: the file at its path
+    /// is the one open; PostgreSQL: the connection is alive).
+    fn ensure(&mut self) -> Result<Reopen, StoreError>;
+    /// One attempt at a batch in one transaction; on an error nothing of
+    /// it is kept, and the engine forgets what the attempt taught it.
+    fn apply(&mut self, events: &[Queued]) -> Result<Applied, StoreError>;
+    /// The reads the files are rendered from.
+    fn source(&self) -> &dyn Source;
+    /// Items of work the engine deferred behind the events (SQLite's
+    /// full-text index of new rows).
+    fn deferred(&self) -> usize {
+        0
+    }
+    /// Do the deferred work; whether some of it still waits (a transient
+    /// failure: tried again at the next flush).
+    fn flush_deferred(&mut self) -> bool {
+        false
+    }
+    /// Work due between batches and when idle (PostgreSQL renews its
+    /// session leases), and when it is due next.
+    fn housekeeping(&mut self) {}
+    fn next_housekeeping(&self) -> Option<Instant> {
+        None
+    }
+    /// Forget what the engine knows of a session (a job changed it), or
+    /// of every session.
+    fn forget(&mut self, session: &str);
+    fn forget_all(&mut self);
+    /// Sessions falling behind now are expected (the database was opened
+    /// afresh): logged at debug, not a WARN each.
+    fn quiet_behind(&self) -> bool {
+        false
+    }
+    /// The writer stops: let go of what the engine holds (leases).
+    fn stop(&mut self) {}
 }
 
 /// The writer thread's state.
-pub(crate) struct Writer {
-    pub(super) conn: Connection,
+pub(crate) struct Writer<D: Db> {
+    pub(super) db: D,
+    pub(super) files: Files,
     pub(super) dir: DataDir,
-    db: PathBuf,
-    /// What `db` was when it was opened (None = unknown).
-    db_id: Option<FileId>,
-    busy: Duration,
-    rx: Receiver<Cmd>,
     pub(super) shared: Arc<Shared>,
+    rx: Receiver<Cmd<Writer<D>>>,
     batch_max: usize,
-    pub(super) caches: HashMap<String, SessionCache>,
-    pub(super) tick: u64,
-    /// Committed rows not yet in the full-text index.
-    pub(super) fts_pending: Vec<FtsJob>,
-    /// Since when something deferred waits (`index.md`, `fts_pending`).
-    pub(super) deferred_since: Option<Instant>,
-    /// What the writer knows of sessions it has seen, so a step does not
-    /// query for it.
-    pub(super) known: HashMap<String, Known>,
-    /// Sessions whose file writes failed: all their files are written again
-    /// once writes succeed.
-    pub(super) files_failing: BTreeSet<String>,
-    /// When failed file writes are tried next, and the wait after that.
-    pub(super) files_retry: (Instant, Duration),
-    /// The database was opened afresh: sessions falling behind now are
-    /// expected (not a WARN each).
-    reopened: bool,
+    /// Since when something deferred waits (`index.md`, the engine's).
+    deferred_since: Option<Instant>,
     /// When the idle check last ran.
     checked: Instant,
     /// When a failing batch first saw shutdown asked for.
@@ -133,33 +242,22 @@ pub(crate) struct Writer {
     gave_up: bool,
 }
 
-impl Writer {
+impl<D: Db> Writer<D> {
     pub(super) fn new(
-        conn: Connection,
+        db: D,
         dir: DataDir,
-        busy: Duration,
-        rx: Receiver<Cmd>,
+        rx: Receiver<Cmd<Writer<D>>>,
         shared: Arc<Shared>,
         batch_max: usize,
-    ) -> Writer {
-        let db = dir.db_path();
+    ) -> Writer<D> {
         Writer {
-            db_id: file_id(&db),
+            files: Files::new(dir.clone(), shared.clone()),
             db,
-            conn,
             dir,
-            busy,
-            rx,
             shared,
+            rx,
             batch_max: batch_max.max(1),
-            caches: HashMap::new(),
-            tick: 0,
-            fts_pending: Vec::new(),
             deferred_since: None,
-            known: HashMap::new(),
-            files_failing: BTreeSet::new(),
-            files_retry: (Instant::now(), FILES_RETRY_MIN),
-            reopened: false,
             checked: Instant::now(),
             stop_seen: None,
             gave_up: false,
@@ -196,7 +294,7 @@ impl Writer {
                         self.process(std::mem::take(&mut events));
                         self.flush_deferred(true);
                         job(&mut self);
-                        self.known.clear();
+                        self.db.forget_all();
                     }
                     Cmd::Shutdown => stop = true,
                 }
@@ -205,7 +303,7 @@ impl Writer {
             let due = self
                 .deferred_since
                 .is_some_and(|since| since.elapsed() >= DEFER_MAX);
-            if stop || due || !replies.is_empty() || self.fts_pending.len() >= FTS_BATCH {
+            if stop || due || !replies.is_empty() || self.db.deferred() >= DEFER_BATCH {
                 self.flush_deferred(stop || !replies.is_empty());
             }
             for r in replies {
@@ -214,73 +312,68 @@ impl Writer {
             if stop {
                 break;
             }
+            self.db.housekeeping();
         }
         self.flush_deferred(true);
+        self.db.stop();
         debug!("ledger writer stopped");
+    }
+
+    /// Forget what the writer cached of a session (a job changed it).
+    pub(super) fn forget(&mut self, session: &str) {
+        self.files.forget(session);
+        self.db.forget(session);
     }
 
     /// How long an idle writer waits for the next command.
     fn next_wake(&self) -> Duration {
-        let now = Instant::now();
         let mut at = self.checked + CHECK_EVERY;
         if let Some(since) = self.deferred_since {
             at = at.min(since + DEFER_MAX);
         }
-        if !self.files_failing.is_empty() {
-            at = at.min(self.files_retry.0);
+        if let Some(retry) = self.files.next_retry() {
+            at = at.min(retry);
         }
-        at.saturating_duration_since(now)
+        if let Some(h) = self.db.next_housekeeping() {
+            at = at.min(h);
+        }
+        at.saturating_duration_since(Instant::now())
     }
 
-    /// Nothing queued: check the database file, flush what is due, try
-    /// failed file writes again.
+    /// Nothing queued: check the database, do the engine's housekeeping,
+    /// flush what is due, try failed file writes again.
     fn idle(&mut self) {
         if self.checked.elapsed() >= CHECK_EVERY {
             self.checked = Instant::now();
-            if let Err(e) = self.ensure_db() {
-                self.commit_failed(&e, 0);
-            } else {
-                self.commit_recovered();
+            match self.ensure() {
+                Ok(()) => self.commit_recovered(),
+                Err(e) => self.commit_failed(&e, 0),
             }
         }
+        self.db.housekeeping();
         let due = self
             .deferred_since
             .is_some_and(|since| since.elapsed() >= DEFER_MAX);
-        if due || (!self.files_failing.is_empty() && Instant::now() >= self.files_retry.0) {
+        if due || self.files.retry_due(false) {
             self.flush_deferred(false);
         }
     }
 
-    /// Make sure the connection writes to the file at the database path: if
-    /// the file was deleted or replaced (the data dir removed while serving),
-    /// open a fresh ledger there. Everything the writer cached is dropped;
-    /// sessions fall behind at their next event and heal from their resends.
-    fn ensure_db(&mut self) -> Result<(), StoreError> {
-        let now = file_id(&self.db);
-        if now.is_some() && now == self.db_id {
-            return Ok(());
+    /// [`Db::ensure`], dropping what a reopen made stale.
+    fn ensure(&mut self) -> Result<(), StoreError> {
+        match self.db.ensure()? {
+            Reopen::No => {}
+            Reopen::Reconnected => {
+                self.files.clear_caches();
+                self.db.forget_all();
+            }
+            Reopen::Fresh => {
+                self.files.clear_caches();
+                self.files.clear_failing();
+                self.db.forget_all();
+                self.shared.generation.fetch_add(1, Ordering::Release);
+            }
         }
-        if self.db_id.is_some() {
-            error!(
-                db = %self.db.display(),
-                "the ledger database was deleted or replaced while serving; opening a fresh ledger in its place (live sessions record again from their clients' next full resend)"
-            );
-            self.db_id = None;
-            self.shared.reopens.fetch_add(1, Ordering::Relaxed);
-        }
-        self.dir.ensure_root().map_err(io_err(self.dir.root()))?;
-        let conn = schema::open_writer(&self.db, self.busy)?;
-        self.conn = conn;
-        self.db_id = file_id(&self.db);
-        self.caches.clear();
-        self.known.clear();
-        self.fts_pending.clear();
-        self.files_failing.clear();
-        self.reopened = true;
-        self.shared.generation.fetch_add(1, Ordering::Release);
-        let mut f = self.shared.faults.lock();
-        f.files = None;
-        f.files_sessions = 0;
         Ok(())
     }
 
@@ -319,78 +412,23 @@ impl Writer {
     }
 
     /// Write what waits: the `index.md` of sessions whose turns did not
-    /// change since it was last written, the full-text index of new rows,
-    /// and (when due, or `force`d by a settle, a job or shutdown) every file
-    /// of the sessions whose file writes failed.
+    /// change since it was last written, the engine's deferred work, and
+    /// (when due, or `force`d by a settle, a job or shutdown) every file of
+    /// the sessions whose file writes failed.
     pub(super) fn flush_deferred(&mut self, force: bool) {
         self.deferred_since = None;
-        let dirty: Vec<String> = self
-            .caches
-            .iter()
-            .filter(|(_, c)| c.index_dirty)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for session in dirty {
-            if let Err(e) = self.write_index(&session) {
-                self.files_failed(&session, &e);
-            }
+        self.files.flush_indexes(self.db.source());
+        if self.files.retry_due(force) {
+            self.files.retry(self.db.source());
         }
-        if !self.files_failing.is_empty() && (force || Instant::now() >= self.files_retry.0) {
-            self.retry_files();
+        if self.db.deferred() > 0 && self.db.flush_deferred() {
+            self.deferred_since = Some(Instant::now());
         }
-        if self.fts_pending.is_empty() {
-            return;
-        }
-        let jobs = std::mem::take(&mut self.fts_pending);
-        match self.index_text(&jobs) {
-            Ok(()) => {}
-            Err(StoreError::Sqlite(e)) if transient(&e) => {
-                // Tried again with the next flush.
-                debug!("ledger search index of {} rows deferred: {e}", jobs.len());
-                self.fts_pending = jobs;
-                self.deferred_since = Some(Instant::now());
-            }
-            Err(e) => {
-                // The rows are committed; the next open indexes what is missing.
-                warn!("ledger search index of {} rows: {e}", jobs.len());
-            }
-        }
-    }
-
-    /// Index rows for full-text search, in one transaction (rows of a
-    /// session whose dialect this build does not know are skipped).
-    fn index_text(&mut self, jobs: &[FtsJob]) -> Result<(), StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut batch = TextBatch::default();
-        let mut unknown: HashSet<&str> = HashSet::new();
-        for job in jobs {
-            if unknown.contains(job.session.as_str()) {
-                continue;
-            }
-            let known = self.known.entry(job.session.clone()).or_default();
-            let dialect = match known.dialect {
-                Some(d) => d,
-                None => match session_dialect(&tx, &job.session) {
-                    Ok(d) => *known.dialect.insert(d),
-                    Err(StoreError::Corrupt(why)) => {
-                        warn!("search index: {why}; its rows are not indexed");
-                        unknown.insert(&job.session);
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                },
-            };
-            batch.push(&tx, &job.session, job.seq, dialect, &job.raw)?;
-        }
-        batch.flush(&tx)?;
-        tx.commit()?;
-        Ok(())
     }
 
     /// Commit a batch: events of sessions behind are dropped, the rest is
-    /// applied in one transaction, retried until it commits.
+    /// applied in one transaction, retried until it commits; then the
+    /// touched sessions' files are written.
     fn process(&mut self, events: Vec<Queued>) {
         if events.is_empty() {
             return;
@@ -419,6 +457,9 @@ impl Writer {
             self.shared.forget(events.iter().map(|(_, id, _)| *id));
             return;
         };
+        if self.db.deferred() > 0 {
+            self.deferred_since.get_or_insert_with(Instant::now);
+        }
         let committed = Instant::now();
         let s = &self.shared;
         s.batches.fetch_add(1, Ordering::Relaxed);
@@ -436,7 +477,7 @@ impl Writer {
         }
         for (session, id, reason, why) in &applied.behind {
             if s.mark_behind(session, *id, *reason) {
-                if self.reopened {
+                if self.db.quiet_behind() {
                     debug!(session = %session, "ledger session behind after the reopen: {why}");
                 } else {
                     warn!(
@@ -450,14 +491,19 @@ impl Writer {
         for (session, touch) in applied.touched {
             // Rendering reads arbitrary client JSON: never let a bug there
             // take the writer (and the database) down.
+            let src = self.db.source();
+            let files = &mut self.files;
             let written =
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.write_files(&session, touch)))
+                std::panic::catch_unwind(AssertUnwindSafe(|| files.write(src, &session, touch)))
                     .unwrap_or_else(|_| {
                         Err(StoreError::Corrupt("transcript renderer panicked".into()))
                     });
             if let Err(e) = written {
-                self.files_failed(&session, &e);
+                self.files.failed(&session, &e);
             }
+        }
+        if self.files.index_waiting() {
+            self.deferred_since.get_or_insert_with(Instant::now);
         }
     }
 
@@ -467,7 +513,7 @@ impl Writer {
     fn commit_batch(&mut self, events: &[Queued]) -> Option<Applied> {
         let mut backoff = BACKOFF_MIN;
         loop {
-            let attempt = self.ensure_db().and_then(|()| self.apply_batch(events));
+            let attempt = self.ensure().and_then(|()| self.db.apply(events));
             match attempt {
                 Ok(applied) => {
                     self.commit_recovered();
@@ -487,72 +533,5 @@ impl Writer {
                 }
             }
         }
-    }
-
-    /// One attempt at a batch in one transaction; rolled back entirely on an
-    /// error of the environment.
-    fn apply_batch(&mut self, events: &[Queued]) -> Result<Applied, StoreError> {
-        let fts_mark = self.fts_pending.len();
-        let result = self.apply_events(events);
-        if result.is_err() {
-            // Rolled back: forget what this attempt queued or learned.
-            self.fts_pending.truncate(fts_mark);
-            self.known.clear();
-        } else if self.fts_pending.len() > fts_mark {
-            self.deferred_since.get_or_insert_with(Instant::now);
-        }
-        result
-    }
-
-    fn apply_events(&mut self, events: &[Queued]) -> Result<Applied, StoreError> {
-        if self.known.len() > KNOWN_SESSIONS {
-            self.known.clear();
-        }
-        let mut tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut out = Applied {
-            touched: BTreeMap::new(),
-            refused: 0,
-            behind: Vec::new(),
-            skipped: 0,
-        };
-        let mut fallen: HashSet<String> = HashSet::new();
-        for (ev, id, _) in events {
-            let session = ev.session();
-            if fallen.contains(session) {
-                out.skipped += 1;
-                continue;
-            }
-            let sp = tx.savepoint()?;
-            let mark = self.fts_pending.len();
-            let (reason, why) = match apply_event(&sp, ev, &mut self.fts_pending, &self.known) {
-                Ok(Outcome::Applied(effect, turns, index)) => {
-                    sp.commit()?;
-                    learn(&mut self.known, ev);
-                    let t = out.touched.entry(session.to_string()).or_default();
-                    t.effects.extend(effect);
-                    t.turns.extend(turns);
-                    t.index |= index;
-                    t.page |= !matches!(
-                        ev,
-                        Event::Session(_)
-                            | Event::Step { .. }
-                            | Event::Line { .. }
-                            | Event::ContextEdit { .. }
-                    );
-                    continue;
-                }
-                Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),
-                Err(e) if transient(&e) => return Err(e.into()),
-                Err(e) => (BehindReason::Failed, e.to_string()),
-            };
-            self.fts_pending.truncate(mark);
-            out.refused += 1;
-            fallen.insert(session.to_string());
-            out.behind.push((session.to_string(), *id, reason, why));
-        }
-        tx.commit()?;
-        Ok(out)
     }
 }

@@ -4,11 +4,13 @@
 //! session by session), vacuum, model-merged page notes, the page backlog.
 
 use super::super::error::StoreError;
-use super::super::page_io::write_page;
-use super::super::sql::{now_ms, stored_dialect};
+use super::super::files::rewrite_session_files;
+use super::super::page_io::{advance_page, new_page, write_page};
+use super::super::source::Source;
+use super::super::sql::now_ms;
 use super::schema::{partition_days, partition_names, NOW_MS};
-use super::sql::{advance_page, new_page, read_row, session_meta, write_session_files, ROW_COLS};
-use super::writer::PgWriter;
+use super::sql::{read_row, session_meta, ROW_COLS};
+use super::PgWriter;
 use crate::page::Note;
 use crate::parts;
 use crate::rebuild::{Progress, RebuildReport};
@@ -35,8 +37,8 @@ pub(super) fn rebuild(
 ) -> Result<RebuildReport, StoreError> {
     w.forget(session);
     let dir = w.dir.clone();
-    let (rt, c) = w.parts()?;
-    rt.block_on(async {
+    let (rt, c) = w.db.parts()?;
+    let total = rt.block_on(async {
         let meta = session_meta(&*c, session)
             .await?
             .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
@@ -48,11 +50,6 @@ pub(super) fn rebuild(
             )
             .await?;
         let total = rows.len() as u64;
-        let tick = |done: u64| {
-            if let Some(p) = progress {
-                p(done, total);
-            }
-        };
         tx.execute("DELETE FROM row_text WHERE session = $1", &[&session])
             .await?;
         let mut seqs = Vec::with_capacity(rows.len());
@@ -71,16 +68,22 @@ pub(super) fn rebuild(
         )
         .await?;
         tx.commit().await?;
-        tick(total / 2);
-        let files = write_session_files(&*c, &dir, session).await?;
-        tick(total);
-        Ok(RebuildReport {
-            session: session.to_string(),
-            rows: total,
-            turns: files.turns,
-            removed: files.removed,
-            page: files.page,
-        })
+        Ok::<_, StoreError>(total)
+    })?;
+    let tick = |done: u64| {
+        if let Some(p) = progress {
+            p(done, total);
+        }
+    };
+    tick(total / 2);
+    let files = rewrite_session_files(&w.db, &dir, session)?;
+    tick(total);
+    Ok(RebuildReport {
+        session: session.to_string(),
+        rows: total,
+        turns: files.turns,
+        removed: files.removed,
+        page: files.page,
     })
 }
 
@@ -98,8 +101,8 @@ pub(super) fn sweep(w: &mut PgWriter, days: u32, now_ms: i64) -> Result<SweepRep
     let dir = w.dir.clone();
     // Held by another live proxy (this one's own holds do not keep a
     // session idle that long: it left memory and was let go).
-    let me = w.owner().replace('\'', "''");
-    let (rt, c) = w.parts()?;
+    let me = w.db.owner().replace('\'', "''");
+    let (rt, c) = w.db.parts()?;
     let removed = rt.block_on(async {
         let mut removed: Vec<(String, i64)> = Vec::new();
         let held = format!(
@@ -187,7 +190,7 @@ pub(super) fn sweep(w: &mut PgWriter, days: u32, now_ms: i64) -> Result<SweepRep
             _ => {}
         }
         w.forget(&id);
-        w.unhold(&id);
+        w.db.unhold(&id);
         report.removed.push(id);
     }
     w.shared
@@ -232,7 +235,7 @@ async fn delete_session(c: &mut Client, id: &str) -> Result<u64, StoreError> {
 /// statistics fresh, without the exclusive lock of `VACUUM FULL` (other
 /// proxies keep writing). Reports the database's size.
 pub(super) fn vacuum(w: &mut PgWriter) -> Result<VacuumReport, StoreError> {
-    let (rt, c) = w.parts()?;
+    let (rt, c) = w.db.parts()?;
     rt.block_on(async {
         let size = "SELECT pg_database_size(current_database())";
         let before: i64 = c.query_one(size, &[]).await?.get(0);
@@ -254,8 +257,7 @@ pub(super) fn add_page_notes(
     notes: Vec<Note>,
 ) -> Result<(), StoreError> {
     w.forget(session);
-    let dir = w.dir.clone();
-    let (rt, c) = w.parts()?;
+    let (rt, c) = w.db.parts()?;
     rt.block_on(async {
         let tx = c.transaction().await?;
         for n in &notes {
@@ -267,34 +269,31 @@ pub(super) fn add_page_notes(
             .await?;
         }
         tx.commit().await?;
-        let meta = session_meta(&*c, session)
-            .await?
+        Ok::<_, StoreError>(())
+    })?;
+    let meta =
+        w.db.session_meta(session)?
             .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
-        let mut page = new_page(&*c, session).await?;
-        advance_page(&*c, session, meta.dialect, &mut page).await?;
-        write_page(&dir, session, &page, &mut None)?;
-        Ok(())
-    })
+    let mut page = new_page(&w.db, session)?;
+    advance_page(&w.db, session, meta.dialect, &mut page)?;
+    write_page(&w.dir, session, &page, &mut None)?;
+    Ok(())
 }
 
 pub(super) fn page_backlog(w: &mut PgWriter, session: &str) -> Result<(u32, u32), StoreError> {
-    let (rt, c) = w.parts()?;
-    rt.block_on(async {
-        let r = c
-            .query_opt("SELECT dialect FROM sessions WHERE id = $1", &[&session])
-            .await?
+    w.db.parts()?;
+    let meta =
+        w.db.session_meta(session)?
             .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
-        let dialect = stored_dialect(session, &r.get::<_, String>(0))?;
-        let mut page = new_page(&*c, session).await?;
-        advance_page(&*c, session, dialect, &mut page).await?;
-        let noted: i64 = c
-            .query_one(
-                "SELECT COALESCE(MAX(turn), 0)::bigint FROM page_notes
-                 WHERE session = $1 AND section = $2",
-                &[&session, &crate::merge::MARKER_SECTION],
-            )
-            .await?
-            .get(0);
-        Ok((noted.max(0) as u32 + 1, page.whole_through()))
-    })
+    let mut page = new_page(&w.db, session)?;
+    advance_page(&w.db, session, meta.dialect, &mut page)?;
+    let (rt, c) = w.db.parts()?;
+    let noted: i64 = rt
+        .block_on(c.query_one(
+            "SELECT COALESCE(MAX(turn), 0)::bigint FROM page_notes
+             WHERE session = $1 AND section = $2",
+            &[&session, &crate::merge::MARKER_SECTION],
+        ))?
+        .get(0);
+    Ok((noted.max(0) as u32 + 1, page.whole_through()))
 }

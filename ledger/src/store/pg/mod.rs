@@ -30,9 +30,11 @@
 //! runtime of the store's and are waited for from any thread (a tokio
 //! worker included, like the SQLite engine's blocking reads).
 
+mod apply;
 mod jobs;
 mod reads;
 mod schema;
+mod source;
 mod sql;
 mod writer;
 
@@ -64,7 +66,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_postgres::{Config, NoTls};
 use tracing::warn;
-use writer::PgWriter;
+use writer::PgDb;
+
+/// The PostgreSQL engine's writer.
+type PgWriter = super::writer::Writer<PgDb>;
 
 /// Connections of the readers' pool.
 const READERS: usize = 4;
@@ -245,7 +250,8 @@ impl PgStore {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                PgWriter::new(wrt, config, client, wdir, rx, wshared, wleases, batch_max).run();
+                let db = PgDb::new(wrt, config, client, wleases);
+                PgWriter::new(db, wdir, rx, wshared, batch_max).run();
             })
             .map_err(io_err(data_dir))?;
         match ready_rx.recv() {
@@ -441,7 +447,7 @@ impl LedgerWrite for PgStore {
         self.run_job(move |w| {
             w.shared.clear_behind(&id);
             w.forget(&id);
-            let (rt, c) = w.parts()?;
+            let (rt, c) = w.db.parts()?;
             rt.block_on(sql::load_session(&*c, &id))
         })
     }
@@ -473,7 +479,10 @@ impl LedgerWrite for PgStore {
     }
     fn release(&self, session: &str) {
         let id = session.to_string();
-        let _ = self.send_cmd(Cmd::Job(Box::new(move |w: &mut PgWriter| w.release(&id))));
+        let _ = self.send_cmd(Cmd::Job(Box::new(move |w: &mut PgWriter| {
+            w.files.forget(&id);
+            w.db.release(&id);
+        })));
     }
     fn shutdown(&self) -> Result<(), StoreError> {
         self.inner.shutdown()
