@@ -3,14 +3,17 @@
 # scale, the ledger writer and export, and the context-efficiency simulator.
 # Everything runs on loopback and stops by itself. See docs/benchmarks.md.
 #
-#   bench/run.sh [full|quick] [overhead] [scale] [ledger] [sim] [criterion]
+#   bench/run.sh [full|quick] [overhead] [scale] [ledger] [sim] [criterion] [fleet]
 #
 # BASELINE=DIR (a folder holding an earlier build's oceancode-proxy and
 # oceancode-ledger-bench) adds that build as one more target,
 # `oceancode-proxy@before`, run in the same rounds: before and after side by
 # side in one run.
 #
-# With no section named, all but `criterion` run. `quick` shrinks every
+# `fleet` (issue 17: one vs two proxies on one PostgreSQL ledger behind
+# nginx) needs Debian's postgresql and nginx; it starts its own cluster.
+#
+# With no section named, all but `criterion` and `fleet` run. `quick` shrinks every
 # request count (a smoke run, a few minutes); `full` is what
 # docs/benchmarks.md reports. The report (Markdown) is written to
 # $OUT/report.md (default target/bench/) and printed.
@@ -23,7 +26,7 @@ SECTIONS=()
 for a in "$@"; do
     case "$a" in
         full | quick) MODE=$a ;;
-        overhead | scale | ledger | sim | criterion) SECTIONS+=("$a") ;;
+        overhead | scale | ledger | sim | criterion | fleet) SECTIONS+=("$a") ;;
         -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
@@ -57,7 +60,7 @@ log "building release binaries"
 cargo build --release -p oceancode-proxy -p oceancode-fakeup -p oceancode-bench >&2
 
 NGINX=$(command -v nginx || true)
-if [ -z "$NGINX" ] && want overhead && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ -z "$NGINX" ] && { want overhead || want fleet; } && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing nginx (Debian package nginx-light)"
     apt-get install -y -qq nginx-light >&2 || apt-get install -y -qq nginx >&2 || true
     NGINX=$(command -v nginx || true)
@@ -100,9 +103,13 @@ start_fakeup() {
     return 1
 }
 
-# start_nginx UPSTREAM_URL → NGINX_PID, NGINX_URL
+# start_nginx UPSTREAM_URL... → NGINX_PID, NGINX_URL. With several
+# upstreams, requests are routed by their session key (consistent hashing,
+# as docs/deploy.md sets up a fleet).
 start_nginx() {
-    local up=${1#http://} port dir
+    local port dir u servers="" hash=""
+    for u in "$@"; do servers+="        server ${u#http://};"$'\n'; done
+    [ $# -gt 1 ] && hash="        hash \$http_x_oceancode_session consistent;"
     port=$(free_port)
     dir=$WORK/nginx.$port
     mkdir -p "$dir/tmp"
@@ -127,8 +134,8 @@ http {
     keepalive_requests 1000000;
     keepalive_timeout 120s;
     upstream fake {
-        server $up;
-        keepalive 256;
+$hash
+$servers        keepalive 256;
     }
     server {
         listen 127.0.0.1:$port;
@@ -151,9 +158,10 @@ EOF
     wait_port "$port"
 }
 
-# start_proxy UPSTREAM_URL [BINARY] → PROXY_PID, PROXY_URL
+# start_proxy UPSTREAM_URL [BINARY [serve args...]] → PROXY_PID, PROXY_URL
 start_proxy() {
-    local port dir exe=${2:-$BIN/oceancode-proxy}
+    local port dir up=$1 exe=${2:-$BIN/oceancode-proxy}
+    shift; [ $# -gt 0 ] && shift
     port=$(free_port)
     dir=$WORK/proxy.$port
     mkdir -p "$dir"
@@ -161,8 +169,8 @@ start_proxy() {
     # A 100M fixed line on a model unknown to the table: nothing is ever cut,
     # so the upstream does the same work on every target (pure overhead).
     "$exe" --config "$dir/config.json" --data-dir "$dir/data" serve \
-        --listen "127.0.0.1:$port" --anthropic-upstream "$1" --openai-upstream "$1" \
-        --tideline 100m >"$dir/proxy.log" 2>&1 &
+        --listen "127.0.0.1:$port" --anthropic-upstream "$up" --openai-upstream "$up" \
+        --tideline 100m "$@" >"$dir/proxy.log" 2>&1 &
     PROXY_PID=$!
     PIDS+=("$PROXY_PID")
     PROXY_URL=http://127.0.0.1:$port
@@ -273,7 +281,50 @@ if want scale; then
     if [ "$MODE" = quick ]; then scale_run 20 100; else scale_run 200 100; fi
 fi
 
-if want overhead || want scale; then
+# fleet_run REQUESTS ROUNDS: 200 KB steps at c=64 through nginx to one
+# proxy on SQLite, one on PostgreSQL and two on one PostgreSQL database
+# (each round every target in turn, each on a fresh fake upstream and, for
+# PostgreSQL, a fresh database of one fsync=on cluster).
+fleet_run() {
+    local reqs=$1 rounds=$2 round t n i
+    [ -z "$NGINX" ] && { echo "nginx not found: the fleet section is skipped" >&2; return 0; }
+    local pg=$WORK/pg url
+    PG_OPTS="-c fsync=on -c shared_buffers=256MB" bash "$ROOT/.ci/pg.sh" start "$pg" >"$WORK/pg.url" \
+        || { echo "no PostgreSQL server: the fleet section is skipped" >&2; return 0; }
+    url=$(cat "$WORK/pg.url")
+    for round in $(seq 1 "$rounds"); do
+    for t in "sqlite x1" "postgres x1" "postgres x2"; do
+        log "fleet (round $round/$rounds): $t"
+        start_fakeup
+        local urls=() pids=() admin=() db=() ids=()
+        n=${t##*x}
+        if [ "${t%% *}" = postgres ]; then
+            local name="fleet_${round}_$n"
+            psql -q "$url" -c "CREATE DATABASE $name" >&2
+            db=(--database "${url%/*}/$name")
+        fi
+        for i in $(seq 1 "$n"); do
+            start_proxy "$FAKE_URL" "$BIN/oceancode-proxy" "${db[@]}"
+            urls+=("$PROXY_URL"); ids+=("$PROXY_PID")
+            pids+=(--pid "$PROXY_PID"); admin+=(--admin "$PROXY_URL")
+        done
+        start_nginx "${urls[@]}"
+        "$BIN/oceancode-load" run --target "$NGINX_URL" --label "nginx → $t" --scenario fleet-200k-c64 \
+            --size 200k --messages 2000 --concurrency 64 --requests $((reqs / rounds)) \
+            --model "$MODEL" "${pids[@]}" "${admin[@]}" --out "$RESULTS" >&2
+        stop "$NGINX_PID"
+        for i in "${ids[@]}"; do stop "$i"; done
+        stop "$FAKE_PID"
+    done
+    done
+    bash "$ROOT/.ci/pg.sh" stop "$pg" >&2 || true
+}
+
+if want fleet; then
+    if [ "$MODE" = quick ]; then fleet_run 640 1; else fleet_run 6400 3; fi
+fi
+
+if want overhead || want scale || want fleet; then
     "$BIN/oceancode-load" report "$RESULTS" >>"$REPORT"
 fi
 

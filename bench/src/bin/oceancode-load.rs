@@ -86,9 +86,11 @@ struct Common {
     /// Processes whose memory is reported (their direct children are added).
     #[arg(long)]
     pid: Vec<u32>,
-    /// Admin URL of an oceancode-proxy: sample its writer lag, settle at the end.
+    /// Admin URL of an oceancode-proxy: sample its writer lag, settle at
+    /// the end. Repeat it for each proxy behind a load balancer (the lag is
+    /// the largest of theirs; each is settled).
     #[arg(long)]
-    admin: Option<String>,
+    admin: Vec<String>,
     /// Append the JSON result to this file (and print it).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -318,33 +320,38 @@ fn with_admin_token(mut b: http::request::Builder) -> http::request::Builder {
     b
 }
 
-/// Samples the proxy's `oceancode_writer_lag_seconds` every 100 ms until stopped (ms).
-fn lag_sampler(
-    admin: Option<String>,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<Option<u64>> {
+/// Samples the proxies' `oceancode_writer_lag_seconds` every 100 ms until
+/// stopped: the largest seen (ms; None = no proxy to ask).
+fn lag_sampler(admin: Vec<String>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Option<u64>> {
     tokio::spawn(async move {
-        let admin = admin?;
+        if admin.is_empty() {
+            return None;
+        }
         let http: Client<HttpConnector, http_body_util::Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).build_http();
         let mut max = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            if let Ok(req) = with_admin_token(Request::get(format!("{admin}/metrics")))
-                .body(http_body_util::Empty::new())
-            {
-                if let Ok(resp) = http.request(req).await {
-                    if let Ok(b) = resp.into_body().collect().await {
-                        let text = String::from_utf8_lossy(&b.to_bytes()).into_owned();
-                        if let Some(v) = text
-                            .lines()
-                            .find(|l| l.starts_with("oceancode_writer_lag_seconds "))
-                            .and_then(|l| l.split_whitespace().nth(1))
-                            .and_then(|v| v.parse::<f64>().ok())
-                            .map(|s| (s * 1000.0).round() as u64)
-                        {
-                            max = max.max(v);
-                        }
-                    }
+            for url in &admin {
+                let Ok(req) = with_admin_token(Request::get(format!("{url}/metrics")))
+                    .body(http_body_util::Empty::new())
+                else {
+                    continue;
+                };
+                let Ok(resp) = http.request(req).await else {
+                    continue;
+                };
+                let Ok(b) = resp.into_body().collect().await else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&b.to_bytes()).into_owned();
+                if let Some(v) = text
+                    .lines()
+                    .find(|l| l.starts_with("oceancode_writer_lag_seconds "))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map(|s| (s * 1000.0).round() as u64)
+                {
+                    max = max.max(v);
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -353,18 +360,29 @@ fn lag_sampler(
     })
 }
 
-/// `POST /_oceancode/settle` on the proxy's admin URL, if there is one: ms it took.
-async fn settle(admin: Option<&str>) -> Option<u64> {
-    let admin = admin?;
+/// `POST /_oceancode/settle` on every proxy's admin URL, at once: ms until
+/// the last answered (None = no proxy to ask, or one did not answer).
+async fn settle(admin: &[String]) -> Option<u64> {
+    if admin.is_empty() {
+        return None;
+    }
     let http: Client<HttpConnector, http_body_util::Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let req = with_admin_token(Request::post(format!("{admin}/_oceancode/settle")))
-        .header("content-type", "application/json")
-        .body(http_body_util::Empty::new())
-        .ok()?;
     let t = Instant::now();
-    let resp = http.request(req).await.ok()?;
-    resp.into_body().collect().await.ok()?;
+    let each = admin.iter().map(|url| {
+        let http = http.clone();
+        let req = with_admin_token(Request::post(format!("{url}/_oceancode/settle")))
+            .header("content-type", "application/json")
+            .body(http_body_util::Empty::new());
+        async move {
+            let resp = http.request(req.ok()?).await.ok()?;
+            resp.into_body().collect().await.ok()?;
+            Some(())
+        }
+    });
+    for r in futures_util::future::join_all(each).await {
+        r?;
+    }
     Some(t.elapsed().as_millis() as u64)
 }
 
@@ -472,7 +490,7 @@ async fn run(a: RunArgs) -> Result<()> {
     // The ledger records every cold history (2,001 rows each) behind the
     // responses: let it catch up so the measured steps see the steady state
     // (the cold cost is reported on its own: cold latency and this settle).
-    let cold_settle_ms = settle(c.admin.as_deref()).await;
+    let cold_settle_ms = settle(&c.admin).await;
     let sampler = lag_sampler(c.admin.clone(), stop.clone());
     let cpu0 = cpu_now(&pids);
     // Warm: the measured steps.
@@ -513,7 +531,7 @@ async fn run(a: RunArgs) -> Result<()> {
     let warm_secs = t_warm.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let lag = sampler.await.ok().flatten();
-    let settle_ms = settle(c.admin.as_deref()).await;
+    let settle_ms = settle(&c.admin).await;
     let (cpu_ms, writer_ms) = cpu_per_request(cpu0, cpu_now(&pids), warm.len());
     let r = RunResult {
         kind: "run".into(),
@@ -585,7 +603,7 @@ async fn scale(a: ScaleArgs) -> Result<()> {
         convs.push((tag, conv));
     }
     let rss_after_cold = procfs::sum(&pids, procfs::rss);
-    let cold_settle_ms = settle(c.admin.as_deref()).await;
+    let cold_settle_ms = settle(&c.admin).await;
     // Steps in lockstep buckets so that every session has the same length
     // while a bucket is measured; RSS read at each bucket's end.
     let buckets = a.buckets.clamp(1, a.steps.max(1));
@@ -638,7 +656,7 @@ async fn scale(a: ScaleArgs) -> Result<()> {
     let warm_secs = t_warm.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let lag = sampler.await.ok().flatten();
-    let settle_ms = settle(c.admin.as_deref()).await;
+    let settle_ms = settle(&c.admin).await;
     let all: Vec<u64> = Vec::new();
     let r = RunResult {
         kind: "scale".into(),
