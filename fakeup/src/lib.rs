@@ -27,6 +27,7 @@ mod json;
 mod media;
 mod ordered;
 mod plan;
+mod pointer;
 mod render;
 mod script;
 mod server;
@@ -36,8 +37,8 @@ mod validate;
 
 pub use analyze::{Dialect, Endpoint};
 pub use script::{
-    ErrorReply, Reply, Script, ScriptError, StreamFail, TooLong, ToolCall, ToolLoop, UsageOverride,
-    DEFAULT_TEXT, RECALL_TOOL,
+    ErrorReply, FollowPointer, Reply, Script, ScriptError, StreamFail, TooLong, ToolCall, ToolLoop,
+    UsageOverride, DEFAULT_TEXT, NO_POINTER_TEXT, RECALL_TOOL,
 };
 pub use server::{FakeConfig, FakeHandle, FakeUpstream, Recorded};
 pub use tokens::count_tokens;

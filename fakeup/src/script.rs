@@ -154,7 +154,58 @@ pub struct Reply {
     /// whatever the request's trigger.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compaction: Option<String>,
+    /// A tool call made from the request: its input is a template filled
+    /// from the newest `ledger.compress` pointer in the conversation and the
+    /// session directory the tideline stub names (see [`FollowPointer`]).
+    /// Emitted after `tool_calls`. A request with no pointer to follow or
+    /// no stub gets the reply without it, its text [`NO_POINTER_TEXT`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follow_pointer: Option<FollowPointer>,
 }
+
+/// The call a `follow_pointer` reply makes: `input` is a template with
+/// `{file}` (the pointer's transcript file under the stub's directory),
+/// `{path}` (as the pointer names it), `{dir}`, `{from}`/`{to}` (its
+/// lines), `{count}` (to − from + 1), `{seq}` and `{tokens}`; a JSON string
+/// that is exactly `"{from}"`, `"{to}"`, `"{count}"`, `"{seq}"` or
+/// `"{tokens}"` becomes a number.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowPointer {
+    /// The tool to call.
+    pub name: String,
+    /// The input template.
+    #[serde(default = "empty_object")]
+    pub input: Value,
+    /// Responses API: a `custom_tool_call` (string input), as [`ToolCall::custom`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub custom: bool,
+    /// Follow the newest pointer this fake has not followed yet (by its
+    /// text), not the newest one: successive replies open different rows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh: bool,
+}
+
+impl FollowPointer {
+    /// A call of `name` with the `input` template.
+    pub fn new(name: impl Into<String>, input: Value) -> Self {
+        FollowPointer {
+            name: name.into(),
+            input,
+            custom: false,
+            fresh: false,
+        }
+    }
+
+    /// Skips the pointers already followed.
+    pub fn fresh(mut self) -> Self {
+        self.fresh = true;
+        self
+    }
+}
+
+/// The text of a `follow_pointer` reply to a request with nothing to follow.
+pub const NO_POINTER_TEXT: &str = "follow_pointer: the request holds no compress pointer to follow";
 
 /// A failure inside a 200 stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -324,6 +375,15 @@ impl Reply {
     pub fn abort_after(mut self, events: usize) -> Self {
         self.abort_after_events = Some(events);
         self
+    }
+
+    /// A call made from the newest compress pointer of the request (see
+    /// [`FollowPointer`]).
+    pub fn follow_pointer(call: FollowPointer) -> Self {
+        Reply {
+            follow_pointer: Some(call),
+            ..Reply::default()
+        }
     }
 }
 

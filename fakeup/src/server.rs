@@ -182,6 +182,8 @@ struct ScriptState {
     queue: VecDeque<Reply>,
     default: Option<Reply>,
     no_tools: Option<Reply>,
+    /// The pointers `follow_pointer` replies followed (their text).
+    followed: std::collections::HashSet<String>,
 }
 
 impl ScriptState {
@@ -190,6 +192,7 @@ impl ScriptState {
             queue: s.replies.into(),
             default: s.default,
             no_tools: s.no_tools,
+            followed: std::collections::HashSet::new(),
         }
     }
 
@@ -949,10 +952,11 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
         Some(schema) => Reply::text(schema_stub(schema, "").to_string()),
         None => {
             let mut script = shared.script.lock();
-            match script.no_tools.clone().filter(|_| a.no_tools) {
+            let reply = match script.no_tools.clone().filter(|_| a.no_tools) {
                 Some(r) => r,
                 None => script.next(),
-            }
+            };
+            crate::pointer::resolve(reply, body, &mut script.followed)
         }
     };
     let mut out = if let Some(e) = &reply.error {

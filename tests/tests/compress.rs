@@ -6,7 +6,7 @@
 use oceancode_config::CompressConfig;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::sessions::ModelLimits;
-use oceancode_tests::{push_tool_step, stub_seq, tool_lines, tool_output, Harness};
+use oceancode_tests::{push_tool_step, stub_seq, tool_lines, Harness};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ fn upstream_messages(r: &Recorded) -> Vec<Value> {
 }
 
 /// The proxy's options for these sessions: a 200k model, a 35% block and
-/// a 4k protected zone.
+/// a 4k protected zone (more pruning than the default 8k, 10% of the line).
 fn options(o: &mut oceancode_proxy::runtime::ProxyOptions, compress: bool) {
     o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
         context: Some(CONTEXT),
@@ -30,8 +30,8 @@ fn options(o: &mut oceancode_proxy::runtime::ProxyOptions, compress: bool) {
     });
     // With the default block (70% of the line) a cut keeps about no
     // more than the default zone (10% of the line) of this session's
-    // tool output: a 35% block keeps more, and 4k keeps the newest two
-    // outputs.
+    // tool output: a 35% block keeps more, and 4k keeps the newest one
+    // to three outputs.
     o.sessions.block = oceancode_config::BlockSpec::PercentOfLine(35.0);
     o.sessions.compress = CompressConfig {
         enabled: compress,
@@ -40,7 +40,11 @@ fn options(o: &mut oceancode_proxy::runtime::ProxyOptions, compress: bool) {
     };
 }
 
-/// A coding agent's tool loop against one harness.
+/// A coding agent's tool loop against one harness, shaped as the
+/// simulator's session (docs/benchmarks.md, oceancode-sim's defaults):
+/// ~15k tokens of system prompt and tools, ~300 tokens of assistant text a
+/// step, and tool results log-uniform in 200–8,000 tokens (mean ≈ 2.2k,
+/// median ≈ 1.3k; o200k, as the fake counts).
 struct Agent {
     system: String,
     tools: Value,
@@ -50,12 +54,12 @@ struct Agent {
 
 impl Agent {
     fn new() -> Agent {
-        // An agent's system prompt and tool descriptions (~11k tokens,
-        // Claude Code sends ~15k).
+        // An agent's system prompt and tool descriptions (~15k tokens;
+        // Claude Code 2.1 sends ~11k, more with MCP servers and skills).
         Agent {
             system: format!(
                 "You are a careful coding agent.\n{}",
-                tool_lines(9_999, 800, 7)
+                tool_lines(9_999, 490, 7)
             ),
             tools: json!([{"name":"Bash","description":"Run a shell command","input_schema":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]),
             history: vec![
@@ -83,14 +87,27 @@ impl Agent {
             .await;
         assert_eq!(got.status, 200, "step {}: {}", self.steps, got.text());
         let content = got.json()["content"].clone();
-        push_tool_step(&mut self.history, &content, &tool_output(self.steps));
+        push_tool_step(&mut self.history, &content, &sized_output(self.steps));
         self.steps += 1;
     }
 }
 
+/// The tool result of `step`: log-uniform in 200–8,000 tokens (a fixed
+/// sequence; `tool_lines` is ~27 o200k tokens a line), as the simulator's
+/// script.
+fn sized_output(step: usize) -> String {
+    let x = (step as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+    let tokens = 200.0 * 40f64.powf(u);
+    tool_lines(step, (tokens / 27.0).ceil() as usize, 1)
+}
+
+/// The model: a Bash call after ~300 tokens of text, every step.
 fn fake() -> FakeConfig {
     FakeConfig::default().with_script(Script::always(
-        Reply::tool_call("Bash", json!({"command": "cargo test"})).with_text("Running the tests."),
+        Reply::tool_call("Bash", json!({"command": "cargo test"}))
+            .with_text("Running the tests.")
+            .pad_text(1_750),
     ))
 }
 
@@ -151,7 +168,6 @@ async fn old_tool_output_becomes_pointers_at_cuts_only_valid_cached_and_recovera
     let dir = h.data.path().join("sessions").join(&id);
 
     let (mut read_between, mut input_between) = (0u64, 0u64);
-    let mut prefix_read = 0u64;
     let mut prev_total = 0u64;
     let mut pointers_seen = 0usize;
     let mut prev: Option<(u64, Vec<Value>)> = None;
@@ -229,11 +245,15 @@ async fn old_tool_output_becomes_pointers_at_cuts_only_valid_cached_and_recovera
         let u = r.usage.as_ref().unwrap();
         match &prev {
             Some((s, before)) if *s == stub => {
-                // Between cuts the request only appends: the same bytes.
+                // Between cuts the request only appends: the same bytes,
+                // so the whole previous request is read back from the cache.
                 assert_eq!(&msgs[..before.len()], &before[..], "request {i} appends");
+                assert_eq!(
+                    u.cache_read_input_tokens, prev_total,
+                    "request {i} reads the previous request back"
+                );
                 read_between += u.cache_read_input_tokens;
                 input_between += u.total_input_tokens;
-                prefix_read += prev_total;
             }
             _ if stub > 0 => cuts += 1,
             _ => {}
@@ -242,19 +262,19 @@ async fn old_tool_output_becomes_pointers_at_cuts_only_valid_cached_and_recovera
         prev_total = u.total_input_tokens;
     }
     let ratio = read_between as f64 / input_between as f64;
-    // Of what the previous request sent, how much the next one read back.
-    let prefix = read_between as f64 / prefix_read as f64;
-    println!("steps={STEPS} cuts={cuts} pointers={pointers_seen} cache_read/input between cuts={ratio:.3}, of the previous request={prefix:.3}");
-    assert!(
-        prefix >= 0.99,
-        "between cuts the previous request is read back: {prefix:.3}"
-    );
+    println!("steps={STEPS} cuts={cuts} pointers={pointers_seen} cache_read/input between cuts={ratio:.3}");
     assert!(cuts >= 5, "the session crosses the line many times: {cuts}");
     assert!(pointers_seen > 0, "compress pruned something");
-    // read ÷ input between cuts is 1 − (a step's new rows ÷ the window):
-    // the smaller window makes the same new rows a larger share (0.938
-    // here; see the_gauge_adds_… for the ratio without compress).
-    assert!(ratio >= 0.92, "prompt cache hits between cuts: {ratio:.3}");
+    // Every request between cuts read the previous one back whole (above),
+    // so read ÷ input between cuts is 1 − (a step's new rows ÷ the window):
+    // it measures the session's shape, not the proxy. This test's session
+    // used to be a 24k system prompt, no assistant text and a 3k-token
+    // result every step against a window compressed to 37k–63k: 0.939
+    // with nothing missed. Its shape is now the simulator's (see `Agent`):
+    // smaller results on most steps, assistant text that stays in the
+    // window: 0.952 (0.957 with the default 8k zone; 0.963 without
+    // compress, the_gauge_adds_…).
+    assert!(ratio >= 0.94, "prompt cache hits between cuts: {ratio:.3}");
     assert!(history.len() > 2 * STEPS);
 
     // The metrics and the step records say what was pruned.
