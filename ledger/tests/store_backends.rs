@@ -431,6 +431,60 @@ fn backends_keep_page_notes_and_backlog() {
     }
 }
 
+/// An event the database itself refuses is refused alone: its session
+/// falls behind as failed, and the events of the other sessions around it
+/// (the same batch, when they share one) are all kept. The PostgreSQL
+/// writer runs a batch without a savepoint per event first; this is its
+/// fallback. (The refusal is a constraint the test adds; a NUL in a text
+/// column, which PostgreSQL cannot store, is kept as U+FFFD instead.)
+#[test]
+fn postgres_an_event_the_database_refuses_is_refused_alone() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"));
+    admin(
+        &url,
+        "ALTER TABLE sessions ADD CONSTRAINT test_refuse CHECK (model <> 'refuse-me')",
+    );
+    let sim = |id: String, model: &str| Sim {
+        store: store.clone(),
+        id,
+        seq: 0,
+        turn: 0,
+        step: 1,
+        ts: T0,
+        model: model.into(),
+    };
+    for round in 0..3 {
+        let mut a = Sim::new(&store, &format!("sess-a{round}"), T0);
+        a.prompt("first ask of a");
+        let mut bad = sim(format!("sess-bad{round}"), "refuse-me");
+        bad.meta();
+        bad.prompt("never kept");
+        let mut nul = sim(format!("sess-nul{round}"), "claude\u{0}nul");
+        nul.meta();
+        nul.prompt("kept");
+        a.say("answer of a");
+        nul.say("kept too");
+        store.settle_blocking().expect("settle");
+        for s in [&a, &nul] {
+            let l = store.load_session(&s.id).expect("load").expect("kept");
+            assert_eq!(l.rows.len(), 2, "{}", s.id);
+            assert!(store.behind(&s.id).is_none(), "{}", s.id);
+        }
+        let meta = store.session_meta(&nul.id).expect("meta").expect("nul");
+        assert_eq!(meta.model, "claude\u{FFFD}nul");
+        assert_eq!(
+            store.behind(&bad.id).map(|b| b.reason),
+            Some(BehindReason::Failed),
+            "round {round}"
+        );
+        assert!(store.load_session(&bad.id).expect("load").is_none());
+    }
+    assert_eq!(store.metrics().rejected, 3);
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {

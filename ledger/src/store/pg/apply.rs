@@ -21,6 +21,7 @@ use super::writer::transient;
 use super::Leases;
 use crate::model::{Dialect, Event, SessionMeta};
 use crate::parts;
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::LazyLock;
@@ -295,7 +296,7 @@ impl Batch<'_> {
                 }
                 let seqs: Vec<i64> = rows.iter().map(|r| big(r.seq)).collect();
                 let branches: Vec<i64> = rows.iter().map(|r| i64::from(r.branch)).collect();
-                let roles: Vec<&str> = rows.iter().map(|r| r.role.as_str()).collect();
+                let roles: Vec<Cow<str>> = rows.iter().map(|r| text(&r.role)).collect();
                 let kinds: Vec<&str> = rows.iter().map(|r| r.kind.as_str()).collect();
                 let turns_: Vec<i64> = rows.iter().map(|r| i64::from(r.turn)).collect();
                 let steps: Vec<i64> = rows.iter().map(|r| i64::from(r.step)).collect();
@@ -434,9 +435,10 @@ impl Batch<'_> {
                     big(usage.cache_write),
                     i64::from(*window_rows),
                 ];
+                let (model, error) = (text(model), error.as_deref().map(text));
                 let step_params: [&(dyn ToSql + Sync); 12] = [
-                    &session, &nums[0], model, &nums[1], &nums[2], &nums[3], &nums[4], &nums[5],
-                    &nums[6], ts_ms, error, &detail,
+                    &session, &nums[0], &model, &nums[1], &nums[2], &nums[3], &nums[4], &nums[5],
+                    &nums[6], ts_ms, &error, &detail,
                 ];
                 let last: [&(dyn ToSql + Sync); 2] = [&session, ts_ms];
                 tokio::try_join!(
@@ -525,7 +527,13 @@ impl Batch<'_> {
                     "UPDATE sessions SET line = $2, line_spec = $3, line_ms = $4,
                         line_override = $5
                      WHERE id = $1",
-                    &[&session, &big(*line), spec, ts_ms, overridden],
+                    &[
+                        &session,
+                        &big(*line),
+                        &text(spec),
+                        ts_ms,
+                        &overridden.as_deref().map(text),
+                    ],
                 )
                 .await?;
                 Ok(Outcome::Applied(None, Vec::new(), false))
@@ -558,11 +566,11 @@ impl Batch<'_> {
                 &[
                     &m.id,
                     &day,
-                    &m.client,
-                    &m.client_session,
+                    &text(&m.client),
+                    &m.client_session.as_deref().map(text),
                     &m.dialect.as_str(),
-                    &m.model,
-                    &m.parent,
+                    &text(&m.model),
+                    &m.parent.as_deref().map(text),
                     &m.created_ms,
                     &m.last_ms,
                     &json,
@@ -581,6 +589,18 @@ impl Batch<'_> {
             ..m.clone()
         };
         Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))
+    }
+}
+
+/// A value for a text column: PostgreSQL text holds no NUL, which a JSON
+/// string can carry (`\u0000` in a client's model name or message role);
+/// it is kept as U+FFFD rather than the event refused (the row's raw JSON,
+/// escaped, keeps it as sent).
+fn text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
     }
 }
 
