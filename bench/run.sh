@@ -349,10 +349,13 @@ if want sim; then
     log "simulator"
     mkdir -p "$ROOT/docs/img"
     SWEEP="0,2,5,10,15,20,25,35,50/500/70,35,20"
+    LINES="10,12.5,15,20,25,30,40"
     "$BIN/oceancode-sim" --steps 1000 --svg "$ROOT/docs/img/window.svg" \
-        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress.svg" >>"$REPORT"
+        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress.svg" \
+        --lines "$LINES" --lines-svg "$ROOT/docs/img/lines.svg" >>"$REPORT"
     "$BIN/oceancode-sim" --steps 1000 --model claude-sonnet-4-6 --svg "$ROOT/docs/img/window-1m.svg" \
-        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress-1m.svg" >>"$REPORT"
+        --compress "$SWEEP" --compress-svg "$ROOT/docs/img/compress-1m.svg" \
+        --lines "$LINES" --lines-svg "$ROOT/docs/img/lines-1m.svg" >>"$REPORT"
 fi
 
 if want criterion; then

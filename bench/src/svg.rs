@@ -45,6 +45,8 @@ fn esc(s: &str) -> String {
 }
 
 fn fmt_tick(v: f64) -> String {
+    // Ticks are multiples of a step: drop the float noise (0.6000000001).
+    let v = (v * 1e6).round() / 1e6;
     if v >= 1_000_000.0 {
         format!("{}M", v / 1_000_000.0)
     } else if v >= 1_000.0 {
@@ -99,8 +101,10 @@ pub fn line_chart(
         esc(title)
     );
     // Grid and ticks.
-    let mut y = 0.0;
-    while y <= ytop + ystep / 2.0 {
+    let mut i = 0.0;
+    while i * ystep <= ytop + ystep / 2.0 {
+        let y = i * ystep;
+        i += 1.0;
         let py = sy(y);
         let _ = writeln!(
             o,
@@ -110,7 +114,6 @@ pub fn line_chart(
             py + 4.0,
             fmt_tick(y)
         );
-        y += ystep;
     }
     let mut x = 0.0;
     while x <= xtop + xstep / 2.0 {
@@ -141,13 +144,23 @@ pub fn line_chart(
         mt + ph / 2.0,
         esc(y_label)
     );
-    for l in hlines {
+    // Labels at the right end of their line; one too close to the one
+    // above it goes to the left end instead.
+    let mut order: Vec<&HLine> = hlines.iter().collect();
+    order.sort_by(|a, b| b.y.total_cmp(&a.y));
+    let mut right_at = f64::NEG_INFINITY;
+    for l in order {
         let py = sy(l.y);
+        let (lx, anchor) = if py - right_at < 14.0 {
+            (ml + 4.0, "start")
+        } else {
+            right_at = py;
+            (ml + pw - 4.0, "end")
+        };
         let _ = writeln!(
             o,
-            r##"<line x1="{ml}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#999" stroke-dasharray="2,3"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#666">{}</text>"##,
+            r##"<line x1="{ml}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#999" stroke-dasharray="2,3"/><text x="{lx:.1}" y="{:.1}" text-anchor="{anchor}" fill="#666">{}</text>"##,
             ml + pw,
-            ml + pw - 4.0,
             py - 4.0,
             esc(&l.label)
         );

@@ -104,6 +104,14 @@ struct Args {
     /// Write the chart of cost vs protect size (needs `--compress`) here.
     #[arg(long)]
     compress_svg: Option<PathBuf>,
+    /// Sweep the tideline: comma-separated lines in percent of the context
+    /// (`10,15,20,30,40`), each alone and with compress (`--protect`,
+    /// `--min-tokens`, `--block`), against the cost floor.
+    #[arg(long)]
+    lines: Option<String>,
+    /// Write the chart of cost vs line (needs `--lines`) here.
+    #[arg(long)]
+    lines_svg: Option<PathBuf>,
     /// clear_tool_uses trigger (input tokens).
     #[arg(long, default_value_t = 100_000)]
     clear_trigger: u64,
@@ -1149,8 +1157,148 @@ fn main() -> Result<()> {
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         println!("(chart written to {})", path.display());
     }
+    let floor = cost_floor(&c);
+    println!(
+        "- The floor: whatever manages the context, if every request carries the system prompt and tools and every row reaches the model once, the session pays at least each row's tokens written to the cache once, the assistant's tokens as output and the system prompt read from the cache on every later request: ${floor:.2} = {:.2}× of none here (reading the conversation back, which every strategy does, comes on top).\n",
+        floor / none_cost
+    );
     if let Some(spec) = &a.compress {
         sweep(&c, &bpe, spec, none_cost, &runs)?;
+    }
+    if let Some(spec) = &a.lines {
+        line_sweep(&c, &bpe, spec, none_cost, floor, &runs)?;
+    }
+    Ok(())
+}
+
+/// The least any strategy pays for the script (see the note it prints):
+/// the system prompt written once and read by every later request, every
+/// row of the conversation written to the cache once, the assistant's
+/// tokens generated once. Nothing of the conversation is read back.
+fn cost_floor(c: &Ctx) -> f64 {
+    let p = &c.price;
+    let requests = c.a.steps as u64;
+    let conversation: u64 =
+        c.s.user.iter().map(|u| u.tokens).sum::<u64>() + c.s.out.iter().sum::<u64>();
+    let output: u64 = c.s.out.iter().sum();
+    p.cost_usd(
+        0,
+        output,
+        c.a.system * requests.saturating_sub(1),
+        c.a.system + conversation,
+    )
+}
+
+/// `--lines L1,L2,…`: the tideline alone and with compress at each line;
+/// a table, and the chart of cost vs line with the floor and the goal.
+fn line_sweep(
+    c: &Ctx,
+    bpe: &tiktoken_rs::CoreBPE,
+    spec: &str,
+    none_cost: f64,
+    floor: f64,
+    runs: &[Run],
+) -> Result<()> {
+    let a = c.a;
+    let lines: Vec<f64> = parse_list(spec)?;
+    let cp = Compress {
+        protect: a.protect,
+        min_tokens: a.min_tokens,
+    };
+    println!(
+        "### Cost vs line ({}; block {}% of the line; compress protect {}%, min {})\n",
+        a.model, a.block, a.protect, a.min_tokens
+    );
+    let mut table = Table::new([
+        "line",
+        "line tokens",
+        "compress",
+        "cache read",
+        "cache write",
+        "cost",
+        "vs none",
+        "over the floor",
+        "mean window",
+        "cuts",
+    ]);
+    let (mut alone, mut with) = (Vec::new(), Vec::new());
+    for &line in &lines {
+        for compress in [None, Some(cp)] {
+            let t = run_tideline(c, bpe, line, compress)?;
+            let ratio = t.cost / none_cost;
+            table.row([
+                format!("{line}%"),
+                tok(effective_line(
+                    LineSpec::Percent(line),
+                    Some(c.context),
+                    c.max_output,
+                    Some(a.max_tokens),
+                )
+                .line),
+                if compress.is_some() { "on" } else { "off" }.to_string(),
+                tok(t.cache_read),
+                tok(t.cache_write),
+                format!("${:.2}", t.cost),
+                format!("{ratio:.2}×"),
+                format!("+${:.2}", t.cost - floor),
+                tok(t.window_sum / a.steps.max(1) as u64),
+                t.cuts.to_string(),
+            ]);
+            if compress.is_some() {
+                with.push((line, ratio));
+            } else {
+                alone.push((line, ratio));
+            }
+        }
+    }
+    println!("{}", table.render());
+    if let Some(path) = &a.lines_svg {
+        let series = vec![
+            Series {
+                label: "tideline alone".into(),
+                color: "#1f77b4".into(),
+                dashed: true,
+                points: alone,
+            },
+            Series {
+                label: format!("tideline + compress (protect {}%)", a.protect),
+                color: "#9467bd".into(),
+                dashed: false,
+                points: with,
+            },
+        ];
+        let mut hlines = vec![
+            HLine {
+                label: "goal 0.35×".into(),
+                y: 0.35,
+            },
+            HLine {
+                label: format!("floor {:.2}×", floor / none_cost),
+                y: floor / none_cost,
+            },
+        ];
+        for run in runs.iter().skip(1) {
+            if run.label.contains("tideline") {
+                continue;
+            }
+            hlines.push(HLine {
+                label: format!("{} {:.2}×", run.label, run.totals.cost / none_cost),
+                y: run.totals.cost / none_cost,
+            });
+        }
+        let svg = line_chart(
+            &format!("Cost vs tideline ({}, {} steps)", a.model, a.steps),
+            "tideline (% of the context)",
+            "cost vs none",
+            &series,
+            &hlines,
+            (900.0, 460.0),
+        );
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).ok();
+        }
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        println!("(chart written to {})", path.display());
     }
     Ok(())
 }
