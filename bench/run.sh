@@ -143,6 +143,9 @@ $servers        keepalive 256;
             proxy_pass http://fake;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            # The client's Host (127.0.0.1:PORT): oceancode-proxy refuses a
+            # name that is not this machine's (DNS rebinding).
+            proxy_set_header Host \$http_host;
             proxy_buffering off;
             proxy_request_buffering off;
             proxy_read_timeout 600s;
@@ -288,9 +291,12 @@ fi
 fleet_run() {
     local reqs=$1 rounds=$2 round t n i
     [ -z "$NGINX" ] && { echo "nginx not found: the fleet section is skipped" >&2; return 0; }
-    local pg=$WORK/pg url
+    # Its own folder under /tmp: the server runs as `postgres` (pg.sh, as
+    # root), which cannot enter $WORK (0700).
+    local pg url
+    pg=$(mktemp -d /tmp/oceancode-bench-pg.XXXXXX)
     PG_OPTS="-c fsync=on -c shared_buffers=256MB" bash "$ROOT/.ci/pg.sh" start "$pg" >"$WORK/pg.url" \
-        || { echo "no PostgreSQL server: the fleet section is skipped" >&2; return 0; }
+        || { echo "no PostgreSQL server: the fleet section is skipped (see $pg)" >&2; return 0; }
     url=$(cat "$WORK/pg.url")
     for round in $(seq 1 "$rounds"); do
     for t in "sqlite x1" "postgres x1" "postgres x2"; do
@@ -324,7 +330,7 @@ if want fleet; then
     if [ "$MODE" = quick ]; then fleet_run 640 1; else fleet_run 6400 3; fi
 fi
 
-if want overhead || want scale || want fleet; then
+if { want overhead || want scale || want fleet; } && [ -s "$RESULTS" ]; then
     "$BIN/oceancode-load" report "$RESULTS" >>"$REPORT"
 fi
 
