@@ -485,6 +485,55 @@ fn postgres_an_event_the_database_refuses_is_refused_alone() {
     assert_eq!(store.metrics().rejected, 3);
 }
 
+/// The search text is written behind the rows (its own transaction at the
+/// next flush); rows a crash left without it are indexed when a proxy opens
+/// the database.
+#[test]
+fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let now = oceancode_now();
+    let open = || -> Arc<dyn LedgerStore> {
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"))
+    };
+    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<u64> {
+        let mut seqs: Vec<u64> = store
+            .search(&["quasar".into()], 10)
+            .expect("search")
+            .iter()
+            .map(|h| h.seq)
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    };
+    let store = open();
+    // A session of today (the partitions a proxy checks at open).
+    store
+        .submit(Event::Session(oceancode_ledger::SessionMeta {
+            id: "sess-lost".into(),
+            client: "claude-code".into(),
+            client_session: None,
+            dialect: oceancode_ledger::Dialect::Anthropic,
+            model: "claude-opus-5-5".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: now,
+            last_ms: now,
+        }))
+        .expect("submit");
+    let mut s = Sim::new(&store, "sess-lost", now);
+    s.prompt("the quasar lens is cracked");
+    s.say("Replacing the quasar lens.");
+    s.settle();
+    assert_eq!(hits(&store), vec![1, 2], "indexed by the settle's flush");
+    store.shutdown().expect("shutdown");
+    drop(store);
+    // As if the proxy died between the rows' commit and their text.
+    admin(&url, "DELETE FROM row_text WHERE session = 'sess-lost'");
+    let store = open();
+    assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {

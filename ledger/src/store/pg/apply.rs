@@ -10,17 +10,19 @@
 //! decided before its event writes anything, so only an error of the
 //! database itself needs one. Such an error rolls the attempt back, and
 //! the batch runs again with a savepoint around each event, so the
-//! failing event alone is refused ([`Mode`]).
+//! failing event alone is refused ([`Mode`]). The search text of new rows
+//! is written after the commit, in its own transaction ([`super::text`]),
+//! as the SQLite engine does with its full-text index.
 
 use super::super::backend::BehindReason;
 use super::super::error::StoreError;
 use super::super::writer::{learn, rows_gap, Applied, Effect, Known, Outcome, Queued};
 use super::schema::{DAY_MS, NOW_MS};
 use super::sql::big;
+use super::text::TextJob;
 use super::writer::transient;
 use super::Leases;
 use crate::model::{Dialect, Event, SessionMeta};
-use crate::parts;
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -90,6 +92,9 @@ pub(super) struct Batch<'a> {
     pub(super) known: &'a mut HashMap<String, Known>,
     pub(super) leases: &'a Leases,
     pub(super) mode: Mode,
+    /// The search text of what this attempt writes, indexed after the
+    /// commit ([`super::text`]).
+    pub(super) text: &'a mut Vec<TextJob>,
 }
 
 impl Batch<'_> {
@@ -158,6 +163,7 @@ impl Batch<'_> {
             if out.skips(ev) {
                 continue;
             }
+            let mark = self.text.len();
             let outcome = if !ours.contains(ev.session()) {
                 Ok(Outcome::Refused(
                     "another proxy holds the session's lease".into(),
@@ -188,6 +194,7 @@ impl Batch<'_> {
                 }
                 Err(e) => (BehindReason::Failed, e.to_string()),
             };
+            self.text.truncate(mark);
             self.known.remove(ev.session());
             out.refused(ev, *id, reason, why);
         }
@@ -303,33 +310,29 @@ impl Batch<'_> {
                 let tokens: Vec<i64> = rows.iter().map(|r| i64::from(r.tokens)).collect();
                 let raws: Vec<&str> = rows.iter().map(|r| &*r.raw).collect();
                 let from: Vec<bool> = rows.iter().map(|r| r.from_response).collect();
-                let texts: Vec<String> = rows.iter().map(|r| index_text(dialect, &r.raw)).collect();
                 let row_params: [&(dyn ToSql + Sync); 11] = [
                     &session, &day, &seqs, &branches, &roles, &kinds, &turns_, &steps, &tokens,
                     &raws, &from,
                 ];
-                let text_params: [&(dyn ToSql + Sync); 4] = [&session, &day, &seqs, &texts];
-                // One round trip for both (pipelined on the connection).
-                tokio::try_join!(
-                    self.exec(
-                        tx,
-                        "INSERT INTO rows (session, day, seq, branch, role, kind, turn, step,
-                                           tokens, raw, from_response)
-                         SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[],
-                                                      $6::text[], $7::bigint[], $8::bigint[],
-                                                      $9::bigint[], $10::text[], $11::bool[])",
-                        &row_params,
-                    ),
-                    self.exec(
-                        tx,
-                        "INSERT INTO row_text (session, day, seq, text)
-                         SELECT $1, $2, * FROM unnest($3::bigint[], $4::text[])
-                         ON CONFLICT (session, seq, day) DO UPDATE SET text = EXCLUDED.text",
-                        &text_params,
-                    ),
-                )?;
+                self.exec(
+                    tx,
+                    "INSERT INTO rows (session, day, seq, branch, role, kind, turn, step,
+                                       tokens, raw, from_response)
+                     SELECT $1, $2, * FROM unnest($3::bigint[], $4::bigint[], $5::text[],
+                                                  $6::text[], $7::bigint[], $8::bigint[],
+                                                  $9::bigint[], $10::text[], $11::bool[])",
+                    &row_params,
+                )
+                .await?;
                 let mut turns = Vec::new();
                 for r in rows {
+                    self.text.push(TextJob {
+                        session: session.to_string(),
+                        day,
+                        seq: r.seq,
+                        dialect,
+                        raw: r.raw.clone(),
+                    });
                     if turns.last() != Some(&r.turn) {
                         turns.push(r.turn);
                     }
@@ -341,31 +344,25 @@ impl Batch<'_> {
                 ))
             }
             Event::Confirm { seq, raw, .. } => {
-                let text = index_text(dialect, raw);
                 let (seq_, raw_) = (big(*seq), &**raw);
-                let update: [&(dyn ToSql + Sync); 4] = [&session, &day, &seq_, &raw_];
-                let index: [&(dyn ToSql + Sync); 4] = [&session, &day, &seq_, &text];
-                let (hit, _) = tokio::try_join!(
-                    self.query_opt(
+                let Some(r) = self
+                    .query_opt(
                         tx,
                         "UPDATE rows SET raw = $4, from_response = false
                          WHERE session = $1 AND day = $2 AND seq = $3 RETURNING turn, hidden",
-                        &update,
-                    ),
-                    // Only where the row is: nothing is written for a
-                    // confirm of an unknown seq.
-                    self.exec(
-                        tx,
-                        "INSERT INTO row_text (session, day, seq, text)
-                         SELECT $1, $2, $3, $4 WHERE EXISTS
-                             (SELECT 1 FROM rows WHERE session = $1 AND day = $2 AND seq = $3)
-                         ON CONFLICT (session, seq, day) DO UPDATE SET text = EXCLUDED.text",
-                        &index,
-                    ),
-                )?;
-                let Some(r) = hit else {
+                        &[&session, &day, &seq_, &raw_],
+                    )
+                    .await?
+                else {
                     return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
                 };
+                self.text.push(TextJob {
+                    session: session.to_string(),
+                    day,
+                    seq: *seq,
+                    dialect,
+                    raw: raw.clone(),
+                });
                 let turn = r.get::<_, i64>(0).max(0) as u32;
                 let hidden: bool = r.get(1);
                 Ok(Outcome::Applied(
@@ -602,13 +599,4 @@ fn text(s: &str) -> Cow<'_, str> {
     } else {
         Cow::Borrowed(s)
     }
-}
-
-/// Text for the search index (PostgreSQL text holds no NUL).
-fn index_text(dialect: Dialect, raw: &str) -> String {
-    let mut t = parts::plain_text(dialect, raw);
-    if t.contains('\0') {
-        t = t.replace('\0', " ");
-    }
-    t
 }

@@ -36,6 +36,7 @@ mod reads;
 mod schema;
 mod source;
 mod sql;
+mod text;
 mod writer;
 
 use super::backend::{
@@ -250,7 +251,8 @@ impl PgStore {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                let db = PgDb::new(wrt, config, client, wleases);
+                let mut db = PgDb::new(wrt, config, client, wleases);
+                db.backfill_text();
                 PgWriter::new(db, wdir, rx, wshared, batch_max).run();
             })
             .map_err(io_err(data_dir))?;

@@ -17,6 +17,7 @@ use super::super::sql::now_ms;
 use super::super::writer::{Applied, Db, Known, Queued, Reopen};
 use super::apply::{Attempt, Batch, Mode, Stmts};
 use super::schema::{self, DAY_MS, NOW_MS};
+use super::text::{self, TextJob};
 use super::Leases;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -57,6 +58,8 @@ pub(crate) struct PgDb {
     pub(super) stmts: Stmts,
     leases: Arc<Leases>,
     known: HashMap<String, Known>,
+    /// Committed rows whose search text waits for the next flush.
+    text: Vec<TextJob>,
     partitions_checked: Option<Instant>,
     renewed: Instant,
 }
@@ -70,6 +73,7 @@ impl PgDb {
             stmts: Stmts::default(),
             leases,
             known: HashMap::new(),
+            text: Vec::new(),
             partitions_checked: None,
             renewed: Instant::now(),
         }
@@ -131,6 +135,18 @@ impl PgDb {
         Ok(true)
     }
 
+    /// Index what recent rows miss of their search text (a crash between
+    /// a batch and its text): the day partitions of yesterday and today.
+    pub(super) fn backfill_text(&mut self) {
+        let since = now_ms() / DAY_MS - 1;
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        if let Err(e) = self.rt.block_on(text::backfill(client, since)) {
+            warn!("ledger search text not checked for missing rows: {e}");
+        }
+    }
+
     /// Let go of one session's lease (idle eviction).
     pub(super) fn release(&mut self, session: &str) {
         if !self.leases.held.lock().remove(session) {
@@ -176,6 +192,7 @@ impl Db for PgDb {
             self.known.clear();
         }
         let mut mode = Mode::Fast;
+        let mark = self.text.len();
         loop {
             let client = self.client.as_mut().ok_or_else(|| {
                 StoreError::PgSetup("no connection to the ledger database".into())
@@ -185,16 +202,19 @@ impl Db for PgDb {
                 known: &mut self.known,
                 leases: &self.leases,
                 mode,
+                text: &mut self.text,
             };
             match self.rt.block_on(batch.run(client, events)) {
                 Ok(Attempt::Done(applied)) => return Ok(applied),
                 Ok(Attempt::Again) => {
                     // Rolled back: forget what the attempt learned.
                     self.known.clear();
+                    self.text.truncate(mark);
                     mode = Mode::Careful;
                 }
                 Err(e) => {
                     self.known.clear();
+                    self.text.truncate(mark);
                     return Err(e);
                 }
             }
@@ -203,6 +223,32 @@ impl Db for PgDb {
 
     fn source(&self) -> &dyn Source {
         self
+    }
+
+    fn deferred(&self) -> usize {
+        self.text.len()
+    }
+
+    fn flush_deferred(&mut self) -> bool {
+        let jobs = std::mem::take(&mut self.text);
+        let Some(client) = self.client.as_mut().filter(|c| !c.is_closed()) else {
+            self.text = jobs;
+            return true;
+        };
+        match self.rt.block_on(text::write(client, &jobs)) {
+            Ok(()) => false,
+            Err(StoreError::Postgres(e)) if transient(&e) => {
+                // Tried again with the next flush.
+                debug!("ledger search text of {} rows deferred: {e}", jobs.len());
+                self.text = jobs;
+                true
+            }
+            Err(e) => {
+                // The rows are committed; the next open indexes what is missing.
+                warn!("ledger search text of {} rows: {e}", jobs.len());
+                false
+            }
+        }
     }
 
     /// Renew every lease this proxy holds; the ones another proxy took

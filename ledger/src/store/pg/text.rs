@@ -1,0 +1,153 @@
+//! The search text of the PostgreSQL ledger (`row_text`: each row's plain
+//! text, its `tsvector` and the GIN index over it), written behind the
+//! rows as the SQLite engine writes its FTS5 index: a batch commits its rows
+//! without it, and the writer indexes them in one transaction at the next
+//! flush of deferred work (at once when a settle, a job or shutdown asks,
+//! else within a second). Keeping the `tsvector` and its GIN entries out of
+//! the rows' transaction is most of what a step costs the database.
+//!
+//! A crash between the two leaves committed rows without search text:
+//! each proxy, when it opens, indexes what the recent day partitions miss
+//! ([`backfill`]); `ledger rebuild` indexes a whole session again.
+
+use super::super::error::StoreError;
+use super::super::sql::stored_dialect;
+use crate::model::Dialect;
+use crate::parts;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio_postgres::Client;
+use tracing::{info, warn};
+
+/// Bytes of text per `INSERT` statement.
+const CHUNK_BYTES: usize = 4 << 20;
+/// Most rows one open indexes (the rest: `ledger rebuild`).
+const BACKFILL_MAX: i64 = 200_000;
+
+/// One committed row (or confirmed answer) whose text waits to be indexed.
+pub(super) struct TextJob {
+    pub(super) session: String,
+    pub(super) day: i64,
+    pub(super) seq: u64,
+    pub(super) dialect: Dialect,
+    pub(super) raw: Arc<str>,
+}
+
+/// Text for the search index (PostgreSQL text holds no NUL).
+pub(super) fn index_text(dialect: Dialect, raw: &str) -> String {
+    let mut t = parts::plain_text(dialect, raw);
+    if t.contains('\0') {
+        t = t.replace('\0', " ");
+    }
+    t
+}
+
+/// Index `jobs` in one transaction: a row indexed twice (its row, then its
+/// confirmed answer) keeps the newest text; a row gone meanwhile (the
+/// retention sweep) is skipped.
+pub(super) async fn write(client: &mut Client, jobs: &[TextJob]) -> Result<(), StoreError> {
+    let mut newest: HashMap<(&str, i64, u64), usize> = HashMap::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        newest.insert((j.session.as_str(), j.day, j.seq), i);
+    }
+    let mut order: Vec<usize> = newest.into_values().collect();
+    order.sort_unstable();
+    let tx = client.transaction().await?;
+    let stmt = tx
+        .prepare(
+            "INSERT INTO row_text (session, day, seq, text)
+             SELECT u.s, u.d, u.q, u.t FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
+                AS u(s, d, q, t)
+             WHERE EXISTS (SELECT 1 FROM rows r WHERE r.session = u.s AND r.day = u.d AND r.seq = u.q)
+             ON CONFLICT (session, seq, day) DO UPDATE SET text = EXCLUDED.text",
+        )
+        .await?;
+    let mut chunk = Chunk::default();
+    for i in order {
+        let j = &jobs[i];
+        chunk.push(&j.session, j.day, j.seq, index_text(j.dialect, &j.raw));
+        if chunk.bytes >= CHUNK_BYTES {
+            chunk.send(&tx, &stmt).await?;
+        }
+    }
+    chunk.send(&tx, &stmt).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Columns of one `INSERT`.
+#[derive(Default)]
+struct Chunk {
+    sessions: Vec<String>,
+    days: Vec<i64>,
+    seqs: Vec<i64>,
+    texts: Vec<String>,
+    bytes: usize,
+}
+
+impl Chunk {
+    fn push(&mut self, session: &str, day: i64, seq: u64, text: String) {
+        self.bytes += text.len() + session.len() + 16;
+        self.sessions.push(session.to_string());
+        self.days.push(day);
+        self.seqs.push(i64::try_from(seq).unwrap_or(i64::MAX));
+        self.texts.push(text);
+    }
+
+    async fn send(
+        &mut self,
+        tx: &tokio_postgres::Transaction<'_>,
+        stmt: &tokio_postgres::Statement,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.seqs.is_empty() {
+            return Ok(());
+        }
+        tx.execute(stmt, &[&self.sessions, &self.days, &self.seqs, &self.texts])
+            .await?;
+        *self = Chunk::default();
+        Ok(())
+    }
+}
+
+/// Index the rows of the day partitions from `since_day` on that have no
+/// search text (a crash between a batch's commit and its text), at most
+/// [`BACKFILL_MAX`]; returns how many.
+pub(super) async fn backfill(client: &mut Client, since_day: i64) -> Result<u64, StoreError> {
+    let rows = client
+        .query(
+            "SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM rows r
+             JOIN sessions s ON s.id = r.session
+             WHERE r.day >= $1 AND NOT EXISTS (SELECT 1 FROM row_text t
+                 WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq)
+             LIMIT $2",
+            &[&since_day, &BACKFILL_MAX],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut jobs = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let session: String = r.get(0);
+        let dialect = match stored_dialect(&session, &r.get::<_, String>(4)) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("search index: {e}; its rows are not indexed");
+                continue;
+            }
+        };
+        jobs.push(TextJob {
+            day: r.get(1),
+            seq: r.get::<_, i64>(2).max(0) as u64,
+            dialect,
+            raw: Arc::from(r.get::<_, String>(3)),
+            session,
+        });
+    }
+    write(client, &jobs).await?;
+    info!(
+        rows = jobs.len(),
+        "ledger search index: rows a crash left unindexed are indexed now"
+    );
+    Ok(jobs.len() as u64)
+}
