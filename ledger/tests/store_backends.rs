@@ -530,7 +530,10 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     drop(store);
     // As if the proxy died between the rows' commit and their text.
     admin(&url, "DELETE FROM row_text WHERE session = 'sess-lost'");
+    // The heal runs on the writer before anything queued, so a settle (as
+    // `recall` makes before it reads) waits for it.
     let store = open();
+    store.settle_blocking().expect("settle");
     assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
 }
 

@@ -8,7 +8,8 @@
 //!
 //! A crash between the two leaves committed rows without search text:
 //! each proxy, when it opens, indexes what the recent day partitions miss
-//! ([`backfill`]); `ledger rebuild` indexes a whole session again.
+//! ([`backfill`], on the writer before anything queued: a settle waits for
+//! it); `ledger rebuild` indexes a whole session again.
 
 use super::super::error::StoreError;
 use super::super::sql::stored_dialect;
