@@ -650,6 +650,75 @@ fn postgres_one_proxy_at_a_time_per_session() {
         .is_empty());
 }
 
+/// A session that another proxy wrote while this one's lease had lapsed
+/// (this proxy stalled) and that this proxy then takes back: its files are
+/// rendered with the other proxy's rows, not from what this proxy cached
+/// of the session before it lost it.
+#[test]
+fn postgres_a_session_taken_back_renders_what_the_other_proxy_wrote() {
+    let Some(url) = fresh_db() else { return };
+    // Long leases: neither proxy renews (or notices a loss) during the test.
+    let opts = StoreOptions {
+        lease: Duration::from_secs(60),
+        ..StoreOptions::default()
+    };
+    let dir_a = tempfile::tempdir().expect("tmp");
+    let dir_b = tempfile::tempdir().expect("tmp");
+    let a = Arc::new(PgStore::open(&url, dir_a.path(), opts).expect("a"));
+    let b = Arc::new(PgStore::open(&url, dir_b.path(), opts).expect("b"));
+    let a_dyn: Arc<dyn LedgerStore> = a.clone();
+    let b_dyn: Arc<dyn LedgerStore> = b.clone();
+    let id = "sess-moved";
+    let mut s = Sim::new(&a_dyn, id, T0);
+    s.prompt("first ask");
+    s.say("first answer, from a");
+    s.settle();
+    // A stalls past its lease; B takes the session over and writes it.
+    admin(&url, "UPDATE leases SET expires_ms = 0");
+    assert!(b
+        .take_leases(&[id.to_string()], Duration::ZERO)
+        .expect("take")
+        .is_empty());
+    b_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(3, 1, RowKind::Assistant, "second answer, from b")],
+        })
+        .expect("submit");
+    b_dyn.settle_blocking().expect("settle");
+    // A, back, writes from its own view of the session: refused, behind.
+    a_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(3, 1, RowKind::Assistant, "stale a")],
+        })
+        .expect("submit");
+    a_dyn.settle_blocking().expect("settle");
+    assert!(a_dyn.behind(id).is_some());
+    // B lets go; A resyncs from the database and continues the session.
+    b_dyn.release(id);
+    b_dyn.settle_blocking().expect("settle");
+    let loaded = a_dyn.resync(id).expect("resync").expect("session");
+    assert_eq!(loaded.rows.len(), 3);
+    a_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(4, 1, RowKind::Assistant, "third answer, from a")],
+        })
+        .expect("submit");
+    a_dyn.settle_blocking().expect("settle");
+    assert!(a_dyn.behind(id).is_none());
+    let t1 = std::fs::read_to_string(a_dyn.data_dir().turn_file(id, 1)).expect("turn 1");
+    for text in [
+        "first answer, from a",
+        "second answer, from b",
+        "third answer, from a",
+    ] {
+        assert!(t1.contains(text), "A's turn file misses {text:?}:\n{t1}");
+    }
+    assert!(!t1.contains("stale a"), "{t1}");
+}
+
 /// A holder that stops renewing (its proxy died) loses the session once
 /// the lease lapses; the restorer waits for that, not longer.
 #[test]
