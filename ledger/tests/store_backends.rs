@@ -537,6 +537,46 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
 }
 
+/// The heal at open also covers a session created days ago that is still
+/// in use: its rows live in its creation day's partition, not in the
+/// recent ones.
+#[test]
+fn postgres_search_text_a_crash_left_out_of_an_older_session_is_indexed_at_open() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let now = oceancode_now();
+    let open = || -> Arc<dyn LedgerStore> {
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"))
+    };
+    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<u64> {
+        let mut seqs: Vec<u64> = store
+            .search(&["pulsar".into()], 10)
+            .expect("search")
+            .iter()
+            .map(|h| h.seq)
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    };
+    let store = open();
+    // Created days ago (T0), in use now.
+    assert!(now - T0 > 2 * DAY);
+    let mut s = Sim::new(&store, "sess-long", now);
+    s.prompt("the pulsar timing drifts");
+    s.say("Recalibrating the pulsar clock.");
+    s.end_step(10, 5, 0, 0);
+    s.settle();
+    assert_eq!(hits(&store), vec![1, 2], "indexed by the settle's flush");
+    store.shutdown().expect("shutdown");
+    drop(store);
+    // As if the proxy died between the rows' commit and their text.
+    admin(&url, "DELETE FROM row_text WHERE session = 'sess-long'");
+    let store = open();
+    // The writer indexes them before it takes the first command.
+    store.settle_blocking().expect("settle");
+    assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {

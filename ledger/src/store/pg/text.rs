@@ -7,12 +7,14 @@
 //! the rows' transaction is most of what a step costs the database.
 //!
 //! A crash between the two leaves committed rows without search text:
-//! each proxy, when it opens, indexes what the recent day partitions miss
-//! ([`backfill`], on the writer before anything queued: a settle waits for
-//! it); `ledger rebuild` indexes a whole session again.
+//! each proxy, when it opens, indexes what the recent day partitions and
+//! the older sessions still in use miss ([`backfill`], on the writer before
+//! anything queued: a settle waits for it); `ledger rebuild` indexes a
+//! whole session again.
 
 use super::super::error::StoreError;
 use super::super::sql::stored_dialect;
+use super::schema::DAY_MS;
 use crate::model::Dialect;
 use crate::parts;
 use std::collections::HashMap;
@@ -110,18 +112,26 @@ impl Chunk {
     }
 }
 
-/// Index the rows of the day partitions from `since_day` on that have no
-/// search text (a crash between a batch's commit and its text), at most
+/// Index the rows that have no search text (a crash between a batch's
+/// commit and its text) of the day partitions from `since_day` on and of
+/// the older sessions active since then (a session's rows are in its
+/// creation day's partition however long it lives), at most
 /// [`BACKFILL_MAX`]; returns how many.
 pub(super) async fn backfill(client: &mut Client, since_day: i64) -> Result<u64, StoreError> {
+    let since_ms = since_day.saturating_mul(DAY_MS);
     let rows = client
         .query(
-            "SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM rows r
-             JOIN sessions s ON s.id = r.session
-             WHERE r.day >= $1 AND NOT EXISTS (SELECT 1 FROM row_text t
-                 WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq)
+            "(SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM rows r
+              JOIN sessions s ON s.id = r.session
+              WHERE r.day >= $1 AND NOT EXISTS (SELECT 1 FROM row_text t
+                  WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
+             UNION ALL
+             (SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM sessions s
+              JOIN rows r ON r.session = s.id AND r.day = s.day
+              WHERE s.day < $1 AND s.last_ms >= $3 AND NOT EXISTS (SELECT 1 FROM row_text t
+                  WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
              LIMIT $2",
-            &[&since_day, &BACKFILL_MAX],
+            &[&since_day, &BACKFILL_MAX, &since_ms],
         )
         .await?;
     if rows.is_empty() {

@@ -141,7 +141,8 @@ impl PgDb {
     }
 
     /// Index what recent rows miss of their search text (a crash between
-    /// a batch and its text): the day partitions of yesterday and today.
+    /// a batch and its text): the day partitions of yesterday and today,
+    /// and the older sessions active since yesterday.
     pub(super) fn backfill_text(&mut self) {
         let since = now_ms() / DAY_MS - 1;
         let Some(client) = self.client.as_mut() else {
