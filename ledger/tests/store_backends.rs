@@ -577,6 +577,57 @@ fn postgres_search_text_a_crash_left_out_of_an_older_session_is_indexed_at_open(
     assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
 }
 
+/// A row whose search text PostgreSQL cannot index whole (a `tsvector`
+/// is at most 1 MB: a large tool output of distinct words) neither loses
+/// the search text of the rows written with it nor its own.
+#[test]
+fn postgres_search_text_of_a_huge_row_does_not_sink_the_others() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"));
+    let hits = |word: &str| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = store
+            .search(&[word.into()], 10)
+            .expect("search")
+            .iter()
+            .map(|h| (h.session.clone(), h.seq))
+            .collect();
+        v.sort();
+        v
+    };
+    // About 1.4 MB of distinct words: more than a tsvector holds.
+    let mut huge = String::from("nebula log");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..90_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        huge.push_str(&format!(" w{x:x}"));
+    }
+    let mut other = Sim::new(&store, "sess-other", T0);
+    other.prompt("where is the nebula chart");
+    let mut s = Sim::new(&store, "sess-huge", T0);
+    s.prompt("show me the nebula log");
+    s.call("t1", "Bash", json!({"command": "cat the nebula file"}));
+    s.result("t1", &huge, false);
+    s.settle();
+    assert_eq!(
+        store.session_rows("sess-huge", false).expect("rows").len(),
+        3
+    );
+    assert!(store.behind("sess-huge").is_none());
+    assert_eq!(
+        hits("nebula"),
+        vec![
+            ("sess-huge".to_string(), 1),
+            ("sess-huge".to_string(), 2),
+            ("sess-huge".to_string(), 3),
+            ("sess-other".to_string(), 1),
+        ]
+    );
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {
