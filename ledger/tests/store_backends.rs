@@ -628,6 +628,39 @@ fn postgres_search_text_of_a_huge_row_does_not_sink_the_others() {
     );
 }
 
+/// The writer's connection lost while a session's `index.md` waits for
+/// the deferred flush: the index is still written once the writer has
+/// connected again.
+#[test]
+fn postgres_an_index_waiting_when_the_connection_drops_is_written() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"));
+    let mut s = Sim::new(&store, "sess-idx", T0);
+    s.prompt("first ask");
+    s.settle();
+    let index = store.data_dir().index_file("sess-idx");
+    assert!(std::fs::read_to_string(&index)
+        .expect("index")
+        .contains("| 1 |"));
+    // A row of the same turn: its index waits (up to a second).
+    s.say("first answer");
+    std::thread::sleep(Duration::from_millis(200));
+    // The server drops the writer's connection; another session's event
+    // is the next the writer commits (it connects again for it).
+    admin(
+        &url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    Sim::new(&store, "sess-next", T0);
+    store.settle_blocking().expect("settle");
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = std::fs::read_to_string(&index).expect("index");
+    assert!(text.contains("| 1–2 |"), "{text}");
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {

@@ -385,6 +385,9 @@ impl<D: Db> Writer<D> {
             Reopen::Reconnected => {
                 self.files.clear_caches();
                 self.db.forget_all();
+                if self.files.index_waiting() {
+                    self.deferred_since.get_or_insert_with(Instant::now);
+                }
             }
             Reopen::Fresh => {
                 self.files.clear_caches();
