@@ -626,6 +626,9 @@ fn postgres_search_text_of_a_huge_row_does_not_sink_the_others() {
             ("sess-other".to_string(), 1),
         ]
     );
+    // `ledger rebuild` indexes it the same way.
+    store.rebuild("sess-huge", None).expect("rebuild");
+    assert_eq!(hits("nebula").len(), 4);
 }
 
 /// The writer's connection lost while a session's `index.md` waits for

@@ -20,7 +20,7 @@ use crate::model::Dialect;
 use crate::parts;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 use tracing::{debug, info, warn};
 
 /// Bytes of text per `INSERT` statement.
@@ -61,7 +61,11 @@ pub(super) fn index_text(dialect: Dialect, raw: &str) -> String {
 /// retention sweep) is skipped. When the database refuses the batch for
 /// one row's text (a `tsvector` past its 1 MB limit), the rows are
 /// written one by one so that row alone is cut ([`REFUSED_KEEP`]).
-pub(super) async fn write(client: &mut Client, jobs: &[TextJob]) -> Result<(), StoreError> {
+/// `client` may be a transaction (`ledger rebuild`'s): then savepoints.
+pub(super) async fn write<C: GenericClient>(
+    client: &mut C,
+    jobs: &[TextJob],
+) -> Result<(), StoreError> {
     let mut newest: HashMap<(&str, i64, u64), usize> = HashMap::with_capacity(jobs.len());
     for (i, j) in jobs.iter().enumerate() {
         newest.insert((j.session.as_str(), j.day, j.seq), i);
@@ -78,8 +82,8 @@ pub(super) async fn write(client: &mut Client, jobs: &[TextJob]) -> Result<(), S
 }
 
 /// [`write`]'s rows in chunks of one statement each.
-async fn write_all(
-    client: &mut Client,
+async fn write_all<C: GenericClient>(
+    client: &mut C,
     jobs: &[TextJob],
     order: &[usize],
 ) -> Result<(), StoreError> {
@@ -101,8 +105,8 @@ async fn write_all(
 /// [`write`]'s rows one at a time, each under a savepoint: a row whose
 /// whole text is refused is indexed cut to [`REFUSED_KEEP`] bytes, or
 /// left out.
-async fn write_each(
-    client: &mut Client,
+async fn write_each<C: GenericClient>(
+    client: &mut C,
     jobs: &[TextJob],
     order: &[usize],
 ) -> Result<(), StoreError> {
