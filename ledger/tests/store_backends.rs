@@ -537,6 +537,133 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
 }
 
+/// The heal at open also covers a session created days ago that is still
+/// in use: its rows live in its creation day's partition, not in the
+/// recent ones.
+#[test]
+fn postgres_search_text_a_crash_left_out_of_an_older_session_is_indexed_at_open() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let now = oceancode_now();
+    let open = || -> Arc<dyn LedgerStore> {
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"))
+    };
+    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<u64> {
+        let mut seqs: Vec<u64> = store
+            .search(&["pulsar".into()], 10)
+            .expect("search")
+            .iter()
+            .map(|h| h.seq)
+            .collect();
+        seqs.sort_unstable();
+        seqs
+    };
+    let store = open();
+    // Created days ago (T0), in use now.
+    assert!(now - T0 > 2 * DAY);
+    let mut s = Sim::new(&store, "sess-long", now);
+    s.prompt("the pulsar timing drifts");
+    s.say("Recalibrating the pulsar clock.");
+    s.end_step(10, 5, 0, 0);
+    s.settle();
+    assert_eq!(hits(&store), vec![1, 2], "indexed by the settle's flush");
+    store.shutdown().expect("shutdown");
+    drop(store);
+    // As if the proxy died between the rows' commit and their text.
+    admin(&url, "DELETE FROM row_text WHERE session = 'sess-long'");
+    let store = open();
+    // The writer indexes them before it takes the first command.
+    store.settle_blocking().expect("settle");
+    assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
+}
+
+/// A row whose search text PostgreSQL cannot index whole (a `tsvector`
+/// is at most 1 MB: a large tool output of distinct words) neither loses
+/// the search text of the rows written with it nor its own.
+#[test]
+fn postgres_search_text_of_a_huge_row_does_not_sink_the_others() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"));
+    let hits = |word: &str| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = store
+            .search(&[word.into()], 10)
+            .expect("search")
+            .iter()
+            .map(|h| (h.session.clone(), h.seq))
+            .collect();
+        v.sort();
+        v
+    };
+    // About 1.4 MB of distinct words: more than a tsvector holds.
+    let mut huge = String::from("nebula log");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..90_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        huge.push_str(&format!(" w{x:x}"));
+    }
+    let mut other = Sim::new(&store, "sess-other", T0);
+    other.prompt("where is the nebula chart");
+    let mut s = Sim::new(&store, "sess-huge", T0);
+    s.prompt("show me the nebula log");
+    s.call("t1", "Bash", json!({"command": "cat the nebula file"}));
+    s.result("t1", &huge, false);
+    s.settle();
+    assert_eq!(
+        store.session_rows("sess-huge", false).expect("rows").len(),
+        3
+    );
+    assert!(store.behind("sess-huge").is_none());
+    assert_eq!(
+        hits("nebula"),
+        vec![
+            ("sess-huge".to_string(), 1),
+            ("sess-huge".to_string(), 2),
+            ("sess-huge".to_string(), 3),
+            ("sess-other".to_string(), 1),
+        ]
+    );
+    // `ledger rebuild` indexes it the same way.
+    store.rebuild("sess-huge", None).expect("rebuild");
+    assert_eq!(hits("nebula").len(), 4);
+}
+
+/// The writer's connection lost while a session's `index.md` waits for
+/// the deferred flush: the index is still written once the writer has
+/// connected again.
+#[test]
+fn postgres_an_index_waiting_when_the_connection_drops_is_written() {
+    let Some(url) = fresh_db() else { return };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"));
+    let mut s = Sim::new(&store, "sess-idx", T0);
+    s.prompt("first ask");
+    s.settle();
+    let index = store.data_dir().index_file("sess-idx");
+    assert!(std::fs::read_to_string(&index)
+        .expect("index")
+        .contains("| 1 |"));
+    // A row of the same turn: its index waits (up to a second).
+    s.say("first answer");
+    std::thread::sleep(Duration::from_millis(200));
+    // The server drops the writer's connection; another session's event
+    // is the next the writer commits (it connects again for it).
+    admin(
+        &url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    Sim::new(&store, "sess-next", T0);
+    store.settle_blocking().expect("settle");
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = std::fs::read_to_string(&index).expect("index");
+    assert!(text.contains("| 1–2 |"), "{text}");
+}
+
 /// A database at a newer schema version is refused with a clear error.
 #[test]
 fn postgres_refuses_a_newer_schema() {
@@ -648,6 +775,75 @@ fn postgres_one_proxy_at_a_time_per_session() {
         .take_leases(&["sess-shared".into()], Duration::ZERO)
         .expect("take")
         .is_empty());
+}
+
+/// A session that another proxy wrote while this one's lease had lapsed
+/// (this proxy stalled) and that this proxy then takes back: its files are
+/// rendered with the other proxy's rows, not from what this proxy cached
+/// of the session before it lost it.
+#[test]
+fn postgres_a_session_taken_back_renders_what_the_other_proxy_wrote() {
+    let Some(url) = fresh_db() else { return };
+    // Long leases: neither proxy renews (or notices a loss) during the test.
+    let opts = StoreOptions {
+        lease: Duration::from_secs(60),
+        ..StoreOptions::default()
+    };
+    let dir_a = tempfile::tempdir().expect("tmp");
+    let dir_b = tempfile::tempdir().expect("tmp");
+    let a = Arc::new(PgStore::open(&url, dir_a.path(), opts).expect("a"));
+    let b = Arc::new(PgStore::open(&url, dir_b.path(), opts).expect("b"));
+    let a_dyn: Arc<dyn LedgerStore> = a.clone();
+    let b_dyn: Arc<dyn LedgerStore> = b.clone();
+    let id = "sess-moved";
+    let mut s = Sim::new(&a_dyn, id, T0);
+    s.prompt("first ask");
+    s.say("first answer, from a");
+    s.settle();
+    // A stalls past its lease; B takes the session over and writes it.
+    admin(&url, "UPDATE leases SET expires_ms = 0");
+    assert!(b
+        .take_leases(&[id.to_string()], Duration::ZERO)
+        .expect("take")
+        .is_empty());
+    b_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(3, 1, RowKind::Assistant, "second answer, from b")],
+        })
+        .expect("submit");
+    b_dyn.settle_blocking().expect("settle");
+    // A, back, writes from its own view of the session: refused, behind.
+    a_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(3, 1, RowKind::Assistant, "stale a")],
+        })
+        .expect("submit");
+    a_dyn.settle_blocking().expect("settle");
+    assert!(a_dyn.behind(id).is_some());
+    // B lets go; A resyncs from the database and continues the session.
+    b_dyn.release(id);
+    b_dyn.settle_blocking().expect("settle");
+    let loaded = a_dyn.resync(id).expect("resync").expect("session");
+    assert_eq!(loaded.rows.len(), 3);
+    a_dyn
+        .submit(Event::Rows {
+            session: id.into(),
+            rows: vec![text_row(4, 1, RowKind::Assistant, "third answer, from a")],
+        })
+        .expect("submit");
+    a_dyn.settle_blocking().expect("settle");
+    assert!(a_dyn.behind(id).is_none());
+    let t1 = std::fs::read_to_string(a_dyn.data_dir().turn_file(id, 1)).expect("turn 1");
+    for text in [
+        "first answer, from a",
+        "second answer, from b",
+        "third answer, from a",
+    ] {
+        assert!(t1.contains(text), "A's turn file misses {text:?}:\n{t1}");
+    }
+    assert!(!t1.contains("stale a"), "{t1}");
 }
 
 /// A holder that stops renewing (its proxy died) loses the session once

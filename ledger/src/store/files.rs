@@ -90,6 +90,10 @@ pub(super) struct Files {
     tick: u64,
     /// Some session's `index.md` waits for the next deferred flush.
     index_waiting: bool,
+    /// Sessions whose `index.md` waited when their caches were dropped
+    /// (the connection made again): written from the database at the
+    /// next deferred flush.
+    reindex: BTreeSet<String>,
     /// Sessions whose file writes failed: all their files are written again
     /// once writes succeed.
     failing: BTreeSet<String>,
@@ -105,6 +109,7 @@ impl Files {
             caches: HashMap::new(),
             tick: 0,
             index_waiting: false,
+            reindex: BTreeSet::new(),
             failing: BTreeSet::new(),
             retry_at: (Instant::now(), RETRY_MIN),
         }
@@ -115,15 +120,22 @@ impl Files {
         self.caches.remove(session);
     }
 
-    /// Forget every cache (the database was reopened).
+    /// Forget every cache (the database was reopened); the `index.md`
+    /// that waited are written from the database at the next flush.
     pub(super) fn clear_caches(&mut self) {
-        self.caches.clear();
-        self.index_waiting = false;
+        for (session, cache) in self.caches.drain() {
+            if cache.index_dirty {
+                self.reindex.insert(session);
+            }
+        }
+        self.index_waiting = !self.reindex.is_empty();
     }
 
     /// Drop the pending repairs: the database they would be written from
     /// is gone (a fresh one in its place).
     pub(super) fn clear_failing(&mut self) {
+        self.reindex.clear();
+        self.index_waiting = false;
         self.failing.clear();
         let mut f = self.shared.faults.lock();
         f.files = None;
@@ -233,6 +245,15 @@ impl Files {
             .collect();
         for session in dirty {
             if let Err(e) = self.write_index(src, &session) {
+                self.failed(&session, &e);
+            }
+        }
+        for session in std::mem::take(&mut self.reindex) {
+            let touch = Touch {
+                index: true,
+                ..Touch::default()
+            };
+            if let Err(e) = self.write(src, &session, touch) {
                 self.failed(&session, &e);
             }
         }

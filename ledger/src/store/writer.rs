@@ -211,6 +211,12 @@ pub(super) trait Db: Send + 'static {
     fn next_housekeeping(&self) -> Option<Instant> {
         None
     }
+    /// Sessions whose files the writer cached may be stale since they were
+    /// last asked for (PostgreSQL: another proxy may have written them
+    /// while this one's lease had lapsed): their caches are dropped.
+    fn take_stale(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// Forget what the engine knows of a session (a job changed it), or
     /// of every session.
     fn forget(&mut self, session: &str);
@@ -312,7 +318,7 @@ impl<D: Db> Writer<D> {
             if stop {
                 break;
             }
-            self.db.housekeeping();
+            self.housekeeping();
         }
         self.flush_deferred(true);
         self.db.stop();
@@ -323,6 +329,19 @@ impl<D: Db> Writer<D> {
     pub(super) fn forget(&mut self, session: &str) {
         self.files.forget(session);
         self.db.forget(session);
+    }
+
+    /// The engine's housekeeping, then the caches it found stale dropped.
+    fn housekeeping(&mut self) {
+        self.db.housekeeping();
+        self.drop_stale();
+    }
+
+    /// Drop the file caches of the sessions the engine found stale.
+    fn drop_stale(&mut self) {
+        for session in self.db.take_stale() {
+            self.files.forget(&session);
+        }
     }
 
     /// How long an idle writer waits for the next command.
@@ -350,7 +369,7 @@ impl<D: Db> Writer<D> {
                 Err(e) => self.commit_failed(&e, 0),
             }
         }
-        self.db.housekeeping();
+        self.housekeeping();
         let due = self
             .deferred_since
             .is_some_and(|since| since.elapsed() >= DEFER_MAX);
@@ -366,6 +385,9 @@ impl<D: Db> Writer<D> {
             Reopen::Reconnected => {
                 self.files.clear_caches();
                 self.db.forget_all();
+                if self.files.index_waiting() {
+                    self.deferred_since.get_or_insert_with(Instant::now);
+                }
             }
             Reopen::Fresh => {
                 self.files.clear_caches();
@@ -445,7 +467,10 @@ impl<D: Db> Writer<D> {
         if events.is_empty() {
             return;
         }
-        let Some(applied) = self.commit_batch(&events) else {
+        let applied = self.commit_batch(&events);
+        // Even a batch given up may have seen a lease move.
+        self.drop_stale();
+        let Some(applied) = applied else {
             if !std::mem::replace(&mut self.gave_up, true) {
                 error!(
                     events = events.len(),

@@ -95,6 +95,10 @@ pub(super) struct Batch<'a> {
     /// The search text of what this attempt writes, indexed after the
     /// commit ([`super::text`]).
     pub(super) text: &'a mut Vec<TextJob>,
+    /// Sessions whose cached files may be stale: newly ours (another proxy
+    /// may have written them meanwhile) or refused (this proxy's view of
+    /// them was not the database's). Kept when the attempt is not.
+    pub(super) stale: &'a mut Vec<String>,
 }
 
 impl Batch<'_> {
@@ -154,6 +158,7 @@ impl Batch<'_> {
                 if held.insert(s.clone()) {
                     // Newly ours: what another proxy wrote meanwhile counts.
                     self.known.remove(s);
+                    self.stale.push(s.clone());
                 }
             }
         }
@@ -196,6 +201,7 @@ impl Batch<'_> {
             };
             self.text.truncate(mark);
             self.known.remove(ev.session());
+            self.stale.push(ev.session().to_string());
             out.refused(ev, *id, reason, why);
         }
         tx.commit().await?;

@@ -10,9 +10,9 @@ use super::super::source::Source;
 use super::super::sql::now_ms;
 use super::schema::{partition_days, partition_names, NOW_MS};
 use super::sql::{read_row, session_meta, ROW_COLS};
+use super::text::{write as write_text, TextJob};
 use super::PgWriter;
 use crate::page::Note;
-use crate::parts;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::retention::{SweepReport, VacuumReport};
 use std::sync::atomic::Ordering;
@@ -42,7 +42,7 @@ pub(super) fn rebuild(
         let meta = session_meta(&*c, session)
             .await?
             .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
-        let tx = c.transaction().await?;
+        let mut tx = c.transaction().await?;
         let rows = tx
             .query(
                 &format!("SELECT {ROW_COLS}, day FROM rows WHERE session = $1 ORDER BY seq"),
@@ -52,21 +52,22 @@ pub(super) fn rebuild(
         let total = rows.len() as u64;
         tx.execute("DELETE FROM row_text WHERE session = $1", &[&session])
             .await?;
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut days = Vec::with_capacity(rows.len());
-        let mut texts = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let (row, _) = read_row(r);
-            seqs.push(row.seq as i64);
-            days.push(r.get::<_, i64>(10));
-            texts.push(parts::plain_text(meta.dialect, &row.raw).replace('\0', " "));
-        }
-        tx.execute(
-            "INSERT INTO row_text (session, day, seq, text)
-             SELECT $1, * FROM unnest($2::bigint[], $3::bigint[], $4::text[])",
-            &[&session, &days, &seqs, &texts],
-        )
-        .await?;
+        // As the writer indexes rows: a text too large for a tsvector is
+        // cut rather than failing the rebuild.
+        let jobs: Vec<TextJob> = rows
+            .iter()
+            .map(|r| {
+                let (row, _) = read_row(r);
+                TextJob {
+                    session: session.to_string(),
+                    day: r.get(10),
+                    seq: row.seq,
+                    dialect: meta.dialect,
+                    raw: row.raw,
+                }
+            })
+            .collect();
+        write_text(&mut tx, &jobs).await?;
         tx.commit().await?;
         Ok::<_, StoreError>(total)
     })?;

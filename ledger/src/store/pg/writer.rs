@@ -60,6 +60,10 @@ pub(crate) struct PgDb {
     known: HashMap<String, Known>,
     /// Committed rows whose search text waits for the next flush.
     text: Vec<TextJob>,
+    /// Sessions whose lease moved (newly taken, held elsewhere, lost at
+    /// renewal) or that were refused: what the writer's files cached of
+    /// them may miss what another proxy wrote ([`Db::take_stale`]).
+    stale: Vec<String>,
     partitions_checked: Option<Instant>,
     renewed: Instant,
 }
@@ -74,6 +78,7 @@ impl PgDb {
             leases,
             known: HashMap::new(),
             text: Vec::new(),
+            stale: Vec::new(),
             partitions_checked: None,
             renewed: Instant::now(),
         }
@@ -136,7 +141,8 @@ impl PgDb {
     }
 
     /// Index what recent rows miss of their search text (a crash between
-    /// a batch and its text): the day partitions of yesterday and today.
+    /// a batch and its text): the day partitions of yesterday and today,
+    /// and the older sessions active since yesterday.
     pub(super) fn backfill_text(&mut self) {
         let since = now_ms() / DAY_MS - 1;
         let Some(client) = self.client.as_mut() else {
@@ -203,6 +209,7 @@ impl Db for PgDb {
                 leases: &self.leases,
                 mode,
                 text: &mut self.text,
+                stale: &mut self.stale,
             };
             match self.rt.block_on(batch.run(client, events)) {
                 Ok(Attempt::Done(applied)) => return Ok(applied),
@@ -279,6 +286,8 @@ impl Db for PgDb {
                 for s in held.iter().filter(|s| !kept.contains(*s)) {
                     debug!(session = %s, "ledger lease lost to another proxy");
                     h.remove(s);
+                    self.known.remove(s);
+                    self.stale.push(s.clone());
                 }
             }
             Err(e) => debug!("ledger leases not renewed: {e}"),
@@ -287,6 +296,10 @@ impl Db for PgDb {
 
     fn next_housekeeping(&self) -> Option<Instant> {
         Some(self.renewed + self.leases.ttl / 3)
+    }
+
+    fn take_stale(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.stale)
     }
 
     fn forget(&mut self, session: &str) {
