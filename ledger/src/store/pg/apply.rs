@@ -587,8 +587,13 @@ impl Batch<'_> {
         let k = self.known.entry(m.id.clone()).or_default();
         k.day = Some(day);
         k.dialect = Some(m.dialect);
+        // What the files render: what a read of the database gives.
         let meta = SessionMeta {
             created_ms,
+            client: text(&m.client).into_owned(),
+            client_session: m.client_session.as_deref().map(|c| text(c).into_owned()),
+            model: text(&m.model).into_owned(),
+            parent: m.parent.as_deref().map(|p| text(p).into_owned()),
             ..m.clone()
         };
         Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))

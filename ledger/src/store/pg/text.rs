@@ -35,8 +35,10 @@ const INSERT: &str = "INSERT INTO row_text (session, day, seq, text)
         AS u(s, d, q, t)
      WHERE EXISTS (SELECT 1 FROM rows r WHERE r.session = u.s AND r.day = u.d AND r.seq = u.q)
      ON CONFLICT (session, seq, day) DO UPDATE SET text = EXCLUDED.text";
-/// Most rows one open indexes (the rest: `ledger rebuild`).
+/// Most rows one open indexes (the rest: `ledger rebuild`), and how many
+/// it reads at a time.
 const BACKFILL_MAX: i64 = 200_000;
+const BACKFILL_PAGE: i64 = 5_000;
 
 /// One committed row (or confirmed answer) whose text waits to be indexed.
 pub(super) struct TextJob {
@@ -188,46 +190,57 @@ impl Chunk {
 /// [`BACKFILL_MAX`]; returns how many.
 pub(super) async fn backfill(client: &mut Client, since_day: i64) -> Result<u64, StoreError> {
     let since_ms = since_day.saturating_mul(DAY_MS);
-    let rows = client
-        .query(
-            "(SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM rows r
-              JOIN sessions s ON s.id = r.session
-              WHERE r.day >= $1 AND NOT EXISTS (SELECT 1 FROM row_text t
-                  WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
-             UNION ALL
-             (SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM sessions s
-              JOIN rows r ON r.session = s.id AND r.day = s.day
-              WHERE s.day < $1 AND s.last_ms >= $3 AND NOT EXISTS (SELECT 1 FROM row_text t
-                  WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
-             LIMIT $2",
-            &[&since_day, &BACKFILL_MAX, &since_ms],
-        )
-        .await?;
-    if rows.is_empty() {
-        return Ok(0);
+    let mut done = 0u64;
+    // A page at a time (the raw rows are held while their text is made);
+    // a row whose text the database refuses even cut comes back in every
+    // page, so the pages are bounded too.
+    for _ in 0..BACKFILL_MAX / BACKFILL_PAGE {
+        let rows = client
+            .query(
+                "(SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM rows r
+                  JOIN sessions s ON s.id = r.session
+                  WHERE r.day >= $1 AND NOT EXISTS (SELECT 1 FROM row_text t
+                      WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
+                 UNION ALL
+                 (SELECT r.session, r.day, r.seq, r.raw, s.dialect FROM sessions s
+                  JOIN rows r ON r.session = s.id AND r.day = s.day
+                  WHERE s.day < $1 AND s.last_ms >= $3 AND NOT EXISTS (SELECT 1 FROM row_text t
+                      WHERE t.session = r.session AND t.day = r.day AND t.seq = r.seq))
+                 LIMIT $2",
+                &[&since_day, &BACKFILL_PAGE, &since_ms],
+            )
+            .await?;
+        let page = rows.len();
+        let mut jobs = Vec::with_capacity(page);
+        for r in &rows {
+            let session: String = r.get(0);
+            let dialect = match stored_dialect(&session, &r.get::<_, String>(4)) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!("search index: {e}; its rows are not indexed");
+                    continue;
+                }
+            };
+            jobs.push(TextJob {
+                day: r.get(1),
+                seq: r.get::<_, i64>(2).max(0) as u64,
+                dialect,
+                raw: Arc::from(r.get::<_, String>(3)),
+                session,
+            });
+        }
+        drop(rows);
+        write(client, &jobs).await?;
+        done += jobs.len() as u64;
+        if (page as i64) < BACKFILL_PAGE {
+            break;
+        }
     }
-    let mut jobs = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let session: String = r.get(0);
-        let dialect = match stored_dialect(&session, &r.get::<_, String>(4)) {
-            Ok(d) => d,
-            Err(e) => {
-                warn!("search index: {e}; its rows are not indexed");
-                continue;
-            }
-        };
-        jobs.push(TextJob {
-            day: r.get(1),
-            seq: r.get::<_, i64>(2).max(0) as u64,
-            dialect,
-            raw: Arc::from(r.get::<_, String>(3)),
-            session,
-        });
+    if done > 0 {
+        info!(
+            rows = done,
+            "ledger search index: rows a crash left unindexed are indexed now"
+        );
     }
-    write(client, &jobs).await?;
-    info!(
-        rows = jobs.len(),
-        "ledger search index: rows a crash left unindexed are indexed now"
-    );
-    Ok(jobs.len() as u64)
+    Ok(done)
 }
