@@ -487,7 +487,9 @@ fn postgres_an_event_the_database_refuses_is_refused_alone() {
 
 /// The search text is written behind the rows (its own transaction at the
 /// next flush); rows a crash left without it are indexed when a proxy opens
-/// the database.
+/// the database: those of the recent day partitions and those of a session
+/// created days ago that is still in use (its rows live in its creation
+/// day's partition).
 #[test]
 fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     let Some(url) = fresh_db() else { return };
@@ -496,21 +498,25 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     let open = || -> Arc<dyn LedgerStore> {
         Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"))
     };
-    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<u64> {
-        let mut seqs: Vec<u64> = store
+    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = store
             .search(&["quasar".into()], 10)
             .expect("search")
-            .iter()
-            .map(|h| h.seq)
+            .into_iter()
+            .map(|h| (h.session, h.seq))
             .collect();
-        seqs.sort_unstable();
-        seqs
+        v.sort();
+        v
     };
+    let want: Vec<(String, u64)> = ["sess-long", "sess-today"]
+        .iter()
+        .flat_map(|s| [(s.to_string(), 1), (s.to_string(), 2)])
+        .collect();
     let store = open();
     // A session of today (the partitions a proxy checks at open).
     store
         .submit(Event::Session(oceancode_ledger::SessionMeta {
-            id: "sess-lost".into(),
+            id: "sess-today".into(),
             client: "claude-code".into(),
             client_session: None,
             dialect: oceancode_ledger::Dialect::Anthropic,
@@ -521,60 +527,25 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
             last_ms: now,
         }))
         .expect("submit");
-    let mut s = Sim::new(&store, "sess-lost", now);
-    s.prompt("the quasar lens is cracked");
-    s.say("Replacing the quasar lens.");
-    s.settle();
-    assert_eq!(hits(&store), vec![1, 2], "indexed by the settle's flush");
+    // And one created days ago (T0), in use now.
+    assert!(now - T0 > 2 * DAY);
+    for id in ["sess-today", "sess-long"] {
+        let mut s = Sim::new(&store, id, now);
+        s.prompt("the quasar lens is cracked");
+        s.say("Replacing the quasar lens.");
+        s.end_step(10, 5, 0, 0);
+    }
+    store.settle_blocking().expect("settle");
+    assert_eq!(hits(&store), want, "indexed by the settle's flush");
     store.shutdown().expect("shutdown");
     drop(store);
     // As if the proxy died between the rows' commit and their text.
-    admin(&url, "DELETE FROM row_text WHERE session = 'sess-lost'");
+    admin(&url, "DELETE FROM row_text");
     // The heal runs on the writer before anything queued, so a settle (as
     // `recall` makes before it reads) waits for it.
     let store = open();
     store.settle_blocking().expect("settle");
-    assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
-}
-
-/// The heal at open also covers a session created days ago that is still
-/// in use: its rows live in its creation day's partition, not in the
-/// recent ones.
-#[test]
-fn postgres_search_text_a_crash_left_out_of_an_older_session_is_indexed_at_open() {
-    let Some(url) = fresh_db() else { return };
-    let tmp = tempfile::tempdir().expect("tmp");
-    let now = oceancode_now();
-    let open = || -> Arc<dyn LedgerStore> {
-        Arc::new(PgStore::open(&url, tmp.path(), StoreOptions::default()).expect("open"))
-    };
-    let hits = |store: &Arc<dyn LedgerStore>| -> Vec<u64> {
-        let mut seqs: Vec<u64> = store
-            .search(&["pulsar".into()], 10)
-            .expect("search")
-            .iter()
-            .map(|h| h.seq)
-            .collect();
-        seqs.sort_unstable();
-        seqs
-    };
-    let store = open();
-    // Created days ago (T0), in use now.
-    assert!(now - T0 > 2 * DAY);
-    let mut s = Sim::new(&store, "sess-long", now);
-    s.prompt("the pulsar timing drifts");
-    s.say("Recalibrating the pulsar clock.");
-    s.end_step(10, 5, 0, 0);
-    s.settle();
-    assert_eq!(hits(&store), vec![1, 2], "indexed by the settle's flush");
-    store.shutdown().expect("shutdown");
-    drop(store);
-    // As if the proxy died between the rows' commit and their text.
-    admin(&url, "DELETE FROM row_text WHERE session = 'sess-long'");
-    let store = open();
-    // The writer indexes them before it takes the first command.
-    store.settle_blocking().expect("settle");
-    assert_eq!(hits(&store), vec![1, 2], "indexed again at open");
+    assert_eq!(hits(&store), want, "indexed again at open");
 }
 
 /// A row whose search text PostgreSQL cannot index whole (a `tsvector`

@@ -1140,7 +1140,8 @@ fn main() -> Result<()> {
                 y: context as f64 * a.tideline / 100.0,
             },
         ];
-        let svg = line_chart(
+        write_chart(
+            path,
             &format!(
                 "Window sent upstream per step ({}, {} steps)",
                 a.model, a.steps
@@ -1149,13 +1150,7 @@ fn main() -> Result<()> {
             "input tokens per request",
             &series,
             &hlines,
-            (900.0, 460.0),
-        );
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).ok();
-        }
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
-        println!("(chart written to {})", path.display());
+        )?;
     }
     let floor = cost_floor(&c);
     println!(
@@ -1277,29 +1272,47 @@ fn line_sweep(
                 y: floor / none_cost,
             },
         ];
-        for run in runs.iter().skip(1) {
-            if run.label.contains("tideline") {
-                continue;
-            }
-            hlines.push(HLine {
-                label: format!("{} {:.2}×", run.label, run.totals.cost / none_cost),
-                y: run.totals.cost / none_cost,
-            });
-        }
-        let svg = line_chart(
+        hlines.extend(strategy_lines(runs, none_cost, "tideline"));
+        write_chart(
+            path,
             &format!("Cost vs tideline ({}, {} steps)", a.model, a.steps),
             "tideline (% of the context)",
             "cost vs none",
             &series,
             &hlines,
-            (900.0, 460.0),
-        );
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).ok();
-        }
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
-        println!("(chart written to {})", path.display());
+        )?;
     }
+    Ok(())
+}
+
+/// The other strategies of the table as horizontal lines of a cost chart
+/// (their cost vs none), leaving out the runs `skip` names.
+fn strategy_lines(runs: &[Run], none_cost: f64, skip: &str) -> Vec<HLine> {
+    runs.iter()
+        .skip(1)
+        .filter(|run| !run.label.contains(skip))
+        .map(|run| HLine {
+            label: format!("{} {:.2}×", run.label, run.totals.cost / none_cost),
+            y: run.totals.cost / none_cost,
+        })
+        .collect()
+}
+
+/// Write a line chart to `path` (its folder made if needed) and say so.
+fn write_chart(
+    path: &std::path::Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    hlines: &[HLine],
+) -> Result<()> {
+    let svg = line_chart(title, x_label, y_label, series, hlines, (900.0, 460.0));
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).ok();
+    }
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    println!("(chart written to {})", path.display());
     Ok(())
 }
 
@@ -1432,28 +1445,15 @@ fn sweep(
             label: "goal 0.35×".into(),
             y: 0.35,
         }];
-        for run in runs.iter().skip(1) {
-            if run.label.contains("compress") {
-                continue;
-            }
-            hlines.push(HLine {
-                label: format!("{} {:.2}×", run.label, run.totals.cost / none_cost),
-                y: run.totals.cost / none_cost,
-            });
-        }
-        let svg = line_chart(
+        hlines.extend(strategy_lines(runs, none_cost, "compress"));
+        write_chart(
+            path,
             &format!("Cost vs protect size ({}, {} steps)", a.model, a.steps),
             "protect (% of the line)",
             "cost vs none",
             &series,
             &hlines,
-            (900.0, 460.0),
-        );
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).ok();
-        }
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
-        println!("(chart written to {})", path.display());
+        )?;
     }
     Ok(())
 }
