@@ -101,29 +101,66 @@ async fn chat(c: &Http, url: &str, name: &str, turns: usize) -> Value {
     v
 }
 
-async fn fake() -> FakeHandle {
-    // The chat helper writes its own assistant turns: no validation needed,
-    // but they are valid anyway.
-    FakeUpstream::start(FakeConfig::default())
-        .await
-        .expect("fake upstream")
+/// What each test starts from: a fake upstream, a temporary home, and the
+/// ledger's data dir in it (`<home>/data`, not created).
+struct Setup {
+    fake: FakeHandle,
+    data: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        // The chat helper writes its own assistant turns: no validation
+        // needed, but they are valid anyway.
+        let fake = FakeUpstream::start(FakeConfig::default())
+            .await
+            .expect("fake upstream");
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        Setup { fake, data, tmp }
+    }
+
+    fn home(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// `serve` on the data dir, in front of the fake upstream.
+    fn serve(&self, extra: &[&str], env: &[(&str, &str)]) -> Served {
+        serve(self.home(), &self.data, &self.fake.url(), extra, env)
+    }
+}
+
+/// The binary with `args`, then `--data-dir <data>`.
+fn with_data(home: &Path, data: &Path, args: &[&str]) -> Command {
+    let mut c = proxy_cmd(home);
+    c.args(args).arg("--data-dir").arg(data);
+    c
+}
+
+/// `run --data-dir <data> <flags> -- <child>`.
+fn run_cmd(home: &Path, data: &Path, flags: &[&str], child: &[&str]) -> Command {
+    let mut c = proxy_cmd(home);
+    c.arg("run")
+        .arg("--data-dir")
+        .arg(data)
+        .args(flags)
+        .arg("--")
+        .args(child);
+    c
 }
 
 fn ledger_cmd(home: &Path, data: &Path, args: &[&str]) -> Output {
-    let mut c = proxy_cmd(home);
-    c.arg("ledger").args(args).arg("--data-dir").arg(data);
-    output(c)
+    output(with_data(home, data, &[&["ledger"], args].concat()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ledger_list_and_path_after_a_served_session() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
 
     // No ledger yet: a clear error, non-zero exit, nothing created.
-    let o = ledger_cmd(home, &data, &["path"]);
+    let o = ledger_cmd(home, data, &["path"]);
     assert!(!o.status.success(), "{o:?}");
     let err = text(&o.stderr);
     assert!(
@@ -131,17 +168,17 @@ async fn ledger_list_and_path_after_a_served_session() {
         "{err}"
     );
     assert!(!data.join("oceancode.db").exists());
-    let o = ledger_cmd(home, &data, &["list"]);
+    let o = ledger_cmd(home, data, &["list"]);
     assert!(!o.status.success(), "{o:?}");
 
     // A short served session: two turns.
-    let mut p = serve(home, &data, &fake.url(), &[], &[]);
+    let mut p = t.serve(&[], &[]);
     let c = http();
     chat(&c, &p.url, "cli-a", 1).await;
     chat(&c, &p.url, "cli-a", 2).await;
     sigterm_and_wait(&mut p);
 
-    let o = ledger_cmd(home, &data, &["list"]);
+    let o = ledger_cmd(home, data, &["list"]);
     assert!(o.status.success(), "{o:?}");
     let out = text(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();
@@ -182,7 +219,7 @@ async fn ledger_list_and_path_after_a_served_session() {
         data.join("sessions").join(id).canonicalize().unwrap()
     );
     for args in [&["path"][..], &["path", id][..]] {
-        let o = ledger_cmd(home, &data, args);
+        let o = ledger_cmd(home, data, args);
         assert!(o.status.success(), "{args:?}: {o:?}");
         let path = PathBuf::from(text(&o.stdout).trim());
         assert_eq!(path, data.join("sessions").join(id), "{args:?}");
@@ -192,20 +229,15 @@ async fn ledger_list_and_path_after_a_served_session() {
         assert!(path.join("transcript").join("0002.md").exists());
     }
     // An unknown session is an error, not a made-up path.
-    let o = ledger_cmd(home, &data, &["path", "no-such-session"]);
+    let o = ledger_cmd(home, data, &["path", "no-such-session"]);
     assert!(!o.status.success(), "{o:?}");
     assert!(text(&o.stderr).contains("no-such-session"), "{o:?}");
 }
 
 /// `tideline … --json --proxy URL`; the admin token comes from `data`.
 fn tideline_cmd(home: &Path, data: &Path, url: &str, args: &[&str]) -> Output {
-    let mut c = proxy_cmd(home);
-    c.arg("tideline")
-        .args(args)
-        .args(["--json", "--proxy", url])
-        .arg("--data-dir")
-        .arg(data);
-    output(c)
+    let args = [&["tideline"], args, &["--json", "--proxy", url]].concat();
+    output(with_data(home, data, &args))
 }
 
 /// `Authorization: Bearer <the admin token in data>`.
@@ -214,45 +246,44 @@ fn bearer(data: &Path) -> String {
     format!("Bearer {}", t.trim())
 }
 
+/// `method` on the admin path `path` of the proxy at `url`, with the token
+/// in `data`.
+async fn admin(c: &Http, method: &str, url: &str, path: &str, data: &Path) -> (u16, Value) {
+    let auth = bearer(data);
+    let url = format!("{url}{path}");
+    request(c, method, &url, &[("authorization", &auth)], String::new()).await
+}
+
 async fn latest(c: &Http, url: &str, data: &Path) -> Value {
-    let (status, v) = request(
-        c,
-        "GET",
-        &format!("{url}/_oceancode/sessions/latest"),
-        &[("authorization", &bearer(data))],
-        String::new(),
-    )
-    .await;
+    let (status, v) = admin(c, "GET", url, "/_oceancode/sessions/latest", data).await;
     assert_eq!(status, 200, "{v}");
     v
 }
 
+/// Every write of the proxy at `url` is committed.
+async fn settle(c: &Http, url: &str, data: &Path) {
+    let (status, _) = admin(c, "POST", url, "/_oceancode/settle", data).await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_tideline_show_the_live_line_of_serve() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
-    let mut p = serve(
-        home,
-        &data,
-        &fake.url(),
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(
         &["--tideline", "20k"],
         &[("OCEANCODE_CONTEXT_TOKENS", "200000")],
     );
     let url = p.url.clone();
     let c = http();
     chat(&c, &url, "live", 2).await;
-    let id = latest(&c, &url, &data).await["id"]
+    let id = latest(&c, &url, data).await["id"]
         .as_str()
         .unwrap()
         .to_string();
     let status = |proxy: &str, json: bool| {
-        let mut cmd = proxy_cmd(home);
-        cmd.env("OCEANCODE_CONTEXT_TOKENS", "200000")
-            .args(["status", "--proxy", proxy, &id])
-            .arg("--data-dir")
-            .arg(&data);
+        let mut cmd = with_data(home, data, &["status", "--proxy", proxy, &id]);
+        cmd.env("OCEANCODE_CONTEXT_TOKENS", "200000");
         if json {
             cmd.arg("--json");
         }
@@ -283,10 +314,7 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     );
 
     // `tideline` prints one line for a person; JSON only with --json, clean.
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["tideline", "--proxy", &url, "--data-dir"])
-        .arg(&data);
-    let o = output(cmd);
+    let o = output(with_data(home, data, &["tideline", "--proxy", &url]));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
     let out = text(&o.stdout);
     assert!(
@@ -295,16 +323,13 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     );
     assert!(out.contains(" rows · never cut"), "{out}");
     assert_eq!(out.trim_end().lines().count(), 1, "{out}");
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["tideline", "--proxy", &url, "50%", "--data-dir"])
-        .arg(&data);
-    let o = output(cmd);
+    let o = output(with_data(home, data, &["tideline", "--proxy", &url, "50%"]));
     let out = text(&o.stdout);
     assert!(
         out.starts_with("line set to 50% for all sessions (from the next request)\n"),
         "{out}"
     );
-    let v = json_of(&tideline_cmd(home, &data, &url, &["500k"]));
+    let v = json_of(&tideline_cmd(home, data, &url, &["500k"]));
     assert_eq!(v["action"], "set", "{v}");
     assert_eq!(v["value"], "500k", "{v}");
     assert!(!v.to_string().contains("Set("), "no Rust debug text: {v}");
@@ -318,23 +343,15 @@ fn json_of(o: &Output) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tideline_command_against_a_running_proxy() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
-    let mut p = serve(
-        home,
-        &data,
-        &fake.url(),
-        &[],
-        &[("OCEANCODE_CONTEXT_TOKENS", "100000")],
-    );
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[("OCEANCODE_CONTEXT_TOKENS", "100000")]);
     let url = p.url.clone();
     let c = http();
     for t in 1..=3 {
         chat(&c, &url, "tl", t).await;
     }
-    let s = latest(&c, &url, &data).await;
+    let s = latest(&c, &url, data).await;
     let id = s["id"].as_str().unwrap().to_string();
     assert_eq!(s["meter"]["context"], 100000, "{s}");
     assert_eq!(s["meter"]["line"], 40000, "default 40%: {s}");
@@ -353,65 +370,62 @@ async fn tideline_command_against_a_running_proxy() {
     };
 
     // Show.
-    let v = json_ok(&tideline_cmd(home, &data, &url, &[]), "show");
+    let v = json_ok(&tideline_cmd(home, data, &url, &[]), "show");
     assert_eq!(v["action"], "show", "{v}");
     assert!(v.get("cut_upto").is_none(), "only `now` names a cut: {v}");
     assert_eq!(v["session"]["id"], id.as_str(), "{v}");
     assert_eq!(v["session"]["meter"]["line"], 40000, "{v}");
 
     // A share of the context, for all sessions: applies from the next request.
-    let v = json_ok(&tideline_cmd(home, &data, &url, &["50%"]), "50%");
+    let v = json_ok(&tideline_cmd(home, data, &url, &["50%"]), "50%");
     assert_eq!(v["action"], "set", "{v}");
     assert_eq!(v["value"], "50%", "{v}");
     assert_eq!(v["scope"], "all sessions", "{v}");
     assert_eq!(
-        latest(&c, &url, &data).await["meter"]["line"],
+        latest(&c, &url, data).await["meter"]["line"],
         40000,
         "not before the next request"
     );
     chat(&c, &url, "tl", 4).await;
-    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 50000);
+    assert_eq!(latest(&c, &url, data).await["meter"]["line"], 50000);
 
     // A fixed line, clamped to context − max_tokens.
-    json_ok(&tideline_cmd(home, &data, &url, &["500k"]), "500k");
+    json_ok(&tideline_cmd(home, data, &url, &["500k"]), "500k");
     chat(&c, &url, "tl", 5).await;
-    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 100000 - 256);
+    assert_eq!(latest(&c, &url, data).await["meter"]["line"], 100000 - 256);
 
     // One session: the admin API shows its override.
     let v = json_ok(
-        &tideline_cmd(home, &data, &url, &["--session", &id, "30%"]),
+        &tideline_cmd(home, data, &url, &["--session", &id, "30%"]),
         "--session 30%",
     );
     assert_eq!(v["scope"], id.as_str(), "{v}");
-    let s = latest(&c, &url, &data).await;
+    let s = latest(&c, &url, data).await;
     assert_eq!(s["override"], "30%", "{s}");
     chat(&c, &url, "tl", 6).await;
-    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 30000);
+    assert_eq!(latest(&c, &url, data).await["meter"]["line"], 30000);
     // `status` shows the running proxy's line for the session, not the
     // configured one; without a proxy answering, the one it ran with.
     for (proxy, line, spec) in [
         (url.as_str(), 30000, "30%"),
         ("http://127.0.0.1:9", 30000, "30%"),
     ] {
-        let mut cmd = proxy_cmd(home);
-        cmd.env("OCEANCODE_CONTEXT_TOKENS", "100000")
-            .args(["status", "--json", "--proxy", proxy, &id])
-            .arg("--data-dir")
-            .arg(&data);
+        let mut cmd = with_data(home, data, &["status", "--json", "--proxy", proxy, &id]);
+        cmd.env("OCEANCODE_CONTEXT_TOKENS", "100000");
         let st = json_ok(&output(cmd), "status");
         assert_eq!(st["line"], line, "{proxy}: {st}");
         assert_eq!(st["line_spec"], spec, "{proxy}: {st}");
     }
 
     // Cut now.
-    let before = latest(&c, &url, &data).await["meter"]["cuts"]
+    let before = latest(&c, &url, data).await["meter"]["cuts"]
         .as_u64()
         .unwrap();
-    let v = json_ok(&tideline_cmd(home, &data, &url, &["now"]), "now");
+    let v = json_ok(&tideline_cmd(home, data, &url, &["now"]), "now");
     let upto = v["cut_upto"].as_u64().unwrap_or(0);
     assert!(upto >= 1, "a cut point: {v}");
     chat(&c, &url, "tl", 7).await;
-    let s = latest(&c, &url, &data).await;
+    let s = latest(&c, &url, data).await;
     assert!(s["meter"]["cut_upto"].as_u64().unwrap() >= upto, "{s}");
     assert!(
         s["meter"]["window_rows"].as_u64().unwrap() < s["meter"]["active_rows"].as_u64().unwrap(),
@@ -425,29 +439,29 @@ async fn tideline_command_against_a_running_proxy() {
     // one); a unique prefix of the id names the session, as elsewhere.
     let prefix = &id[..id.len() - 2];
     let v = json_ok(
-        &tideline_cmd(home, &data, &url, &["--session", prefix, "default"]),
+        &tideline_cmd(home, data, &url, &["--session", prefix, "default"]),
         "--session default",
     );
     assert_eq!(v["scope"], id.as_str(), "{v}");
-    json_ok(&tideline_cmd(home, &data, &url, &["default"]), "default");
-    assert_eq!(latest(&c, &url, &data).await["override"], Value::Null);
+    json_ok(&tideline_cmd(home, data, &url, &["default"]), "default");
+    assert_eq!(latest(&c, &url, data).await["override"], Value::Null);
     chat(&c, &url, "tl", 8).await;
-    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 40000);
+    assert_eq!(latest(&c, &url, data).await["meter"]["line"], 40000);
 
     // Refused values: non-zero exit and the usage line.
     for bad in [&["10k"][..], &["wide"][..], &["50%", "60%"][..]] {
-        let o = tideline_cmd(home, &data, &url, bad);
+        let o = tideline_cmd(home, data, &url, bad);
         assert!(!o.status.success(), "{bad:?}: {o:?}");
         let err = text(&o.stderr);
         assert!(err.contains(USAGE), "{bad:?}: {err}");
     }
     // Nothing changed.
     chat(&c, &url, "tl", 9).await;
-    assert_eq!(latest(&c, &url, &data).await["meter"]["line"], 40000);
+    assert_eq!(latest(&c, &url, data).await["meter"]["line"], 40000);
 
     // No proxy answering: a clear error.
     sigterm_and_wait(&mut p);
-    let o = tideline_cmd(home, &data, &url, &["50%"]);
+    let o = tideline_cmd(home, data, &url, &["50%"]);
     assert!(!o.status.success());
     assert!(text(&o.stderr).contains("no proxy answering"), "{o:?}");
 }
@@ -482,14 +496,9 @@ fn python3() -> bool {
 }
 
 fn run_child(home: &Path, data: &Path, fake: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = proxy_cmd(home);
-    c.arg("run")
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--anthropic-upstream", fake])
-        .args(extra)
-        .args(["--", "python3", "-c", CHILD])
-        .envs(env.iter().copied());
+    let flags = [&["--anthropic-upstream", fake], extra].concat();
+    let mut c = run_cmd(home, data, &flags, &["python3", "-c", CHILD]);
+    c.envs(env.iter().copied());
     output(c)
 }
 
@@ -503,11 +512,9 @@ fn line_value(out: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_wraps_a_child_and_reports_its_ledger() {
     assert!(python3(), "python3 is needed for the run tests");
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
-    let o = run_child(home, &data, &fake.url(), &[], &[]);
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let o = run_child(home, data, &fake.url(), &[], &[]);
     let out = text(&o.stdout);
     let err = text(&o.stderr);
     assert_eq!(
@@ -540,16 +547,13 @@ async fn run_wraps_a_child_and_reports_its_ledger() {
     );
 
     // A failing command: `run` still exits with the child's code.
-    let mut c = proxy_cmd(home);
-    c.arg("run").arg("--data-dir").arg(&data).args([
-        "--anthropic-upstream",
-        &fake.url(),
-        "--",
-        "sh",
-        "-c",
-        "exit 7",
-    ]);
-    let o = output(c);
+    let url = fake.url();
+    let o = output(run_cmd(
+        home,
+        data,
+        &["--anthropic-upstream", &url],
+        &["sh", "-c", "exit 7"],
+    ));
     assert_eq!(o.status.code(), Some(7), "{o:?}");
     assert!(text(&o.stderr).contains("no session was recorded"), "{o:?}");
 }
@@ -557,33 +561,23 @@ async fn run_wraps_a_child_and_reports_its_ledger() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_tideline_sets_the_line_for_the_child() {
     assert!(python3(), "python3 is needed for the run tests");
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
+    let t = Setup::new().await;
+    let (fake, home) = (&t.fake, t.home());
     let env = [("OCEANCODE_CONTEXT_TOKENS", "100000")];
-    let with = run_child(
-        home,
-        &home.join("a"),
-        &fake.url(),
-        &["--tideline", "50%"],
-        &env,
-    );
+    // Each run on a data dir of its own.
+    let run =
+        |dir: &str, extra: &[&str]| run_child(home, &home.join(dir), &fake.url(), extra, &env);
+    let with = run("a", &["--tideline", "50%"]);
     assert_eq!(with.status.code(), Some(3), "{with:?}");
     assert_eq!(line_value(&text(&with.stdout), "LINE="), "50000");
-    let without = run_child(home, &home.join("b"), &fake.url(), &[], &env);
+    let without = run("b", &[]);
     assert_eq!(without.status.code(), Some(3), "{without:?}");
     assert_eq!(
         line_value(&text(&without.stdout), "LINE="),
         "40000",
         "the default 40%"
     );
-    let bad = run_child(
-        home,
-        &home.join("c"),
-        &fake.url(),
-        &["--tideline", "wide"],
-        &env,
-    );
+    let bad = run("c", &["--tideline", "wide"]);
     assert!(!bad.status.success(), "{bad:?}");
     assert!(text(&bad.stderr).contains(USAGE), "{bad:?}");
     assert_eq!(fake.request_count(), 2, "the refused run started no child");
@@ -591,10 +585,8 @@ async fn run_tideline_sets_the_line_for_the_child() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
 
     let bad = home.join("bad.json");
     std::fs::write(
@@ -604,7 +596,7 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     .unwrap();
     let mut c = proxy_cmd(home);
     c.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
+        .arg(data)
         .args(["--anthropic-upstream", &fake.url(), "--config"])
         .arg(&bad);
     let o = output(c);
@@ -616,13 +608,7 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
 
     let old = home.join("old.json");
     std::fs::write(&old, r#"{"ledger": {"low": 1}}"#).unwrap();
-    let mut p = serve(
-        home,
-        &data,
-        &fake.url(),
-        &["--config", old.to_str().unwrap()],
-        &[],
-    );
+    let mut p = t.serve(&["--config", old.to_str().unwrap()], &[]);
     let c = http();
     chat(&c, &p.url, "cfg", 1).await;
     sigterm_and_wait(&mut p);
@@ -631,18 +617,14 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     assert_eq!(warnings.len(), 1, "one warning naming ledger.low:\n{log}");
     assert!(warnings[0].contains("WARN"), "{log}");
     // Other commands reading the same file warn too.
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["ledger", "list", "--data-dir"])
-        .arg(&data)
-        .args(["--config", old.to_str().unwrap()]);
+    let mut cmd = with_data(home, data, &["ledger", "list"]);
+    cmd.args(["--config", old.to_str().unwrap()]);
     let o = output(cmd);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(text(&o.stderr).matches("ledger.low").count(), 1, "{o:?}");
     // A log filter that does not parse is an error naming its source.
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .env("OCEANCODE_LOG", "[[[");
+    let mut cmd = with_data(home, data, &["serve", "--listen", "127.0.0.1:0"]);
+    cmd.env("OCEANCODE_LOG", "[[[");
     let o = output(cmd);
     assert!(!o.status.success(), "{o:?}");
     assert!(text(&o.stderr).contains("OCEANCODE_LOG"), "{o:?}");
@@ -685,22 +667,12 @@ fn listed(home: &Path, data: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
-    let mut p = serve(home, &data, &fake.url(), &[], &[]);
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
     let c = http();
     chat(&c, &p.url, "beside-1", 1).await;
-    let (status, _) = request(
-        &c,
-        "POST",
-        &format!("{}/_oceancode/settle", p.url),
-        &[("authorization", &bearer(&data))],
-        String::new(),
-    )
-    .await;
-    assert_eq!(status, 200);
+    settle(&c, &p.url, data).await;
     // Commands that open the ledger and close it again, failing or not:
     // none may take the database (and its WAL) from under the proxy.
     for args in [
@@ -709,31 +681,19 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
         &["ledger", "vacuum"][..],
         &["ledger", "list"][..],
     ] {
-        let mut cmd = proxy_cmd(home);
-        cmd.args(args).arg("--data-dir").arg(&data);
-        let _ = output(cmd);
+        let _ = output(with_data(home, data, args));
     }
     chat(&c, &p.url, "beside-2", 1).await;
-    let (status, _) = request(
-        &c,
-        "POST",
-        &format!("{}/_oceancode/settle", p.url),
-        &[("authorization", &bearer(&data))],
-        String::new(),
-    )
-    .await;
-    assert_eq!(status, 200);
+    settle(&c, &p.url, data).await;
     // Another process sees the second session while the proxy still runs…
-    assert_eq!(listed(home, &data).len(), 2, "{:?}", listed(home, &data));
+    assert_eq!(listed(home, data).len(), 2, "{:?}", listed(home, data));
     sigterm_and_wait(&mut p);
     // …and after it stopped.
-    assert_eq!(listed(home, &data).len(), 2);
+    assert_eq!(listed(home, data).len(), 2);
 
     // A report piped into a reader that has gone (`| head`) ends quietly.
-    let mut cmd = proxy_cmd(home);
-    cmd.args(["ledger", "list", "--data-dir"])
-        .arg(&data)
-        .stdin(std::process::Stdio::null())
+    let mut cmd = with_data(home, data, &["ledger", "list"]);
+    cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = cmd.spawn().unwrap();
@@ -755,10 +715,8 @@ async fn cli_commands_beside_a_running_serve_lose_none_of_its_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_listen_address_needs_allow_remote() {
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
     // Refused from the flag and from the environment alike.
     for (listen, env) in [
         (Some("0.0.0.0:0"), None),
@@ -767,7 +725,7 @@ async fn a_non_loopback_listen_address_needs_allow_remote() {
     ] {
         let mut cmd = proxy_cmd(home);
         cmd.args(["serve", "--anthropic-upstream", &fake.url(), "--data-dir"])
-            .arg(&data);
+            .arg(data);
         if let Some(l) = listen {
             cmd.args(["--listen", l]);
         }
@@ -793,7 +751,7 @@ async fn a_non_loopback_listen_address_needs_allow_remote() {
         &fake.url(),
         "--data-dir",
     ])
-    .arg(&data)
+    .arg(data)
     .stdout(std::process::Stdio::null())
     .stderr(std::process::Stdio::piped());
     let mut child = common::ChildGuard(Some(cmd.spawn().unwrap()));
@@ -846,18 +804,20 @@ sys.stdout.flush()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
     assert!(python3(), "python3 is needed for the run tests");
-    let fake = fake().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let data = home.join("data");
-    let mut c = proxy_cmd(home);
-    c.arg("run")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--anthropic-upstream", &fake.url(), "--max-steps", "2"])
-        .args(["--max-time", "2h", "--", "python3", "-c", LIMITED_CHILD])
-        .env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
-        .env("T_DATA", &data);
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let url = fake.url();
+    let flags = [
+        "--anthropic-upstream",
+        &url,
+        "--max-steps",
+        "2",
+        "--max-time",
+        "2h",
+    ];
+    let mut c = run_cmd(home, data, &flags, &["python3", "-c", LIMITED_CHILD]);
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", data);
     let o = output(c);
     let out = text(&o.stdout);
     let err = text(&o.stderr);
@@ -882,30 +842,15 @@ async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
     assert!(out.contains("stopped: session "), "{out}");
 
     // Without a limit reached, `run` keeps the child's code; a bad flag is refused.
-    let mut c = proxy_cmd(home);
-    c.arg("run").arg("--data-dir").arg(&data).args([
-        "--anthropic-upstream",
-        &fake.url(),
-        "--max-steps",
-        "5",
-        "--",
-        "sh",
-        "-c",
-        "exit 7",
-    ]);
-    assert_eq!(output(c).status.code(), Some(7));
+    let flags = ["--anthropic-upstream", &url, "--max-steps", "5"];
+    let o = output(run_cmd(home, data, &flags, &["sh", "-c", "exit 7"]));
+    assert_eq!(o.status.code(), Some(7));
     for bad in [
         ["--max-time", "soon"],
         ["--max-spend", "-1"],
         ["--max-steps", "0"],
     ] {
-        let mut c = proxy_cmd(home);
-        c.arg("run")
-            .arg("--data-dir")
-            .arg(&data)
-            .args(bad)
-            .args(["--", "true"]);
-        let o = output(c);
+        let o = output(run_cmd(home, data, &bad, &["true"]));
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
     }
 }

@@ -219,6 +219,16 @@ impl Harness {
         .text()
     }
 
+    /// The requests the fake upstream received on paths that start with
+    /// `prefix`, in order.
+    pub fn requests_to(&self, prefix: &str) -> Vec<oceancode_fakeup::Recorded> {
+        self.fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with(prefix))
+            .collect()
+    }
+
     /// Wait until every ledger write so far is committed.
     pub async fn settle(&self) {
         if let Some(s) = &self.proxy().app.store {

@@ -21,24 +21,67 @@ const STEPS: usize = 150;
 const STATE_HEAD: &str = "[State at the tideline:";
 const ROOT: &str = "/home/dev/proj";
 
-/// A proxy at `serve --tideline 20k` (200k context), the state block on or off.
-async fn harness_20k(fake: FakeConfig, state: Option<u32>) -> Harness {
-    Harness::start(fake, move |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(200_000),
-            max_output: Some(32_000),
-        });
-        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
-        o.sessions.state_tokens = state;
-    })
-    .await
+/// The proxy options of `serve --tideline 20k` (200k context), the state
+/// block on or off.
+fn opts_20k(o: &mut oceancode_proxy::runtime::ProxyOptions, state: Option<u32>) {
+    o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+        context: Some(200_000),
+        max_output: Some(32_000),
+    });
+    o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+    o.sessions.state_tokens = state;
 }
 
-fn headers(c: &Captured) -> Vec<(&str, &str)> {
-    c.headers
+/// A proxy with [`opts_20k`].
+async fn harness_20k(fake: FakeConfig, state: Option<u32>) -> Harness {
+    Harness::start(fake, move |o| opts_20k(o, state)).await
+}
+
+/// A captured client: its first request (made non-streaming) sent again at
+/// every step, with the conversation so far under `key`.
+struct Client {
+    cap: Captured,
+    body: Value,
+    key: &'static str,
+}
+
+impl Client {
+    /// The client of the capture `run`, and the conversation it opens with.
+    fn open(run: &str, key: &'static str) -> (Client, Vec<Value>) {
+        let cap = captured(run).swap_remove(0);
+        let mut body: Value = serde_json::from_slice(&cap.body).unwrap();
+        body["stream"] = json!(false);
+        let conversation = body[key].as_array().unwrap().clone();
+        (Client { cap, body, key }, conversation)
+    }
+
+    /// Step `i`: `conversation` through the proxy; the answer (a 200).
+    async fn send(&mut self, h: &Harness, conversation: &[Value], i: usize) -> Value {
+        self.body[self.key] = Value::Array(conversation.to_vec());
+        let headers: Vec<(&str, &str)> = self
+            .cap
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let got = h
+            .post(&self.cap.path, &headers, self.body.to_string())
+            .await;
+        assert_eq!(got.status, 200, "step {i}: {}", got.text());
+        got.json()
+    }
+}
+
+/// The id of the tool call in an Anthropic answer's `content`.
+fn tool_use_id(content: &Value) -> String {
+    content
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
+        .find(|b| b["type"] == "tool_use")
+        .and_then(|b| b["id"].as_str())
+        .unwrap()
+        .to_string()
 }
 
 /// The tasks of step `i` (statuses move on as the session goes).
@@ -222,6 +265,30 @@ fn codex_step(i: usize) -> Step {
     }
 }
 
+/// What a session left for the probe to look for: the paths each row
+/// touched (by seq), and the task list the client had written by each of
+/// its requests.
+#[derive(Default)]
+struct Trail {
+    touched: HashMap<u64, Vec<String>>,
+    tasks_at: Vec<Option<Vec<(String, &'static str)>>>,
+    tasks_now: Option<Vec<(String, &'static str)>>,
+}
+
+impl Trail {
+    /// A request goes out with the task list written so far.
+    fn request(&mut self) {
+        self.tasks_at.push(self.tasks_now.clone());
+    }
+
+    /// The step's task list, if it wrote one, is the client's from now on.
+    fn wrote(&mut self, s: &Step) {
+        if let Some(t) = &s.tasks {
+            self.tasks_now = Some(t.clone());
+        }
+    }
+}
+
 /// What the probe found over one session.
 #[derive(Debug, Default)]
 struct Probe {
@@ -302,15 +369,11 @@ fn stub_text(sent: &[Value]) -> Option<String> {
     })
 }
 
-/// Run the probe over every upstream request: `touched[seq]` are the paths
-/// the row `seq` touched, `tasks_at[k]` the task list the client had
-/// written by its request `k`.
-fn probe(
-    reqs: &[Recorded],
-    key: &str,
-    touched: &HashMap<u64, Vec<String>>,
-    tasks_at: &[Option<Vec<(String, &'static str)>>],
-) -> Probe {
+/// Run the probe over every upstream request: `trail.touched[seq]` are the
+/// paths the row `seq` touched, `trail.tasks_at[k]` the task list the
+/// client had written by its request `k`.
+fn probe(reqs: &[Recorded], key: &str, trail: &Trail) -> Probe {
+    let (touched, tasks_at) = (&trail.touched, &trail.tasks_at);
     let mut p = Probe::default();
     let mut last_stub: Option<String> = None;
     let mut last_raw: Option<Vec<String>> = None;
@@ -439,10 +502,7 @@ fn assert_ranges_land(block: &str) -> usize {
 
 /// The Claude Code session: the capture's opening, then `STEPS` tool steps.
 async fn claude_session(state: Option<u32>) -> (Harness, Vec<Recorded>, Probe) {
-    let cap = &captured("anthropic_11_claude_md")[0];
-    let mut body: Value = serde_json::from_slice(&cap.body).unwrap();
-    body["stream"] = json!(false);
-    let mut history: Vec<Value> = body["messages"].as_array().unwrap().clone();
+    let (mut client, mut history) = Client::open("anthropic_11_claude_md", "messages");
     let steps: Vec<Step> = (0..STEPS).map(claude_step).collect();
     let script = Script::replies(
         steps
@@ -451,41 +511,22 @@ async fn claude_session(state: Option<u32>) -> (Harness, Vec<Recorded>, Probe) {
     )
     .then(Reply::text("All done."));
     let h = harness_20k(FakeConfig::default().with_script(script), state).await;
-    let mut touched: HashMap<u64, Vec<String>> = HashMap::new();
-    let mut tasks_at = Vec::new();
-    let mut tasks_now = None;
+    let mut trail = Trail::default();
     for (i, s) in steps.iter().enumerate() {
-        body["messages"] = Value::Array(history.clone());
-        tasks_at.push(tasks_now.clone());
-        let got = h.post(&cap.path, &headers(cap), body.to_string()).await;
-        assert_eq!(got.status, 200, "step {i}: {}", got.text());
-        let content = got.json()["content"].clone();
-        let id = content
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["type"] == "tool_use")
-            .and_then(|b| b["id"].as_str())
-            .unwrap()
-            .to_string();
+        trail.request();
+        let content = client.send(&h, &history, i).await["content"].clone();
+        let id = tool_use_id(&content);
         history.push(json!({"role": "assistant", "content": content}));
-        touched.insert(history.len() as u64, s.paths.clone());
+        trail.touched.insert(history.len() as u64, s.paths.clone());
         let is_error = s.output.starts_with("Exit code 1");
         history.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": s.output, "is_error": is_error}]}));
-        if let Some(t) = &s.tasks {
-            tasks_now = Some(t.clone());
-        }
+        trail.wrote(s);
     }
     h.settle().await;
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/messages"))
-        .collect();
+    let reqs = h.requests_to("/v1/messages");
     assert_eq!(reqs.len(), STEPS);
     let p = if state.is_some() {
-        probe(&reqs, "messages", &touched, &tasks_at)
+        probe(&reqs, "messages", &trail)
     } else {
         Probe::default()
     };
@@ -494,10 +535,7 @@ async fn claude_session(state: Option<u32>) -> (Harness, Vec<Recorded>, Probe) {
 
 /// The Codex session: the capture's opening, then `STEPS` tool steps.
 async fn codex_session() -> (Harness, Vec<Recorded>, Probe) {
-    let cap = &captured("openai_07_codex_agents_md")[0];
-    let mut body: Value = serde_json::from_slice(&cap.body).unwrap();
-    body["stream"] = json!(false);
-    let mut input: Vec<Value> = body["input"].as_array().unwrap().clone();
+    let (mut client, mut input) = Client::open("openai_07_codex_agents_md", "input");
     let steps: Vec<Step> = (0..STEPS).map(codex_step).collect();
     let script = Script::replies(
         steps
@@ -506,19 +544,17 @@ async fn codex_session() -> (Harness, Vec<Recorded>, Probe) {
     )
     .then(Reply::text("All done."));
     let h = harness_20k(FakeConfig::default().with_script(script), Some(2_000)).await;
-    let mut touched: HashMap<u64, Vec<String>> = HashMap::new();
-    let mut tasks_at = Vec::new();
-    let mut tasks_now = None;
+    let mut trail = Trail::default();
     for (i, s) in steps.iter().enumerate() {
-        body["input"] = Value::Array(input.clone());
-        tasks_at.push(tasks_now.clone());
-        let got = h.post(&cap.path, &headers(cap), body.to_string()).await;
-        assert_eq!(got.status, 200, "step {i}: {}", got.text());
-        let out = got.json()["output"].as_array().unwrap().clone();
+        trail.request();
+        let out = client.send(&h, &input, i).await["output"]
+            .as_array()
+            .unwrap()
+            .clone();
         for item in &out {
             input.push(item.clone());
             if item["type"] == "function_call" {
-                touched.insert(input.len() as u64, s.paths.clone());
+                trail.touched.insert(input.len() as u64, s.paths.clone());
             }
         }
         for c in out.iter().filter(|i| i["type"] == "function_call") {
@@ -526,19 +562,12 @@ async fn codex_session() -> (Harness, Vec<Recorded>, Probe) {
                 json!({"type":"function_call_output","call_id":c["call_id"],"output":s.output}),
             );
         }
-        if let Some(t) = &s.tasks {
-            tasks_now = Some(t.clone());
-        }
+        trail.wrote(s);
     }
     h.settle().await;
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/responses"))
-        .collect();
+    let reqs = h.requests_to("/v1/responses");
     assert_eq!(reqs.len(), STEPS);
-    let p = probe(&reqs, "input", &touched, &tasks_at);
+    let p = probe(&reqs, "input", &trail);
     (h, reqs, p)
 }
 
@@ -620,16 +649,6 @@ async fn the_state_block_costs_its_size_per_request_and_nothing_else() {
         .contains(STATE_HEAD));
 }
 
-/// The proxy options of [`harness_20k`] with the state block on.
-fn opts_20k(o: &mut oceancode_proxy::runtime::ProxyOptions) {
-    o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-        context: Some(200_000),
-        max_output: Some(32_000),
-    });
-    o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
-    o.sessions.state_tokens = Some(2_000);
-}
-
 /// A multi-turn Claude Code session: every 30th step the model answers in
 /// text and the user asks the next thing (a new turn); else a tool step.
 /// `restart_at`: before these steps' requests the proxy is stopped and a
@@ -637,10 +656,7 @@ fn opts_20k(o: &mut oceancode_proxy::runtime::ProxyOptions) {
 /// harness and the bodies the upstream got.
 async fn multi_turn_session(restart_at: &[usize]) -> (Harness, Vec<Vec<u8>>) {
     const N: usize = 120;
-    let cap = &captured("anthropic_11_claude_md")[0];
-    let mut body: Value = serde_json::from_slice(&cap.body).unwrap();
-    body["stream"] = json!(false);
-    let mut history: Vec<Value> = body["messages"].as_array().unwrap().clone();
+    let (mut client, mut history) = Client::open("anthropic_11_claude_md", "messages");
     let turn_end = |i: usize| i % 30 == 29;
     let replies: Vec<Reply> = (0..N)
         .map(|i| {
@@ -652,26 +668,13 @@ async fn multi_turn_session(restart_at: &[usize]) -> (Harness, Vec<Vec<u8>>) {
             }
         })
         .collect();
-    let mut h = Harness::start(
-        FakeConfig::default().with_script(Script::replies(replies)),
-        opts_20k,
-    )
-    .await;
+    let fake = FakeConfig::default().with_script(Script::replies(replies));
+    let mut h = harness_20k(fake, Some(2_000)).await;
     for i in 0..N {
         if restart_at.contains(&i) {
-            h.stop().await;
-            let mut o = oceancode_tests::options(&h.fake.url(), h.data.path());
-            opts_20k(&mut o);
-            h.proxy = Some(
-                oceancode_proxy::runtime::start(o)
-                    .await
-                    .expect("the proxy starts again"),
-            );
+            h.restart(|o| opts_20k(o, Some(2_000))).await;
         }
-        body["messages"] = Value::Array(history.clone());
-        let got = h.post(&cap.path, &headers(cap), body.to_string()).await;
-        assert_eq!(got.status, 200, "step {i}: {}", got.text());
-        let content = got.json()["content"].clone();
+        let content = client.send(&h, &history, i).await["content"].clone();
         history.push(json!({"role": "assistant", "content": content.clone()}));
         if turn_end(i) {
             history.push(json!({"role": "user", "content": format!(
@@ -679,24 +682,15 @@ async fn multi_turn_session(restart_at: &[usize]) -> (Harness, Vec<Vec<u8>>) {
                 i / 30 + 1
             )}));
         } else {
-            let id = content
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|b| b["type"] == "tool_use")
-                .and_then(|b| b["id"].as_str())
-                .unwrap()
-                .to_string();
+            let id = tool_use_id(&content);
             let s = claude_step(i);
             history.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": s.output}]}));
         }
     }
     h.settle().await;
     let bodies = h
-        .fake
-        .requests()
+        .requests_to("/v1/messages")
         .into_iter()
-        .filter(|r| r.path.starts_with("/v1/messages"))
         .map(|r| r.body.to_vec())
         .collect();
     (h, bodies)

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::dialect::{self, ResponseCollector};
 use oceancode_proxy::sessions::ModelLimits;
-use oceancode_tests::{stub_seq, tool_output, Harness};
+use oceancode_tests::{push_tool_step, stub_seq, tool_output, Got, Harness};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -21,6 +21,14 @@ fn upstream_messages(r: &Recorded) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The id of the session the proxy saw last.
+async fn latest_id(h: &Harness) -> String {
+    h.admin("/_oceancode/sessions/latest").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
     let fake = FakeConfig::default().with_script(Script::always(
@@ -30,18 +38,13 @@ async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
         )
         .with_text("Running the tests."),
     ));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(CONTEXT),
-            max_output: Some(64_000),
-        });
-    })
-    .await;
+    let h = Harness::start(fake, models_200k).await;
     let tools = json!([{"name":"Bash","description":"Run a shell command","input_schema":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]);
     let mut history: Vec<Value> = vec![
         json!({"role":"user","content":"Fix the failing tests in this repository. Run them after each change."}),
     ];
     let mut client_usage: Vec<Value> = Vec::new();
+    let hdr = [("x-oceancode-session", "long-run")];
     const STEPS: usize = 300;
     for step in 0..STEPS {
         let stream = step % 5 == 0;
@@ -53,13 +56,7 @@ async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
             "tools": tools,
             "messages": history,
         });
-        let got = h
-            .post(
-                "/v1/messages",
-                &[("x-oceancode-session", "long-run")],
-                body.to_string(),
-            )
-            .await;
+        let got = h.post("/v1/messages", &hdr, body.to_string()).await;
         assert_eq!(got.status, 200, "step {step}: {}", got.text());
         let (content, usage) = if stream {
             let mut c: Box<dyn ResponseCollector> =
@@ -78,23 +75,11 @@ async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
             (v["content"].clone(), v["usage"].clone())
         };
         client_usage.push(usage);
-        let tool_id = content
-            .as_array()
-            .and_then(|a| a.iter().find(|b| b["type"] == "tool_use"))
-            .and_then(|b| b["id"].as_str())
-            .expect("a tool call")
-            .to_string();
-        history.push(json!({"role":"assistant","content":content}));
-        history.push(json!({"role":"user","content":[{"type":"tool_result","tool_use_id":tool_id,"content":tool_output(step)}]}));
+        push_tool_step(&mut history, &content, &tool_output(step));
     }
     h.settle().await;
 
-    let reqs: Vec<Recorded> = h
-        .fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.path.starts_with("/v1/messages"))
-        .collect();
+    let reqs = h.requests_to("/v1/messages");
     assert_eq!(reqs.len(), STEPS);
     let mut cuts = 0;
     let mut prev_stub: Option<String> = None;
@@ -184,6 +169,13 @@ async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
     assert!(s.cut_upto > 0);
 }
 
+/// A request of the `ct` session to `path`: `history`, with Bash as its tool.
+async fn ct_post(h: &Harness, path: &str, history: &[Value]) -> Got {
+    let body = json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":history});
+    h.post(path, &[("x-oceancode-session", "ct")], body.to_string())
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() {
     let fake = FakeConfig::default().with_script(Script::always(Reply::tool_call(
@@ -199,38 +191,17 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
     })
     .await;
     let mut history: Vec<Value> = vec![json!({"role":"user","content":"go"})];
-    let body = |history: &Vec<Value>| {
-        json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":history}).to_string()
-    };
     for step in 0..40 {
-        let got = h
-            .post(
-                "/v1/messages",
-                &[("x-oceancode-session", "ct")],
-                body(&history),
-            )
-            .await;
+        let got = ct_post(&h, "/v1/messages", &history).await;
         assert_eq!(got.status, 200, "{}", got.text());
         let v = got.json();
-        oceancode_tests::push_tool_step(&mut history, &v["content"], &tool_output(step));
+        push_tool_step(&mut history, &v["content"], &tool_output(step));
     }
     // count_tokens with the same conversation gets the same window as the main request.
     h.fake.clear();
-    let got = h
-        .post(
-            "/v1/messages/count_tokens",
-            &[("x-oceancode-session", "ct")],
-            body(&history),
-        )
-        .await;
+    let got = ct_post(&h, "/v1/messages/count_tokens", &history).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    let main = h
-        .post(
-            "/v1/messages",
-            &[("x-oceancode-session", "ct")],
-            body(&history),
-        )
-        .await;
+    let main = ct_post(&h, "/v1/messages", &history).await;
     assert_eq!(main.status, 200);
     let reqs = h.fake.requests();
     let ct = upstream_messages(&reqs[0]);
@@ -250,16 +221,10 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
 
     // Now the upstream refuses with "prompt is too long": every closed block is cut, one retry.
     let v = main.json();
-    oceancode_tests::push_tool_step(&mut history, &v["content"], &tool_output(99));
+    push_tool_step(&mut history, &v["content"], &tool_output(99));
     h.fake.clear();
     h.fake.push_reply(Reply::too_long());
-    let got = h
-        .post(
-            "/v1/messages",
-            &[("x-oceancode-session", "ct")],
-            body(&history),
-        )
-        .await;
+    let got = ct_post(&h, "/v1/messages", &history).await;
     assert_eq!(got.status, 200, "retried after the cut: {}", got.text());
     let reqs = h.fake.requests();
     assert_eq!(reqs.len(), 2, "one retry");
@@ -273,13 +238,7 @@ async fn count_tokens_gets_the_same_window_and_too_long_cuts_and_retries_once() 
     // A second too-long with nothing left to cut is relayed unchanged.
     h.fake.clear();
     h.fake.set_script(Script::always(Reply::too_long()));
-    let got = h
-        .post(
-            "/v1/messages",
-            &[("x-oceancode-session", "ct")],
-            body(&history),
-        )
-        .await;
+    let got = ct_post(&h, "/v1/messages", &history).await;
     assert_eq!(got.status, 400);
     assert!(got.json()["error"]["message"]
         .as_str()
@@ -303,31 +262,30 @@ async fn admin_post(h: &Harness, body: Value) -> oceancode_tests::Got {
     .await
 }
 
+/// A request of the `ctl-1` client: `messages`, with `tool` as its only
+/// tool; answered with a 200.
+async fn ctl_request(h: &Harness, tool: &str, messages: &[Value]) {
+    let body = json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":tool,"input_schema":{"type":"object"}}],"messages":messages});
+    let hdr = [("x-claude-code-session-id", "ctl-1")];
+    assert_eq!(
+        h.post("/v1/messages", &hdr, body.to_string()).await.status,
+        200
+    );
+}
+
+/// The assistant's "ok", then the user's `ask`, appended to `history`.
+fn ok_then(history: &mut Vec<Value>, ask: &str) {
+    history.push(json!({"role":"assistant","content":"ok"}));
+    history.push(json!({"role":"user","content":ask}));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() {
     let fake = FakeConfig::default().with_script(Script::always(Reply::text("ok")));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(CONTEXT),
-            max_output: Some(64_000),
-        });
-    })
-    .await;
-    let main_body = |msgs: &[Value]| {
-        json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":msgs}).to_string()
-    };
-    let hdr = [("x-claude-code-session-id", "ctl-1")];
+    let h = Harness::start(fake, models_200k).await;
     let mut history = vec![json!({"role":"user","content":"main task"})];
-    assert_eq!(
-        h.post("/v1/messages", &hdr, main_body(&history))
-            .await
-            .status,
-        200
-    );
-    let main_id = h.admin("/_oceancode/sessions/latest").await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    ctl_request(&h, "Bash", &history).await;
+    let main_id = latest_id(&h).await;
     assert_eq!(
         h.admin(&format!("/_oceancode/sessions/{main_id}")).await["meter"]["line"],
         80_000
@@ -336,21 +294,14 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
     // Set 50% for the session: applies from the next request.
     let got = admin_post(&h, json!({"session": main_id, "value": "50%"})).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    history.push(json!({"role":"assistant","content":"ok"}));
-    history.push(json!({"role":"user","content":"next"}));
-    assert_eq!(
-        h.post("/v1/messages", &hdr, main_body(&history))
-            .await
-            .status,
-        200
-    );
+    ok_then(&mut history, "next");
+    ctl_request(&h, "Bash", &history).await;
     let s = h.admin(&format!("/_oceancode/sessions/{main_id}")).await;
     assert_eq!(s["override"], "50%");
     assert_eq!(s["meter"]["line"], 100_000);
 
     // A sub-agent (other tools, other first message) is its own session, linked, inheriting.
-    let sub = json!({"model":"claude-x","max_tokens":1000,"tools":[{"name":"Read","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"sub task"}]}).to_string();
-    assert_eq!(h.post("/v1/messages", &hdr, sub).await.status, 200);
+    ctl_request(&h, "Read", &[json!({"role":"user","content":"sub task"})]).await;
     let sub_s = h.admin("/_oceancode/sessions/latest").await;
     assert_ne!(sub_s["id"], main_id.as_str());
     assert_eq!(sub_s["parent"], main_id.as_str());
@@ -369,14 +320,8 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
     let got = admin_post(&h, json!({"session": main_id, "value": "now"})).await;
     assert_eq!(got.status, 200, "{}", got.text());
     h.fake.clear();
-    history.push(json!({"role":"assistant","content":"ok"}));
-    history.push(json!({"role":"user","content":"after the cut"}));
-    assert_eq!(
-        h.post("/v1/messages", &hdr, main_body(&history))
-            .await
-            .status,
-        200
-    );
+    ok_then(&mut history, "after the cut");
+    ctl_request(&h, "Bash", &history).await;
     let msgs = upstream_messages(&h.fake.requests()[0]);
     let named = stub_seq(&msgs[0]);
     assert!(named.is_some(), "a stub opens the window: {}", msgs[0]);
@@ -401,14 +346,8 @@ async fn runtime_control_applies_from_the_next_request_and_sub_agents_inherit() 
             .status,
         200
     );
-    history.push(json!({"role":"assistant","content":"ok"}));
-    history.push(json!({"role":"user","content":"again"}));
-    assert_eq!(
-        h.post("/v1/messages", &hdr, main_body(&history))
-            .await
-            .status,
-        200
-    );
+    ok_then(&mut history, "again");
+    ctl_request(&h, "Bash", &history).await;
     let s = h.admin(&format!("/_oceancode/sessions/{main_id}")).await;
     assert!(s["override"].is_null());
     assert_eq!(s["meter"]["line"], 80_000);
@@ -426,8 +365,24 @@ async fn keep_line_step(h: &Harness, history: &mut Vec<Value>) {
     let body = json!({"model":"claude-x","max_tokens":1000,"messages":history}).to_string();
     let hdr = [("x-claude-code-session-id", "keep-line")];
     assert_eq!(h.post("/v1/messages", &hdr, body).await.status, 200);
-    history.push(json!({"role":"assistant","content":"ok"}));
-    history.push(json!({"role":"user","content":"next"}));
+    ok_then(history, "next");
+}
+
+/// `value` set for the `keep-line` session `id`, then a request, a restart
+/// and one more request: the session as the restarted proxy has it.
+async fn set_then_restart(
+    h: &mut Harness,
+    history: &mut Vec<Value>,
+    id: &str,
+    value: &str,
+) -> Value {
+    let set = admin_post(h, json!({"session": id, "value": value})).await;
+    assert_eq!(set.status, 200, "{value}: {}", set.text());
+    keep_line_step(h, history).await;
+    h.settle().await;
+    h.restart(models_200k).await;
+    keep_line_step(h, history).await;
+    h.admin(&format!("/_oceancode/sessions/{id}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,17 +391,8 @@ async fn a_sessions_override_survives_a_restart_and_so_does_clearing_it() {
     let mut h = Harness::start(fake, models_200k).await;
     let mut history = vec![json!({"role":"user","content":"main task"})];
     keep_line_step(&h, &mut history).await;
-    let id = h.admin("/_oceancode/sessions/latest").await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let set = admin_post(&h, json!({"session": id, "value": "50%"})).await;
-    assert_eq!(set.status, 200, "{}", set.text());
-    keep_line_step(&h, &mut history).await;
-    h.settle().await;
-    h.restart(models_200k).await;
-    keep_line_step(&h, &mut history).await;
-    let s = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    let id = latest_id(&h).await;
+    let s = set_then_restart(&mut h, &mut history, &id, "50%").await;
     assert_eq!(
         s["override"], "50%",
         "the restarted proxy lost the override: {s}"
@@ -454,13 +400,7 @@ async fn a_sessions_override_survives_a_restart_and_so_does_clearing_it() {
     assert_eq!(s["meter"]["line"], 100_000);
 
     // Cleared, then a restart: the configured line, not the old override.
-    let clear = admin_post(&h, json!({"session": id, "value": "default"})).await;
-    assert_eq!(clear.status, 200, "{}", clear.text());
-    keep_line_step(&h, &mut history).await;
-    h.settle().await;
-    h.restart(models_200k).await;
-    keep_line_step(&h, &mut history).await;
-    let s = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    let s = set_then_restart(&mut h, &mut history, &id, "default").await;
     assert!(s["override"].is_null(), "a cleared override came back: {s}");
     assert_eq!(s["meter"]["line"], 80_000);
 }
@@ -491,6 +431,7 @@ async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
         json!({"type":"message","role":"developer","content":[{"type":"input_text","text":"You are Codex."}]}),
         json!({"type":"message","role":"user","content":[{"type":"input_text","text":"inspect the repo"}]}),
     ];
+    let hdr = [("session-id", "par-1")];
     let mut cuts = 0;
     for step in 0..30 {
         if step % 4 == 3 {
@@ -500,13 +441,7 @@ async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
             h.proxy().app.sessions.evict_idle(-1);
         }
         let body = json!({"model":"gpt-5-codex","stream":false,"store":false,"tools":[{"type":"function","name":"shell","parameters":{"type":"object"}}],"input":input});
-        let got = h
-            .post(
-                "/v1/responses",
-                &[("session-id", "par-1")],
-                body.to_string(),
-            )
-            .await;
+        let got = h.post("/v1/responses", &hdr, body.to_string()).await;
         assert_eq!(got.status, 200, "step {step}: {}", got.text());
         let v = got.json();
         let output = v["output"].as_array().unwrap().clone();
@@ -649,7 +584,7 @@ async fn stub_names_only_rows_that_left(d: &str) {
                     let content = v["content"].clone();
                     history.push(json!({"role":"assistant","content":content}));
                     if k < 3 {
-                        oceancode_tests::push_tool_step(&mut history, &content, &tool_output(step));
+                        push_tool_step(&mut history, &content, &tool_output(step));
                         history.remove(history.len() - 2);
                     }
                 }
@@ -671,10 +606,7 @@ async fn stub_names_only_rows_that_left(d: &str) {
         }
     }
     h.settle().await;
-    let id = h.admin("/_oceancode/sessions/latest").await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = latest_id(&h).await;
     let cuts = h.store().cuts(&id).unwrap();
     let meter = h.admin(&format!("/_oceancode/sessions/{id}")).await["meter"].clone();
     assert!(!stubs.is_empty(), "{d}: the line was crossed");

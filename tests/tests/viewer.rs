@@ -45,22 +45,7 @@ async fn recorded_with(
     .await;
     let mut history: Vec<Value> = vec![json!({"role":"user","content": XSS})];
     for step in 0..steps {
-        let body = json!({
-            "model": "claude-sonnet-4-5",
-            "max_tokens": 1024,
-            "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
-            "messages": history,
-        });
-        let got = h
-            .post(
-                "/v1/messages",
-                &[("x-oceancode-session", "viewer-test")],
-                body.to_string(),
-            )
-            .await;
-        assert_eq!(got.status, 200, "step {step}: {}", got.text());
-        let content = got.json()["content"].clone();
-        push_tool_step(&mut history, &content, &tool_output(step));
+        one_more_step(&h, &mut history, step).await;
     }
     h.settle().await;
     let id = h.admin("/_oceancode/sessions").await["sessions"][0]["id"]
@@ -68,6 +53,27 @@ async fn recorded_with(
         .unwrap()
         .to_string();
     (h, id, history)
+}
+
+/// One tool step of the `viewer-test` session: `history` goes through the
+/// proxy; the answer and the tool's output are appended to it.
+async fn one_more_step(h: &Harness, history: &mut Vec<Value>, step: usize) {
+    let body = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+        "messages": history,
+    });
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "viewer-test")],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(got.status, 200, "step {step}: {}", got.text());
+    let content = got.json()["content"].clone();
+    push_tool_step(history, &content, &tool_output(step));
 }
 
 /// GET `path` on the proxy with exactly `headers` (no token added).
@@ -95,6 +101,19 @@ fn cookie_of(h: &Harness) -> String {
     format!("oceancode_ui={}", h.admin_token())
 }
 
+/// GET `path` as the signed-in viewer: with the cookie the hand-over left.
+async fn signed_in(h: &Harness, path: &str) -> Got {
+    signed_in_with(h, path, &[]).await
+}
+
+/// [`signed_in`] with `more` headers after the cookie.
+async fn signed_in_with(h: &Harness, path: &str, more: &[(&str, &str)]) -> Got {
+    let cookie = cookie_of(h);
+    let mut headers = vec![("cookie", cookie.as_str())];
+    headers.extend_from_slice(more);
+    get(h, path, &headers).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     let (h, _) = recorded(1).await;
@@ -117,12 +136,7 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
         set,
         format!("oceancode_ui={token}; Path=/_oceancode/ui/; HttpOnly; SameSite=Strict")
     );
-    let page = get(
-        &h,
-        "/_oceancode/ui/?sort=rows",
-        &[("cookie", &cookie_of(&h))],
-    )
-    .await;
+    let page = signed_in(&h, "/_oceancode/ui/?sort=rows").await;
     assert_eq!(page.status, 200);
     assert!(
         page.text().contains("<table class=\"sessions\""),
@@ -138,7 +152,7 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     )
     .await;
     assert_eq!(bearer.status, 200);
-    let api = get(&h, "/_oceancode/sessions", &[("cookie", &cookie_of(&h))]).await;
+    let api = signed_in(&h, "/_oceancode/sessions").await;
     assert_eq!(api.status, 401);
     // Without its trailing slash the cookie path would not match: redirected.
     let bare = get(&h, "/_oceancode/ui", &[]).await;
@@ -150,33 +164,18 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
 async fn the_viewer_refuses_other_hosts_origins_and_writes() {
     let (h, id) = recorded(1).await;
     let c = cookie_of(&h);
-    let ok = get(
-        &h,
-        "/_oceancode/ui/",
-        &[("cookie", &c), ("sec-fetch-site", "same-origin")],
-    )
-    .await;
+    let ok = signed_in_with(&h, "/_oceancode/ui/", &[("sec-fetch-site", "same-origin")]).await;
     assert_eq!(ok.status, 200);
-    let host = get(
-        &h,
-        "/_oceancode/ui/",
-        &[("cookie", &c), ("host", "attacker.example")],
-    )
-    .await;
+    let host = signed_in_with(&h, "/_oceancode/ui/", &[("host", "attacker.example")]).await;
     assert_eq!(host.status, 403, "DNS rebinding: {}", host.text());
-    let origin = get(
+    let origin = signed_in_with(
         &h,
         "/_oceancode/ui/",
-        &[("cookie", &c), ("origin", "http://attacker.example")],
+        &[("origin", "http://attacker.example")],
     )
     .await;
     assert_eq!(origin.status, 403);
-    let site = get(
-        &h,
-        "/_oceancode/ui/",
-        &[("cookie", &c), ("sec-fetch-site", "cross-site")],
-    )
-    .await;
+    let site = signed_in_with(&h, "/_oceancode/ui/", &[("sec-fetch-site", "cross-site")]).await;
     assert_eq!(site.status, 403);
     // A cross-site page cannot even hand a token over.
     let token = h.admin_token();
@@ -206,13 +205,12 @@ async fn the_viewer_refuses_other_hosts_origins_and_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_content_is_escaped_under_a_policy_without_inline_script() {
     let (h, id) = recorded(2).await;
-    let c = cookie_of(&h);
     for path in [
         format!("/_oceancode/ui/s/{id}"),
         format!("/_oceancode/ui/s/{id}?view=model"),
         "/_oceancode/ui/search?q=onerror".to_string(),
     ] {
-        let page = get(&h, &path, &[("cookie", &c)]).await;
+        let page = signed_in(&h, &path).await;
         assert_eq!(page.status, 200, "{path}");
         let csp = page.headers["content-security-policy"].to_str().unwrap();
         assert!(
@@ -247,7 +245,6 @@ async fn hostile_content_is_escaped_under_a_policy_without_inline_script() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
     let (h, id) = recorded(14).await;
-    let c = cookie_of(&h);
     let store = h.proxy().app.store.clone().unwrap();
     let steps = oceancode_ledger::store::LedgerRead::steps(store.as_ref(), &id).unwrap();
     let cuts = oceancode_ledger::store::LedgerRead::cuts(store.as_ref(), &id).unwrap();
@@ -257,7 +254,7 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
         "a 20k line over 14 steps of ~4k tokens cuts"
     );
 
-    let full = get(&h, &format!("/_oceancode/ui/s/{id}"), &[("cookie", &c)])
+    let full = signed_in(&h, &format!("/_oceancode/ui/s/{id}"))
         .await
         .text();
     assert_eq!(
@@ -300,13 +297,9 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
         );
     }
 
-    let model = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}?view=model"),
-        &[("cookie", &c)],
-    )
-    .await
-    .text();
+    let model = signed_in(&h, &format!("/_oceancode/ui/s/{id}?view=model"))
+        .await
+        .text();
     assert!(
         model.contains("id=\"stub\""),
         "the model view opens with the stub"
@@ -343,35 +336,21 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
 
     // The cuts table, SESSION.md, the exports.
     assert!(full.contains("id=\"cuts\""));
-    let md = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}/export.md"),
-        &[("cookie", &c)],
-    )
-    .await;
+    let md = signed_in(&h, &format!("/_oceancode/ui/s/{id}/export.md")).await;
     assert_eq!(md.status, 200);
     assert!(md.headers["content-disposition"]
         .to_str()
         .unwrap()
         .starts_with("attachment;"));
     assert!(md.text().contains("zephyrword"));
-    let atif = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}/export.atif.json"),
-        &[("cookie", &c)],
-    )
-    .await;
+    let atif = signed_in(&h, &format!("/_oceancode/ui/s/{id}/export.atif.json")).await;
     assert_eq!(atif.status, 200);
     assert!(atif.json().is_object());
 
     // Live: the stamp moves with a new step.
-    let live = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}/live"),
-        &[("cookie", &c)],
-    )
-    .await
-    .json();
+    let live = signed_in(&h, &format!("/_oceancode/ui/s/{id}/live"))
+        .await
+        .json();
     assert_eq!(live["steps"], 14);
     assert!(full.contains(&format!(
         "data-stamp=\"{}\"",
@@ -382,8 +361,7 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn search_finds_a_word_and_links_to_its_row() {
     let (h, id) = recorded(2).await;
-    let c = cookie_of(&h);
-    let page = get(&h, "/_oceancode/ui/search?q=zephyrword", &[("cookie", &c)]).await;
+    let page = signed_in(&h, "/_oceancode/ui/search?q=zephyrword").await;
     assert_eq!(page.status, 200);
     let text = page.text();
     let link = format!("href=\"/_oceancode/ui/s/{id}?seq=");
@@ -391,45 +369,16 @@ async fn search_finds_a_word_and_links_to_its_row() {
     let rest = &text[at + link.len()..];
     let seq: u64 = rest[..rest.find('#').unwrap()].parse().unwrap();
     assert!(rest.starts_with(&format!("{seq}#r-{seq}\"")));
-    let target = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}?seq={seq}"),
-        &[("cookie", &c)],
-    )
-    .await
-    .text();
+    let target = signed_in(&h, &format!("/_oceancode/ui/s/{id}?seq={seq}"))
+        .await
+        .text();
     assert!(target.contains(&format!("id=\"r-{seq}\"")));
-    let none = get(
-        &h,
-        "/_oceancode/ui/search?q=nosuchwordanywhere",
-        &[("cookie", &c)],
-    )
-    .await
-    .text();
+    let none = signed_in(&h, "/_oceancode/ui/search?q=nosuchwordanywhere")
+        .await
+        .text();
     assert!(none.contains("0 rows hold every word"));
-    let missing = get(&h, "/_oceancode/ui/s/no-such-session", &[("cookie", &c)]).await;
+    let missing = signed_in(&h, "/_oceancode/ui/s/no-such-session").await;
     assert_eq!(missing.status, 404);
-}
-
-/// One more tool step of the session `recorded` made (its history read
-/// back from the fake upstream's last request and the answer).
-async fn one_more_step(h: &Harness, history: &mut Vec<Value>, step: usize) {
-    let body = json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
-        "messages": history,
-    });
-    let got = h
-        .post(
-            "/v1/messages",
-            &[("x-oceancode-session", "viewer-test")],
-            body.to_string(),
-        )
-        .await;
-    assert_eq!(got.status, 200, "{}", got.text());
-    let content = got.json()["content"].clone();
-    push_tool_step(history, &content, &tool_output(step));
 }
 
 /// The messages of every request the fake upstream received, in order.
@@ -458,7 +407,6 @@ async fn the_model_view_is_what_the_upstream_received_on_every_step_with_an_edit
         };
     })
     .await;
-    let c = cookie_of(&h);
     // An edit without the file: every tool round but the running one
     // leaves, and a note takes their place.
     let edit = oceancode_tests::collect(
@@ -490,12 +438,7 @@ async fn the_model_view_is_what_the_upstream_received_on_every_step_with_an_edit
     // Every step's model view, message by message, is what the upstream got.
     for (i, want) in got.iter().enumerate() {
         let step = i + 1;
-        let sent = get(
-            &h,
-            &format!("/_oceancode/ui/s/{id}/sent.json?step={step}"),
-            &[("cookie", &c)],
-        )
-        .await;
+        let sent = signed_in(&h, &format!("/_oceancode/ui/s/{id}/sent.json?step={step}")).await;
         assert_eq!(sent.status, 200, "step {step}: {}", sent.text());
         let v = sent.json();
         let msgs = v["messages"].as_array().unwrap();
@@ -525,23 +468,15 @@ async fn the_model_view_is_what_the_upstream_received_on_every_step_with_an_edit
     };
     let with_pointers = got.iter().filter(|m| pointed(m) > 0).count();
     assert!(with_pointers > 0, "compress pruned something");
-    let latest = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}/sent.json"),
-        &[("cookie", &c)],
-    )
-    .await
-    .json();
+    let latest = signed_in(&h, &format!("/_oceancode/ui/s/{id}/sent.json"))
+        .await
+        .json();
     assert_eq!(latest["step"], steps + 2);
     assert_eq!(latest["edit"], 1, "the edit in force");
     // The page shows the same messages: one item each, in order.
-    let page = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}?view=model"),
-        &[("cookie", &c)],
-    )
-    .await
-    .text();
+    let page = signed_in(&h, &format!("/_oceancode/ui/s/{id}?view=model"))
+        .await
+        .text();
     assert_eq!(page.matches("<li class=\"row").count(), last.len());
     assert!(page.contains("state block ·"), "the state block is shown");
     assert!(page.contains("data-src=\"note\""), "the note is shown");
@@ -551,18 +486,14 @@ async fn the_model_view_is_what_the_upstream_received_on_every_step_with_an_edit
     }
     assert!(page.contains(&format!("step {} of {}", steps + 2, steps + 2)));
     // A step before the edit: what it sent then, not what the latest sent.
-    let early = get(
-        &h,
-        &format!("/_oceancode/ui/s/{id}?view=model&step=3"),
-        &[("cookie", &c)],
-    )
-    .await
-    .text();
+    let early = signed_in(&h, &format!("/_oceancode/ui/s/{id}?view=model&step=3"))
+        .await
+        .text();
     assert_eq!(early.matches("<li class=\"row").count(), got[2].len());
     assert!(early.contains("step 3 of"));
     assert!(!early.contains("data-src=\"note\""));
     // The full view dims what the edit leaves out.
-    let full = get(&h, &format!("/_oceancode/ui/s/{id}"), &[("cookie", &c)])
+    let full = signed_in(&h, &format!("/_oceancode/ui/s/{id}"))
         .await
         .text();
     assert!(
@@ -583,7 +514,6 @@ async fn the_viewer_prices_spend_with_the_configured_prices() {
         o.limits.pricer = Some(Arc::new(move |_m: &str| Some(configured)));
     })
     .await;
-    let c = cookie_of(&h);
     let store = h.proxy().app.store.clone().unwrap();
     let steps = oceancode_ledger::store::LedgerRead::steps(&*store, &id).unwrap();
     let (want, _) = oceancode_ledger::status::totals(&steps, &|_m: &str| Some(configured));
@@ -594,14 +524,14 @@ async fn the_viewer_prices_spend_with_the_configured_prices() {
         format!("${:.2}", builtin.cost_usd),
         "the prices differ"
     );
-    let page = get(&h, &format!("/_oceancode/ui/s/{id}"), &[("cookie", &c)])
+    let page = signed_in(&h, &format!("/_oceancode/ui/s/{id}"))
         .await
         .text();
     assert!(
         page.contains(&format!("<dt>spend</dt><dd>{want}</dd>")),
         "{want}: {page}"
     );
-    let list = get(&h, "/_oceancode/ui/", &[("cookie", &c)]).await.text();
+    let list = signed_in(&h, "/_oceancode/ui/").await.text();
     assert!(
         list.contains(&format!("<td class=\"n\">{want}</td>")),
         "{want}"
