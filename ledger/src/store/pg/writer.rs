@@ -66,6 +66,9 @@ pub(crate) struct PgDb {
     stale: Vec<String>,
     partitions_checked: Option<Instant>,
     renewed: Instant,
+    /// The connection was made again since the writer last asked
+    /// ([`Db::ensure`] reports it once).
+    reconnected: bool,
 }
 
 impl PgDb {
@@ -81,6 +84,7 @@ impl PgDb {
             stale: Vec::new(),
             partitions_checked: None,
             renewed: Instant::now(),
+            reconnected: false,
         }
     }
 
@@ -103,9 +107,10 @@ impl PgDb {
         Ok((&self.rt, client))
     }
 
-    /// The connection, made again when closed (true = it was); the day
-    /// partitions made sure of at first and then hourly.
-    fn connect(&mut self) -> Result<bool, StoreError> {
+    /// The connection, made again when closed (noted in `reconnected`,
+    /// whoever asked: the writer or a job); the day partitions made sure
+    /// of at first and then hourly.
+    fn connect(&mut self) -> Result<(), StoreError> {
         if self.client.as_ref().is_some_and(|c| !c.is_closed()) {
             let due = self
                 .partitions_checked
@@ -120,7 +125,7 @@ impl PgDb {
                     }
                 }
             }
-            return Ok(false);
+            return Ok(());
         }
         if self.client.take().is_some() {
             warn!("ledger database connection lost; reconnecting");
@@ -137,7 +142,8 @@ impl PgDb {
             Ok::<_, StoreError>(client)
         })?;
         self.client = Some(client);
-        Ok(true)
+        self.reconnected = true;
+        Ok(())
     }
 
     /// Index what recent rows miss of their search text (a crash between
@@ -185,8 +191,10 @@ impl PgDb {
 
 impl Db for PgDb {
     fn ensure(&mut self) -> Result<Reopen, StoreError> {
-        // What was cached may have changed meanwhile (another proxy).
-        Ok(if self.connect()? {
+        // What was cached may have changed meanwhile (another proxy),
+        // also when a job made the connection again.
+        self.connect()?;
+        Ok(if std::mem::take(&mut self.reconnected) {
             Reopen::Reconnected
         } else {
             Reopen::No
