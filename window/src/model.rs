@@ -395,6 +395,15 @@ impl StepDetail {
         *self == StepDetail::default()
     }
 
+    /// As the ledger stores it: its JSON, or None when it is empty.
+    pub fn stored(&self) -> Option<String> {
+        if self.is_empty() {
+            None
+        } else {
+            serde_json::to_string(self).ok()
+        }
+    }
+
     /// The internal exchange this step kept: the seq of the row it follows
     /// and its messages in order (every round's, as later requests carry
     /// them); None when the step kept none.

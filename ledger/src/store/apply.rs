@@ -201,11 +201,7 @@ pub(super) fn apply_event(
             error,
             detail,
         } => {
-            let detail = if detail.is_empty() {
-                None
-            } else {
-                serde_json::to_string(detail).ok()
-            };
+            let detail = detail.stored();
             c.prepare_cached(
                 "INSERT OR REPLACE INTO steps (session, step, model, status, input, output,
                     cache_read, cache_write, window_rows, ts_ms, error, detail)

@@ -424,11 +424,7 @@ impl Batch<'_> {
                 detail,
                 ..
             } => {
-                let detail = if detail.is_empty() {
-                    None
-                } else {
-                    serde_json::to_string(detail).ok()
-                };
+                let detail = detail.stored();
                 let nums = [
                     i64::from(*step),
                     i64::from(*status),

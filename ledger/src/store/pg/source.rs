@@ -5,7 +5,7 @@
 
 use super::super::error::StoreError;
 use super::super::source::Source;
-use super::sql::{big, read_row, session_meta, ROW_COLS};
+use super::sql::{big, read_row, session_meta, ROW_COLS, TURN_ROWS};
 use super::writer::PgDb;
 use crate::model::{Dialect, Row, SessionMeta};
 use crate::page::Note;
@@ -14,11 +14,6 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use tokio_postgres::types::ToSql;
 
-static TURN_ROWS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {ROW_COLS} FROM rows WHERE session = $1 AND turn = $2 AND NOT hidden ORDER BY seq"
-    )
-});
 static VISIBLE_ROWS: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {ROW_COLS} FROM rows WHERE session = $1 AND NOT hidden ORDER BY seq")
 });

@@ -10,7 +10,7 @@ use super::super::backend::{
 use super::super::error::StoreError;
 use super::super::sql::stored_dialect;
 use crate::model::{Row, RowKind, SessionMeta, Usage};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use tokio_postgres::GenericClient;
 
 /// A `u64` as `BIGINT` (saturating).
@@ -186,20 +186,19 @@ pub(super) async fn load_session<C: GenericClient>(
     }))
 }
 
+/// The visible rows of one turn, by seq (readers and the writer's files).
+pub(super) static TURN_ROWS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {ROW_COLS} FROM rows WHERE session = $1 AND turn = $2 AND NOT hidden ORDER BY seq"
+    )
+});
+
 /// Visible rows of one turn, by seq.
 pub(super) async fn turn_rows<C: GenericClient>(
     c: &C,
     session: &str,
     turn: u32,
 ) -> Result<Vec<Row>, StoreError> {
-    let rows = c
-        .query(
-            &format!(
-                "SELECT {ROW_COLS} FROM rows WHERE session = $1 AND turn = $2 AND NOT hidden
-                 ORDER BY seq"
-            ),
-            &[&session, &i64::from(turn)],
-        )
-        .await?;
+    let rows = c.query(&*TURN_ROWS, &[&session, &i64::from(turn)]).await?;
     Ok(rows.iter().map(|r| read_row(r).0).collect())
 }
