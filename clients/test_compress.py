@@ -280,6 +280,32 @@ def followed(dialect: str, reqs: list[dict], is_follow, result_text) -> list[tup
     return out
 
 
+def checked_session(label: str, tool: str, dialect: str, reqs: list[dict], session_dir: Path, data: Path,
+                    home: Path, is_follow, result_text, t0: float):
+    """The checks both clients' sessions get (common_checks, and the cuts,
+    pointers and follows that prove something), with one line of figures:
+    (pointers, cache figures, follows)."""
+    got = common_checks(dialect, reqs, session_dir, data, home)
+    cache, pointers = got["cache"], got["pointers"]
+    follows = followed(dialect, reqs, is_follow, result_text)
+    print(f"{label}: {len(reqs)} requests, {cache['cuts']} cuts, {len(pointers)} outputs sent as pointers, "
+          f"{len(follows)} pointers followed with {tool} ({len(distinct(follows))} distinct); cache read / input between cuts {cache['ratio']:.3f} "
+          f"({cache['requests']} requests; after the first cut {cache['ratio_cut']:.3f}); "
+          f"{time.monotonic() - t0:.0f}s")
+    assert cache["cuts"] >= 3, f"the session must cross the line several times: {cache['cuts']} cuts"
+    assert len(pointers) >= 5, f"compress pruned too little to prove anything: {len(pointers)}"
+    assert len(distinct(follows)) >= 3, f"only {len(distinct(follows))} distinct pointers were followed"
+    return pointers, cache, follows
+
+
+def check_opened(tool: str, p: dict, lines: list[str], res: str, pointers: dict):
+    """What the agent's `tool` printed of pointer `p` (its `lines`) is the
+    row's section: its anchor first, the original output inside."""
+    assert lines and lines[0].startswith(f"## seq {p['seq']} ·"), f"{tool} did not land on the row: {res[:400]}"
+    want = pointers[(p["seq"], p["part"])][1]
+    assert holds(fences(lines), want), f"{tool} of {p['text']} did not return the original:\n{res[:1500]}"
+
+
 def check_ratio(cache: dict):
     for k in ("ratio", "ratio_cut"):
         assert cache[k] >= MIN_CACHE_RATIO, f"cache read / input between cuts ({k}): {cache[k]:.3f}"
@@ -363,25 +389,14 @@ def test_claude_code_compress_pointers_are_valid_cached_and_followed(tmp_path):
     assert all(q["status"] == 200 for q in reqs), [(q["seq"], q["status"]) for q in reqs]
     assert not tcc.compaction_requests(reqs), "Claude Code compacted"
 
-    got = common_checks("anthropic", loop, dirs[0], data, work / "home")
-    cache, pointers = got["cache"], got["pointers"]
-    follows = followed("anthropic", loop, cc_reads, cc_result)
-    print(f"claude code: {len(loop)} requests, {cache['cuts']} cuts, {len(pointers)} outputs sent as pointers, "
-          f"{len(follows)} pointers followed with Read ({len(distinct(follows))} distinct); cache read / input between cuts {cache['ratio']:.3f} "
-          f"({cache['requests']} requests; after the first cut {cache['ratio_cut']:.3f}); "
-          f"{time.monotonic() - t0:.0f}s")
-    assert cache["cuts"] >= 3, f"the session must cross the line several times: {cache['cuts']} cuts"
-    assert len(pointers) >= 5, f"compress pruned too little to prove anything: {len(pointers)}"
+    pointers, cache, follows = checked_session("claude code", "Read", "anthropic", loop, dirs[0], data,
+                                               work / "home", cc_reads, cc_result, t0)
 
     # Claude Code's Read at the pointer's lines gets the original output.
-    assert len(distinct(follows)) >= 3, f"only {len(distinct(follows))} distinct pointers were followed"
     for p, inp, res in follows:
         assert inp == {"file_path": str(dirs[0] / p["path"]), "offset": p["from"],
                        "limit": p["to"] - p["from"] + 1}, (inp, p)
-        lines = read_lines(res)
-        assert lines and lines[0].startswith(f"## seq {p['seq']} ·"), f"Read did not land on the row: {res[:400]}"
-        want = pointers[(p["seq"], p["part"])][1]
-        assert holds(fences(lines), want), f"Read of {p['text']} did not return the original:\n{res[:1500]}"
+        check_opened("Read", p, read_lines(res), res, pointers)
 
     check_ratio(cache)
 
@@ -433,25 +448,14 @@ def test_codex_compress_pointers_are_valid_cached_and_followed(tmp_path):
     assert len(loop) >= CX_STEPS, len(loop)
     assert all(q["status"] == 200 for q in o.reqs), [(q["seq"], q["status"]) for q in o.reqs]
 
-    got = common_checks("responses", loop, o.session_dirs[0], o.data, o.home)
-    cache, pointers = got["cache"], got["pointers"]
-    follows = followed("responses", loop, cx_seds, cx_result)
-    print(f"codex: {len(loop)} requests, {cache['cuts']} cuts, {len(pointers)} outputs sent as pointers, "
-          f"{len(follows)} pointers followed with sed ({len(distinct(follows))} distinct); cache read / input between cuts {cache['ratio']:.3f} "
-          f"({cache['requests']} requests; after the first cut {cache['ratio_cut']:.3f}); "
-          f"{time.monotonic() - t0:.0f}s")
-    assert cache["cuts"] >= 3, f"the session must cross the line several times: {cache['cuts']} cuts"
-    assert len(pointers) >= 5, f"compress pruned too little to prove anything: {len(pointers)}"
+    pointers, cache, follows = checked_session("codex", "sed", "responses", loop, o.session_dirs[0], o.data,
+                                               o.home, cx_seds, cx_result, t0)
 
-    assert len(distinct(follows)) >= 3, f"only {len(distinct(follows))} distinct pointers were followed"
     for p, args, res in follows:
         assert args["cmd"] == f"sed -n '{p['from']},{p['to']}p' {o.session_dirs[0] / p['path']}", (args, p)
         # exec_command's output: a header, then `Output:` and what sed printed.
         assert "\nOutput:\n" in res, res[:500]
-        lines = res.split("\nOutput:\n", 1)[1].split("\n")
-        assert lines[0].startswith(f"## seq {p['seq']} ·"), f"sed did not print the row: {res[:400]}"
-        want = pointers[(p["seq"], p["part"])][1]
-        assert holds(fences(lines), want), f"sed of {p['text']} did not print the original:\n{res[:1500]}"
+        check_opened("sed", p, res.split("\nOutput:\n", 1)[1].split("\n"), res, pointers)
 
     check_ratio(cache)
 
