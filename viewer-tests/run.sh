@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 if [ -z "${OCEANCODE_BIN_DIR:-}" ]; then
 	cargo build --locked -p oceancode-proxy -p oceancode-fakeup
-	export OCEANCODE_BIN_DIR=$ROOT/target/debug
+	export OCEANCODE_BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 fi
 [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || { echo "viewer-tests: no chromium at ${CHROMIUM:-/usr/bin/chromium}" >&2; exit 1; }
 cd viewer-tests
