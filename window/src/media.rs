@@ -434,7 +434,7 @@ impl Seek for B64Reader<'_> {
 }
 
 /// Pages of a PDF given as base64 (decoded in chunks, at most
-/// [`PDF_SCAN_BYTES`]; the rest extrapolated).
+/// `PDF_SCAN_BYTES`; the rest extrapolated).
 pub fn pdf_pages_b64(b64: &str) -> u32 {
     let clean = clean_b64(b64);
     let src = clean.as_bytes();

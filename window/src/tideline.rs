@@ -611,14 +611,14 @@ pub fn plan_pins<'a>(
 
 /// The stub that opens a cut window: a pure function of its inputs.
 ///
-/// First line, exactly: `[Earlier content of this session is past the tideline:
+/// First line, exactly: ``[Earlier content of this session is past the tideline:
 /// every row up to seq N left this window. The verbatim record is
-/// <dir>/transcript/ (one file per turn) and <dir>/SESSION.md carries the merged
+/// DIR/transcript/ (one file per turn) and DIR/SESSION.md carries the merged
 /// state. Read them when you need what was said; `oceancode-proxy context`
-/// gives this window as a file to edit.]` (a trailing `/` of `dir` is
+/// gives this window as a file to edit.]`` (DIR is `dir`, a trailing `/`
 /// dropped). Then, for the newest [`STUB_MAX_TURNS`] of `cut_turns`
-/// (`(turn, text)`, in the given order), one line `- tNN: <first line>` where
-/// `NN` is the turn zero-padded to two digits and the first line is the first
+/// (`(turn, text)`, in the given order), one line `- tNN: FIRST` where
+/// `NN` is the turn zero-padded to two digits and FIRST is the first
 /// non-blank line of `text` with whitespace runs collapsed (`(no text)` if none),
 /// cut to at most [`STUB_TURN_LINE_CHARS`] characters in all (ending in `…`).
 /// Lines are joined by `\n`, no trailing newline.

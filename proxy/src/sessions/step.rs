@@ -277,7 +277,7 @@ impl Ticket {
     /// The upstream answered with `status`: the request's held events go
     /// to the writer, unless the upstream refused the caller (401/403):
     /// then the request is rolled back and leaves no trace, its step
-    /// finished (see [`super::hold`]). Called once the status is known; the
+    /// finished (see `sessions::hold`). Called once the status is known; the
     /// first call decides, and finishing the step calls it too.
     pub fn answered(&mut self, status: u16) {
         let held = std::mem::take(&mut self.held);

@@ -1,5 +1,5 @@
 //! The viewer's pages, rendered from what the ledger's read side returned
-//! ([`super::data`]). Pure: every string from a session goes through
+//! ([`super::session_data`] and the routes in [`super`]). Pure: every string from a session goes through
 //! [`Html::text`] or an escaped attribute.
 
 use super::chart;

@@ -6,7 +6,7 @@
 //! transaction each, retried with backoff while the database refuses or
 //! is down (requests keep flowing; health says degraded; sessions whose
 //! events cannot be kept fall *behind* and heal from their client's next
-//! full resend). The same admission queue ([`super::queue::Shared`]), the
+//! full resend). The same admission queue (`store::queue::Shared`), the
 //! same gap-free check, the same renderers: each proxy writes the
 //! transcripts, `index.md` and `SESSION.md` of the sessions it serves into
 //! its own data dir, and `ledger rebuild` writes them on any machine from
