@@ -959,3 +959,81 @@ fn postgres_outage_degrades_and_heals() {
     assert!(store.metrics().commit_retries > 0);
     assert_eq!(store.behind_count(), 0);
 }
+
+/// Every file name under `dir` (recursively).
+fn names_under(dir: &std::path::Path) -> Vec<String> {
+    snapshot(dir).into_keys().collect()
+}
+
+/// Issue 40 item 4: a link inside the data dir is never written through.
+/// A session's `transcript/` linked to a directory outside got its turn
+/// files and `index.md` written there, and a session dir linked to a
+/// project dir got `SESSION.md` (and `transcript/`); the export read a turn
+/// file linked to `/dev/zero` until memory ran out (and one linked to a
+/// file outside into the export). Now the writes are
+/// refused (the health says which path), the rebuild too, and the export
+/// renders the turn from the database.
+#[test]
+fn backends_never_write_or_read_through_a_link() {
+    use std::os::unix::fs::symlink;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = tmp.path().join("data");
+        let outside = tmp.path().join("outside");
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::create_dir_all(&project).expect("project");
+        let store = b.open(&data);
+        let dir = store.data_dir().clone();
+        std::fs::create_dir_all(dir.session_dir("sess-tl")).expect("session dir");
+        symlink(&outside, dir.transcript_dir("sess-tl")).expect("link transcript/");
+        symlink(&project, dir.session_dir("sess-sl")).expect("link the session dir");
+        for id in ["sess-tl", "sess-sl"] {
+            let mut s = Sim::new(&store, id, T0);
+            s.prompt("the task");
+            s.say("done");
+            s.end_step(100, 10, 0, 0);
+            s.settle();
+            // The rows are kept: only the files are refused.
+            assert_eq!(
+                store.session_rows(id, false).expect("rows").len(),
+                2,
+                "{}",
+                b.name()
+            );
+            assert!(store.rebuild(id, None).is_err(), "{} {id}", b.name());
+        }
+        assert_eq!(names_under(&outside), Vec::<String>::new(), "{}", b.name());
+        assert_eq!(names_under(&project), Vec::<String>::new(), "{}", b.name());
+        let h = store.health();
+        let reasons = h.reasons.join("\n");
+        assert!(reasons.contains("symlink"), "{}: {reasons}", b.name());
+
+        // A turn file linked to /dev/zero: the export renders the turn
+        // from the database instead of reading the link.
+        let mut s = Sim::new(&store, "sess-zero", T0);
+        s.prompt("the task");
+        s.say("done");
+        s.settle();
+        let turn = dir.turn_file("sess-zero", 1);
+        let mut plain = Vec::new();
+        oceancode_ledger::export::markdown(&*store, "sess-zero", &|_| None, &mut plain, None)
+            .expect("export");
+        let secret = tmp.path().join("secret.md");
+        std::fs::write(&secret, "OUTSIDE-SECRET\n").expect("secret");
+        for target in [secret.as_path(), std::path::Path::new("/dev/zero")] {
+            std::fs::remove_file(&turn).expect("rm");
+            symlink(target, &turn).expect("link the turn file");
+            let mut linked = Vec::new();
+            oceancode_ledger::export::markdown(&*store, "sess-zero", &|_| None, &mut linked, None)
+                .expect("export");
+            assert_eq!(
+                String::from_utf8_lossy(&linked),
+                String::from_utf8_lossy(&plain),
+                "{} {}",
+                b.name(),
+                target.display()
+            );
+        }
+    }
+}
