@@ -960,6 +960,55 @@ fn postgres_outage_degrades_and_heals() {
     assert_eq!(store.behind_count(), 0);
 }
 
+/// Issue 40 item 9 on PostgreSQL: the database away, a 4-event queue, 10
+/// requests (rows and a step each): the rows that did not fit are shed
+/// (the session heals from its resend) but every step is kept, with its
+/// usage, and read back by the next proxy.
+#[test]
+fn postgres_shed_requests_keep_their_steps() {
+    let Some(url) = fresh_db() else { return };
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').nth(1))
+        .and_then(|r| r.split('/').next())
+        .expect("host:port");
+    let target: std::net::SocketAddr = hostport.parse().expect("addr");
+    let relay = Relay::start(target);
+    let relayed = url.replacen(hostport, &format!("127.0.0.1:{}", relay.port), 1);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let opts = || StoreOptions {
+        queue_capacity: 4,
+        batch_max: 1,
+        ..StoreOptions::default()
+    };
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&relayed, tmp.path(), opts()).expect("open"));
+    let mut s = Sim::new(&store, "sess-shed", T0);
+    s.settle();
+    relay.cut();
+    for n in 1..=10u64 {
+        s.prompt(&format!("ask {n}"));
+        s.say("done");
+        s.end_step(1_000 + n, 10 * n, 0, 0);
+    }
+    assert!(store.metrics().shed > 0, "{:?}", store.metrics());
+    relay.restore();
+    s.settle();
+    store.shutdown().expect("shutdown");
+    drop(store);
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&relayed, tmp.path(), opts()).expect("reopen"));
+    let got: Vec<(u32, u64, u64)> = store
+        .steps("sess-shed")
+        .expect("steps")
+        .iter()
+        .map(|s| (s.step, s.usage.input, s.usage.output))
+        .collect();
+    let want: Vec<(u32, u64, u64)> = (1..=10u64).map(|n| (n as u32, 1_000 + n, 10 * n)).collect();
+    assert_eq!(got, want);
+}
+
 /// Every file name under `dir` (recursively).
 fn names_under(dir: &std::path::Path) -> Vec<String> {
     snapshot(dir).into_keys().collect()
