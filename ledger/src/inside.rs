@@ -240,3 +240,58 @@ fn write_temp(dir: &OwnedFd, tmp: &Path, contents: &[u8]) -> io::Result<()> {
     }
     written
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn data() -> (tempfile::TempDir, DataDir) {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = DataDir::new(tmp.path().join("data"));
+        dir.create_dir(&dir.transcript_dir("s")).expect("dirs");
+        (tmp, dir)
+    }
+
+    #[test]
+    fn reads_only_a_regular_file_within_the_bound() {
+        let (_tmp, dir) = data();
+        let path = dir.turn_file("s", 1);
+        dir.write_atomic(&path, b"turn one\n").expect("write");
+        assert_eq!(dir.read_file(&path, 9).expect("read"), b"turn one\n");
+        let long = dir.read_file(&path, 8).expect_err("over the bound");
+        assert_eq!(long.kind(), io::ErrorKind::InvalidData, "{long}");
+        // A FIFO is refused at once (opened non-blocking), never read.
+        let fifo = dir.turn_file("s", 2);
+        rfs::mknodat(
+            rfs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+        let e = dir.read_file(&fifo, 1 << 20).expect_err("a fifo");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // A link to /dev/zero is not followed.
+        let zero = dir.turn_file("s", 3);
+        symlink("/dev/zero", &zero).expect("link");
+        let e = dir.read_file(&zero, 1 << 20).expect_err("a link");
+        assert!(e.to_string().contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn a_linked_file_is_replaced_never_written_through() {
+        let (tmp, dir) = data();
+        let outside = tmp.path().join("outside.md");
+        std::fs::write(&outside, b"keep").expect("outside");
+        let path = dir.index_file("s");
+        symlink(&outside, &path).expect("link");
+        assert!(!dir.write_new(&path, b"new").expect("write_new"));
+        dir.write_atomic(&path, b"index").expect("write");
+        assert_eq!(std::fs::read(&outside).expect("read"), b"keep");
+        assert_eq!(dir.read_file(&path, 64).expect("read"), b"index");
+        dir.remove_file(&path).expect("rm");
+        assert!(outside.exists());
+    }
+}
