@@ -13,6 +13,7 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -153,6 +154,17 @@ impl DataDir {
         }
     }
 
+    /// Remove directory `path` below the data dir and everything in it, no
+    /// link followed (a link there, or in it, is removed itself); already
+    /// gone is success.
+    pub fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        let (fd, name) = match parent_of(self, path, false) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        };
+        remove_tree(&fd, name)
+    }
+
     /// The names in directory `path` below the data dir (no link followed).
     pub fn list_dir(&self, path: &Path) -> io::Result<Vec<String>> {
         let fd = open_dir(self, &below(self, path)?, false)?;
@@ -212,6 +224,37 @@ impl DataDir {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         })
+    }
+}
+
+/// Remove `name` in `dir`: a directory with what it holds (opened with no
+/// link followed), anything else (a link, a file) itself.
+fn remove_tree(dir: &OwnedFd, name: &Path) -> io::Result<()> {
+    let sub = match rfs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
+        Ok(sub) => sub,
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+            return match rfs::unlinkat(dir, name, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut names = Vec::new();
+    for entry in rfs::Dir::read_from(&sub)? {
+        let entry = entry?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(std::ffi::OsStr::from_bytes(n).to_owned());
+        }
+    }
+    for n in names {
+        remove_tree(&sub, Path::new(&n))?;
+    }
+    match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -1086,3 +1086,49 @@ fn backends_never_write_or_read_through_a_link() {
         }
     }
 }
+
+/// Issue 40 item 4: the retention sweep removes a session's files with no
+/// link followed: with `sessions/` a link to another directory, the sweep
+/// removed that directory's `<id>/` (std's `remove_dir_all` follows the
+/// links of the path's parents); now it refuses, naming the link, and a
+/// session dir that is a link is removed itself, not its target.
+#[test]
+fn backends_sweep_removes_no_file_through_a_link() {
+    use std::os::unix::fs::symlink;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = tmp.path().join("data");
+        let store = b.open(&data);
+        let dir = store.data_dir().clone();
+        // A session dir that is a link to a project: the link goes, the
+        // project stays.
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(&project).expect("project");
+        std::fs::write(project.join("main.rs"), "fn main() {}").expect("file");
+        let mut s = Sim::new(&store, "sess-linked", T0);
+        s.prompt("old work");
+        s.settle();
+        std::fs::remove_dir_all(dir.session_dir("sess-linked")).expect("rm");
+        symlink(&project, dir.session_dir("sess-linked")).expect("link");
+        let now = oceancode_now();
+        let report = store.sweep_at(2, now).expect("sweep");
+        assert_eq!(
+            report.removed,
+            vec!["sess-linked".to_string()],
+            "{}",
+            b.name()
+        );
+        assert!(project.join("main.rs").exists(), "{}", b.name());
+        assert!(std::fs::symlink_metadata(dir.session_dir("sess-linked")).is_err());
+        // `sessions/` itself a link: nothing is removed through it.
+        let mut s = Sim::new(&store, "sess-old", T0);
+        s.prompt("old work");
+        s.settle();
+        let moved = tmp.path().join("elsewhere");
+        std::fs::rename(dir.sessions_dir(), &moved).expect("move");
+        symlink(&moved, dir.sessions_dir()).expect("link sessions/");
+        let e = store.sweep_at(2, now).expect_err("refused");
+        assert!(e.to_string().contains("symlink"), "{}: {e}", b.name());
+        assert!(moved.join("sess-old").exists(), "{}", b.name());
+    }
+}
