@@ -128,7 +128,10 @@ pub fn markdown(
     for (turn, rows) in &turns {
         w.write_all(b"\n")?;
         let path = dir.turn_file(session, *turn);
-        match std::fs::read(&path) {
+        // The turn file as written, read with no link followed and
+        // bounded (a link to /dev/zero or a FIFO is not read): else the turn
+        // rendered from the database, the same bytes.
+        match dir.read_file(&path, crate::inside::READ_MAX) {
             Ok(bytes) => w.write_all(&bytes)?,
             Err(_) => w.write_all(transcript::render_turn(meta.dialect, *turn, rows).as_bytes())?,
         }

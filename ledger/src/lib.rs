@@ -16,6 +16,7 @@ pub use oceancode_window::{
 pub mod atif;
 pub mod export;
 pub mod facts;
+pub mod inside;
 pub mod merge;
 pub mod page;
 pub mod parts;

@@ -959,3 +959,176 @@ fn postgres_outage_degrades_and_heals() {
     assert!(store.metrics().commit_retries > 0);
     assert_eq!(store.behind_count(), 0);
 }
+
+/// Issue 40 item 9 on PostgreSQL: the database away, a 4-event queue, 10
+/// requests (rows and a step each): the rows that did not fit are shed
+/// (the session heals from its resend) but every step is kept, with its
+/// usage, and read back by the next proxy.
+#[test]
+fn postgres_shed_requests_keep_their_steps() {
+    let Some(url) = fresh_db() else { return };
+    let hostport = url
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split('@').nth(1))
+        .and_then(|r| r.split('/').next())
+        .expect("host:port");
+    let target: std::net::SocketAddr = hostport.parse().expect("addr");
+    let relay = Relay::start(target);
+    let relayed = url.replacen(hostport, &format!("127.0.0.1:{}", relay.port), 1);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let opts = || StoreOptions {
+        queue_capacity: 4,
+        batch_max: 1,
+        ..StoreOptions::default()
+    };
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&relayed, tmp.path(), opts()).expect("open"));
+    let mut s = Sim::new(&store, "sess-shed", T0);
+    s.settle();
+    relay.cut();
+    for n in 1..=10u64 {
+        s.prompt(&format!("ask {n}"));
+        s.say("done");
+        s.end_step(1_000 + n, 10 * n, 0, 0);
+    }
+    assert!(store.metrics().shed > 0, "{:?}", store.metrics());
+    relay.restore();
+    s.settle();
+    store.shutdown().expect("shutdown");
+    drop(store);
+    let store: Arc<dyn LedgerStore> =
+        Arc::new(PgStore::open(&relayed, tmp.path(), opts()).expect("reopen"));
+    let got: Vec<(u32, u64, u64)> = store
+        .steps("sess-shed")
+        .expect("steps")
+        .iter()
+        .map(|s| (s.step, s.usage.input, s.usage.output))
+        .collect();
+    let want: Vec<(u32, u64, u64)> = (1..=10u64).map(|n| (n as u32, 1_000 + n, 10 * n)).collect();
+    assert_eq!(got, want);
+}
+
+/// Every file name under `dir` (recursively).
+fn names_under(dir: &std::path::Path) -> Vec<String> {
+    snapshot(dir).into_keys().collect()
+}
+
+/// Issue 40 item 4: a link inside the data dir is never written through.
+/// A session's `transcript/` linked to a directory outside got its turn
+/// files and `index.md` written there, and a session dir linked to a
+/// project dir got `SESSION.md` (and `transcript/`); the export read a turn
+/// file linked to `/dev/zero` until memory ran out (and one linked to a
+/// file outside into the export). Now the writes are
+/// refused (the health says which path), the rebuild too, and the export
+/// renders the turn from the database.
+#[test]
+fn backends_never_write_or_read_through_a_link() {
+    use std::os::unix::fs::symlink;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = tmp.path().join("data");
+        let outside = tmp.path().join("outside");
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(&outside).expect("outside");
+        std::fs::create_dir_all(&project).expect("project");
+        let store = b.open(&data);
+        let dir = store.data_dir().clone();
+        std::fs::create_dir_all(dir.session_dir("sess-tl")).expect("session dir");
+        symlink(&outside, dir.transcript_dir("sess-tl")).expect("link transcript/");
+        symlink(&project, dir.session_dir("sess-sl")).expect("link the session dir");
+        for id in ["sess-tl", "sess-sl"] {
+            let mut s = Sim::new(&store, id, T0);
+            s.prompt("the task");
+            s.say("done");
+            s.end_step(100, 10, 0, 0);
+            s.settle();
+            // The rows are kept: only the files are refused.
+            assert_eq!(
+                store.session_rows(id, false).expect("rows").len(),
+                2,
+                "{}",
+                b.name()
+            );
+            assert!(store.rebuild(id, None).is_err(), "{} {id}", b.name());
+        }
+        assert_eq!(names_under(&outside), Vec::<String>::new(), "{}", b.name());
+        assert_eq!(names_under(&project), Vec::<String>::new(), "{}", b.name());
+        let h = store.health();
+        let reasons = h.reasons.join("\n");
+        assert!(reasons.contains("symlink"), "{}: {reasons}", b.name());
+
+        // A turn file linked to /dev/zero: the export renders the turn
+        // from the database instead of reading the link.
+        let mut s = Sim::new(&store, "sess-zero", T0);
+        s.prompt("the task");
+        s.say("done");
+        s.settle();
+        let turn = dir.turn_file("sess-zero", 1);
+        let mut plain = Vec::new();
+        oceancode_ledger::export::markdown(&*store, "sess-zero", &|_| None, &mut plain, None)
+            .expect("export");
+        let secret = tmp.path().join("secret.md");
+        std::fs::write(&secret, "OUTSIDE-SECRET\n").expect("secret");
+        for target in [secret.as_path(), std::path::Path::new("/dev/zero")] {
+            std::fs::remove_file(&turn).expect("rm");
+            symlink(target, &turn).expect("link the turn file");
+            let mut linked = Vec::new();
+            oceancode_ledger::export::markdown(&*store, "sess-zero", &|_| None, &mut linked, None)
+                .expect("export");
+            assert_eq!(
+                String::from_utf8_lossy(&linked),
+                String::from_utf8_lossy(&plain),
+                "{} {}",
+                b.name(),
+                target.display()
+            );
+        }
+    }
+}
+
+/// Issue 40 item 4: the retention sweep removes a session's files with no
+/// link followed: with `sessions/` a link to another directory, the sweep
+/// removed that directory's `<id>/` (std's `remove_dir_all` follows the
+/// links of the path's parents); now it refuses, naming the link, and a
+/// session dir that is a link is removed itself, not its target.
+#[test]
+fn backends_sweep_removes_no_file_through_a_link() {
+    use std::os::unix::fs::symlink;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let data = tmp.path().join("data");
+        let store = b.open(&data);
+        let dir = store.data_dir().clone();
+        // A session dir that is a link to a project: the link goes, the
+        // project stays.
+        let project = tmp.path().join("project");
+        std::fs::create_dir_all(&project).expect("project");
+        std::fs::write(project.join("main.rs"), "fn main() {}").expect("file");
+        let mut s = Sim::new(&store, "sess-linked", T0);
+        s.prompt("old work");
+        s.settle();
+        std::fs::remove_dir_all(dir.session_dir("sess-linked")).expect("rm");
+        symlink(&project, dir.session_dir("sess-linked")).expect("link");
+        let now = oceancode_now();
+        let report = store.sweep_at(2, now).expect("sweep");
+        assert_eq!(
+            report.removed,
+            vec!["sess-linked".to_string()],
+            "{}",
+            b.name()
+        );
+        assert!(project.join("main.rs").exists(), "{}", b.name());
+        assert!(std::fs::symlink_metadata(dir.session_dir("sess-linked")).is_err());
+        // `sessions/` itself a link: nothing is removed through it.
+        let mut s = Sim::new(&store, "sess-old", T0);
+        s.prompt("old work");
+        s.settle();
+        let moved = tmp.path().join("elsewhere");
+        std::fs::rename(dir.sessions_dir(), &moved).expect("move");
+        symlink(&moved, dir.sessions_dir()).expect("link sessions/");
+        let e = store.sweep_at(2, now).expect_err("refused");
+        assert!(e.to_string().contains("symlink"), "{}: {e}", b.name());
+        assert!(moved.join("sess-old").exists(), "{}", b.name());
+    }
+}

@@ -8,7 +8,7 @@
 mod store_common;
 
 use oceancode_ledger::store::{BehindReason, HealthStatus, Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind};
+use oceancode_ledger::{Dialect, Event, Row, RowKind, Usage};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -179,6 +179,68 @@ fn submit_never_waits_for_a_full_queue() {
     store.settle_blocking().expect("settle");
     assert_eq!(seqs(&store, "q"), (1..=40).collect::<Vec<_>>());
     assert_eq!(store.health().status, HealthStatus::Ok);
+}
+
+/// One finished request's step, with usage that names it.
+fn step_event(id: &str, step: u32) -> Event {
+    Event::Step {
+        session: id.to_string(),
+        step,
+        model: "claude-opus-5-5".into(),
+        status: 200,
+        usage: Usage {
+            input: 1_000 + u64::from(step),
+            output: 10 * u64::from(step),
+            cache_read: 0,
+            cache_write: 0,
+        },
+        window_rows: 2 * step,
+        ts_ms: 1_796_000_000_000 + i64::from(step),
+        error: None,
+        detail: Box::default(),
+    }
+}
+
+/// Issue 40 item 9: the steps of requests whose events were shed (a full
+/// queue while the database is locked) are kept, with their usage: rows
+/// heal from the client's resend, steps exist nowhere else. Before, 10
+/// requests through a 4-event queue kept 2 of 10 steps.
+#[test]
+fn shed_requests_keep_their_steps() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = fault_store(tmp.path(), 4, 1);
+    store
+        .submit(Event::Session(meta("s", Dialect::Anthropic)))
+        .expect("session");
+    store.settle_blocking().expect("settle");
+    let lock = Lock::take(store.db_path());
+    for step in 1..=10u32 {
+        let seq = u64::from(2 * step - 1);
+        store
+            .submit(rows_event("s", vec![r(seq), r(seq + 1)]))
+            .expect("rows");
+        store.submit(step_event("s", step)).expect("step");
+    }
+    let during = store.metrics();
+    lock.release();
+    store.settle_blocking().expect("settle");
+    // The rows did not all fit: the session is behind and heals from the
+    // client's resend, as before.
+    assert!(during.shed > 0, "{during:?}");
+    let b = store.behind("s").expect("behind");
+    assert_eq!(b.reason, BehindReason::Shed);
+    store.shutdown().expect("shutdown");
+    drop(store);
+    let store = fault_store(tmp.path(), 4, 1);
+    let steps = store.steps("s").expect("steps");
+    let got: Vec<(u32, u64, u64)> = steps
+        .iter()
+        .map(|s| (s.step, s.usage.input, s.usage.output))
+        .collect();
+    let want: Vec<(u32, u64, u64)> = (1..=10u32)
+        .map(|n| (n, 1_000 + u64::from(n), 10 * u64::from(n)))
+        .collect();
+    assert_eq!(got, want);
 }
 
 /// Issue 12 item 3: the data dir deleted while serving is noticed; the

@@ -382,10 +382,12 @@ impl Merger {
                 return Ok(None);
             }
             let dir = store.data_dir();
-            let page = std::fs::read_to_string(dir.session_md(&sid)).unwrap_or_default();
+            let page = dir
+                .read_text(&dir.session_md(&sid), oceancode_ledger::inside::READ_MAX)
+                .unwrap_or_default();
             let transcripts: Vec<(u32, String)> = (from..=to)
                 .filter_map(|t| {
-                    std::fs::read_to_string(dir.turn_file(&sid, t))
+                    dir.read_text(&dir.turn_file(&sid, t), oceancode_ledger::inside::READ_MAX)
                         .ok()
                         .map(|s| (t, s))
                 })

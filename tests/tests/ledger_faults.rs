@@ -22,6 +22,8 @@ const NO_WAIT: Duration = Duration::from_millis(1_500);
 struct Client {
     name: &'static str,
     history: Vec<Value>,
+    /// The usage of each answer, in order.
+    usages: Vec<Value>,
 }
 
 impl Client {
@@ -29,6 +31,7 @@ impl Client {
         Client {
             name,
             history: vec![json!({"role": "user", "content": format!("task of {name}")})],
+            usages: Vec::new(),
         }
     }
 
@@ -47,6 +50,7 @@ impl Client {
             .await;
         let took = t0.elapsed();
         assert_eq!(got.status, 200, "{}", got.text());
+        self.usages.push(got.json()["usage"].clone());
         push_tool_step(
             &mut self.history,
             &got.json()["content"],
@@ -176,4 +180,57 @@ async fn a_stalled_ledger_holds_no_request_and_every_session_heals() {
             assert_eq!(&raw, msg, "{} seq {}", c.name, row.seq);
         }
     }
+}
+
+/// Issue 40 item 9: the steps of requests whose events were shed (the
+/// database locked, the write queue full) are kept with their usage, so
+/// `status`, the exports and the spend after a restart count every request.
+/// Before, 10 requests through an 8-event queue kept 2 of 10 steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shed_requests_keep_their_steps_across_a_restart() {
+    let fake = FakeConfig::default().with_script(Script::always(Reply::tool_call(
+        "Bash",
+        json!({"command": "ls"}),
+    )));
+    let opts = |o: &mut oceancode_proxy::runtime::ProxyOptions| {
+        o.store = Some(StoreOptions {
+            queue_capacity: 8,
+            batch_max: 1,
+            busy_timeout: Duration::from_millis(200),
+            ..StoreOptions::default()
+        });
+    };
+    let mut h = Harness::start(fake, opts).await;
+    let mut c = Client::new("solo");
+    let lock = rusqlite::Connection::open(h.store().db_path()).expect("open");
+    lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    for n in 0..10 {
+        c.step(&h, n).await;
+    }
+    lock.execute_batch("COMMIT").expect("unlock");
+    h.settle().await;
+    let m = h.store().metrics();
+    assert!(m.shed > 0, "rows were shed: {m:?}");
+    h.restart(opts).await;
+    let store = h.store();
+    let list = store.list_sessions().expect("list");
+    assert_eq!(list.len(), 1, "{list:?}");
+    let steps = store.steps(&list[0].id).expect("steps");
+    let got: Vec<(u32, u64, u64)> = steps
+        .iter()
+        .map(|s| (s.step, s.usage.input, s.usage.output))
+        .collect();
+    let want: Vec<(u32, u64, u64)> = c
+        .usages
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            (
+                i as u32 + 1,
+                u["input_tokens"].as_u64().expect("input"),
+                u["output_tokens"].as_u64().expect("output"),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
 }

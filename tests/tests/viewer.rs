@@ -537,3 +537,33 @@ async fn the_viewer_prices_spend_with_the_configured_prices() {
         "{want}"
     );
 }
+
+/// Issue 40 item 4: the viewer reads `SESSION.md` with no link followed,
+/// only a regular file, bounded. A link to a file outside the data dir put
+/// that file into the page; a link to `/dev/zero` grew one page view to
+/// 3.6 GB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_reads_no_session_page_through_a_link() {
+    let (h, id) = recorded(1).await;
+    let store = h.proxy().app.store.clone().unwrap();
+    let page = store.data_dir().session_md(&id);
+    let before = signed_in(&h, &format!("/_oceancode/ui/s/{id}")).await;
+    assert_eq!(before.status, 200);
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("notes.md");
+    std::fs::write(&secret, "# OUTSIDE-SECRET\n").unwrap();
+    for target in [secret.as_path(), std::path::Path::new("/dev/zero")] {
+        std::fs::remove_file(&page).unwrap();
+        std::os::unix::fs::symlink(target, &page).unwrap();
+        let got = signed_in(&h, &format!("/_oceancode/ui/s/{id}")).await;
+        assert_eq!(got.status, 200, "{}", target.display());
+        let text = got.text();
+        assert!(!text.contains("OUTSIDE-SECRET"), "{}", target.display());
+        assert!(
+            text.len() < before.text().len() + 4096,
+            "{}: {} bytes",
+            target.display(),
+            text.len()
+        );
+    }
+}

@@ -20,7 +20,7 @@ use super::source::Source;
 use super::writer::{Effect, Touch};
 use crate::model::{Row, SessionMeta};
 use crate::page::Page;
-use crate::paths::{self, DataDir};
+use crate::paths::DataDir;
 use crate::transcript::{self, TurnSummary};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -372,7 +372,7 @@ impl Files {
         };
         if !cache.dir_ready {
             let dir = self.dir.transcript_dir(session);
-            paths::create_private_dir_all(&dir).map_err(io_err(&dir))?;
+            self.dir.create_dir(&dir).map_err(io_err(&dir))?;
             cache.dir_ready = true;
         }
         let dialect = cache.meta.dialect;
@@ -400,7 +400,9 @@ impl Files {
             }
             let rows_path = self.dir.rows_file(session, turn);
             let written = if rows.is_empty() {
-                paths::remove_if_exists(&path).and_then(|()| paths::remove_if_exists(&rows_path))
+                let d = &self.dir;
+                d.remove_file(&path)
+                    .and_then(|()| d.remove_file(&rows_path))
             } else {
                 let mut text = transcript::render_turn_head(turn);
                 let mut index = transcript::LineIndex::new(turn);
@@ -428,8 +430,9 @@ impl Files {
                     index.place(row.seq, &row.role, &section.text, &section.label);
                     text.push_str(&section.text);
                 }
-                paths::write_atomic(&path, text.as_bytes())
-                    .and_then(|()| paths::write_atomic(&rows_path, index.render().as_bytes()))
+                let d = &self.dir;
+                d.write_atomic(&path, text.as_bytes())
+                    .and_then(|()| d.write_atomic(&rows_path, index.render().as_bytes()))
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
                 cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
@@ -467,11 +470,12 @@ impl Files {
             .map(|s| s.values().cloned().collect())
             .unwrap_or_default();
         let path = self.dir.index_file(session);
-        paths::write_atomic(
-            &path,
-            transcript::render_index(&cache.meta, &turns).as_bytes(),
-        )
-        .map_err(io_err(&path))?;
+        self.dir
+            .write_atomic(
+                &path,
+                transcript::render_index(&cache.meta, &turns).as_bytes(),
+            )
+            .map_err(io_err(&path))?;
         cache.index_dirty = false;
         Ok(())
     }
@@ -544,14 +548,16 @@ pub(crate) fn write_session_files(
         page: false,
     };
     let tdir = dir.transcript_dir(session);
-    paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
+    dir.create_dir(&tdir).map_err(io_err(&tdir))?;
     let mut summaries = Vec::with_capacity(visible.len());
     for (turn, rows) in visible {
         let path = dir.turn_file(session, *turn);
         let (text, index) = transcript::render_turn_indexed(dialect, *turn, rows);
-        paths::write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+        dir.write_atomic(&path, text.as_bytes())
+            .map_err(io_err(&path))?;
         let path = dir.rows_file(session, *turn);
-        paths::write_atomic(&path, index.render().as_bytes()).map_err(io_err(&path))?;
+        dir.write_atomic(&path, index.render().as_bytes())
+            .map_err(io_err(&path))?;
         if let Some(s) = transcript::summarize_turn(dialect, *turn, rows) {
             summaries.push(s);
         }
@@ -559,10 +565,7 @@ pub(crate) fn write_session_files(
         done(rows.len() as u64);
     }
     // Turn files the active line no longer has.
-    let entries = std::fs::read_dir(&tdir).map_err(io_err(&tdir))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+    for name in dir.list_dir(&tdir).map_err(io_err(&tdir))? {
         let Some(stem) = name.strip_suffix(".md") else {
             continue;
         };
@@ -574,12 +577,13 @@ pub(crate) fn write_session_files(
             continue;
         };
         if stem.len() >= 4 && !visible.contains_key(&turn) {
-            paths::remove_if_exists(&entry.path()).map_err(io_err(&entry.path()))?;
+            let path = tdir.join(&name);
+            dir.remove_file(&path).map_err(io_err(&path))?;
             out.removed += u32::from(!sidecar);
         }
     }
     let path = dir.index_file(session);
-    paths::write_atomic(&path, transcript::render_index(meta, &summaries).as_bytes())
+    dir.write_atomic(&path, transcript::render_index(meta, &summaries).as_bytes())
         .map_err(io_err(&path))?;
     let mut page = page_io::new_page(src, session)?;
     page_io::advance_page(src, session, dialect, &mut page)?;
@@ -619,15 +623,19 @@ pub(super) fn fill_missing(
         .session_meta(session)?
         .ok_or_else(|| StoreError::UnknownSession(session.to_string()))?;
     let tdir = dir.transcript_dir(session);
-    paths::create_private_dir_all(&tdir).map_err(io_err(&tdir))?;
+    dir.create_dir(&tdir).map_err(io_err(&tdir))?;
     let mut written = 0;
     for &turn in turns {
         let rows = src.turn_rows(session, turn)?;
         let path = dir.turn_file(session, turn);
         let (text, index) = transcript::render_turn_indexed(meta.dialect, turn, &rows);
-        written += usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+        written += usize::from(
+            dir.write_new(&path, text.as_bytes())
+                .map_err(io_err(&path))?,
+        );
         let path = dir.rows_file(session, turn);
-        paths::write_new(&path, index.render().as_bytes()).map_err(io_err(&path))?;
+        dir.write_new(&path, index.render().as_bytes())
+            .map_err(io_err(&path))?;
     }
     if index {
         let turns: Vec<TurnSummary> = src
@@ -636,7 +644,10 @@ pub(super) fn fill_missing(
             .collect();
         let path = dir.index_file(session);
         let text = transcript::render_index(&meta, &turns);
-        written += usize::from(paths::write_new(&path, text.as_bytes()).map_err(io_err(&path))?);
+        written += usize::from(
+            dir.write_new(&path, text.as_bytes())
+                .map_err(io_err(&path))?,
+        );
     }
     Ok(written)
 }

@@ -7,7 +7,7 @@ use super::error::{io_err, StoreError};
 use super::source::Source;
 use crate::model::{Dialect, Row};
 use crate::page::Page;
-use crate::paths::{self, DataDir};
+use crate::paths::DataDir;
 use std::collections::BTreeMap;
 
 /// An empty page with the session's stored model-merged notes.
@@ -77,9 +77,10 @@ pub(crate) fn write_page(
         return Ok(false);
     }
     let sdir = dir.session_dir(session);
-    paths::create_private_dir_all(&sdir).map_err(io_err(&sdir))?;
+    dir.create_dir(&sdir).map_err(io_err(&sdir))?;
     let path = dir.session_md(session);
-    paths::write_atomic(&path, text.as_bytes()).map_err(io_err(&path))?;
+    dir.write_atomic(&path, text.as_bytes())
+        .map_err(io_err(&path))?;
     *last_hash = Some(hash);
     Ok(true)
 }

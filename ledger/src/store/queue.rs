@@ -7,6 +7,13 @@
 //! that does not fit (or whose session is already behind) is dropped at once
 //! and its session marked behind from that event on, so a submitter never
 //! waits and the writer's backlog never grows past the budget.
+//!
+//! Steps and session facts are never shed that way ([`lossless`]): rows heal
+//! from the client's resend, but a step's usage and spend exist nowhere
+//! else. One that does not fit the queue goes to the step lane, a budget of
+//! its own ([`LANE_EVENTS`] events), in the same channel so the order holds;
+//! and they are kept while their session is behind. Only a full lane sheds
+//! them (one WARN line).
 
 use super::backend::{Behind, BehindReason};
 use super::sql::now_ms;
@@ -18,6 +25,19 @@ use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 use tokio::sync::oneshot;
 use tracing::warn;
+
+/// Most events of the step lane (steps and session facts queued beyond the
+/// queue's own budget): a few hundred bytes each.
+pub(super) const LANE_EVENTS: usize = 65_536;
+/// Most bytes of events in the step lane.
+pub(super) const LANE_BYTES: usize = 64 << 20;
+
+/// Whether `ev` is kept while the queue sheds and while its session is
+/// behind: a step (its usage and spend are recorded nowhere else) or a
+/// session's facts (a step of an unknown session would be refused).
+pub(super) fn lossless(ev: &Event) -> bool {
+    matches!(ev, Event::Session(_) | Event::Step { .. })
+}
 
 /// Approximate bytes an event holds while queued.
 pub(super) fn event_bytes(ev: &Event) -> usize {
@@ -48,7 +68,12 @@ struct Pending {
     by_session: HashMap<String, u32>,
     /// Queued `Session` events by client key (what the restorer waits for).
     by_key: HashMap<String, u32>,
+    /// Events and bytes queued within the queue's budget.
+    count: usize,
     bytes: usize,
+    /// Events and bytes queued in the step lane.
+    lane_count: usize,
+    lane_bytes: usize,
 }
 
 struct Queued {
@@ -56,6 +81,8 @@ struct Queued {
     bytes: usize,
     session: String,
     key: Option<String>,
+    /// In the step lane (counted against its budget).
+    lane: bool,
 }
 
 fn dec(map: &mut HashMap<String, u32>, k: &str) {
@@ -117,6 +144,8 @@ pub(super) struct Shared {
     pub(super) faults: Mutex<Faults>,
     /// A shed episode is under way (its WARN line was written).
     shedding: AtomicBool,
+    /// The step lane shed an event in this episode (its WARN line was written).
+    lane_full: AtomicBool,
     /// Set by shutdown: the writer gives up retrying after a grace period.
     pub(super) stopping: AtomicBool,
     /// Bumped when the writer reopens the database: pooled readers of the
@@ -147,6 +176,7 @@ impl Shared {
             behind_count: AtomicUsize::new(0),
             faults: Mutex::new(Faults::default()),
             shedding: AtomicBool::new(false),
+            lane_full: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             lags_us: Mutex::new(VecDeque::new()),
@@ -169,17 +199,33 @@ impl Shared {
     /// event is handed back).
     pub(super) fn admit(&self, ev: &Event, shed: bool) -> Admit {
         let session = ev.session();
-        if self.behind_count.load(Ordering::Acquire) > 0 && self.drops(session, u64::MAX) {
+        let lossless = lossless(ev);
+        if !lossless
+            && self.behind_count.load(Ordering::Acquire) > 0
+            && self.drops(session, u64::MAX)
+        {
             self.shed.fetch_add(1, Ordering::Relaxed);
             return Admit::Dropped;
         }
         let bytes = event_bytes(ev);
         let mut p = self.pending.lock();
-        if p.by_id.len() >= self.capacity || p.bytes + bytes > self.budget {
-            let (n, b) = (p.by_id.len(), p.bytes);
+        let full = p.count >= self.capacity || p.bytes + bytes > self.budget;
+        let lane = full
+            && shed
+            && lossless
+            && p.lane_count < LANE_EVENTS
+            && p.lane_bytes + bytes <= LANE_BYTES;
+        if full && !lane {
+            let (n, b) = (p.count, p.bytes);
             drop(p);
             if !shed {
                 return Admit::Full;
+            }
+            if lossless && !self.lane_full.swap(true, Ordering::AcqRel) {
+                warn!(
+                    session,
+                    "ledger step lane full ({LANE_EVENTS} events): a step or session fact is shed"
+                );
             }
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             self.shed.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +243,13 @@ impl Shared {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let at = Instant::now();
-        p.bytes += bytes;
+        if lane {
+            p.lane_count += 1;
+            p.lane_bytes += bytes;
+        } else {
+            p.count += 1;
+            p.bytes += bytes;
+        }
         *p.by_session.entry(session.to_string()).or_default() += 1;
         let key = match ev {
             Event::Session(m) => m.client_session.clone(),
@@ -213,6 +265,7 @@ impl Shared {
                 bytes,
                 session: session.to_string(),
                 key,
+                lane,
             },
         );
         Admit::Queue { id, at }
@@ -225,11 +278,20 @@ impl Shared {
             let Some(q) = p.by_id.remove(&id) else {
                 continue;
             };
-            p.bytes = p.bytes.saturating_sub(q.bytes);
+            if q.lane {
+                p.lane_count = p.lane_count.saturating_sub(1);
+                p.lane_bytes = p.lane_bytes.saturating_sub(q.bytes);
+            } else {
+                p.count = p.count.saturating_sub(1);
+                p.bytes = p.bytes.saturating_sub(q.bytes);
+            }
             dec(&mut p.by_session, &q.session);
             if let Some(k) = &q.key {
                 dec(&mut p.by_key, k);
             }
+        }
+        if p.by_id.is_empty() {
+            self.lane_full.store(false, Ordering::Release);
         }
         if p.by_id.is_empty() && self.shedding.swap(false, Ordering::AcqRel) {
             drop(p);
@@ -248,7 +310,7 @@ impl Shared {
             .values()
             .next()
             .map_or(0, |q| q.at.elapsed().as_millis() as u64);
-        (p.by_id.len() as u64, p.bytes as u64, lag)
+        (p.by_id.len() as u64, (p.bytes + p.lane_bytes) as u64, lag)
     }
 
     /// Events of `session` still queued.

@@ -53,7 +53,7 @@ pub(crate) fn sweep(
         tx.execute("DELETE FROM sessions WHERE id = ?1", [&id])?;
         tx.commit()?;
         let sdir = dir.session_dir(&id);
-        match std::fs::remove_dir_all(&sdir) {
+        match dir.remove_dir_all(&sdir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(io_err(&sdir)(e));
             }

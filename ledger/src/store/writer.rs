@@ -22,7 +22,7 @@
 use super::backend::{BehindReason, LAG_WINDOW};
 use super::error::StoreError;
 use super::files::Files;
-use super::queue::{Cmd, Fault, Shared};
+use super::queue::{lossless, Cmd, Fault, Shared};
 use super::source::Source;
 use crate::model::{Dialect, Event, Row, SessionMeta};
 use crate::paths::DataDir;
@@ -95,9 +95,9 @@ pub(super) struct Applied {
 
 impl Applied {
     /// Whether `ev` is skipped because its session fell behind earlier in
-    /// the batch (counted).
+    /// the batch (counted); steps and session facts never are.
     pub(super) fn skips(&mut self, ev: &Event) -> bool {
-        let skip = self.fallen.contains(ev.session());
+        let skip = !lossless(ev) && self.fallen.contains(ev.session());
         self.skipped += u64::from(skip);
         skip
     }
@@ -455,9 +455,10 @@ impl<D: Db> Writer<D> {
         if events.is_empty() {
             return;
         }
+        // Steps and session facts are kept while their session is behind.
         let (events, dropped): (Vec<Queued>, Vec<Queued>) = events
             .into_iter()
-            .partition(|(ev, id, _)| !self.shared.drops(ev.session(), *id));
+            .partition(|(ev, id, _)| lossless(ev) || !self.shared.drops(ev.session(), *id));
         if !dropped.is_empty() {
             self.shared
                 .shed

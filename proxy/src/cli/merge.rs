@@ -59,10 +59,12 @@ pub fn run(store: &dyn LedgerStore, cfg: &Config, ids: &[String], yes: bool) -> 
         .context("cannot start the async runtime")?;
     for (id, dialect, from, to) in work {
         let dir = store.data_dir();
-        let page = std::fs::read_to_string(dir.session_md(&id)).unwrap_or_default();
+        let page = dir
+            .read_text(&dir.session_md(&id), oceancode_ledger::inside::READ_MAX)
+            .unwrap_or_default();
         let transcripts: Vec<(u32, String)> = (from..=to)
             .filter_map(|t| {
-                std::fs::read_to_string(dir.turn_file(&id, t))
+                dir.read_text(&dir.turn_file(&id, t), oceancode_ledger::inside::READ_MAX)
                     .ok()
                     .map(|s| (t, s))
             })

@@ -475,7 +475,10 @@ pub fn session_data<S: LedgerRead + ?Sized>(
         .filter(|s| s.parent.as_deref() == Some(id))
         .map(|s| s.id)
         .collect();
-    let page_md = std::fs::read_to_string(store.data_dir().session_md(id)).ok();
+    let dir = store.data_dir();
+    let page_md = dir
+        .read_text(&dir.session_md(id), oceancode_ledger::inside::READ_MAX)
+        .ok();
     Ok(Some(SessionData {
         edits: store.context_edits(id)?,
         summary,

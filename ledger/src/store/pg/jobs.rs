@@ -184,7 +184,7 @@ pub(super) fn sweep(w: &mut PgWriter, days: u32, now_ms: i64) -> Result<SweepRep
     })?;
     for (id, _) in removed {
         let sdir = dir.session_dir(&id);
-        match std::fs::remove_dir_all(&sdir) {
+        match dir.remove_dir_all(&sdir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(super::super::error::io_err(&sdir)(e));
             }
