@@ -89,10 +89,18 @@ async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<Str
     let session = session.to_string();
     let inputs: Vec<String> = cs.iter().map(|c| c.input.clone()).collect();
     let n = inputs.len();
+    let all = app.cfg.recall.search_all;
     tokio::task::spawn_blocking(move || {
         inputs
             .iter()
-            .map(|i| search::run(store.as_ref(), &session, i))
+            .enumerate()
+            .map(|(k, i)| {
+                if k < search::MAX_CALLS {
+                    search::run(store.as_ref(), &session, i, all)
+                } else {
+                    search::not_run()
+                }
+            })
             .collect::<Vec<_>>()
     })
     .await
