@@ -734,3 +734,42 @@ async fn a_search_reads_only_the_sessions_relatives_unless_widened() {
         );
     }
 }
+
+/// Issue 40.8: an answer longer than the proxy holds was relayed as it
+/// came, the internal call in it (JSON and SSE). The loop fails closed:
+/// the client gets a 502 in the provider's format, never the call.
+#[tokio::test]
+async fn an_answer_too_long_to_hold_never_carries_the_internal_call() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = Harness::start(
+                FakeConfig {
+                    script: Script::always(
+                        Reply::recall(json!({"match": "parser"})).pad_text(200_000),
+                    ),
+                    ..FakeConfig::default()
+                },
+                |o| {
+                    o.front.recall = RecallTool::on();
+                    o.front.net.tap.max_kept = 64 << 10;
+                },
+            )
+            .await;
+            let got = h
+                .post(path(d), &HDR, body(d, &[user(d, "hello")], stream))
+                .await;
+            let text = got.text();
+            assert!(
+                !text.contains(RECALL_TOOL),
+                "{d:?} stream={stream}: the client got the internal call ({} bytes)",
+                text.len()
+            );
+            assert_eq!(got.status, 502, "{d:?} stream={stream}: {text}");
+            assert!(
+                text.contains("could not read the model's answer whole"),
+                "{text}"
+            );
+            assert_eq!(model_requests(&h, d).len(), 1, "no continuation");
+        }
+    }
+}
