@@ -137,7 +137,15 @@ pub fn search_terms(words: &[String]) -> Result<Vec<String>, TooBroad> {
     }
     let mut terms: Vec<String> = Vec::new();
     let mut seen: Vec<String> = Vec::new();
-    for w in words.iter().flat_map(|w| w.split_whitespace()) {
+    // A control character (NUL ends an FTS5 string early) separates words
+    // as whitespace does.
+    let split = |w: &String| -> Vec<String> {
+        w.split(|c: char| c.is_whitespace() || c.is_control())
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    for w in words.iter().flat_map(split) {
         let folded = w.to_lowercase();
         if seen.contains(&folded) {
             continue;
@@ -148,7 +156,7 @@ pub fn search_terms(words: &[String]) -> Result<Vec<String>, TooBroad> {
             )));
         }
         seen.push(folded);
-        terms.push(w.to_string());
+        terms.push(w);
     }
     if terms.len() > SEARCH_MAX_TERMS {
         return Err(TooBroad(format!(
@@ -320,6 +328,10 @@ mod tests {
             "17 tokens"
         );
         assert_eq!(search_terms(&w("   ")), Ok(Vec::new()));
+        assert_eq!(
+            search_terms(&w("a\u{0}b \u{7}")),
+            Ok(vec!["a".to_string(), "b".to_string()])
+        );
         let e = search_terms(&many).err().map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.starts_with("query too broad: ")));
     }

@@ -77,10 +77,12 @@ pub fn parse(input: &str) -> Result<Ask, String> {
     if let Some(seq) = input.seq {
         return Ok(Ask::Entry(seq));
     }
-    if let Some(words) = input.search.filter(|w| !w.trim().is_empty()) {
-        let terms = search_terms(std::slice::from_ref(&words))
+    if let Some(words) = input.search {
+        let terms = search_terms(&[words])
             .map_err(|e| format!("oceancode_recall: {e}; search fewer, rarer words"))?;
-        return Ok(Ask::Search { terms, limit });
+        if !terms.is_empty() {
+            return Ok(Ask::Search { terms, limit });
+        }
     }
     if let Some(p) = &input.pattern {
         if p.chars().count() > MATCH_MAX {
