@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every fuzz target for a bounded time, starting from its checked-in
 # corpus, and fail on the first crash, timeout or memory blow-up.
-#   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all five)
+#   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all six)
 # Needs the nightly toolchain and cargo-fuzz (.ci/run installs them).
 # New inputs go to a scratch corpus under target/, never into fuzz/corpus/
 # (minimize with `cargo fuzz cmin` and check in by hand); a crash is saved
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(sse splice window decode usage)
+[ ${#targets[@]} -gt 0 ] || targets=(sse splice window decode usage recall)
 tdir="$PWD/target/fuzz"
 bin="$tdir/x86_64-unknown-linux-gnu/release"
 
@@ -20,7 +20,7 @@ bin="$tdir/x86_64-unknown-linux-gnu/release"
 # debug assertions and overflow checks on.
 cargo +nightly fuzz build --sanitizer none --debug-assertions --target-dir "$tdir"
 
-declare -A max_len=([sse]=8192 [splice]=16384 [window]=4096 [decode]=4096 [usage]=8192)
+declare -A max_len=([sse]=8192 [splice]=16384 [window]=4096 [decode]=4096 [usage]=8192 [recall]=1024)
 status=0
 for t in "${targets[@]}"; do
   scratch="$tdir/scratch/$t"
