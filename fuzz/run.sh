@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every fuzz target for a bounded time, starting from its checked-in
 # corpus, and fail on the first crash, timeout or memory blow-up.
-#   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all five)
+#   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default 60 s, all six)
 # Needs the nightly toolchain and cargo-fuzz (.ci/run installs them).
 # FUZZ_JOBS targets run at once (default: the core count); FUZZ_TARGET_DIR
 # holds the build (default target/fuzz). New inputs go to a scratch corpus
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(sse splice window decode usage)
+[ ${#targets[@]} -gt 0 ] || targets=(sse splice window decode usage recall)
 tdir="${FUZZ_TARGET_DIR:-$PWD/target/fuzz}"
 bin="$tdir/x86_64-unknown-linux-gnu/release"
 
@@ -22,7 +22,7 @@ bin="$tdir/x86_64-unknown-linux-gnu/release"
 # debug assertions and overflow checks on.
 cargo +nightly fuzz build --sanitizer none --debug-assertions --target-dir "$tdir"
 
-declare -A max_len=([sse]=8192 [splice]=16384 [window]=4096 [decode]=4096 [usage]=8192)
+declare -A max_len=([sse]=8192 [splice]=16384 [window]=4096 [decode]=4096 [usage]=8192 [recall]=1024)
 # One target a core at a time (FUZZ_JOBS, default the core count): each is
 # single-threaded, so two at once on two cores take half the wall time of
 # one after the other, each still for its full SECONDS.

@@ -712,6 +712,22 @@ pub struct RecallToolConfig {
     /// Most internal round trips (continuations) for one client request
     /// (default 4).
     pub max_rounds: u32,
+    /// Which sessions the tool's `search` reads (default `related`: the
+    /// calling session, its parent, children and siblings; `all`: every
+    /// session in the ledger).
+    pub search: RecallSearchScope,
+}
+
+/// `ledger.recall_tool.search`: which sessions the in-band recall tool's
+/// search reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecallSearchScope {
+    /// The calling session, its parent, its children and its siblings.
+    #[default]
+    Related,
+    /// Every session in the ledger (other projects' and users' rows too).
+    All,
 }
 
 impl Default for RecallToolConfig {
@@ -719,6 +735,7 @@ impl Default for RecallToolConfig {
         RecallToolConfig {
             enabled: false,
             max_rounds: 4,
+            search: RecallSearchScope::Related,
         }
     }
 }
@@ -730,6 +747,7 @@ impl<'de> Deserialize<'de> for RecallToolConfig {
         struct Full {
             enabled: bool,
             max_rounds: u32,
+            search: RecallSearchScope,
         }
         impl Default for Full {
             fn default() -> Self {
@@ -737,6 +755,7 @@ impl<'de> Deserialize<'de> for RecallToolConfig {
                 Full {
                     enabled: d.enabled,
                     max_rounds: d.max_rounds,
+                    search: d.search,
                 }
             }
         }
@@ -754,6 +773,7 @@ impl<'de> Deserialize<'de> for RecallToolConfig {
             Form::Full(f) => RecallToolConfig {
                 enabled: f.enabled,
                 max_rounds: f.max_rounds,
+                search: f.search,
             },
         })
     }

@@ -1371,6 +1371,15 @@ fn recall_tool_is_a_flag_or_an_object_off_by_default() {
         serde_json::from_str(r#"{"ledger":{"recall_tool":{"enabled":true,"max_rounds":2}}}"#)
             .unwrap();
     assert_eq!(c.ledger.recall_tool.max_rounds, 2);
+    assert_eq!(c.ledger.recall_tool.search, RecallSearchScope::Related);
+    let c: Config =
+        serde_json::from_str(r#"{"ledger":{"recall_tool":{"enabled":true,"search":"all"}}}"#)
+            .unwrap();
+    assert_eq!(c.ledger.recall_tool.search, RecallSearchScope::All);
+    assert!(serde_json::from_str::<Config>(
+        r#"{"ledger":{"recall_tool":{"enabled":true,"search":"everyone"}}}"#
+    )
+    .is_err());
     assert!(serde_json::from_str::<Config>(r#"{"ledger":{"recall_tool":{"rounds":2}}}"#).is_err());
     let mut c = Config::default();
     c.apply_env(&|k: &str| (k == "OCEANCODE_RECALL_TOOL").then(|| "on".to_string()))

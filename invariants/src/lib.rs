@@ -17,6 +17,7 @@
 
 pub mod alloc;
 pub mod decode;
+pub mod recall;
 pub mod splice;
 pub mod sse;
 pub mod usage;
@@ -34,6 +35,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("window", window::check),
     ("decode", decode::check),
     ("usage", usage::check),
+    ("recall", recall::check),
 ];
 
 /// Where a target's corpus is checked in.

@@ -103,6 +103,11 @@ fn usage_corpus() {
     replay("usage");
 }
 
+#[test]
+fn recall_corpus() {
+    replay("recall");
+}
+
 /// The memory bound is measured: a 16 MB allocation inside `measure` shows.
 #[test]
 fn allocations_are_counted() {

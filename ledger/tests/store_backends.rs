@@ -1130,5 +1130,99 @@ fn backends_sweep_removes_no_file_through_a_link() {
         let e = store.sweep_at(2, now).expect_err("refused");
         assert!(e.to_string().contains("symlink"), "{}: {e}", b.name());
         assert!(moved.join("sess-old").exists(), "{}", b.name());
+/// A session linked to `parent` (a sub-agent's, as the proxy records it).
+fn related(store: &Arc<dyn LedgerStore>, id: &str, parent: Option<&str>, ms: i64) -> Sim {
+    let s = Sim::new(store, id, ms);
+    store
+        .submit(Event::Session(oceancode_ledger::SessionMeta {
+            id: id.into(),
+            client: "claude-code".into(),
+            client_session: Some(format!("cc:{id}")),
+            dialect: oceancode_ledger::Dialect::Anthropic,
+            model: s.model.clone(),
+            parent: parent.map(str::to_string),
+            parent_seq: None,
+            created_ms: T0,
+            last_ms: ms,
+        }))
+        .expect("session");
+    s
+}
+
+/// Issue 40.3: the recall tool's search reads the calling session, its
+/// parent, its children and its siblings, nothing else; the scope `All`
+/// (the CLI, the viewer) reads every session.
+#[test]
+fn backends_scope_a_related_search_to_the_sessions_family() {
+    use oceancode_ledger::recall::Scope;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let family = [
+            ("p", None),
+            ("c1", Some("p")),
+            ("c2", Some("p")),
+            ("g1", Some("c1")),
+            ("x", None),
+            ("xc", Some("x")),
+        ];
+        for (i, (id, parent)) in family.iter().enumerate() {
+            let mut s = related(&store, id, *parent, T0 + i as i64 * 1000);
+            s.prompt(&format!("the quokka secret of {id}"));
+            s.end_step(1, 1, 0, 0);
+            s.settle();
+        }
+        let found = |scope: Scope<'_>| -> Vec<String> {
+            let mut v: Vec<String> = store
+                .search_in(&["quokka".into()], 100, scope)
+                .expect("search")
+                .into_iter()
+                .map(|h| h.session)
+                .collect();
+            v.sort();
+            v
+        };
+        let n = b.name();
+        assert_eq!(found(Scope::Related("c1")), ["c1", "c2", "g1", "p"], "{n}");
+        assert_eq!(found(Scope::Related("p")), ["c1", "c2", "p"], "{n}");
+        assert_eq!(found(Scope::Related("g1")), ["c1", "g1"], "{n}");
+        assert_eq!(found(Scope::Related("x")), ["x", "xc"], "{n}");
+        assert_eq!(
+            found(Scope::Related("unknown")),
+            Vec::<String>::new(),
+            "{n}"
+        );
+        assert_eq!(found(Scope::All).len(), 6, "{n}");
+        assert_eq!(store.search(&["quokka".into()], 100).expect("s").len(), 6);
+    }
+}
+
+/// Issue 33.3: a search past the bounds (too many distinct words, too
+/// long) is refused as too broad before it runs, on both engines.
+#[test]
+fn backends_refuse_a_too_broad_search() {
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let mut s = Sim::new(&store, "sess-broad", T0);
+        s.prompt("zq0 zq1 zq2 zq3 zq4 zq5 zq6 zq7 zq8");
+        s.end_step(1, 1, 0, 0);
+        s.settle();
+        let many: Vec<String> = (0..9).map(|i| format!("zq{i}")).collect();
+        match store.search(&many, 20) {
+            Err(StoreError::TooBroad(e)) => {
+                assert!(e
+                    .to_string()
+                    .starts_with("query too broad: 9 distinct words"))
+            }
+            other => panic!("{}: {other:?}", b.name()),
+        }
+        assert_eq!(store.search(&many[..8], 20).expect("8 words").len(), 1);
+        let long = vec!["zq0".to_string(); 200];
+        assert!(
+            matches!(store.search(&long, 20), Err(StoreError::TooBroad(_))),
+            "{}",
+            b.name()
+        );
     }
 }

@@ -101,13 +101,20 @@ pub enum ProxyError {
     /// "Session limits".
     #[error("{}", .0.message())]
     LimitReached(crate::sessions::LimitHit),
+    /// With the recall tool on, an answer the proxy could not read whole
+    /// (longer than it holds, or compressed): not relayed, since it may
+    /// hold the proxy's internal tool call.
+    #[error("oceancode-proxy could not read the model's answer whole, so it was not relayed (the recall tool is on): {0}")]
+    RecallUnreadable(String),
 }
 
 impl ProxyError {
     /// HTTP status for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Unreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Unreachable { .. } | ProxyError::RecallUnreadable(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::BadRequestBody(_)
@@ -139,6 +146,7 @@ impl ProxyError {
             ProxyError::Forbidden(_) => ("permission_error", "forbidden"),
             ProxyError::Unauthorized => ("authentication_error", "unauthorized"),
             ProxyError::LimitReached(_) => ("invalid_request_error", "session_limit_reached"),
+            ProxyError::RecallUnreadable(_) => ("api_error", "answer_unreadable"),
         }
     }
 

@@ -58,6 +58,7 @@ async fn harness(script: Script, on: bool) -> Harness {
         RecallTool {
             enabled: on,
             max_rounds: 4,
+            ..RecallTool::default()
         },
     )
     .await

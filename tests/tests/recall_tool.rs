@@ -23,6 +23,7 @@ async fn harness(script: Script, max_rounds: u32) -> Harness {
         RecallTool {
             enabled: true,
             max_rounds,
+            ..RecallTool::default()
         },
     )
     .await
@@ -675,6 +676,100 @@ async fn a_too_long_answer_is_cut_and_retried_inside_the_recall_loop() {
                     "{what}: the cut is recorded"
                 );
             }
+        }
+    }
+}
+
+/// Issue 40.3: the tool's search read every session of the ledger, so a
+/// prompt-injected session read other projects' rows. By default it reads
+/// the calling session and its relatives (parent, children, siblings);
+/// `ledger.recall_tool.search = "all"` widens it.
+#[tokio::test]
+async fn a_search_reads_only_the_sessions_relatives_unless_widened() {
+    let d = Dialect::Anthropic;
+    for all in [false, true] {
+        let h = recall::harness(
+            Script::replies([
+                Reply::text("noted: the quokka password is hunter2"),
+                Reply::recall(json!({"search": "quokka"})),
+            ])
+            .then(Reply::text("FINAL")),
+            RecallTool {
+                enabled: true,
+                max_rounds: 4,
+                search_all: all,
+            },
+        )
+        .await;
+        let alpha = [("x-oceancode-session", "alpha-project")];
+        let got = h
+            .post(
+                path(d),
+                &alpha,
+                body(d, &[user(d, "remember the quokka password")], false),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        h.settle().await;
+        let beta = [("x-oceancode-session", "beta-project")];
+        let got = h
+            .post(
+                path(d),
+                &beta,
+                body(d, &[user(d, "what is the quokka password?")], false),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        assert!(got.text().contains("FINAL"), "{}", got.text());
+        let reqs = model_requests(&h, d);
+        assert_eq!(reqs.len(), 3, "one continuation");
+        let (_, asked) = split(d, &reqs[1]);
+        let (_, cont) = split(d, &reqs[2]);
+        let result = cont[asked.len()..].join("\n");
+        assert!(result.contains("quokka"), "its own row is found: {result}");
+        assert_eq!(
+            result.contains("hunter2"),
+            all,
+            "search_all={all}: the other session's row: {result}"
+        );
+    }
+}
+
+/// Issue 40.8: an answer longer than the proxy holds was relayed as it
+/// came, the internal call in it (JSON and SSE). The loop fails closed:
+/// the client gets a 502 in the provider's format, never the call.
+#[tokio::test]
+async fn an_answer_too_long_to_hold_never_carries_the_internal_call() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = Harness::start(
+                FakeConfig {
+                    script: Script::always(
+                        Reply::recall(json!({"match": "parser"})).pad_text(200_000),
+                    ),
+                    ..FakeConfig::default()
+                },
+                |o| {
+                    o.front.recall = RecallTool::on();
+                    o.front.net.tap.max_kept = 64 << 10;
+                },
+            )
+            .await;
+            let got = h
+                .post(path(d), &HDR, body(d, &[user(d, "hello")], stream))
+                .await;
+            let text = got.text();
+            assert!(
+                !text.contains(RECALL_TOOL),
+                "{d:?} stream={stream}: the client got the internal call ({} bytes)",
+                text.len()
+            );
+            assert_eq!(got.status, 502, "{d:?} stream={stream}: {text}");
+            assert!(
+                text.contains("could not read the model's answer whole"),
+                "{text}"
+            );
+            assert_eq!(model_requests(&h, d).len(), 1, "no continuation");
         }
     }
 }

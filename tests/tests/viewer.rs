@@ -379,6 +379,18 @@ async fn search_finds_a_word_and_links_to_its_row() {
     assert!(none.contains("0 rows hold every word"));
     let missing = signed_in(&h, "/_oceancode/ui/s/no-such-session").await;
     assert_eq!(missing.status, 404);
+    // Issue 33.3: a query past the bounds is refused as too broad, at once.
+    let q = (0..9)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join("+");
+    let broad = signed_in(&h, &format!("/_oceancode/ui/search?q={q}")).await;
+    assert_eq!(broad.status, 400);
+    assert!(broad.text().contains("query too broad: 9 distinct words"));
+    let q = vec!["zephyrword"; 40].join("+");
+    let repeated = signed_in(&h, &format!("/_oceancode/ui/search?q={q}")).await;
+    assert_eq!(repeated.status, 200, "a repeated word is one word");
+    assert!(repeated.text().contains(&link));
 }
 
 /// The messages of every request the fake upstream received, in order.

@@ -433,7 +433,17 @@ pub trait LedgerRead: Send + Sync {
     /// One row, whole, with its `hidden` flag.
     fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError>;
     /// Rows of every session containing every word.
-    fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError>;
+    fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
+        self.search_in(words, limit, crate::recall::Scope::All)
+    }
+    /// Rows of the sessions `scope` names containing every word, bounded
+    /// (see [`crate::recall`]; past a bound [`StoreError::TooBroad`]).
+    fn search_in(
+        &self,
+        words: &[String],
+        limit: usize,
+        scope: crate::recall::Scope<'_>,
+    ) -> Result<Vec<RecallHit>, StoreError>;
     /// Where a row is in its turn file (seq → `transcript/NNNN.md` and the
     /// lines of its section); None when unknown or hidden.
     fn row_lines(

@@ -54,6 +54,9 @@ pub enum StoreError {
     /// The ledger has no session yet.
     #[error("the ledger has no session yet")]
     NoSessions,
+    /// A search refused or stopped (see [`crate::recall::TooBroad`]).
+    #[error(transparent)]
+    TooBroad(#[from] crate::recall::TooBroad),
 }
 
 /// Map an I/O error on `path` to [`StoreError::Io`].

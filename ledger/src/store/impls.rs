@@ -114,8 +114,13 @@ impl LedgerRead for Store {
     fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError> {
         Store::recall_entry(self, session, seq)
     }
-    fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
-        Store::search(self, words, limit)
+    fn search_in(
+        &self,
+        words: &[String],
+        limit: usize,
+        scope: crate::recall::Scope<'_>,
+    ) -> Result<Vec<RecallHit>, StoreError> {
+        Store::search_in(self, words, limit, scope)
     }
     fn row_lines(
         &self,

@@ -8,7 +8,10 @@ use super::schema::open_reader;
 use super::sql::{self, read_row, stored_dialect, to_i64, ROW_COLS};
 use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
-use crate::recall::{clip_body, fts_query, RecallHit, BODY_MAX};
+use crate::recall::{
+    clip_body, fts_query, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
+    SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::Ordering;
 use tracing::warn;
@@ -403,41 +406,179 @@ impl Store {
         })
     }
 
-    /// Rows of every session containing every word, newest session first
-    /// (then newest row first), at most `limit`.
+    /// Rows of every session containing every word ([`Store::search_in`]
+    /// with [`Scope::All`]).
     pub fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
-        let Some(query) = fts_query(words) else {
+        self.search_in(words, limit, Scope::All)
+    }
+
+    /// Rows containing every word, in the sessions `scope` names, newest
+    /// session first (then newest row first), at most `limit`. Bounded:
+    /// the words by [`search_terms`], the rows looked at by
+    /// [`SEARCH_MAX_SCAN`] (the newest matches), the time by
+    /// [`SEARCH_TIME`] (the statement is interrupted); the snippets are
+    /// made outside SQLite ([`snippet`], linear), for the hits shown only.
+    pub fn search_in(
+        &self,
+        words: &[String],
+        limit: usize,
+        scope: Scope<'_>,
+    ) -> Result<Vec<RecallHit>, StoreError> {
+        let terms = search_terms(words)?;
+        let Some(query) = fts_query(&terms) else {
             return Ok(Vec::new());
         };
         self.with_reader(|c| {
-            let mut stmt = c.prepare(
-                "SELECT t.session, t.seq, r.turn, r.role, r.kind, r.hidden,
-                        snippet(row_fts, 0, '[', ']', '…', 16)
-                 FROM row_fts
-                 JOIN row_text t ON t.id = row_fts.rowid
-                 JOIN rows r ON r.session = t.session AND r.seq = t.seq
-                 JOIN sessions s ON s.id = t.session
-                 WHERE row_fts MATCH ?1
-                 ORDER BY s.last_ms DESC, s.rowid DESC, t.seq DESC
-                 LIMIT ?2",
-            )?;
-            let hits = stmt
-                .query_map(
-                    params![query, i64::try_from(limit).unwrap_or(i64::MAX)],
-                    |r| {
-                        Ok(RecallHit {
-                            session: r.get(0)?,
-                            seq: r.get::<_, i64>(1)? as u64,
-                            turn: r.get::<_, i64>(2)? as u32,
-                            role: r.get(3)?,
-                            kind: RowKind::parse(&r.get::<_, String>(4)?).unwrap_or(RowKind::Other),
-                            hidden: r.get(5)?,
-                            body: clip_body(&r.get::<_, String>(6)?, BODY_MAX),
-                        })
-                    },
-                )?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            Ok(hits)
+            let _watch = Watchdog::start(c, SEARCH_TIME);
+            search_rows(c, &query, &terms, limit, scope).map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _)
+                    if f.code == rusqlite::ErrorCode::OperationInterrupted =>
+                {
+                    StoreError::TooBroad(TooBroad::timed_out())
+                }
+                e => StoreError::Sqlite(e),
+            })
         })
+    }
+}
+
+/// The search's statement: the newest [`SEARCH_MAX_SCAN`] matches of the
+/// scope, the `limit` newest of those by session, their text's head (the
+/// snippet is made here, see [`snippet`]).
+fn search_rows(
+    c: &Connection,
+    query: &str,
+    terms: &[String],
+    limit: usize,
+    scope: Scope<'_>,
+) -> rusqlite::Result<Vec<RecallHit>> {
+    let mut stmt = c.prepare(
+        "WITH fam(id) AS (
+           SELECT ?4
+           UNION SELECT parent FROM sessions WHERE id = ?4 AND parent IS NOT NULL
+           UNION SELECT id FROM sessions WHERE parent = ?4
+           UNION SELECT s.id FROM sessions s JOIN sessions me ON me.id = ?4
+                 WHERE me.parent IS NOT NULL AND s.parent = me.parent),
+         m AS (
+           SELECT row_fts.rowid AS id FROM row_fts
+           JOIN row_text t ON t.id = row_fts.rowid
+           WHERE row_fts MATCH ?1
+             AND (?4 IS NULL OR t.session IN (SELECT id FROM fam))
+           ORDER BY row_fts.rowid DESC LIMIT ?3),
+         hits AS (
+           SELECT t.id, t.session, t.seq, s.last_ms, s.rowid AS ord
+           FROM m JOIN row_text t ON t.id = m.id
+           JOIN sessions s ON s.id = t.session
+           ORDER BY s.last_ms DESC, s.rowid DESC, t.seq DESC
+           LIMIT ?2)
+         SELECT h.session, h.seq, r.turn, r.role, r.kind, r.hidden, substr(t.text, 1, ?5)
+         FROM hits h
+         JOIN row_text t ON t.id = h.id
+         JOIN rows r ON r.session = h.session AND r.seq = h.seq
+         ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC",
+    )?;
+    let hits = stmt
+        .query_map(
+            params![
+                query,
+                i64::try_from(limit).unwrap_or(i64::MAX),
+                i64::try_from(SEARCH_MAX_SCAN).unwrap_or(i64::MAX),
+                scope.session(),
+                i64::try_from(SNIPPET_SCAN).unwrap_or(i64::MAX),
+            ],
+            |r| {
+                Ok(RecallHit {
+                    session: r.get(0)?,
+                    seq: r.get::<_, i64>(1)? as u64,
+                    turn: r.get::<_, i64>(2)? as u32,
+                    role: r.get(3)?,
+                    kind: RowKind::parse(&r.get::<_, String>(4)?).unwrap_or(RowKind::Other),
+                    hidden: r.get(5)?,
+                    body: clip_body(&snippet(&r.get::<_, String>(6)?, terms), BODY_MAX),
+                })
+            },
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(hits)
+}
+
+/// Interrupts the connection's running statement once `within` has
+/// passed, unless dropped first (the statement finished); dropping it waits
+/// for its thread, so no interrupt lands after.
+struct Watchdog {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start(c: &Connection, within: std::time::Duration) -> Watchdog {
+        let handle = c.get_interrupt_handle();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("oceancode-search-watch".into())
+            .spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(within) {
+                    handle.interrupt();
+                }
+            });
+        let thread = match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warn!(error = %e, "search: no watchdog thread; the search runs unbounded in time");
+                None
+            }
+        };
+        Watchdog {
+            done: Some(done),
+            thread,
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // The sender gone wakes the thread at once.
+        self.done.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A statement that would run for ever is interrupted at the
+    /// watchdog's time; one that ends first is left alone.
+    #[test]
+    fn the_watchdog_interrupts_a_statement_past_its_time() {
+        let c = Connection::open_in_memory().expect("db");
+        let endless = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n)
+                       SELECT count(*) FROM n";
+        let t = Instant::now();
+        let got = {
+            let _w = Watchdog::start(&c, Duration::from_millis(200));
+            c.query_row(endless, [], |r| r.get::<_, i64>(0))
+        };
+        assert!(
+            matches!(&got, Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == rusqlite::ErrorCode::OperationInterrupted),
+            "{got:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let t = Instant::now();
+        {
+            let _w = Watchdog::start(&c, Duration::from_secs(30));
+            let one: i64 = c.query_row("SELECT 1", [], |r| r.get(0)).expect("select");
+            assert_eq!(one, 1);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the drop did not wait"
+        );
+        let one: i64 = c.query_row("SELECT 1", [], |r| r.get(0)).expect("after");
+        assert_eq!(one, 1);
     }
 }

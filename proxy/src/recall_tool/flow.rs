@@ -89,10 +89,18 @@ async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<Str
     let session = session.to_string();
     let inputs: Vec<String> = cs.iter().map(|c| c.input.clone()).collect();
     let n = inputs.len();
+    let all = app.cfg.recall.search_all;
     tokio::task::spawn_blocking(move || {
         inputs
             .iter()
-            .map(|i| search::run(store.as_ref(), &session, i))
+            .enumerate()
+            .map(|(k, i)| {
+                if k < search::MAX_CALLS {
+                    search::run(store.as_ref(), &session, i, all)
+                } else {
+                    search::not_run()
+                }
+            })
             .collect::<Vec<_>>()
     })
     .await
@@ -196,7 +204,20 @@ pub(crate) async fn answer(
             };
             continue;
         }
-        if head.status != StatusCode::OK || !identity || framing == Framing::Opaque {
+        if head.status == StatusCode::OK && !identity {
+            // Compressed though the proxy asked for plain bytes: its calls
+            // cannot be read, so it must not reach the client (it may hold
+            // the internal call).
+            return Err(unreadable(
+                app,
+                ticket,
+                recalls,
+                billed,
+                sent.len(),
+                "the answer came compressed".into(),
+            ));
+        }
+        if head.status != StatusCode::OK || framing == Framing::Opaque {
             // A continuation's error, as the upstream sent it (never a 200
             // the client would not retry); or an answer the proxy cannot read.
             if head.status.is_client_error() || head.status.is_server_error() {
@@ -208,10 +229,17 @@ pub(crate) async fn answer(
         let sse = framing == Framing::Sse;
         let bytes = match read_whole(body, limit, app.cfg.idle_stream_timeout).await {
             Read::Whole(b) => b,
-            Read::Over(held) => {
-                tracing::warn!(session = %ticket.session.id, "recall tool: the answer is longer than the proxy keeps; relayed as it comes, its calls unread");
-                ticket.note_internal(recalls, billed, sent.len());
-                return Ok(server::tap_response(app, d, Some(ticket), head, held));
+            Read::Over(_) => {
+                // Fail closed: an answer the proxy cannot read whole may
+                // hold the internal call, so none of it is relayed.
+                return Err(unreadable(
+                    app,
+                    ticket,
+                    recalls,
+                    billed,
+                    sent.len(),
+                    format!("the answer is longer than the {limit} bytes the proxy holds (limits.max_recorded_response_bytes)"),
+                ));
             }
             Read::Failed(reason) => {
                 app.metrics.streams_cut.fetch_add(1, Ordering::Relaxed);
@@ -338,6 +366,24 @@ fn lost(
 ) -> ProxyError {
     ticket.note_internal(recalls, billed, sent_len);
     ticket.fail(e.status().as_u16(), StepError::Unreachable);
+    e
+}
+
+/// An answer the loop cannot read whole (too long, compressed): the client
+/// gets a 502 in the provider's format instead of it, the step ends failed.
+fn unreadable(
+    app: &Arc<App>,
+    mut ticket: Ticket,
+    recalls: Vec<InternalRecall>,
+    billed: Usage,
+    sent_len: usize,
+    reason: String,
+) -> ProxyError {
+    tracing::warn!(session = %ticket.session.id, %reason, "recall tool: the answer could not be read whole; not relayed");
+    app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    ticket.note_internal(recalls, billed, sent_len);
+    let e = ProxyError::RecallUnreadable(reason);
+    ticket.fail(e.status().as_u16(), StepError::Stream);
     e
 }
 

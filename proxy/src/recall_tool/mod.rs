@@ -22,7 +22,7 @@
 pub mod calls;
 pub(crate) mod flow;
 pub(crate) mod hidden;
-pub(crate) mod search;
+pub mod search;
 pub(crate) mod spec;
 pub(crate) mod strip;
 
@@ -30,7 +30,7 @@ pub use hidden::Hidden;
 pub use spec::{tool_json, tools_member, NAME};
 
 /// The line the stub ends with when the tool is on.
-pub const STUB_NOTE: &str = "[The oceancode_recall tool reads that record back: seq for one entry whole, match or before for this session's log, search for words across sessions.]";
+pub const STUB_NOTE: &str = "[The oceancode_recall tool reads that record back: seq for one entry whole, match or before for this session's log, search for words across related sessions.]";
 
 /// How the proxy runs the tool (`ledger.recall_tool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +39,10 @@ pub struct RecallTool {
     pub enabled: bool,
     /// Most internal round trips (continuations) for one client request.
     pub max_rounds: u32,
+    /// The tool's search reads every session of the ledger
+    /// (`ledger.recall_tool.search = "all"`); off: the calling session, its
+    /// parent, children and siblings.
+    pub search_all: bool,
 }
 
 impl Default for RecallTool {
@@ -46,6 +50,7 @@ impl Default for RecallTool {
         RecallTool {
             enabled: false,
             max_rounds: 4,
+            search_all: false,
         }
     }
 }
@@ -56,6 +61,7 @@ impl RecallTool {
         RecallTool {
             enabled: c.enabled,
             max_rounds: c.max_rounds.max(1),
+            search_all: c.search == oceancode_config::RecallSearchScope::All,
         }
     }
 

@@ -292,6 +292,13 @@ fn page(app: &App, store: &dyn LedgerStore, rest: &str, query: &str) -> Response
         }
         return match store.search(&words, SEARCH_LIMIT) {
             Ok(hits) => html_answer(StatusCode::OK, pages::search_page(&q, &hits, SEARCH_LIMIT)),
+            Err(oceancode_ledger::store::StoreError::TooBroad(e)) => html_answer(
+                StatusCode::BAD_REQUEST,
+                pages::message_page(
+                    "Query too broad",
+                    &format!("{e}; search fewer, rarer words"),
+                ),
+            ),
             Err(e) => store_failed(&e),
         };
     }

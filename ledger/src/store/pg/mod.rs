@@ -590,9 +590,15 @@ impl LedgerRead for PgStore {
         let session = session.to_string();
         self.read(move |c| reads::recall_entry(c, session, seq))
     }
-    fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
-        let words = words.to_vec();
-        self.read(move |c| reads::search(c, words, limit))
+    fn search_in(
+        &self,
+        words: &[String],
+        limit: usize,
+        scope: crate::recall::Scope<'_>,
+    ) -> Result<Vec<RecallHit>, StoreError> {
+        let terms = crate::recall::search_terms(words)?;
+        let within = scope.session().map(str::to_string);
+        self.read(move |c| reads::search(c, terms, limit, within))
     }
     fn row_lines(
         &self,

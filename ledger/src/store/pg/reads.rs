@@ -7,7 +7,7 @@ use super::super::error::StoreError;
 use super::super::sql::stored_dialect;
 use super::sql::{big, read_row, ROW_COLS};
 use crate::model::{Row, RowKind, Usage};
-use crate::recall::{clip_body, RecallHit, BODY_MAX};
+use crate::recall::{clip_body, snippet, RecallHit, TooBroad, BODY_MAX, SEARCH_TIME, SNIPPET_SCAN};
 use deadpool_postgres::Object;
 use tracing::warn;
 
@@ -205,37 +205,63 @@ pub(super) async fn recall_entry(
 
 /// Every word must appear (`plainto_tsquery` ANDs the words' tokens, the
 /// `simple` configuration folds case and does not stem, like FTS5's
-/// default tokenizer); newest session first, then newest row.
+/// default tokenizer); newest session first, then newest row. `terms` as
+/// [`crate::recall::search_terms`] bounds them; `within`: only that
+/// session and its parent, children and siblings. The snippets are made
+/// here ([`snippet`]), as for SQLite. The statement runs under
+/// a `statement_timeout` of [`SEARCH_TIME`]: past it, [`TooBroad`].
 pub(super) async fn search(
-    c: Object,
-    words: Vec<String>,
+    mut c: Object,
+    terms: Vec<String>,
     limit: usize,
+    within: Option<String>,
 ) -> Result<Vec<RecallHit>, StoreError> {
-    let text = words
-        .iter()
-        .flat_map(|w| w.split_whitespace())
-        .collect::<Vec<_>>()
-        .join(" ");
-    if text.is_empty() {
+    let text = terms.join(" ");
+    if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    let rows = c
+    let tx = c.transaction().await?;
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {}",
+        SEARCH_TIME.as_millis()
+    ))
+    .await?;
+    let rows = tx
         .query(
             "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q),
+             fam AS (
+               SELECT $3::text AS id WHERE $3::text IS NOT NULL
+               UNION SELECT parent FROM sessions WHERE id = $3 AND parent IS NOT NULL
+               UNION SELECT id FROM sessions WHERE parent = $3
+               UNION SELECT s.id FROM sessions s JOIN sessions me ON me.id = $3
+                     WHERE me.parent IS NOT NULL AND s.parent = me.parent),
              hits AS (
-               SELECT t.session, t.seq, t.day, t.text, s.last_ms, s.ord
+               SELECT t.session, t.seq, t.day, s.last_ms, s.ord
                FROM row_text t JOIN sessions s ON s.id = t.session, q
                WHERE t.tsv @@ q.q AND numnode(q.q) > 0
+                 AND ($3::text IS NULL OR t.session IN (SELECT id FROM fam))
                ORDER BY s.last_ms DESC, s.ord DESC, t.seq DESC
                LIMIT $2)
-             SELECT h.session, h.seq, r.turn, r.role, r.kind, r.hidden,
-                    ts_headline('simple', h.text, q.q,
-                      'StartSel=[, StopSel=], MaxWords=16, MinWords=6, ShortWord=0, MaxFragments=1, FragmentDelimiter=…')
-             FROM hits h JOIN rows r ON r.session = h.session AND r.seq = h.seq AND r.day = h.day, q
+             SELECT h.session, h.seq, r.turn, r.role, r.kind, r.hidden, left(t.text, $4)
+             FROM hits h JOIN rows r ON r.session = h.session AND r.seq = h.seq AND r.day = h.day
+             JOIN row_text t ON t.session = h.session AND t.seq = h.seq AND t.day = h.day
              ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC",
-            &[&text, &i64::try_from(limit).unwrap_or(i64::MAX)],
+            &[
+                &text,
+                &i64::try_from(limit).unwrap_or(i64::MAX),
+                &within,
+                &i32::try_from(SNIPPET_SCAN).unwrap_or(i32::MAX),
+            ],
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+                StoreError::TooBroad(TooBroad::timed_out())
+            } else {
+                StoreError::Postgres(e)
+            }
+        })?;
+    tx.commit().await?;
     Ok(rows
         .iter()
         .map(|r| RecallHit {
@@ -245,7 +271,7 @@ pub(super) async fn search(
             role: r.get(3),
             kind: RowKind::parse(&r.get::<_, String>(4)).unwrap_or(RowKind::Other),
             hidden: r.get(5),
-            body: clip_body(&r.get::<_, String>(6), BODY_MAX),
+            body: clip_body(&snippet(&r.get::<_, String>(6), &terms), BODY_MAX),
         })
         .collect())
 }
