@@ -12,7 +12,7 @@ use crate::dialect::{self, Collected};
 use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
 use crate::overflow::{self, Opening};
-use crate::sessions::{Prepared, SessionManager, StepError, Ticket};
+use crate::sessions::{Prepared, Refusal, Reservation, SessionManager, StepError, Ticket};
 use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
 use bytes::Bytes;
@@ -662,7 +662,7 @@ async fn provider_request(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     app.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
-    if !app.sessions.enabled() {
+    if !app.sessions.enabled() && !app.sessions.budgeted() {
         // Ledger off: a plain relay whose answer is still read for /metrics.
         let up = upstream_request(&parts, uri, body.boxed(), None);
         let (head, body) = app.upstream.send(up, &base).await?.into_parts();
@@ -683,8 +683,17 @@ async fn provider_request(
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity");
     let t0 = Instant::now();
-    let prepared = if encoded {
-        Prepared::forward(body)
+    let prepared = if encoded || !app.sessions.enabled() {
+        // Never recorded (ledger off, or a body it would not rewrite): only
+        // admitted within the bounds of `limits.session`, when one is set.
+        app.sessions.prepare_unrecorded(
+            dialect,
+            kind,
+            prefix.as_deref(),
+            &parts.headers,
+            body,
+            encoded,
+        )?
     } else {
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
@@ -708,10 +717,13 @@ async fn provider_request(
         body,
         mut ticket,
         refused,
+        reservation,
     } = prepared;
-    if let Some(hit) = refused {
+    match refused {
         // A session past a bound of `limits.session`: nothing is forwarded.
-        return Err(ProxyError::LimitReached(hit));
+        Some(Refusal::Limit(hit)) => return Err(ProxyError::LimitReached(hit)),
+        Some(Refusal::Unreadable(why)) => return Err(ProxyError::BadRequestBody(why)),
+        None => {}
     }
     let len = body.len();
     let recall = app.cfg.recall.enabled && ticket.is_some();
@@ -761,7 +773,14 @@ async fn provider_request(
         }
         ticket => {
             let (head, body) = resp.into_parts();
-            Ok(tap_response(app, dialect, ticket, head, body))
+            Ok(tap_response_charged(
+                app,
+                dialect,
+                ticket,
+                reservation,
+                head,
+                body,
+            ))
         }
     }
 }
@@ -922,6 +941,24 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
+    tap_response_charged(app, dialect, ticket, None, head, body)
+}
+
+/// [`tap_response`] for a request that records no step but holds spend
+/// reserved by `limits.session` (`reservation`): settled with the usage
+/// its answer tells, released when it tells none.
+fn tap_response_charged<B>(
+    app: &Arc<App>,
+    dialect: Dialect,
+    ticket: Option<Ticket>,
+    reservation: Option<Reservation>,
+    head: http::response::Parts,
+    body: B,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
     let relay = relay_head(&head);
     let status = head.status.as_u16();
     let framing = Framing::from_content_type(
@@ -938,6 +975,10 @@ where
     let metrics = app.metrics.clone();
     let merge = app.merge.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
+        if let (Some(r), Some(u)) = (reservation, o.collected.usage) {
+            let model = o.collected.model.clone().unwrap_or_default();
+            r.settle(&model, u.plus(o.collected.detail.extra));
+        }
         if let Some(u) = o.collected.usage {
             // Billed: the window and what came on top of it (compaction).
             let u = u.plus(o.collected.detail.extra);
