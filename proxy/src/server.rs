@@ -292,24 +292,10 @@ pub async fn serve(
     // 53 MB of a 100-session open's peak); a request head must fit in it.
     builder.http1().max_buf_size(READ_BUF_MAX);
     tokio::pin!(shutdown);
+    let open = Arc::new(conn::Open::default());
+    let reserve = Arc::new(tokio::sync::Semaphore::new(conn::RESERVED));
     let mut warned_full: Option<Instant> = None;
     loop {
-        if slots.available_permits() == 0
-            && warned_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
-        {
-            tracing::warn!(
-                max,
-                "connection cap reached (limits.max_connections): new connections wait"
-            );
-            warned_full = Some(Instant::now());
-        }
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => match s {
-                Ok(s) => s,
-                Err(_) => break,
-            },
-            _ = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(x) => x,
@@ -321,20 +307,65 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        // At the cap the connection idle the longest makes room (idle
+        // sockets cannot starve a health check or an agent); when every
+        // connection has a request in flight, a reserved place (health and
+        // admin answered at once); past those this one waits (and those
+        // after it, in the listen backlog).
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => conn::Slot::cap(s, slots.clone()),
+            Err(_) => {
+                let freed = open.evict_idle();
+                let reserved = match freed {
+                    None => reserve.clone().try_acquire_owned().ok(),
+                    Some(_) => None,
+                };
+                match reserved {
+                    Some(r) => conn::Slot::reserved(r, slots.clone()),
+                    None => {
+                        if freed.is_none()
+                            && warned_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
+                        {
+                            tracing::warn!(
+                                max,
+                                "connection cap reached (limits.max_connections): new connections wait"
+                            );
+                            warned_full = Some(Instant::now());
+                        }
+                        tokio::select! {
+                            // A connection closed for this one: the place it frees.
+                            s = slots.clone().acquire_owned(), if freed != Some(conn::Freed::Reserved) => match s {
+                                Ok(s) => conn::Slot::cap(s, slots.clone()),
+                                Err(_) => break,
+                            },
+                            r = reserve.clone().acquire_owned(), if freed != Some(conn::Freed::Cap) => match r {
+                                Ok(r) => conn::Slot::reserved(r, slots.clone()),
+                                Err(_) => break,
+                            },
+                            _ = &mut shutdown => break,
+                        }
+                    }
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
         let act = Activity::new();
         let svc = {
             let app = app.clone();
             let act = act.clone();
-            service_fn(move |req| tracked(app.clone(), peer, req, act.begin()))
+            let slot = slot.clone();
+            service_fn(move |req| tracked(app.clone(), peer, req, act.begin(), slot.clone()))
         };
         let io = TokioIo::new(conn::Watched::new(stream, act.clone()));
         let c = builder.serve_connection(io, svc).into_owned();
         let stop = stop_rx.clone();
         let metrics = app.metrics.clone();
         metrics.connections.fetch_add(1, Ordering::Relaxed);
+        let id = open.add(act.clone(), slot.clone());
+        let open = open.clone();
         tokio::spawn(async move {
             conn::drive(c, |c| c.graceful_shutdown(), act, limits, stop).await;
+            open.remove(id);
             metrics.connections.fetch_sub(1, Ordering::Relaxed);
             drop(slot);
         });
@@ -342,22 +373,29 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(true);
     // Every connection gives its slot back when it ends.
-    if tokio::time::timeout(grace, slots.acquire_many(max as u32))
-        .await
-        .is_err()
-    {
+    let all = async {
+        let _ = slots.acquire_many(max as u32).await;
+        let _ = reserve.acquire_many(conn::RESERVED as u32).await;
+    };
+    if tokio::time::timeout(grace, all).await.is_err() {
         tracing::warn!("shutdown grace period ended with requests still open");
     }
 }
 
 /// [`handle`], with the request counted as in flight on its connection
-/// until its answer's body is done.
+/// until its answer's body is done. A request other than health, admin or
+/// `/metrics` on a reserved connection first waits for a slot of the cap.
 async fn tracked(
     app: Arc<App>,
     peer: SocketAddr,
     req: Request<Incoming>,
     busy: InFlight,
+    slot: Arc<conn::Slot>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    let path = req.uri().path();
+    if !(path.starts_with("/_oceancode/") || path == "/metrics") {
+        slot.for_provider().await;
+    }
     let resp = handle(app, peer, req).await?;
     Ok(resp.map(|inner| InFlightBody { inner, _busy: busy }.boxed_unsync()))
 }
