@@ -18,7 +18,7 @@
 //! its answer ends (released when it fails), so requests in flight at once
 //! cannot pass the cap together: a request whose reservation would take
 //! spent + reserved past the cap is refused. Time runs from the root's
-//! first request (the run's start under `run`). After a restart the root's
+//! first request (the run's first under `run`). After a restart the root's
 //! own recorded spend and steps are read back once ([`SpendSeed`]).
 
 use super::{now_ms, Session, SessionManager};
@@ -248,8 +248,9 @@ pub struct BudgetView {
 pub struct Budget {
     limits: SessionLimits,
     seed: Option<SpendSeed>,
-    /// When the budget began (the run's start under `run`).
-    started_ms: i64,
+    /// When its first request came (0: none yet): when the run's time
+    /// began under `run`.
+    first_ms: std::sync::atomic::AtomicI64,
     /// By root session id (or [`RUN_KEY`], or a client key).
     spent: Mutex<HashMap<String, Spent>>,
     /// The first bound each root reached, in the order reached: its
@@ -323,7 +324,7 @@ impl Budget {
         Budget {
             limits,
             seed,
-            started_ms: now_ms(),
+            first_ms: std::sync::atomic::AtomicI64::new(0),
             spent: Mutex::new(HashMap::new()),
             hits: Mutex::new(Vec::new()),
             unpriced: Mutex::new(HashSet::new()),
@@ -338,6 +339,19 @@ impl Budget {
     /// The bounds reached so far (first per session, in order).
     pub fn hits(&self) -> Vec<LimitHit> {
         self.hits.lock().clone()
+    }
+
+    /// When the first request came (now, for the first).
+    fn first_request_ms(&self) -> i64 {
+        use std::sync::atomic::Ordering;
+        let now = now_ms();
+        match self
+            .first_ms
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => now,
+            Err(first) => first,
+        }
     }
 
     /// The cost of one step's billed usage (None: no price for `model`).
@@ -495,7 +509,7 @@ impl SessionManager {
     /// What `session`'s requests are charged to, and since when time runs.
     fn budget_key(&self, b: &Budget, session: &Session) -> (String, i64) {
         if b.limits.run_wide {
-            return (RUN_KEY.to_string(), b.started_ms);
+            return (RUN_KEY.to_string(), b.first_request_ms());
         }
         self.budget_root(session)
     }
@@ -577,13 +591,13 @@ impl SessionManager {
             return Ok(None);
         };
         let (key, started) = if b.limits.run_wide {
-            (RUN_KEY.to_string(), b.started_ms)
+            (RUN_KEY.to_string(), b.first_request_ms())
         } else {
             let session = client_key.and_then(|k| self.candidates(k).into_iter().next());
             match (session, client_key) {
                 (Some(s), _) => self.budget_root(&s),
                 (None, Some(k)) => (k.to_string(), now_ms()),
-                (None, None) => (UNATTRIBUTED.to_string(), b.started_ms),
+                (None, None) => (UNATTRIBUTED.to_string(), b.first_request_ms()),
             }
         };
         b.take(&key, started, est, false).map(Some)
