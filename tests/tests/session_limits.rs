@@ -526,3 +526,27 @@ async fn a_run_wide_budget_holds_every_name_and_counts_side_requests() {
         "titles record nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_hold_with_the_ledger_off() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.sessions.tideline_enabled = false;
+        o.store = None;
+        o.limits = SessionLimits {
+            steps: Some(2),
+            pricer: Some(Arc::new(|_m: &str| Some(PRICE))),
+            ..SessionLimits::default()
+        };
+    })
+    .await;
+    let hdr = [("x-oceancode-session", "off")];
+    let mut codes = Vec::new();
+    for turns in 1..=3 {
+        let got = h
+            .post("/v1/messages", &hdr, Api::Messages.body(turns, false))
+            .await;
+        codes.push(got.status);
+    }
+    assert_eq!(codes, [200, 200, 402]);
+    assert_eq!(h.fake.request_count(), 2);
+}

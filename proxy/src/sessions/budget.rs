@@ -581,11 +581,13 @@ impl SessionManager {
     /// remote compaction; a request when the ledger is off), reserving
     /// `est`: charged to the session of its client key (the run under
     /// `run`; the key itself when it has no session yet; else one budget
-    /// for every request without a key). Counts no step.
+    /// for every request without a key). Counts a step when `step` (a turn
+    /// of the conversation the ledger does not record: it is off).
     pub(super) fn admit_unrecorded(
         &self,
         client_key: Option<&str>,
         est: Option<&Estimate>,
+        step: bool,
     ) -> Result<Option<Reservation>, LimitHit> {
         let Some(b) = &self.budget else {
             return Ok(None);
@@ -600,7 +602,7 @@ impl SessionManager {
                 (None, None) => (UNATTRIBUTED.to_string(), b.first_request_ms()),
             }
         };
-        b.take(&key, started, est, false).map(Some)
+        b.take(&key, started, est, step).map(Some)
     }
 
     /// The bounds reached so far (what `run` reports).

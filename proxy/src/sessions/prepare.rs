@@ -171,8 +171,9 @@ impl SessionManager {
 
     /// A request that is never recorded (the ledger is off, or its body
     /// is content-encoded): forwarded as it came, within the bounds of
-    /// `limits.session` when one is set (charged as a side request; a body
-    /// that cannot be read is then refused). `count_tokens` is never refused.
+    /// `limits.session` when one is set (charged to its client key, a turn
+    /// counting a step; a body that cannot be read is then refused).
+    /// `count_tokens` is never refused.
     pub fn prepare_unrecorded(
         &self,
         dialect: Dialect,
@@ -193,7 +194,12 @@ impl SessionManager {
             Err(e) => return Ok(Prepared::refuse(unreadable(&e.to_string()))),
         };
         let ident = identity::identify(prefix, headers, Some(&parsed))?;
-        Ok(self.forward_unrecorded(body.clone(), ident.client_key.as_deref(), &parsed))
+        // With the ledger off a turn of the conversation is still a step.
+        let step = !encoded
+            && kind == ReqKind::Main
+            && !identity::is_side_request(dialect, &parsed, ident.client);
+        let key = ident.client_key.as_deref();
+        Ok(self.forward_unrecorded(body.clone(), key, &parsed, step))
     }
 
     /// Forward a request that records no step, within the bounds: its
@@ -204,6 +210,7 @@ impl SessionManager {
         body: Bytes,
         client_key: Option<&str>,
         parsed: &ParsedBody<'_>,
+        step: bool,
     ) -> Prepared {
         if !self.budgeted() {
             return Prepared::forward(body);
@@ -213,7 +220,7 @@ impl SessionManager {
             body.len(),
             max_tokens(parsed),
         );
-        match self.admit_unrecorded(client_key, Some(&est)) {
+        match self.admit_unrecorded(client_key, Some(&est), step) {
             Ok(reservation) => Prepared {
                 reservation,
                 ..Prepared::forward(body)
@@ -260,7 +267,7 @@ impl SessionManager {
                 return Ok(Prepared::forward(body));
             }
             let key = ident.client_key.as_deref();
-            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed));
+            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
         }
         let synthetic = synthetic_input(dialect, &split.parsed);
         if let Some(m) = &synthetic {
@@ -271,7 +278,7 @@ impl SessionManager {
                 return Ok(Prepared::forward(body));
             }
             let key = ident.client_key.as_deref();
-            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed));
+            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
         }
         let hashes = split.hashes(&candidates);
         if let Some(k) = &layout_key {
