@@ -3,7 +3,7 @@ Claude Code and Codex cleanly.
 
 Each run is a long tool session (the fake scripts 30 tool steps, a 20k
 tideline keeps the window small); the proxy refuses the session's request
-after it reached its bound (`x-should-retry: false`): Anthropic's 402
+after the run reached its bound (`x-should-retry: false`): Anthropic's 402
 `billing_error` (a 400 `invalid_request_error` Claude Code 2.1.332 sends five
 more times), OpenAI's 400 `invalid_request_error` (Codex retries other 4xx). The agent must stop at once:
 no retry of the refused request (the proxy logs one refusal per request it
@@ -26,8 +26,10 @@ import test_codex as tcx
 LIMIT_EXIT = 8
 STEPS = 30
 TIMEOUT = 180
-# Prices high enough that a few steps of the fake cross the spend cap.
-PRICE = {"input": 100.0, "output": 500.0, "cache_read": 10.0, "cache_write": 125.0}
+# Prices high enough that a few steps of the fake reach the spend cap. The
+# output price is low: each request reserves its `max_tokens` (Codex sends
+# none: the model's whole allowance) at it before it is let through.
+PRICE = {"input": 100.0, "output": 5.0, "cache_read": 10.0, "cache_write": 125.0}
 CC_MODEL = "claude-sonnet-4-5"
 CODEX_MODEL = tcx.MODEL
 
@@ -98,7 +100,7 @@ def run_codex(work: Path, flags: list[str]):
 
 LIMITS = {
     "steps": (["--max-steps", "4"], "reached its step limit: 4 steps made of 4 steps"),
-    "spend": (["--max-spend", "6"], "reached its spend limit: $"),
+    "spend": (["--max-spend", "6"], "spend limit: $"),
     "time": (["--max-time", "1s"], "reached its time limit: "),
 }
 
@@ -106,7 +108,7 @@ LIMITS = {
 def check_stopped(r: h.Run, reqs: list[dict], says: str, limit: str, client: str):
     assert not r.timed_out, r.tail()
     assert r.code == LIMIT_EXIT, r.tail()
-    assert "oceancode-proxy: the run stopped at a limit: session " in r.stderr, r.tail()
+    assert "oceancode-proxy: the run stopped at a limit: the run (every session) " in r.stderr, r.tail()
     assert says in r.stderr, r.tail()
     # The agent stopped at the refusal: it sent the refused request once.
     n = refusals(r.stderr)

@@ -1,13 +1,25 @@
-//! Client connections: at most `limits.max_connections` open at once (more
-//! wait in the listen backlog), and two timers per connection while no
-//! request is in flight: a request head must arrive whole within
-//! `limits.header_read_timeout_ms` of its first byte (slowloris), and a
-//! connection idle for `limits.keepalive_timeout_ms` is closed. A request in
-//! flight (its answer still streaming) is never cut by either.
+//! Client connections: at most `limits.max_connections` open at once, and
+//! two timers per connection while no request is in flight: a request head
+//! must arrive whole within `limits.header_read_timeout_ms` of its first
+//! byte — or of the connection's opening, for its first request: a
+//! connection that sends nothing gives its slot back then (slowloris, idle
+//! sockets) — and a connection idle for `limits.keepalive_timeout_ms`
+//! after a request is closed. A request in flight (its answer still
+//! streaming) is never cut by either.
+//!
+//! At the cap a new connection is not left waiting behind idle ones: the
+//! connection idle the longest ([`Open::evict_idle`]: one that never sent a
+//! byte first, else a keep-alive one) is closed for it. When every slot has
+//! a request in flight it takes one of a few [`RESERVED`] places (where
+//! health and admin requests are answered at once, provider requests wait
+//! for a slot), and past those it waits in the listen backlog.
 
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -37,9 +49,13 @@ pub struct Activity {
     busy: AtomicUsize,
     /// ms since `start` when the last request ended (or the connection opened).
     idle_since: AtomicU64,
-    /// ms since `start` when the first byte of a request head arrived; NONE
-    /// while no head is being read.
+    /// ms since `start` when the first byte of a request head arrived (0,
+    /// the opening, for the first request); NONE while no head is being read.
     head_since: AtomicU64,
+    /// No byte has arrived yet.
+    fresh: AtomicBool,
+    /// Closed to make room for a new connection ([`Open::evict_idle`]).
+    evicted: AtomicBool,
     wake: Notify,
 }
 
@@ -50,6 +66,8 @@ pub enum Expired {
     Head,
     /// No request for the keep-alive timeout.
     Idle,
+    /// Idle at the connection cap: closed for a new connection.
+    Evicted,
 }
 
 impl Activity {
@@ -59,8 +77,27 @@ impl Activity {
             start: Instant::now(),
             busy: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
-            head_since: AtomicU64::new(NONE),
+            // The first request's head is timed from the opening.
+            head_since: AtomicU64::new(0),
+            fresh: AtomicBool::new(true),
+            evicted: AtomicBool::new(false),
             wake: Notify::new(),
+        })
+    }
+
+    /// How idle the connection is, for [`Open::evict_idle`]: (0, opened)
+    /// when it never sent a byte, (1, idle since) when a keep-alive one has
+    /// no request in flight and no head arriving; None when it is busy.
+    fn idle_rank(&self) -> Option<(u8, Instant)> {
+        if self.busy.load(Ordering::Acquire) > 0 || self.evicted.load(Ordering::Acquire) {
+            return None;
+        }
+        if self.fresh.load(Ordering::Acquire) {
+            return Some((0, self.start));
+        }
+        (self.head_since.load(Ordering::Acquire) == NONE).then(|| {
+            let ms = self.idle_since.load(Ordering::Acquire);
+            (1, self.start + Duration::from_millis(ms))
         })
     }
 
@@ -76,6 +113,9 @@ impl Activity {
     }
 
     fn bytes_read(&self) {
+        if self.fresh.load(Ordering::Relaxed) {
+            self.fresh.store(false, Ordering::Release);
+        }
         if self.busy.load(Ordering::Acquire) == 0
             && self
                 .head_since
@@ -100,8 +140,11 @@ impl Activity {
         }
     }
 
-    /// Has a timer run out now?
+    /// Has a timer run out now (or was the connection evicted)?
     pub fn expired(&self, l: &ConnLimits) -> Option<Expired> {
+        if self.evicted.load(Ordering::Acquire) {
+            return Some(Expired::Evicted);
+        }
         self.deadline(l)
             .filter(|(at, _)| Instant::now() >= *at)
             .map(|(_, why)| why)
@@ -118,6 +161,125 @@ impl Activity {
                 }
             }
             None => notified.await,
+        }
+    }
+}
+
+/// The open connections' activity, to find an idle one at the cap.
+#[derive(Debug, Default)]
+pub struct Open {
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, Entry>>,
+}
+
+/// An open connection: what it does, and its place.
+type Entry = (Arc<Activity>, Arc<Slot>);
+
+/// Which place a connection closed by [`Open::evict_idle`] gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freed {
+    /// A slot of the cap.
+    Cap,
+    /// A reserved place.
+    Reserved,
+}
+
+impl Open {
+    /// A connection opened: its key for [`Open::remove`].
+    pub fn add(&self, act: Arc<Activity>, slot: Arc<Slot>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.conns.lock().insert(id, (act, slot));
+        id
+    }
+
+    /// A connection ended.
+    pub fn remove(&self, id: u64) {
+        self.conns.lock().remove(&id);
+    }
+
+    /// Close the connection idle the longest to make room for a new one:
+    /// the oldest that never sent a byte, else the keep-alive one idle the
+    /// longest; which place it gives back. None when every connection has
+    /// a request in flight (or a head arriving).
+    pub fn evict_idle(&self) -> Option<Freed> {
+        let conns = self.conns.lock();
+        let (act, slot) = conns
+            .values()
+            .filter_map(|c| c.0.idle_rank().map(|r| (r, c)))
+            .min_by_key(|(r, _)| *r)
+            .map(|(_, c)| c.clone())?;
+        drop(conns);
+        act.evicted.store(true, Ordering::Release);
+        act.wake.notify_one();
+        Some(if slot.is_reserved() {
+            Freed::Reserved
+        } else {
+            Freed::Cap
+        })
+    }
+}
+
+/// Connections accepted past `limits.max_connections` when every
+/// connection has a request in flight: a health check or an admin request
+/// is served on one at once; a provider request on one waits for a slot of
+/// the cap ([`Slot::for_provider`]).
+pub const RESERVED: usize = 8;
+
+/// A connection's place: a slot of the cap, or one of the [`RESERVED`].
+#[derive(Debug)]
+pub struct Slot {
+    held: Mutex<Held>,
+    cap: Arc<tokio::sync::Semaphore>,
+}
+
+#[derive(Debug)]
+enum Held {
+    Cap(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+    Reserved(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
+
+impl Slot {
+    /// A slot of the cap (`cap`'s permit).
+    pub fn cap(
+        p: tokio::sync::OwnedSemaphorePermit,
+        cap: Arc<tokio::sync::Semaphore>,
+    ) -> Arc<Slot> {
+        Arc::new(Slot {
+            held: Mutex::new(Held::Cap(p)),
+            cap,
+        })
+    }
+
+    /// A reserved place (the reserve's permit); provider requests on it
+    /// wait for a slot of `cap`.
+    pub fn reserved(
+        p: tokio::sync::OwnedSemaphorePermit,
+        cap: Arc<tokio::sync::Semaphore>,
+    ) -> Arc<Slot> {
+        Arc::new(Slot {
+            held: Mutex::new(Held::Reserved(p)),
+            cap,
+        })
+    }
+
+    /// On a reserved place.
+    pub fn is_reserved(&self) -> bool {
+        matches!(*self.held.lock(), Held::Reserved(_))
+    }
+
+    /// Before a provider request: a connection on a reserved place first
+    /// takes a slot of the cap (waiting while every slot is busy) and gives
+    /// its reserved place back.
+    pub async fn for_provider(&self) {
+        if !matches!(*self.held.lock(), Held::Reserved(_)) {
+            return;
+        }
+        let Ok(p) = self.cap.clone().acquire_owned().await else {
+            return;
+        };
+        let mut held = self.held.lock();
+        if matches!(*held, Held::Reserved(_)) {
+            *held = Held::Cap(p);
         }
     }
 }
@@ -228,6 +390,14 @@ pub async fn drive<C, Err>(
                 }
                 Some(Expired::Idle) => {
                     tracing::debug!(timeout = ?limits.keepalive_timeout, "idle connection closed");
+                    closing = true;
+                    graceful(conn.as_mut());
+                }
+                Some(Expired::Evicted) => {
+                    tracing::debug!("idle connection closed for a new one (limits.max_connections reached)");
+                    if act.fresh.load(Ordering::Acquire) {
+                        return;
+                    }
                     closing = true;
                     graceful(conn.as_mut());
                 }

@@ -146,6 +146,7 @@ fn spend_seed(
             usd: t.cost_usd,
             steps: t.steps,
             unpriced: !t.unpriced.is_empty(),
+            ..Spent::default()
         })
     }))
 }

@@ -12,7 +12,7 @@ use crate::dialect::{self, Collected};
 use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
 use crate::overflow::{self, Opening};
-use crate::sessions::{Prepared, SessionManager, StepError, Ticket};
+use crate::sessions::{Prepared, Refusal, Reservation, SessionManager, StepError, Ticket};
 use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
 use bytes::Bytes;
@@ -292,24 +292,10 @@ pub async fn serve(
     // 53 MB of a 100-session open's peak); a request head must fit in it.
     builder.http1().max_buf_size(READ_BUF_MAX);
     tokio::pin!(shutdown);
+    let open = Arc::new(conn::Open::default());
+    let reserve = Arc::new(tokio::sync::Semaphore::new(conn::RESERVED));
     let mut warned_full: Option<Instant> = None;
     loop {
-        if slots.available_permits() == 0
-            && warned_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
-        {
-            tracing::warn!(
-                max,
-                "connection cap reached (limits.max_connections): new connections wait"
-            );
-            warned_full = Some(Instant::now());
-        }
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => match s {
-                Ok(s) => s,
-                Err(_) => break,
-            },
-            _ = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(x) => x,
@@ -321,20 +307,65 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        // At the cap the connection idle the longest makes room (idle
+        // sockets cannot starve a health check or an agent); when every
+        // connection has a request in flight, a reserved place (health and
+        // admin answered at once); past those this one waits (and those
+        // after it, in the listen backlog).
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => conn::Slot::cap(s, slots.clone()),
+            Err(_) => {
+                let freed = open.evict_idle();
+                let reserved = match freed {
+                    None => reserve.clone().try_acquire_owned().ok(),
+                    Some(_) => None,
+                };
+                match reserved {
+                    Some(r) => conn::Slot::reserved(r, slots.clone()),
+                    None => {
+                        if freed.is_none()
+                            && warned_full.is_none_or(|t| t.elapsed() > Duration::from_secs(60))
+                        {
+                            tracing::warn!(
+                                max,
+                                "connection cap reached (limits.max_connections): new connections wait"
+                            );
+                            warned_full = Some(Instant::now());
+                        }
+                        tokio::select! {
+                            // A connection closed for this one: the place it frees.
+                            s = slots.clone().acquire_owned(), if freed != Some(conn::Freed::Reserved) => match s {
+                                Ok(s) => conn::Slot::cap(s, slots.clone()),
+                                Err(_) => break,
+                            },
+                            r = reserve.clone().acquire_owned(), if freed != Some(conn::Freed::Cap) => match r {
+                                Ok(r) => conn::Slot::reserved(r, slots.clone()),
+                                Err(_) => break,
+                            },
+                            _ = &mut shutdown => break,
+                        }
+                    }
+                }
+            }
+        };
         let _ = stream.set_nodelay(true);
         let act = Activity::new();
         let svc = {
             let app = app.clone();
             let act = act.clone();
-            service_fn(move |req| tracked(app.clone(), peer, req, act.begin()))
+            let slot = slot.clone();
+            service_fn(move |req| tracked(app.clone(), peer, req, act.begin(), slot.clone()))
         };
         let io = TokioIo::new(conn::Watched::new(stream, act.clone()));
         let c = builder.serve_connection(io, svc).into_owned();
         let stop = stop_rx.clone();
         let metrics = app.metrics.clone();
         metrics.connections.fetch_add(1, Ordering::Relaxed);
+        let id = open.add(act.clone(), slot.clone());
+        let open = open.clone();
         tokio::spawn(async move {
             conn::drive(c, |c| c.graceful_shutdown(), act, limits, stop).await;
+            open.remove(id);
             metrics.connections.fetch_sub(1, Ordering::Relaxed);
             drop(slot);
         });
@@ -342,22 +373,29 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(true);
     // Every connection gives its slot back when it ends.
-    if tokio::time::timeout(grace, slots.acquire_many(max as u32))
-        .await
-        .is_err()
-    {
+    let all = async {
+        let _ = slots.acquire_many(max as u32).await;
+        let _ = reserve.acquire_many(conn::RESERVED as u32).await;
+    };
+    if tokio::time::timeout(grace, all).await.is_err() {
         tracing::warn!("shutdown grace period ended with requests still open");
     }
 }
 
 /// [`handle`], with the request counted as in flight on its connection
-/// until its answer's body is done.
+/// until its answer's body is done. A request other than health, admin or
+/// `/metrics` on a reserved connection first waits for a slot of the cap.
 async fn tracked(
     app: Arc<App>,
     peer: SocketAddr,
     req: Request<Incoming>,
     busy: InFlight,
+    slot: Arc<conn::Slot>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    let path = req.uri().path();
+    if !(path.starts_with("/_oceancode/") || path == "/metrics") {
+        slot.for_provider().await;
+    }
     let resp = handle(app, peer, req).await?;
     Ok(resp.map(|inner| InFlightBody { inner, _busy: busy }.boxed_unsync()))
 }
@@ -662,7 +700,7 @@ async fn provider_request(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     app.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
-    if !app.sessions.enabled() {
+    if !app.sessions.enabled() && !app.sessions.budgeted() {
         // Ledger off: a plain relay whose answer is still read for /metrics.
         let up = upstream_request(&parts, uri, body.boxed(), None);
         let (head, body) = app.upstream.send(up, &base).await?.into_parts();
@@ -683,8 +721,17 @@ async fn provider_request(
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity");
     let t0 = Instant::now();
-    let prepared = if encoded {
-        Prepared::forward(body)
+    let prepared = if encoded || !app.sessions.enabled() {
+        // Never recorded (ledger off, or a body it would not rewrite): only
+        // admitted within the bounds of `limits.session`, when one is set.
+        app.sessions.prepare_unrecorded(
+            dialect,
+            kind,
+            prefix.as_deref(),
+            &parts.headers,
+            body,
+            encoded,
+        )?
     } else {
         let sessions = app.sessions.clone();
         let headers = parts.headers.clone();
@@ -708,10 +755,13 @@ async fn provider_request(
         body,
         mut ticket,
         refused,
+        reservation,
     } = prepared;
-    if let Some(hit) = refused {
+    match refused {
         // A session past a bound of `limits.session`: nothing is forwarded.
-        return Err(ProxyError::LimitReached(hit));
+        Some(Refusal::Limit(hit)) => return Err(ProxyError::LimitReached(hit)),
+        Some(Refusal::Unreadable(why)) => return Err(ProxyError::BadRequestBody(why)),
+        None => {}
     }
     let len = body.len();
     let recall = app.cfg.recall.enabled && ticket.is_some();
@@ -761,7 +811,14 @@ async fn provider_request(
         }
         ticket => {
             let (head, body) = resp.into_parts();
-            Ok(tap_response(app, dialect, ticket, head, body))
+            Ok(tap_response_charged(
+                app,
+                dialect,
+                ticket,
+                reservation,
+                head,
+                body,
+            ))
         }
     }
 }
@@ -922,6 +979,24 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
+    tap_response_charged(app, dialect, ticket, None, head, body)
+}
+
+/// [`tap_response`] for a request that records no step but holds spend
+/// reserved by `limits.session` (`reservation`): settled with the usage
+/// its answer tells, released when it tells none.
+fn tap_response_charged<B>(
+    app: &Arc<App>,
+    dialect: Dialect,
+    ticket: Option<Ticket>,
+    reservation: Option<Reservation>,
+    head: http::response::Parts,
+    body: B,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError> + std::fmt::Display,
+{
     let relay = relay_head(&head);
     let status = head.status.as_u16();
     let framing = Framing::from_content_type(
@@ -938,6 +1013,10 @@ where
     let metrics = app.metrics.clone();
     let merge = app.merge.clone();
     let on_finish = Box::new(move |o: crate::tap::TapOutcome| {
+        if let (Some(r), Some(u)) = (reservation, o.collected.usage) {
+            let model = o.collected.model.clone().unwrap_or_default();
+            r.settle(&model, u.plus(o.collected.detail.extra));
+        }
         if let Some(u) = o.collected.usage {
             // Billed: the window and what came on top of it (compaction).
             let u = u.plus(o.collected.detail.extra);

@@ -774,18 +774,21 @@ async fn a_non_loopback_listen_address_needs_allow_remote() {
     assert!(log.contains("listening on http://0.0.0.0:"), "{log}");
 }
 
-/// Three requests, then the meter of the running proxy; exits 0.
+/// `T_COUNT` requests (3), each of session `limited` (or with
+/// `T_NAMES=each`, of a session named anew each time), then the meter of
+/// the running proxy; exits 0.
 const LIMITED_CHILD: &str = r#"
 import json, os, subprocess, sys, urllib.request, urllib.error
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 base = os.environ["ANTHROPIC_BASE_URL"]
+each = os.environ.get("T_NAMES") == "each"
 codes = []
-for i in range(3):
+for i in range(int(os.environ.get("T_COUNT", "3"))):
     body = json.dumps({"model": "claude-test", "max_tokens": 256,
                        "messages": [{"role": "user", "content": "hello %d" % i}]}).encode()
     req = urllib.request.Request(base + "/v1/messages", data=body, method="POST",
                                  headers={"content-type": "application/json", "x-api-key": "k",
-                                          "x-oceancode-session": "limited",
+                                          "x-oceancode-session": "limited-%d" % i if each else "limited",
                                           "anthropic-version": "2023-06-01"})
     try:
         opener.open(req, timeout=10).read()
@@ -830,16 +833,13 @@ async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
     );
     assert_eq!(fake.request_count(), 2, "the refused request went nowhere");
     assert!(
-        err.contains("oceancode-proxy: the run stopped at a limit: session ")
-            && err.contains(
-                "reached its step limit: 2 steps made of 2 steps (limits.session.steps, --max-steps) (exit code 8; the command exited with 0)"
-            ),
+        err.contains("oceancode-proxy: the run stopped at a limit: the run (every session) reached its step limit: 2 steps made of 2 steps (limits.session.steps, --max-steps) (exit code 8; the command exited with 0)"),
         "{err}"
     );
     // `status` asked the running proxy: steps and elapsed against the bounds.
     assert!(out.contains("limits   steps 2 / 2 · elapsed "), "{out}");
     assert!(out.contains(" / 2h (live from the "), "{out}");
-    assert!(out.contains("stopped: session "), "{out}");
+    assert!(out.contains("stopped: the run (every session) "), "{out}");
 
     // Without a limit reached, `run` keeps the child's code; a bad flag is refused.
     let flags = ["--anthropic-upstream", &url, "--max-steps", "5"];
@@ -853,4 +853,33 @@ async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
         let o = output(run_cmd(home, data, &bad, &["true"]));
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_limits_bound_the_whole_run_whatever_names_its_agent_sends() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let url = fake.url();
+    // Ten requests, each naming a session of its own: one budget for the run.
+    let flags = ["--anthropic-upstream", &url, "--max-steps", "5"];
+    let mut c = run_cmd(home, data, &flags, &["python3", "-c", LIMITED_CHILD]);
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", data)
+        .env("T_NAMES", "each")
+        .env("T_COUNT", "10");
+    let o = output(c);
+    let out = text(&o.stdout);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(8), "the limit code\n{out}\n{err}");
+    assert_eq!(
+        line_value(&out, "CODES="),
+        "200,200,200,200,200,402,402,402,402,402",
+        "{err}"
+    );
+    assert_eq!(fake.request_count(), 5, "five steps in all went upstream");
+    assert!(
+        err.contains("the run stopped at a limit: the run (every session) reached its step limit: 5 steps made of 5 steps"),
+        "{err}"
+    );
 }

@@ -596,10 +596,26 @@ async fn slow_heads_bodies_and_idle_connections_are_closed() {
         let n = s.read(&mut buf).unwrap_or(0);
         String::from_utf8_lossy(&buf[..n]).into_owned()
     });
-    // An idle keep-alive connection: closed after the keep-alive timeout.
+    // A connection that never sends a byte: closed after the header
+    // timeout (its first request's head is timed from the opening).
+    let a = addr.clone();
+    let silent = tokio::task::spawn_blocking(move || {
+        let s = std::net::TcpStream::connect(&a).unwrap();
+        let t0 = Instant::now();
+        (closed_within(s, Duration::from_secs(3)), t0.elapsed())
+    });
+    // An idle keep-alive connection, after one request: closed after the
+    // keep-alive timeout.
     let a = addr.clone();
     let idle = tokio::task::spawn_blocking(move || {
-        let s = std::net::TcpStream::connect(&a).unwrap();
+        let mut s = std::net::TcpStream::connect(&a).unwrap();
+        let body = anthropic_body(false, "hi");
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nhost: {a}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let t0 = Instant::now();
         (closed_within(s, Duration::from_secs(3)), t0.elapsed())
     });
@@ -609,6 +625,12 @@ async fn slow_heads_bodies_and_idle_connections_are_closed() {
     let answer = slow_body.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("body_read_timeout_ms"), "{answer}");
+    let (closed, t) = silent.await.unwrap();
+    assert!(closed, "the silent connection was closed");
+    assert!(
+        t < Duration::from_millis(550),
+        "after the header timeout, not the keep-alive one: {t:?}"
+    );
     let (closed, t) = idle.await.unwrap();
     assert!(closed, "the idle connection was closed");
     assert!(
@@ -658,36 +680,105 @@ async fn a_streaming_answer_outlives_the_connection_timers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_past_the_cap_wait_for_a_free_slot() {
-    let h = Harness::start(FakeConfig::default(), |o| {
+async fn connections_past_the_cap_wait_for_a_request_to_end() {
+    // Two slots, both with a request in flight (the upstream answers after
+    // 1.5 s): a third connection's request waits until one of them ends.
+    let slow = oceancode_fakeup::Script::always(oceancode_fakeup::Reply {
+        delay_first_ms: 1500,
+        ..Default::default()
+    });
+    let h = Harness::start(FakeConfig::default().with_script(slow), |o| {
         o.front.net.conn.max_connections = 2;
-        o.front.net.conn.keepalive_timeout = Duration::from_millis(800);
     })
     .await;
     let addr = addr_of(&h.url());
-    let a = std::net::TcpStream::connect(&addr).unwrap();
-    let b = std::net::TcpStream::connect(&addr).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The third connection is queued, not served, while two are open…
+    let body = anthropic_body(false, "hi");
+    let req = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
     let t0 = Instant::now();
-    let got = raw_async(
+    let busy: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(raw_async(addr.clone(), req.clone())))
+        .collect();
+    // Both are in flight once the upstream saw them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.fake.request_count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two requests reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A health check is answered at once all the same (a reserved place).
+    let token = h.proxy().app.admin_token.clone();
+    let health = raw_async(
         addr.clone(),
-        format!(
-            "POST /v1/messages HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
-            anthropic_body(false, "hi").len(),
-            anthropic_body(false, "hi")
-        )
-        .into_bytes(),
+        format!("GET /_oceancode/health HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\nconnection: close\r\n\r\n").into_bytes(),
     )
     .await;
-    // …until the keep-alive timer closes one of them.
-    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(
-        t0.elapsed() >= Duration::from_millis(500),
-        "{:?}",
+        h.fake.request_count() == 2 && t0.elapsed() < Duration::from_millis(800),
+        "while both requests are in flight: {:?}",
         t0.elapsed()
     );
-    drop((a, b));
+    let got = raw_async(addr.clone(), req.clone()).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(800),
+        "served after a slot's request ended: {:?}",
+        t0.elapsed()
+    );
+    for b in busy {
+        assert!(b.await.unwrap().starts_with("HTTP/1.1 200"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_sockets_at_the_cap_give_way_to_a_health_check() {
+    // Long timers: only closing idle connections for new ones can serve it.
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.front.net.conn.max_connections = 64;
+        o.front.net.conn.header_read_timeout = Duration::from_secs(30);
+        o.front.net.conn.keepalive_timeout = Duration::from_secs(90);
+    })
+    .await;
+    let addr = addr_of(&h.url());
+    // 600 sockets that never send a byte (closed when the test ends).
+    let a = addr.clone();
+    let idle = tokio::task::spawn_blocking(move || {
+        (0..600)
+            .map(|_| std::net::TcpStream::connect(&a).unwrap())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.proxy().app.metrics.connections.load(Ordering::Relaxed) < 64 {
+        assert!(Instant::now() < deadline, "the idle sockets fill the slots");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t0 = Instant::now();
+    let token = h.proxy().app.admin_token.clone();
+    let got = raw_async(
+        addr.clone(),
+        format!("GET /_oceancode/health HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\nconnection: close\r\n\r\n").into_bytes(),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "answered at once: {:?}",
+        t0.elapsed()
+    );
+    let open = h.proxy().app.metrics.connections.load(Ordering::Relaxed);
+    assert!(
+        open <= 64,
+        "idle sockets made room, took no reserved place: {open}"
+    );
+    drop(idle);
 }
 
 /// A plain upstream that counts its open connections.

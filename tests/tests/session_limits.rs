@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_config::Price;
-use oceancode_fakeup::FakeConfig;
+use oceancode_fakeup::{FakeConfig, Reply, Script, UsageOverride};
 use oceancode_ledger::status;
 use oceancode_proxy::sessions::SessionLimits;
 use oceancode_tests::{Got, Harness};
@@ -60,12 +60,12 @@ impl Api {
             Api::Chat => {
                 msgs.insert(0, json!({"role": "system", "content": "You are a careful agent."}));
                 // Streamed, Chat Completions tells the usage only when asked.
-                json!({"model": "gpt-4o", "stream": stream, "messages": msgs,
+                json!({"model": "gpt-4o", "stream": stream, "messages": msgs, "max_tokens": 256,
                        "stream_options": stream.then(|| json!({"include_usage": true}))})
             }
             Api::Responses => json!({
                 "model": "gpt-5", "stream": stream, "instructions": "You are a careful agent.",
-                "input": msgs,
+                "input": msgs, "max_output_tokens": 256,
             }),
         }
         .to_string()
@@ -166,7 +166,7 @@ async fn the_step_limit_refuses_the_next_request_in_every_dialect_streamed_or_no
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_spend_limit_counts_cache_reads_and_writes_at_list_price() {
-    let cap = 0.5;
+    let cap = 2.0;
     for api in Api::ALL {
         for stream in [false, true] {
             let h = harness(SessionLimits {
@@ -202,15 +202,15 @@ async fn the_spend_limit_counts_cache_reads_and_writes_at_list_price() {
                     "the fake caches the system prompt: {t:?}"
                 );
             }
-            let last = status::totals(&steps[..sent - 1], &|_| Some(PRICE)).0;
+            // The next request's reservation (its body's tokens in, its
+            // max_tokens out) would have passed the cap: refused before.
             assert!(
-                last.cost_usd < cap && t.cost_usd >= cap,
-                "{api:?}: the step that crossed the cap completed, the next was refused ({} then {})",
-                last.cost_usd,
+                t.cost_usd <= cap,
+                "{api:?}: the spend never passes the cap ({})",
                 t.cost_usd
             );
             let says = format!(
-                "reached its spend limit: {} spent of $0.5000",
+                "would pass its spend limit: {} spent, $0.0000 reserved by 0 requests in flight, up to $",
                 status::usd(t.cost_usd)
             );
             assert_refused(api, &refused, &says);
@@ -306,4 +306,247 @@ async fn a_sub_agent_is_charged_to_its_parent_and_count_tokens_is_never_refused(
     let v: Value = h.admin("/_oceancode/sessions").await;
     let text = v.to_string();
     assert!(text.contains("\"steps_cap\":3"), "{text}");
+}
+
+/// A request of about `bytes` bytes asking for at most 100 output tokens.
+fn sized_body(bytes: usize, extra: Value) -> String {
+    let mut v = json!({"model": "claude-sonnet-4-5", "max_tokens": 100,
+                       "messages": [{"role": "user", "content": ""}]});
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    let pad = bytes.saturating_sub(v.to_string().len());
+    v["messages"][0]["content"] = json!("x".repeat(pad));
+    v.to_string()
+}
+
+/// The fake bills every answer $0.30 at [`PRICE`] (500 tokens in, 100
+/// out), after `delay_ms` (the requests of a burst are in flight together).
+fn billed_030(delay_ms: u64) -> FakeConfig {
+    let usage = UsageOverride {
+        input_tokens: Some(500),
+        cache_creation_input_tokens: Some(0),
+        cache_read_input_tokens: Some(0),
+        output_tokens: Some(100),
+    };
+    FakeConfig::default().with_script(Script::always(Reply {
+        usage: Some(usage),
+        delay_first_ms: delay_ms,
+        ..Reply::default()
+    }))
+}
+
+async fn harness_with(fake: FakeConfig, limits: SessionLimits) -> Harness {
+    Harness::start(fake, move |o| {
+        o.limits = SessionLimits {
+            pricer: Some(Arc::new(|_m: &str| Some(PRICE))),
+            ..limits
+        };
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_requests_cannot_pass_the_spend_cap_together() {
+    // Each request reserves ~$0.33 (1,650 bytes ≈ 550 tokens in, 100 out)
+    // and is billed $0.30: under a $1 cap three fit, whatever the timing.
+    let h = harness_with(
+        billed_030(300),
+        SessionLimits {
+            spend_usd: Some(1.0),
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+    let body = sized_body(1650, json!({}));
+    let posts = (0..20).map(|_| {
+        h.post(
+            "/v1/messages",
+            &[("x-oceancode-session", "race")],
+            body.clone(),
+        )
+    });
+    let got = futures_util::future::join_all(posts).await;
+    let ok = got.iter().filter(|g| g.status == 200).count();
+    assert_eq!(ok, 3, "three reservations fit under $1");
+    assert_eq!(h.fake.request_count(), 3, "nothing else was forwarded");
+    for g in got.iter().filter(|g| g.status != 200) {
+        assert_refused(Api::Messages, g, "spend limit: $");
+    }
+    h.settle().await;
+    let id = h.store().resolve_session(None).unwrap();
+    let v = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    let spent = v["limits"]["spent_usd"].as_f64().unwrap();
+    assert!((spent - 0.9).abs() < 1e-9, "three answers at $0.30: {v}");
+    assert_eq!(v["limits"]["reserved_usd"].as_f64(), Some(0.0), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_requests_cannot_pass_the_step_cap_together() {
+    let h = harness_with(
+        billed_030(200),
+        SessionLimits {
+            steps: Some(5),
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+    let body = sized_body(400, json!({}));
+    let posts = (0..30).map(|_| {
+        h.post(
+            "/v1/messages",
+            &[("x-oceancode-session", "steps")],
+            body.clone(),
+        )
+    });
+    let got = futures_util::future::join_all(posts).await;
+    assert_eq!(got.iter().filter(|g| g.status == 200).count(), 5);
+    assert_eq!(h.fake.request_count(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_limit_no_form_of_request_is_forwarded() {
+    let h = harness(SessionLimits {
+        steps: Some(1),
+        ..SessionLimits::default()
+    })
+    .await;
+    let hdr = |ua: &'static str| [("x-oceancode-session", "capped"), ("user-agent", ua)];
+    let got = h
+        .post("/v1/messages", &hdr("test"), Api::Messages.body(1, false))
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let got = h
+        .post("/v1/messages", &hdr("test"), Api::Messages.body(2, false))
+        .await;
+    assert_refused(Api::Messages, &got, "reached its step limit");
+    // A repeated top-level key: the proxy cannot read it, so cannot count it.
+    let dup = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"max_tokens":64000,"messages":[{"role":"user","content":"hi"}]}"#;
+    let got = h.post("/v1/messages", &hdr("test"), dup).await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert!(got.text().contains("a limit is in force"), "{}", got.text());
+    // A structured-output request without tools (a title's form).
+    let title = json!({"model": "claude-sonnet-4-5", "max_tokens": 64,
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        "messages": [{"role": "user", "content": "write a title"}]})
+    .to_string();
+    let got = h.post("/v1/messages", &hdr("test"), title).await;
+    assert_refused(Api::Messages, &got, "reached its step limit");
+    // opencode's form of a side request: no tools.
+    let got = h
+        .post(
+            "/v1/chat/completions",
+            &hdr("opencode/1.18.33 ai-sdk/provider-utils/4.0.46"),
+            Api::Chat.body(1, false),
+        )
+        .await;
+    assert_refused(Api::Chat, &got, "reached its step limit");
+    // Remote compaction.
+    let got = h
+        .post(
+            "/v1/responses/compact",
+            &hdr("test"),
+            Api::Responses.body(2, false),
+        )
+        .await;
+    assert_refused(Api::Responses, &got, "reached its step limit");
+    assert_eq!(h.fake.request_count(), 1, "only the first went upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_wide_budget_holds_every_name_and_counts_side_requests() {
+    // Steps: ten requests, ten names, one budget of five.
+    let h = harness(SessionLimits {
+        steps: Some(5),
+        run_wide: true,
+        ..SessionLimits::default()
+    })
+    .await;
+    let mut codes = Vec::new();
+    for i in 0..10 {
+        let name = format!("name-{i}");
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-oceancode-session", name.as_str())],
+                Api::Messages.body(1, false),
+            )
+            .await;
+        codes.push(got.status);
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 200, 402, 402, 402, 402, 402]);
+    assert_eq!(h.fake.request_count(), 5);
+    let hits = h.proxy().app.sessions.limit_hits();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    assert!(hits[0]
+        .describe()
+        .starts_with("the run (every session) reached its step limit: 5 steps made of 5 steps"));
+
+    // Spend: titles (side requests, never recorded) are charged to the run.
+    let h = harness_with(
+        billed_030(0),
+        SessionLimits {
+            spend_usd: Some(1.0),
+            run_wide: true,
+            ..SessionLimits::default()
+        },
+    )
+    .await;
+    let title = sized_body(
+        1650,
+        json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+    );
+    // Each reserves ~$0.32 and is billed what the fake's structured answer
+    // tells (a few cents): they are refused once what they spent leaves
+    // less than a reservation under the cap.
+    let mut ok = 0;
+    let refused = loop {
+        assert!(ok < 40, "the titles' spend was never counted");
+        let name = format!("t-{ok}");
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-oceancode-session", name.as_str())],
+                title.clone(),
+            )
+            .await;
+        if got.status != 200 {
+            break got;
+        }
+        ok += 1;
+    };
+    assert_refused(Api::Messages, &refused, "would pass its spend limit: $0.");
+    assert!(ok > 3, "{ok}");
+    assert_eq!(h.fake.request_count(), ok);
+    let hits = h.proxy().app.sessions.limit_hits();
+    let spent: f64 = hits[0].used.trim_start_matches('$').parse().unwrap();
+    assert!(spent > 0.6 && spent <= 1.0, "{hits:?}");
+    assert!(
+        h.proxy().app.sessions.sessions().is_empty(),
+        "titles record nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_hold_with_the_ledger_off() {
+    let h = Harness::start(FakeConfig::default(), |o| {
+        o.sessions.tideline_enabled = false;
+        o.store = None;
+        o.limits = SessionLimits {
+            steps: Some(2),
+            pricer: Some(Arc::new(|_m: &str| Some(PRICE))),
+            ..SessionLimits::default()
+        };
+    })
+    .await;
+    let hdr = [("x-oceancode-session", "off")];
+    let mut codes = Vec::new();
+    for turns in 1..=3 {
+        let got = h
+            .post("/v1/messages", &hdr, Api::Messages.body(turns, false))
+            .await;
+        codes.push(got.status);
+    }
+    assert_eq!(codes, [200, 200, 402]);
+    assert_eq!(h.fake.request_count(), 2);
 }

@@ -1,7 +1,8 @@
 //! `run -- CMD`: a private proxy on a free loopback port around one child
 //! command (its `*_BASE_URL`s point at it); exits with the child's code, or
-//! with [`LIMIT_EXIT`] when a session reached a bound of `--max-spend`,
-//! `--max-steps` or `--max-time` (`limits.session`).
+//! with [`LIMIT_EXIT`] when the run reached a bound of `--max-spend`,
+//! `--max-steps` or `--max-time` (`limits.session`: one budget for every
+//! session of the run).
 
 use super::out::errln;
 use super::serve::{ledger_label, proxy_options, register};
@@ -42,7 +43,10 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32> {
     let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
     let loaded = load(cli, None, &a.upstreams, line, a.compress)?;
     init_tracing("warn");
-    let opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)));
+    // The bounds hold for the whole run: one budget for every session it
+    // sees, whatever names its agent declares.
+    opts.limits.run_wide = true;
     runtime_block(run_child(opts, a.cmd.clone()))
 }
 

@@ -45,13 +45,16 @@ mod view;
 mod window;
 pub use context::{ContextAnswer, Evict, Evicted};
 
-pub use budget::{Budget, BudgetView, Limit, LimitHit, Pricer, SessionLimits, SpendSeed, Spent};
+pub use budget::{
+    Budget, BudgetView, Estimate, Limit, LimitHit, Pricer, Reservation, SessionLimits, SpendSeed,
+    Spent,
+};
 pub use compress::Locator;
 pub use hold::refuses_caller;
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
 pub use state::State;
-pub use step::{Prepared, StepError, Ticket};
+pub use step::{Prepared, Refusal, StepError, Ticket};
 pub use view::{model_view, ModelView, Sent};
 
 use index::Index;

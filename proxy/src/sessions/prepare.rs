@@ -6,7 +6,7 @@
 use super::layouts::Layouts;
 use super::parse::root_hashes;
 use super::state::State;
-use super::step::{Prepared, Ticket};
+use super::step::{Prepared, Refusal, Ticket};
 use super::window::{self, Window};
 use super::{now_ms, Session, SessionManager};
 use crate::dialect::{self, ParsedBody};
@@ -82,10 +82,7 @@ impl<'a> Request<'a> {
                     .is_some_and(|v| !v.is_null()),
             synthetic,
             model: parsed.model().unwrap_or_default(),
-            max_tokens: parsed
-                .get_as("max_tokens")
-                .or_else(|| parsed.get_as("max_output_tokens"))
-                .or_else(|| parsed.get_as("max_completion_tokens")),
+            max_tokens: max_tokens(parsed),
         }
     }
 
@@ -116,6 +113,21 @@ fn synthetic_input(dialect: Dialect, parsed: &ParsedBody<'_>) -> Option<String> 
         .then(|| parsed.get_as::<String>("input"))
         .flatten()
         .map(|text| serde_json::json!({"role": "user", "content": text}).to_string())
+}
+
+/// A body that cannot be read while a bound is set.
+fn unreadable(why: &str) -> Refusal {
+    Refusal::Unreadable(format!(
+        "{why}; a limit is in force (limits.session: --max-spend, --max-steps, --max-time), and a request the proxy cannot read cannot be counted: it is refused, not forwarded"
+    ))
+}
+
+/// The output the request asks for at most.
+fn max_tokens(parsed: &ParsedBody<'_>) -> Option<u64> {
+    parsed
+        .get_as("max_tokens")
+        .or_else(|| parsed.get_as("max_output_tokens"))
+        .or_else(|| parsed.get_as("max_completion_tokens"))
 }
 
 impl SessionManager {
@@ -157,6 +169,66 @@ impl SessionManager {
         })
     }
 
+    /// A request that is never recorded (the ledger is off, or its body
+    /// is content-encoded): forwarded as it came, within the bounds of
+    /// `limits.session` when one is set (charged to its client key, a turn
+    /// counting a step; a body that cannot be read is then refused).
+    /// `count_tokens` is never refused.
+    pub fn prepare_unrecorded(
+        &self,
+        dialect: Dialect,
+        kind: ReqKind,
+        prefix: Option<&str>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+        encoded: bool,
+    ) -> Result<Prepared, NameError> {
+        if !self.budgeted() || kind == ReqKind::CountTokens {
+            return Ok(Prepared::forward(body));
+        }
+        if encoded {
+            return Ok(Prepared::refuse(unreadable("it is content-encoded")));
+        }
+        let parsed = match ParsedBody::parse(&body, dialect::conv_key(dialect)) {
+            Ok(p) => p,
+            Err(e) => return Ok(Prepared::refuse(unreadable(&e.to_string()))),
+        };
+        let ident = identity::identify(prefix, headers, Some(&parsed))?;
+        // With the ledger off a turn of the conversation is still a step.
+        let step = !encoded
+            && kind == ReqKind::Main
+            && !identity::is_side_request(dialect, &parsed, ident.client);
+        let key = ident.client_key.as_deref();
+        Ok(self.forward_unrecorded(body.clone(), key, &parsed, step))
+    }
+
+    /// Forward a request that records no step, within the bounds: its
+    /// most possible cost reserved on its client key's budget
+    /// ([`SessionManager::admit_unrecorded`]), or refused.
+    fn forward_unrecorded(
+        &self,
+        body: Bytes,
+        client_key: Option<&str>,
+        parsed: &ParsedBody<'_>,
+        step: bool,
+    ) -> Prepared {
+        if !self.budgeted() {
+            return Prepared::forward(body);
+        }
+        let est = self.estimate(
+            &parsed.model().unwrap_or_default(),
+            body.len(),
+            max_tokens(parsed),
+        );
+        match self.admit_unrecorded(client_key, Some(&est), step) {
+            Ok(reservation) => Prepared {
+                reservation,
+                ..Prepared::forward(body)
+            },
+            Err(hit) => Prepared::refuse(Refusal::Limit(hit)),
+        }
+    }
+
     fn prepare_with<E>(
         &self,
         dialect: Dialect,
@@ -165,13 +237,20 @@ impl SessionManager {
         layout_key: Option<String>,
         ident_of: impl FnOnce(Option<&ParsedBody<'_>>) -> Result<Identity, E>,
     ) -> Result<Prepared, E> {
-        if kind == ReqKind::Side {
+        // Within a bound every request is admitted (side requests too); a
+        // body the proxy cannot read is then refused, not forwarded.
+        let budgeted = self.budgeted();
+        if kind == ReqKind::Side && !budgeted {
             return Ok(Prepared::forward(body));
         }
         // 1. Split the body.
         let candidates = self.layouts.candidates(layout_key.as_deref());
         let mut split = match Layouts::split(&candidates, &body, dialect::conv_key(dialect)) {
             Ok(s) => s,
+            Err(e) if budgeted && kind != ReqKind::CountTokens => {
+                tracing::warn!(error = %e, "request body is not a JSON object the proxy can read, and a limit is in force: refused");
+                return Ok(Prepared::refuse(unreadable(&e.to_string())));
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "request body is not a JSON object; forwarded unchanged");
                 return Ok(Prepared::forward(body));
@@ -182,15 +261,24 @@ impl SessionManager {
         }
         // 2. Describe it: who, which conversation, what shape.
         let ident = ident_of(Some(&split.parsed))?;
-        if identity::is_side_request(dialect, &split.parsed, ident.client) {
-            return Ok(Prepared::forward(body));
+        if kind == ReqKind::Side || identity::is_side_request(dialect, &split.parsed, ident.client)
+        {
+            if kind == ReqKind::CountTokens {
+                return Ok(Prepared::forward(body));
+            }
+            let key = ident.client_key.as_deref();
+            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
         }
         let synthetic = synthetic_input(dialect, &split.parsed);
         if let Some(m) = &synthetic {
             split.parsed.messages = vec![m.as_str()];
         }
         if split.parsed.messages.is_empty() {
-            return Ok(Prepared::forward(body));
+            if kind == ReqKind::CountTokens {
+                return Ok(Prepared::forward(body));
+            }
+            let key = ident.client_key.as_deref();
+            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
         }
         let hashes = split.hashes(&candidates);
         if let Some(k) = &layout_key {
@@ -220,17 +308,18 @@ impl SessionManager {
         // until the upstream's status is known (`hold`).
         let id = super::hold::next_ticket();
         let (mut session, created) = self.find_or_create(&req);
-        if let Err(hit) = self.admit(&session) {
-            if created {
-                // Refused before anything of it was recorded: it leaves the
-                // index as a rolled-back request's session does.
-                self.index.lock().forget_unrecorded(&session);
+        let est = budgeted.then(|| self.estimate(&req.model, body.len(), req.max_tokens));
+        let reservation = match self.admit(&session, est.as_ref()) {
+            Ok(r) => r,
+            Err(hit) => {
+                if created {
+                    // Refused before anything of it was recorded: it leaves
+                    // the index as a rolled-back request's session does.
+                    self.index.lock().forget_unrecorded(&session);
+                }
+                return Ok(Prepared::refuse(Refusal::Limit(hit)));
             }
-            return Ok(Prepared {
-                refused: Some(hit),
-                ..Prepared::forward(body)
-            });
-        }
+        };
         let mut held = Vec::new();
         let mut new_sessions = Vec::new();
         if created {
@@ -284,10 +373,12 @@ impl SessionManager {
         .holding(id, held, new_sessions);
         ticket.compress = window.compress;
         ticket.sent = sent.map(|s| *s);
+        ticket.reservation = reservation;
         Ok(Prepared {
             body: out,
             ticket: Some(ticket),
             refused: None,
+            reservation: None,
         })
     }
 

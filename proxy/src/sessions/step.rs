@@ -62,7 +62,6 @@ pub(super) struct Recorder {
     sink: EventSink,
     metrics: Arc<SessionMetrics>,
     index: Arc<Mutex<Index>>,
-    budget: Option<Arc<super::Budget>>,
 }
 
 /// The body to forward and the step to finish.
@@ -71,9 +70,21 @@ pub struct Prepared {
     pub body: Bytes,
     /// Present for recorded (main) requests.
     pub ticket: Option<Ticket>,
-    /// The session reached a bound (`limits.session`): answer this
-    /// instead of forwarding anything.
-    pub refused: Option<super::LimitHit>,
+    /// Answer this instead of forwarding anything.
+    pub refused: Option<Refusal>,
+    /// The spend reserved for a request that records no step (a title,
+    /// remote compaction): settled with its answer's usage.
+    pub reservation: Option<super::Reservation>,
+}
+
+/// Why the proxy answers a request itself instead of forwarding it.
+#[derive(Debug, Clone)]
+pub enum Refusal {
+    /// The session (or the run) reached a bound of `limits.session`.
+    Limit(super::LimitHit),
+    /// A bound is set and the body cannot be read (so the request can be
+    /// neither told apart nor charged): why.
+    Unreadable(String),
 }
 
 impl Prepared {
@@ -83,6 +94,15 @@ impl Prepared {
             body,
             ticket: None,
             refused: None,
+            reservation: None,
+        }
+    }
+
+    /// Answer `why` instead of forwarding.
+    pub fn refuse(why: Refusal) -> Prepared {
+        Prepared {
+            refused: Some(why),
+            ..Prepared::forward(Bytes::new())
         }
     }
 }
@@ -126,6 +146,9 @@ pub struct Ticket {
     /// Sessions this request created (they leave the index if it is
     /// rolled back).
     created: Vec<Arc<Session>>,
+    /// The spend reserved when it was let through (`limits.session`),
+    /// settled when it finishes.
+    pub(super) reservation: Option<super::Reservation>,
 }
 
 impl SessionManager {
@@ -133,7 +156,6 @@ impl SessionManager {
         Recorder {
             sink: self.sink.clone(),
             metrics: self.metrics.clone(),
-            budget: self.budget.clone(),
             index: self.index.clone(),
         }
     }
@@ -230,6 +252,7 @@ impl Ticket {
             id: 0,
             held: Vec::new(),
             created: Vec::new(),
+            reservation: None,
         }
     }
 
@@ -387,26 +410,29 @@ impl Ticket {
         st.step_done(self.step, now_ms());
         self.sent = super::sent::keep_stub_once(&mut st, self.step, self.sent.take());
         let mut event = step_event(&st, self, status, collected, error);
+        let mut internal_billed = Usage::default();
         if let (Some((recalls, billed)), Event::Step { detail, .. }) =
             (self.internal.take(), &mut event)
         {
             detail.extra = detail.extra.plus(billed);
             detail.recalls = recalls;
+            internal_billed = billed;
         }
         events.push(event);
         // The spend bound charges the answer's model (the session's when the
-        // answer named none), after the session's lock is let go.
+        // answer named none), after the session's lock is let go; with no
+        // usage the reservation is released.
         let charge = self
-            .recorder
-            .budget
-            .as_ref()
-            .zip(collected.usage)
-            .map(|(b, u)| {
+            .reservation
+            .take()
+            .map(|r| (r, collected.usage))
+            .map(|(r, u)| {
                 let model = match collected.model.as_deref() {
                     Some(m) if !m.is_empty() => m.to_string(),
                     _ => st.meta.model.clone(),
                 };
-                (b.clone(), model, u.plus(collected.detail.extra))
+                let billed = u.map(|u| u.plus(collected.detail.extra).plus(internal_billed));
+                (r, model, billed)
             });
         if error.is_some() {
             // Only the step's own record: it builds on nothing another
@@ -416,8 +442,8 @@ impl Ticket {
             st.emit(&self.recorder.sink, events);
         }
         drop(st);
-        if let Some((b, model, usage)) = charge {
-            b.charge(&self.session.id, &model, usage);
+        if let Some((r, model, Some(billed))) = charge {
+            r.settle(&model, billed);
         }
     }
 }
