@@ -177,6 +177,15 @@ async fn ledger_list_and_path_after_a_served_session() {
     chat(&c, &p.url, "cli-a", 1).await;
     chat(&c, &p.url, "cli-a", 2).await;
     sigterm_and_wait(&mut p);
+    // One start line, and the new session logged at info (named).
+    let log = p.stderr.lock().unwrap().clone();
+    assert_eq!(log.matches("listening").count(), 1, "{log}");
+    let opened: Vec<&str> = log.lines().filter(|l| l.contains("new session")).collect();
+    assert_eq!(opened.len(), 1, "{log}");
+    assert!(
+        opened[0].contains("INFO") && opened[0].contains("name=cli-a"),
+        "{log}"
+    );
 
     let o = ledger_cmd(home, data, &["list"]);
     assert!(o.status.success(), "{o:?}");
