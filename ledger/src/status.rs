@@ -232,6 +232,9 @@ pub struct Status {
     pub session: String,
     /// Client family.
     pub client: String,
+    /// The name the user gave the session (`/s/<name>/`,
+    /// `x-oceancode-session`), if any.
+    pub name: Option<String>,
     /// Model of the latest request.
     pub model: String,
     /// The session this one is linked to (a sub-agent's parent, or the one
@@ -421,6 +424,11 @@ impl Status {
         Status {
             session: meta.id.clone(),
             client: meta.client.clone(),
+            name: meta
+                .client_session
+                .as_deref()
+                .and_then(crate::resolve::given_name)
+                .map(str::to_string),
             model: meta.model.clone(),
             parent: meta.parent.clone(),
             parent_seq: meta.parent_seq,
@@ -472,9 +480,13 @@ impl Status {
     /// The human-readable meter.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let name = self
+            .name
+            .as_deref()
+            .map_or(String::new(), |n| format!(" \"{n}\""));
         let _ = writeln!(
             out,
-            "session  {} ({} · {})",
+            "session  {}{name} ({} · {})",
             self.session, self.client, self.model
         );
         match (&self.parent, self.parent_seq) {

@@ -195,24 +195,34 @@ async fn ledger_list_and_path_after_a_served_session() {
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,
-        ["id", "client", "model", "turns", "rows", "last", "activity"],
+        ["id", "name", "client", "model", "turns", "rows", "last", "activity"],
         "{out}"
     );
     let cols: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(cols.len(), 6, "{out}");
+    assert_eq!(cols.len(), 7, "{out}");
     let id = cols[0];
     assert!(
         id.contains("-s-"),
         "an id tagged for an unknown client: {id}"
     );
-    assert_eq!(cols[1], "unknown", "{out}");
-    assert_eq!(cols[2], "claude-test", "{out}");
-    assert_eq!(cols[3], "2", "two turns: {out}");
+    // The name the user gave (`x-oceancode-session`) is listed.
+    assert_eq!(cols[1], "cli-a", "{out}");
+    assert_eq!(cols[2], "unknown", "{out}");
+    assert_eq!(cols[3], "claude-test", "{out}");
+    assert_eq!(cols[4], "2", "two turns: {out}");
     // question 0, answer 0 (echoed), question 1, and the last answer.
-    assert_eq!(cols[4], "4", "four rows: {out}");
+    assert_eq!(cols[5], "4", "four rows: {out}");
     assert!(
-        cols[5].len() >= 19 && cols[5].as_bytes()[4] == b'-' && cols[5].contains('T'),
+        cols[6].len() >= 19 && cols[6].as_bytes()[4] == b'-' && cols[6].contains('T'),
         "an ISO time: {out}"
+    );
+    // `status` names it in its header too.
+    let o = output(with_data(home, data, &["status", id]));
+    assert!(o.status.success(), "{o:?}");
+    let st = text(&o.stdout);
+    assert!(
+        st.starts_with(&format!("session  {id} \"cli-a\" (unknown · claude-test)")),
+        "{st}"
     );
 
     // A relative --data-dir still prints an absolute path.

@@ -688,7 +688,7 @@ fn cli_list_and_status_show_a_siblings_link() {
         line("cli-sub").ends_with("  sub-agent of cli-first"),
         "{out}"
     );
-    assert_eq!(line("cli-first").split_whitespace().count(), 6, "{out}");
+    assert_eq!(line("cli-first").split_whitespace().count(), 7, "{out}");
     let out = ok(&run(tmp.path(), &data, &["status", "cli-sibling"]));
     assert!(
         out.contains("\nlink     sibling of cli-first, diverged after its seq 1\n"),

@@ -160,6 +160,23 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     assert_eq!(bare.headers["location"], "/_oceancode/ui/");
 }
 
+/// A session the user named (`x-oceancode-session`) is listed under its
+/// name, and the filter finds it by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_list_shows_and_filters_the_name_the_user_gave() {
+    let (h, id) = recorded(1).await;
+    let page = signed_in(&h, "/_oceancode/ui/").await.text();
+    assert!(
+        page.contains("<span class=\"name\">viewer-test</span>"),
+        "{page}"
+    );
+    let page = signed_in(&h, "/_oceancode/ui/?filter=viewer-te")
+        .await
+        .text();
+    assert!(page.contains("1 of 1 sessions"), "{page}");
+    assert!(page.contains(&format!("data-session=\"{id}\"")), "{page}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_refuses_other_hosts_origins_and_writes() {
     let (h, id) = recorded(1).await;

@@ -18,7 +18,7 @@ pub enum LedgerCmd {
         /// prefix (default: the most recent session).
         session: Option<String>,
     },
-    /// List sessions: id, client, model, turns, rows, last activity, and what
+    /// List sessions: id, name, client, model, turns, rows, last activity, and what
     /// a sibling or sub-agent is linked to.
     List,
     /// Rebuild transcripts, index.md, SESSION.md and the search index from
@@ -120,8 +120,9 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 Ok(p.behind().await)
             })?;
             outln!(
-                "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
+                "{:<34} {:<20} {:<13} {:<26} {:>6} {:>7}  last activity",
                 "id",
+                "name",
                 "client",
                 "model",
                 "turns",
@@ -135,8 +136,9 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                     _ => String::new(),
                 };
                 outln!(
-                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}{link}{}",
+                    "{:<34} {:<20} {:<13} {:<26} {:>6} {:>7}  {}{link}{}",
                     s.id,
+                    s.name.as_deref().unwrap_or("-"),
                     s.client,
                     s.model,
                     s.turns,
