@@ -1506,10 +1506,19 @@ fn markdown(h: &mut Html, md: &str) {
     h.raw("</div>");
 }
 
-/// A page that says what went wrong (404, 401).
+/// A page that says what went wrong (404, 401); a `command` in backticks
+/// in `text` is set as code.
 pub fn message_page(title: &str, text: &str) -> String {
     let mut h = Html::new();
-    h.el("h1", &[], title).el("p", &[], text);
+    h.el("h1", &[], title).open("p", &[]);
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            h.el("code", &[], part);
+        } else {
+            h.text(part);
+        }
+    }
+    h.close("p");
     layout(title, h, None)
 }
 
