@@ -634,8 +634,11 @@ impl Status {
         };
         let _ = writeln!(
             out,
-            "ledger   {} steps · {} turns · {} rows · {} cuts ({cut})",
-            t.steps, self.turns, self.rows, self.cuts
+            "ledger   {} · {} · {} · {} ({cut})",
+            counted(u64::from(t.steps), "step"),
+            counted(u64::from(self.turns), "turn"),
+            counted(self.rows, "row"),
+            counted(u64::from(self.cuts), "cut")
         );
         if let Some(e) = &self.last_error {
             let _ = writeln!(
@@ -664,6 +667,15 @@ impl Status {
             );
         }
         out
+    }
+}
+
+/// `1 turn`, `3 turns`: a count and its noun, plural unless one.
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

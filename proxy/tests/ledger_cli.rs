@@ -381,7 +381,7 @@ fn cli_status_meter_and_vacuum() {
     assert!(out.contains("┃"));
     assert!(out.contains("cache    hit ratio 93.5%"), "{out}");
     assert!(out.contains("spend    $0.0"), "{out}");
-    assert!(out.contains("3 steps · 3 turns · 12 rows · 1 cuts (rows ≤ seq 8 past the tideline)"));
+    assert!(out.contains("3 steps · 3 turns · 12 rows · 1 cut (rows ≤ seq 8 past the tideline)"));
     let json: Value = serde_json::from_str(&ok(&run(
         tmp.path(),
         &data,

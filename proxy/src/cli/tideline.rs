@@ -118,7 +118,7 @@ async fn tideline(
 /// line, gauge, window and cut, e.g. `session S: line 50% (100k) · gauge 43k ·
 /// window 31 rows · cut up to seq 25`.
 fn tideline_line(v: &serde_json::Value) -> String {
-    use oceancode_ledger::status::tokens;
+    use oceancode_ledger::status::{counted, tokens};
     let scope = v["scope"].as_str().unwrap_or("all sessions");
     let head = match v["action"].as_str().unwrap_or("show") {
         "set" => format!(
@@ -147,10 +147,10 @@ fn tideline_line(v: &serde_json::Value) -> String {
         c => format!("cut up to seq {c}"),
     };
     format!(
-        "{head}session {id}: line {} ({}) · gauge {} · window {} rows · {cut}",
+        "{head}session {id}: line {} ({}) · gauge {} · window {} · {cut}",
         s["line_spec"].as_str().unwrap_or("?"),
         tokens(n("line")),
         tokens(n("gauge")),
-        n("window_rows"),
+        counted(n("window_rows"), "row"),
     )
 }

@@ -959,11 +959,11 @@ fn model_head(h: &mut Html, d: &SessionData, base: &str, w: &Windows, seen: Opti
             }
             if let Some(e) = &s.edit {
                 t.push_str(&format!(
-                    "; context edit #{} in force ({} rows left out, {} rewritten, {} notes)",
+                    "; context edit #{} in force ({} left out, {} rewritten, {})",
                     e.n,
-                    e.deleted.len(),
+                    oceancode_ledger::status::counted(e.deleted.len() as u64, "row"),
                     e.rewritten,
-                    e.notes
+                    oceancode_ledger::status::counted(e.notes as u64, "note")
                 ));
             }
             t.push('.');
