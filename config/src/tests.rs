@@ -1150,6 +1150,13 @@ fn tideline_command_usage_errors() {
         ("auto", "removed"),
         ("5k", "at least 20k"),
         ("19999", "at least 20k"),
+        // A share written without its `%`: both readings offered.
+        (
+            "20",
+            "20 would be 20 tokens (a fixed tideline is at least 20k): did you mean 20% (a share of the model's context) or 20k (20,000 tokens)?",
+        ),
+        ("100", "did you mean 100% "),
+        ("101", "at least 20k"),
         ("0", "config file"),
         ("junk", "not a tideline value"),
         ("150%", "not a tideline value"),

@@ -598,8 +598,28 @@ async fn run_tideline_sets_the_line_for_the_child() {
     );
     let bad = run("c", &["--tideline", "wide"]);
     assert!(!bad.status.success(), "{bad:?}");
-    assert!(text(&bad.stderr).contains(USAGE), "{bad:?}");
-    assert_eq!(fake.request_count(), 2, "the refused run started no child");
+    // `run`'s own forms, not the `tideline` command's usage.
+    let err = text(&bad.stderr);
+    assert!(err.contains("--tideline wide: not a number"), "{err}");
+    assert!(err.contains("--tideline takes a share"), "{err}");
+    assert!(!err.contains(USAGE), "{err}");
+    let small = run("c", &["--tideline", "10k"]);
+    let err = text(&small.stderr);
+    assert_eq!(small.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--tideline 10k: a fixed tideline must be at least 20k tokens\n"),
+        "{err}"
+    );
+    assert!(!err.contains(USAGE), "{err}");
+    // A bare small number: both readings offered.
+    let bare = run("c", &["--tideline", "20"]);
+    let err = text(&bare.stderr);
+    assert_eq!(bare.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("did you mean 20% ") && err.contains(" or 20k "),
+        "{err}"
+    );
+    assert_eq!(fake.request_count(), 2, "the refused runs started no child");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
