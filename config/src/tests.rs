@@ -522,6 +522,27 @@ fn removed_keys_are_only_accepted_inside_ledger() {
 // ---------------------------------------------------------------- unknown keys and parse errors
 
 #[test]
+fn an_unknown_key_is_answered_with_the_keys_to_use_not_the_removed_ones() {
+    for bad in [
+        r#"{"ledger": {"bogus": 1}}"#,
+        r#"{"ledger": {"tideline": {"bogus": 1}}}"#,
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field `bogus`, expected one of `"),
+            "{e}"
+        );
+        for removed in ["`low`", "`reserve`", "`profile`", "`hard_tokens`"] {
+            assert!(!e.contains(removed), "{bad}: {e}");
+        }
+    }
+    let e = parse(r#"{"ledger": {"bogus": 1}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`compress`") && e.contains("`tideline`"), "{e}");
+}
+
+#[test]
 fn unknown_keys_are_errors_naming_the_key_and_position() {
     let err = parse("{\n  \"ledger\": {\n    \"tidelin\": {}\n  }\n}").unwrap_err();
     match &err {
