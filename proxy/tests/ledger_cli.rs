@@ -227,6 +227,15 @@ fn cli_export_needs_exactly_one_format() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     let help = ok(&run(tmp.path(), &data, &["export", "--help"]));
     assert!(help.contains("ATIF-v1.8"));
+    // `ledger export`: the command to use instead.
+    let out = run(tmp.path(), &data, &["ledger", "export", "--md", "cli-main"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`export` is a command of its own")
+            && err.contains("oceancode-proxy export --md cli-main"),
+        "{err}"
+    );
 }
 
 #[test]
