@@ -339,7 +339,9 @@ fn cli_recall_log_entry_search() {
     ));
     assert_eq!(out.lines().count(), 2, "{out}");
     let out = ok(&run(tmp.path(), &data, &["recall", "entry", "3"]));
-    assert!(out.contains("## seq 3 · user"), "{out}");
+    // The result names its tool, from the call before it.
+    assert!(out.contains("## seq 3 · user · result Bash"), "{out}");
+    assert!(!out.contains("result ?"), "{out}");
     assert!(out.contains("net::retry failed"));
     let out = ok(&run(tmp.path(), &data, &["recall", "entry", "3", "--raw"]));
     let v: Value = serde_json::from_str(out.trim()).expect("raw json");
