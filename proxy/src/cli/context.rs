@@ -153,8 +153,9 @@ async fn context(
 #[derive(Args, Debug)]
 pub struct EvictArgs {
     /// `[SESSION] [PERCENT | through TURN]`: cut now down to PERCENT of the
-    /// model's context (default 50%) or through turn TURN; the newest turn
-    /// always stays. SESSION defaults to the most recent one.
+    /// session's line (default 50%) or through turn TURN, inside a long
+    /// turn too; the newest ask and the newest step always stay. SESSION
+    /// defaults to the most recent one.
     words: Vec<String>,
     /// Admin URL of the running proxy (default: the one holding the session).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]

@@ -77,8 +77,8 @@ enum Command {
     /// Export the session's live window to context.txt for the agent (or
     /// you) to edit, or make the same edit without the file.
     Context(context::ContextArgs),
-    /// Cut now: down to PERCENT of the model's context (default 50%) or
-    /// through a turn; the newest turn always stays.
+    /// Cut now: down to PERCENT of the session's line (default 50%) or
+    /// through a turn, inside a long turn too; the newest ask and step stay.
     Evict(context::EvictArgs),
     /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
     Export(export::ExportArgs),
