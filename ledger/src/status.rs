@@ -255,6 +255,8 @@ pub struct Status {
     pub line_source: LineSource,
     /// The model's context window, if known.
     pub context: Option<u64>,
+    /// What stays in every window whatever is cut ([`fixed_part`]).
+    pub fixed: u64,
     /// Last seq past the tideline (0 = never cut).
     pub cut_upto: u64,
     /// Number of cuts.
@@ -438,6 +440,7 @@ impl Status {
             line_live: false,
             line_source: LineSource::Configured,
             context,
+            fixed: fixed_part(steps),
             cut_upto: cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0),
             cuts: cuts.len() as u32,
             turns,
@@ -531,6 +534,9 @@ impl Status {
             self.line_spec,
             tokens(self.line)
         );
+        if let Some(note) = fixed_part_note(self.fixed, self.line) {
+            let _ = writeln!(out, "         fixed: {note}");
+        }
         let t = &self.totals;
         let _ = writeln!(
             out,
@@ -668,6 +674,36 @@ impl Status {
         }
         out
     }
+}
+
+/// The smallest input of the steps that reported usage: what stays in
+/// every window whatever a cut removes (the system prompt, the tools, the
+/// ask kept after the stub), as far as the steps show it; 0 when none did.
+pub fn fixed_part(steps: &[StepRecord]) -> u64 {
+    steps
+        .iter()
+        .map(|s| s.usage.input_total())
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0)
+}
+
+/// When the part of every request no cut can remove (`fixed`, see
+/// [`fixed_part`]) is over half the `line`: the warning `status`, `run` and
+/// the log give, with a line that would leave room (twice the fixed part,
+/// in steps of 5k).
+pub fn fixed_part_note(fixed: u64, line: u64) -> Option<String> {
+    if fixed == 0 || line == 0 || fixed * 2 <= line {
+        return None;
+    }
+    let room = (fixed * 2).div_ceil(5_000) * 5_000;
+    Some(format!(
+        "{} of every request (system prompt, tools, the ask) stays whatever is cut: over half the {} line, so the window stays near the line and cuts come every few steps; a line of {} or more leaves room (--tideline {})",
+        tokens(fixed),
+        tokens(line),
+        tokens(room),
+        tokens(room)
+    ))
 }
 
 /// `1 turn`, `3 turns`: a count and its noun, plural unless one.

@@ -622,6 +622,69 @@ async fn run_tideline_sets_the_line_for_the_child() {
     assert_eq!(fake.request_count(), 2, "the refused runs started no child");
 }
 
+/// One request with a system prompt of ~13k tokens (Claude Code's system
+/// prompt and tools take 13–15k), then `status`; exits 0.
+const FIXED_CHILD: &str = r#"
+import json, os, subprocess, sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+body = json.dumps({"model": "claude-test", "max_tokens": 256,
+                   "system": "You are a coding agent." + " rule" * 13000,
+                   "messages": [{"role": "user", "content": "fix the build"}]}).encode()
+req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=body,
+                             method="POST",
+                             headers={"content-type": "application/json", "x-api-key": "k",
+                                      "x-oceancode-session": "cramped",
+                                      "anthropic-version": "2023-06-01"})
+opener.open(req, timeout=10).read()
+st = subprocess.run([os.environ["T_BIN"], "--data-dir", os.environ["T_DATA"], "status", "cramped"],
+                    capture_output=True, text=True)
+print(st.stdout)
+sys.stdout.flush()
+"#;
+
+/// A line the fixed part of every request fills more than half of is
+/// said in `status` and at the end of `run`, with a line that works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_the_fixed_part_nearly_fills_is_warned_with_one_that_works() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let url = fake.url();
+    let flags = ["--anthropic-upstream", &url, "--tideline", "20k"];
+    let mut c = run_cmd(home, data, &flags, &["python3", "-c", FIXED_CHILD]);
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", data);
+    let o = output(c);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("         fixed: 13k of every request (system prompt, tools, the ask) stays whatever is cut: over half the 20k line"),
+        "{out}"
+    );
+    assert!(out.contains("a line of 30k or more leaves room"), "{out}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("oceancode-proxy: session ")
+            && last.contains("over half the 20k line")
+            && last.ends_with("(--tideline 30k)"),
+        "{err}"
+    );
+    // Under a line with room: no warning.
+    let flags = ["--anthropic-upstream", &url, "--tideline", "40k"];
+    let mut c = run_cmd(
+        home,
+        &home.join("roomy"),
+        &flags,
+        &["python3", "-c", FIXED_CHILD],
+    );
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", home.join("roomy"));
+    let o = output(c);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(!text(&o.stdout).contains("fixed:"), "{o:?}");
+    assert!(!text(&o.stderr).contains("leaves room"), "{o:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     let t = Setup::new().await;

@@ -79,6 +79,17 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .iter()
         .map(|s| s.id.clone())
         .collect();
+    // A line the fixed part of every request nearly fills: said at the end.
+    let cramped: Vec<(String, String)> = running
+        .app
+        .sessions
+        .sessions()
+        .iter()
+        .filter_map(|s| {
+            let m = s.state.lock().meter;
+            oceancode_ledger::status::fixed_part_note(m.fixed, m.line).map(|n| (s.id.clone(), n))
+        })
+        .collect();
     let ledger = ledger_label(&running, &data_dir);
     let off = running.app.store.is_none();
     let hits = running.app.sessions.limit_hits();
@@ -98,6 +109,9 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
                 data_dir.join("sessions").join(&id).display()
             );
         }
+    }
+    for (id, note) in &cramped {
+        errln!("oceancode-proxy: session {id}: {note}");
     }
     for hit in &hits {
         errln!(
