@@ -622,6 +622,49 @@ async fn run_tideline_sets_the_line_for_the_child() {
     assert_eq!(fake.request_count(), 2, "the refused runs started no child");
 }
 
+/// A `claude` child is given the data dir as a directory it may read (the
+/// transcripts the stub and pointers name), in the `=` form that leaves a
+/// prompt after it alone; another child is given nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_lets_a_claude_child_read_the_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let bin = home.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["claude", "other"] {
+        let p = bin.join(name);
+        std::fs::write(&p, "#!/bin/sh\nfor a in \"$@\"; do echo \"ARG=$a\"; done\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let url = fake.url();
+    let args = |name: &str| {
+        let prog = bin.join(name);
+        let o = output(run_cmd(
+            home,
+            data,
+            &["--anthropic-upstream", &url],
+            &[prog.to_str().unwrap(), "-p", "fix it"],
+        ));
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        text(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("ARG="))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let dir = std::path::absolute(data).unwrap();
+    assert_eq!(
+        args("claude"),
+        [
+            format!("--add-dir={}", dir.display()),
+            "-p".into(),
+            "fix it".into()
+        ]
+    );
+    assert_eq!(args("other"), ["-p", "fix it"]);
+}
+
 /// One request with a system prompt of ~13k tokens (Claude Code's system
 /// prompt and tools take 13–15k), then `status`; exits 0.
 const FIXED_CHILD: &str = r#"
