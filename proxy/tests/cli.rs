@@ -348,6 +348,14 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
         out.starts_with("line set to 50% for all sessions (from the next request)\n"),
         "{out}"
     );
+    // The line in force until then, and the one that comes: not a line
+    // that reads as if the set failed.
+    assert!(
+        out.contains(&format!(
+            "session {id}: line 20k (20k) now, 50% (100k) from its next request · gauge "
+        )),
+        "{out}"
+    );
     let v = json_of(&tideline_cmd(home, data, &url, &["500k"]));
     assert_eq!(v["action"], "set", "{v}");
     assert_eq!(v["value"], "500k", "{v}");
