@@ -807,6 +807,45 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     assert!(!off_data.exists(), "no data dir with the ledger off");
 }
 
+/// `ui` on a data dir no proxy runs on does not hand out the viewer of the
+/// proxy at the configured address when that one serves another data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_on_an_empty_data_dir_names_no_other_data_dirs_proxy() {
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
+    let c = http();
+    chat(&c, &p.url, "ui-a", 1).await;
+    let addr = p.url.trim_start_matches("http://").to_string();
+    let token = bearer(data).trim_start_matches("Bearer ").to_string();
+    // The proxy at the configured address, its token at hand: its own data
+    // dir gets its viewer.
+    let ui = |dir: &Path| {
+        let mut cmd = with_data(home, dir, &["ui"]);
+        cmd.env("OCEANCODE_LISTEN", &addr)
+            .env("OCEANCODE_ADMIN_TOKEN", &token);
+        output(cmd)
+    };
+    let o = ui(data);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        text(&o.stdout).starts_with(&format!("{}/_oceancode/ui/", p.url)),
+        "{o:?}"
+    );
+    // Another, empty data dir: not that proxy's viewer.
+    let empty = home.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = ui(&empty);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(text(&o.stdout).is_empty(), "{o:?}");
+    assert!(
+        err.contains("serves the data dir") && err.contains("empty"),
+        "{err}"
+    );
+    sigterm_and_wait(&mut p);
+}
+
 /// Session ids in `ledger list` (header skipped).
 fn listed(home: &Path, data: &Path) -> Vec<String> {
     let o = ledger_cmd(home, data, &["list"]);
