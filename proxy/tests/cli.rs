@@ -846,6 +846,32 @@ async fn ui_on_an_empty_data_dir_names_no_other_data_dirs_proxy() {
     sigterm_and_wait(&mut p);
 }
 
+/// `status`, `context` and `evict` without a session mean the same one:
+/// the session the running proxy saw last, even when the ledger has a
+/// later one from a proxy that has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_context_default_to_the_same_session() {
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
+    let c = http();
+    chat(&c, &p.url, "def-live", 1).await;
+    let live = latest(&c, &p.url, data).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    settle(&c, &p.url, data).await;
+    // Another proxy on the data dir records a later session, then ends.
+    let mut q = t.serve(&[], &[]);
+    chat(&c, &q.url, "def-ended", 1).await;
+    sigterm_and_wait(&mut q);
+    let st = json_of(&output(with_data(home, data, &["status", "--json"])));
+    let ctx = json_of(&output(with_data(home, data, &["context", "--json"])));
+    assert_eq!(ctx["session"], live.as_str(), "{ctx}");
+    assert_eq!(st["session"], live.as_str(), "{st}");
+    sigterm_and_wait(&mut p);
+}
+
 /// Session ids in `ledger list` (header skipped).
 fn listed(home: &Path, data: &Path) -> Vec<String> {
     let o = ledger_cmd(home, data, &["list"]);

@@ -184,6 +184,18 @@ impl Proxies {
             .map(|(_, p)| p)
     }
 
+    /// The most recently active session the running proxies hold, and the
+    /// proxy holding it: what a command that names no session means
+    /// (`status`, `context` and `evict` alike).
+    pub fn latest_session(&self) -> Option<(&Live, String)> {
+        self.live
+            .iter()
+            .flat_map(|p| p.sessions.iter().map(move |s| (p, s)))
+            .filter_map(|(p, s)| Some((s["last_ms"].as_i64()?, p, s["id"].as_str()?)))
+            .max_by_key(|(ms, _, _)| *ms)
+            .map(|(_, p, id)| (p, id.to_string()))
+    }
+
     /// The proxy for a command that names no session: the one holding the
     /// most recently active session, else the newest.
     pub fn for_latest(&self) -> Option<&Live> {
