@@ -27,7 +27,7 @@ start=$(date +%s)
 say() { printf '== clients: %s\n' "$*"; }
 die() { printf 'clients/run.sh: %s\n' "$*" >&2; echo "0 passed, 1 failed"; exit 1; }
 
-command -v node >/dev/null || die "node is required (Node 20+)"
+command -v node >/dev/null || die "node is required (Node 22+)"
 command -v npm >/dev/null || die "npm is required"
 PY=$(command -v python3 || true)
 [ -n "$PY" ] || die "python3 is required"

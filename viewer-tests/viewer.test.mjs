@@ -139,8 +139,8 @@ async function main() {
     if (r.status() >= 400) pageErrors.push(`${r.status()} ${r.url()}`);
   });
   page.on("console", (m) => {
-    // Chromium asks the site root for /favicon.ico on its own (a provider
-    // path the proxy passes through); the viewer's pages name their icon.
+    // Chromium asks the site root for /favicon.ico on its own (the proxy
+    // answers it 404 itself); the viewer's pages name their icon.
     if (m.location().url.endsWith("/favicon.ico")) return;
     if (m.type() === "error") pageErrors.push(`${m.text()} at ${JSON.stringify(m.location())}`);
   });
@@ -188,6 +188,11 @@ async function main() {
   check((await page.locator("#rows li.row.out").count()) === 0, "the model view shows no cut row");
   check((await page.locator("#r-2").count()) === 0, "the first answer, cut, is not in the model view");
   const modelRows = await page.locator("#rows li.row").count();
+  // The stub's state block is shown whole, not clipped to a scroll box.
+  const state = page.locator("#stub details.state pre");
+  check((await state.count()) === 1, "the stub carries its state block");
+  const [shown, whole, cap] = await state.evaluate((e) => [e.clientHeight, e.scrollHeight, getComputedStyle(e).maxHeight]);
+  check(whole <= shown + 1 && cap === "none", `the state block is not clipped (${shown} of ${whole} px shown, max-height ${cap})`);
   await page.locator("#conversation").screenshot({ path: join(SHOTS, "model-view.png") });
   // A cut marker links to the stub.
   const hrefs = await page.locator("#chart a.cut-link").evaluateAll((as) => as.map((a) => a.getAttribute("href")));

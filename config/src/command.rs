@@ -10,6 +10,16 @@ pub const TIDELINE_USAGE: &str =
 /// Preset words of the removed band geometry; refused with a hint.
 const PRESETS: &[&str] = &["wide", "narrow", "strict", "auto"];
 
+/// For a bare number that reads as a share written without its `%` (`20`,
+/// `40`): what the user more likely meant, e.g. `20% (a share of the
+/// model's context) or 20k (20,000 tokens)`; None for anything else.
+pub fn bare_number_hint(v: &str) -> Option<String> {
+    let n: u64 = v.trim().parse().ok()?;
+    (1..=100)
+        .contains(&n)
+        .then(|| format!("{n}% (a share of the model's context) or {n}k ({n},000 tokens)"))
+}
+
 /// What `tideline` was asked to do.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum TidelineCommand {
@@ -129,6 +139,10 @@ fn parse_values(values: &[String]) -> Result<TidelineCommand, UsageError> {
             "0 (the model ceiling) is set in the config file (ledger.tideline.tokens), not here",
         )),
         Ok(spec) => Ok(TidelineCommand::Set(spec)),
+        Err(_) if bare_number_hint(v).is_some() => Err(UsageError::new(format!(
+            "{v} would be {v} tokens (a fixed tideline is at least 20k): did you mean {}?",
+            bare_number_hint(v).unwrap_or_default()
+        ))),
         Err(e) if e.reason.contains("20k") => Err(UsageError::new(format!(
             "a fixed tideline must be at least 20k tokens, got {v}"
         ))),

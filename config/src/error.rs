@@ -48,6 +48,25 @@ pub enum ConfigError {
     },
 }
 
+/// Keys that were removed but are still read (and warned about): not keys
+/// to suggest.
+const REMOVED_KEYS: &[&str] = &["low", "reserve", "profile", "hard_tokens"];
+
+/// A parser message's `expected one of `a`, `b`` list without the removed
+/// keys (they are read only to warn that they are gone).
+fn without_removed_keys(message: &str) -> String {
+    const LIST: &str = "expected one of ";
+    let Some(at) = message.find(LIST) else {
+        return message.to_string();
+    };
+    let (head, list) = message.split_at(at + LIST.len());
+    let kept: Vec<&str> = list
+        .split(", ")
+        .filter(|k| !REMOVED_KEYS.iter().any(|r| k.trim_matches('`') == *r))
+        .collect();
+    format!("{head}{}", kept.join(", "))
+}
+
 impl ConfigError {
     /// A [`ConfigError::Invalid`] for `key`.
     pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
@@ -71,7 +90,7 @@ impl ConfigError {
         let (line, column) = (err.line(), err.column());
         let full = err.to_string();
         let suffix = format!(" at line {line} column {column}");
-        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+        let message = without_removed_keys(full.strip_suffix(&suffix).unwrap_or(&full));
         ConfigError::Parse {
             path,
             line,

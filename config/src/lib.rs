@@ -13,7 +13,8 @@ pub mod tideline;
 
 pub use budget::{format_duration, parse_duration, SessionLimitsConfig};
 pub use command::{
-    tideline_args, tideline_command, TidelineArgs, TidelineCommand, UsageError, TIDELINE_USAGE,
+    bare_number_hint, tideline_args, tideline_command, TidelineArgs, TidelineCommand, UsageError,
+    TIDELINE_USAGE,
 };
 pub use config::{
     check_upstream_url, default_config_path, default_data_dir, find_config_file, is_postgres_url,

@@ -522,6 +522,27 @@ fn removed_keys_are_only_accepted_inside_ledger() {
 // ---------------------------------------------------------------- unknown keys and parse errors
 
 #[test]
+fn an_unknown_key_is_answered_with_the_keys_to_use_not_the_removed_ones() {
+    for bad in [
+        r#"{"ledger": {"bogus": 1}}"#,
+        r#"{"ledger": {"tideline": {"bogus": 1}}}"#,
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown field `bogus`, expected one of `"),
+            "{e}"
+        );
+        for removed in ["`low`", "`reserve`", "`profile`", "`hard_tokens`"] {
+            assert!(!e.contains(removed), "{bad}: {e}");
+        }
+    }
+    let e = parse(r#"{"ledger": {"bogus": 1}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`compress`") && e.contains("`tideline`"), "{e}");
+}
+
+#[test]
 fn unknown_keys_are_errors_naming_the_key_and_position() {
     let err = parse("{\n  \"ledger\": {\n    \"tidelin\": {}\n  }\n}").unwrap_err();
     match &err {
@@ -1150,6 +1171,13 @@ fn tideline_command_usage_errors() {
         ("auto", "removed"),
         ("5k", "at least 20k"),
         ("19999", "at least 20k"),
+        // A share written without its `%`: both readings offered.
+        (
+            "20",
+            "20 would be 20 tokens (a fixed tideline is at least 20k): did you mean 20% (a share of the model's context) or 20k (20,000 tokens)?",
+        ),
+        ("100", "did you mean 100% "),
+        ("101", "at least 20k"),
         ("0", "config file"),
         ("junk", "not a tideline value"),
         ("150%", "not a tideline value"),

@@ -131,10 +131,12 @@ pub fn markdown(
         // The turn file as written, read with no link followed and
         // bounded (a link to /dev/zero or a FIFO is not read): else the turn
         // rendered from the database, the same bytes.
-        match dir.read_file(&path, crate::inside::READ_MAX) {
-            Ok(bytes) => w.write_all(&bytes)?,
-            Err(_) => w.write_all(transcript::render_turn(meta.dialect, *turn, rows).as_bytes())?,
-        }
+        let text = match dir.read_file(&path, crate::inside::READ_MAX) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(_) => transcript::render_turn(meta.dialect, *turn, rows),
+        };
+        let seqs: Vec<u64> = rows.iter().map(|r| r.seq).collect();
+        w.write_all(escape_client_headings(&text, &seqs).as_bytes())?;
         done += rows.len() as u64;
         if let Some(p) = progress {
             p(done, total);
@@ -344,4 +346,79 @@ fn provider_context(w: &mut dyn Write, steps: &[crate::store::StepRecord]) -> io
         )?;
     }
     Ok(())
+}
+
+/// A turn file as the export embeds it: the headings of the messages' own
+/// text (`# Plan`, a prompt's `## Context`) escaped (`\# Plan`), so that
+/// only the file's own structure — its `# Turn N` heading and the
+/// `## seq N · …` anchor of each row of `seqs`, in order — reads as
+/// headings of the document. Lines inside fenced code stay as they are.
+fn escape_client_headings(turn_md: &str, seqs: &[u64]) -> String {
+    let mut out = String::with_capacity(turn_md.len() + 64);
+    let mut next = seqs.iter().peekable();
+    // The open fence: its character and length.
+    let mut fence: Option<(char, usize)> = None;
+    for (i, line) in turn_md.split_inclusive('\n').enumerate() {
+        let body = line.trim_end_matches(['\n', '\r']);
+        let lead = body.len() - body.trim_start_matches(' ').len();
+        let t = &body[lead..];
+        let run = |c: char| t.chars().take_while(|&x| x == c).count();
+        if lead <= 3 {
+            match fence {
+                Some((c, n)) => {
+                    if run(c) >= n && t.trim_start_matches(c).trim().is_empty() {
+                        fence = None;
+                    }
+                    out.push_str(line);
+                    continue;
+                }
+                None => {
+                    if let Some(c) = ['`', '~'].into_iter().find(|&c| run(c) >= 3) {
+                        fence = Some((c, run(c)));
+                        out.push_str(line);
+                        continue;
+                    }
+                }
+            }
+        } else if fence.is_some() {
+            out.push_str(line);
+            continue;
+        }
+        let hashes = run('#');
+        let heading = lead <= 3
+            && (1..=6).contains(&hashes)
+            && t[hashes..]
+                .chars()
+                .next()
+                .is_none_or(|c| c == ' ' || c == '\t');
+        let anchor = next.peek().is_some_and(|s| {
+            t.starts_with(&format!("## seq {s} · ")) || t == format!("## seq {s}")
+        });
+        if anchor {
+            next.next();
+        }
+        let own = anchor || (i == 0 && t.starts_with("# Turn "));
+        if heading && !own {
+            out.push_str(&line[..lead]);
+            out.push('\\');
+            out.push_str(&line[lead..]);
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_client_headings;
+
+    #[test]
+    fn client_headings_are_escaped_and_the_files_own_are_kept() {
+        let md = "# Turn 2\n\n## seq 4 · user\n\n# Plan\n## seq 9 · user\n```bash\n# a comment\n```\n\n## seq 5 · assistant · call Bash\n\n  ### Done\n####### seven\n#tag\n";
+        assert_eq!(
+            escape_client_headings(md, &[4, 5]),
+            "# Turn 2\n\n## seq 4 · user\n\n\\# Plan\n\\## seq 9 · user\n```bash\n# a comment\n```\n\n## seq 5 · assistant · call Bash\n\n  \\### Done\n####### seven\n#tag\n"
+        );
+    }
 }

@@ -44,6 +44,13 @@ pub fn key_name(key: &str) -> Option<&str> {
     matches!(family, "name" | "cc" | "codex" | "opencode").then_some(name)
 }
 
+/// The name a user gave in a client key (`name:probe` → `probe`, from
+/// `/s/<name>/` or `x-oceancode-session`); None for the ids clients make
+/// up themselves (`cc:`, `codex:`, `opencode:`) and a fingerprint.
+pub fn given_name(key: &str) -> Option<&str> {
+    key.strip_prefix("name:")
+}
+
 /// Sessions listed with an error, at most.
 pub const LISTED: usize = 5;
 

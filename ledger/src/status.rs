@@ -232,6 +232,9 @@ pub struct Status {
     pub session: String,
     /// Client family.
     pub client: String,
+    /// The name the user gave the session (`/s/<name>/`,
+    /// `x-oceancode-session`), if any.
+    pub name: Option<String>,
     /// Model of the latest request.
     pub model: String,
     /// The session this one is linked to (a sub-agent's parent, or the one
@@ -252,6 +255,8 @@ pub struct Status {
     pub line_source: LineSource,
     /// The model's context window, if known.
     pub context: Option<u64>,
+    /// What stays in every window whatever is cut ([`fixed_part`]).
+    pub fixed: u64,
     /// Last seq past the tideline (0 = never cut).
     pub cut_upto: u64,
     /// Number of cuts.
@@ -421,6 +426,11 @@ impl Status {
         Status {
             session: meta.id.clone(),
             client: meta.client.clone(),
+            name: meta
+                .client_session
+                .as_deref()
+                .and_then(crate::resolve::given_name)
+                .map(str::to_string),
             model: meta.model.clone(),
             parent: meta.parent.clone(),
             parent_seq: meta.parent_seq,
@@ -430,6 +440,7 @@ impl Status {
             line_live: false,
             line_source: LineSource::Configured,
             context,
+            fixed: fixed_part(steps),
             cut_upto: cuts.iter().map(|c| c.upto_seq).max().unwrap_or(0),
             cuts: cuts.len() as u32,
             turns,
@@ -472,9 +483,13 @@ impl Status {
     /// The human-readable meter.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let name = self
+            .name
+            .as_deref()
+            .map_or(String::new(), |n| format!(" \"{n}\""));
         let _ = writeln!(
             out,
-            "session  {} ({} · {})",
+            "session  {}{name} ({} · {})",
             self.session, self.client, self.model
         );
         match (&self.parent, self.parent_seq) {
@@ -519,6 +534,9 @@ impl Status {
             self.line_spec,
             tokens(self.line)
         );
+        if let Some(note) = fixed_part_note(self.fixed, self.line) {
+            let _ = writeln!(out, "         fixed: {note}");
+        }
         let t = &self.totals;
         let _ = writeln!(
             out,
@@ -622,8 +640,11 @@ impl Status {
         };
         let _ = writeln!(
             out,
-            "ledger   {} steps · {} turns · {} rows · {} cuts ({cut})",
-            t.steps, self.turns, self.rows, self.cuts
+            "ledger   {} · {} · {} · {} ({cut})",
+            counted(u64::from(t.steps), "step"),
+            counted(u64::from(self.turns), "turn"),
+            counted(self.rows, "row"),
+            counted(u64::from(self.cuts), "cut")
         );
         if let Some(e) = &self.last_error {
             let _ = writeln!(
@@ -652,6 +673,45 @@ impl Status {
             );
         }
         out
+    }
+}
+
+/// The smallest input of the steps that reported usage: what stays in
+/// every window whatever a cut removes (the system prompt, the tools, the
+/// ask kept after the stub), as far as the steps show it; 0 when none did.
+pub fn fixed_part(steps: &[StepRecord]) -> u64 {
+    steps
+        .iter()
+        .map(|s| s.usage.input_total())
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0)
+}
+
+/// When the part of every request no cut can remove (`fixed`, see
+/// [`fixed_part`]) is over half the `line`: the warning `status`, `run` and
+/// the log give, with a line that would leave room (twice the fixed part,
+/// in steps of 5k).
+pub fn fixed_part_note(fixed: u64, line: u64) -> Option<String> {
+    if fixed == 0 || line == 0 || fixed * 2 <= line {
+        return None;
+    }
+    let room = (fixed * 2).div_ceil(5_000) * 5_000;
+    Some(format!(
+        "{} of every request (system prompt, tools, the ask) stays whatever is cut: over half the {} line, so the window stays near the line and cuts come every few steps; a line of {} or more leaves room (--tideline {})",
+        tokens(fixed),
+        tokens(line),
+        tokens(room),
+        tokens(room)
+    ))
+}
+
+/// `1 turn`, `3 turns`: a count and its noun, plural unless one.
+pub fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

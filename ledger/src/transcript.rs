@@ -68,6 +68,20 @@ pub fn render_turn_indexed(dialect: Dialect, turn: u32, rows: &[Row]) -> (String
     (out, index)
 }
 
+/// One row on its own (`recall entry`), under its turn's heading, its
+/// anchor as its turn file has it: the tools its results answer are named
+/// from the calls among `earlier` (the rows before it).
+pub fn render_entry(dialect: Dialect, row: &Row, earlier: &[Row]) -> String {
+    let mut index = LineIndex::new(row.turn);
+    for r in earlier {
+        index.label(&row_tools(dialect, &r.raw));
+    }
+    let label = index.label(&row_tools(dialect, &row.raw));
+    let mut out = render_turn_head(row.turn);
+    out.push_str(&render_row_labeled(dialect, row, &label));
+    out
+}
+
 /// Where one row is in its turn file (1-based lines, inclusive): `first`
 /// is its `## seq` anchor, `last` its last line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -436,6 +436,32 @@ fn options_star() -> Response<ProxyBody> {
     r
 }
 
+/// What a browser asks of the proxy's own address, answered here instead
+/// of forwarded to a provider: `/` says what this is and where the viewer
+/// is, `/favicon.ico` is not found.
+fn local_page(method: &Method, path: &str) -> Option<Response<ProxyBody>> {
+    if *method != Method::GET && *method != Method::HEAD {
+        return None;
+    }
+    let (status, body) = match path {
+        "/" => (
+            StatusCode::OK,
+            "oceancode-proxy: a proxy for the Anthropic and OpenAI APIs; point a client's base URL here.\n\
+             The session viewer is at /_oceancode/ui/: `oceancode-proxy ui` prints the link that opens it.\n",
+        ),
+        "/favicon.ico" => (StatusCode::NOT_FOUND, ""),
+        _ => return None,
+    };
+    let body = if *method == Method::HEAD { "" } else { body };
+    let mut r = Response::new(full(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Some(r)
+}
+
 /// Handle one request (never fails: errors become provider-shaped answers).
 pub async fn handle(
     app: Arc<App>,
@@ -484,6 +510,9 @@ pub async fn handle(
     }
     if is_admin {
         return Ok(admin::handle(app, req).await);
+    }
+    if let Some(r) = local_page(req.method(), &path) {
+        return Ok(r);
     }
     let pq = match req.uri().query() {
         Some(q) => format!("{rest}?{q}"),

@@ -177,6 +177,15 @@ async fn ledger_list_and_path_after_a_served_session() {
     chat(&c, &p.url, "cli-a", 1).await;
     chat(&c, &p.url, "cli-a", 2).await;
     sigterm_and_wait(&mut p);
+    // One start line, and the new session logged at info (named).
+    let log = p.stderr.lock().unwrap().clone();
+    assert_eq!(log.matches("listening").count(), 1, "{log}");
+    let opened: Vec<&str> = log.lines().filter(|l| l.contains("new session")).collect();
+    assert_eq!(opened.len(), 1, "{log}");
+    assert!(
+        opened[0].contains("INFO") && opened[0].contains("name=cli-a"),
+        "{log}"
+    );
 
     let o = ledger_cmd(home, data, &["list"]);
     assert!(o.status.success(), "{o:?}");
@@ -186,24 +195,34 @@ async fn ledger_list_and_path_after_a_served_session() {
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,
-        ["id", "client", "model", "turns", "rows", "last", "activity"],
+        ["id", "name", "client", "model", "turns", "rows", "last", "activity"],
         "{out}"
     );
     let cols: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(cols.len(), 6, "{out}");
+    assert_eq!(cols.len(), 7, "{out}");
     let id = cols[0];
     assert!(
         id.contains("-s-"),
         "an id tagged for an unknown client: {id}"
     );
-    assert_eq!(cols[1], "unknown", "{out}");
-    assert_eq!(cols[2], "claude-test", "{out}");
-    assert_eq!(cols[3], "2", "two turns: {out}");
+    // The name the user gave (`x-oceancode-session`) is listed.
+    assert_eq!(cols[1], "cli-a", "{out}");
+    assert_eq!(cols[2], "unknown", "{out}");
+    assert_eq!(cols[3], "claude-test", "{out}");
+    assert_eq!(cols[4], "2", "two turns: {out}");
     // question 0, answer 0 (echoed), question 1, and the last answer.
-    assert_eq!(cols[4], "4", "four rows: {out}");
+    assert_eq!(cols[5], "4", "four rows: {out}");
     assert!(
-        cols[5].len() >= 19 && cols[5].as_bytes()[4] == b'-' && cols[5].contains('T'),
+        cols[6].len() >= 19 && cols[6].as_bytes()[4] == b'-' && cols[6].contains('T'),
         "an ISO time: {out}"
+    );
+    // `status` names it in its header too.
+    let o = output(with_data(home, data, &["status", id]));
+    assert!(o.status.success(), "{o:?}");
+    let st = text(&o.stdout);
+    assert!(
+        st.starts_with(&format!("session  {id} \"cli-a\" (unknown · claude-test)")),
+        "{st}"
     );
 
     // A relative --data-dir still prints an absolute path.
@@ -327,6 +346,14 @@ async fn status_and_tideline_show_the_live_line_of_serve() {
     let out = text(&o.stdout);
     assert!(
         out.starts_with("line set to 50% for all sessions (from the next request)\n"),
+        "{out}"
+    );
+    // The line in force until then, and the one that comes: not a line
+    // that reads as if the set failed.
+    assert!(
+        out.contains(&format!(
+            "session {id}: line 20k (20k) now, 50% (100k) from its next request · gauge "
+        )),
         "{out}"
     );
     let v = json_of(&tideline_cmd(home, data, &url, &["500k"]));
@@ -579,8 +606,134 @@ async fn run_tideline_sets_the_line_for_the_child() {
     );
     let bad = run("c", &["--tideline", "wide"]);
     assert!(!bad.status.success(), "{bad:?}");
-    assert!(text(&bad.stderr).contains(USAGE), "{bad:?}");
-    assert_eq!(fake.request_count(), 2, "the refused run started no child");
+    // `run`'s own forms, not the `tideline` command's usage.
+    let err = text(&bad.stderr);
+    assert!(err.contains("--tideline wide: not a number"), "{err}");
+    assert!(err.contains("--tideline takes a share"), "{err}");
+    assert!(!err.contains(USAGE), "{err}");
+    let small = run("c", &["--tideline", "10k"]);
+    let err = text(&small.stderr);
+    assert_eq!(small.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--tideline 10k: a fixed tideline must be at least 20k tokens\n"),
+        "{err}"
+    );
+    assert!(!err.contains(USAGE), "{err}");
+    // A bare small number: both readings offered.
+    let bare = run("c", &["--tideline", "20"]);
+    let err = text(&bare.stderr);
+    assert_eq!(bare.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("did you mean 20% ") && err.contains(" or 20k "),
+        "{err}"
+    );
+    assert_eq!(fake.request_count(), 2, "the refused runs started no child");
+}
+
+/// A `claude` child is given the data dir as a directory it may read (the
+/// transcripts the stub and pointers name), in the `=` form that leaves a
+/// prompt after it alone; another child is given nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_lets_a_claude_child_read_the_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let bin = home.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["claude", "other"] {
+        let p = bin.join(name);
+        std::fs::write(&p, "#!/bin/sh\nfor a in \"$@\"; do echo \"ARG=$a\"; done\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let url = fake.url();
+    let args = |name: &str| {
+        let prog = bin.join(name);
+        let o = output(run_cmd(
+            home,
+            data,
+            &["--anthropic-upstream", &url],
+            &[prog.to_str().unwrap(), "-p", "fix it"],
+        ));
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        text(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("ARG="))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let dir = std::path::absolute(data).unwrap();
+    assert_eq!(
+        args("claude"),
+        [
+            format!("--add-dir={}", dir.display()),
+            "-p".into(),
+            "fix it".into()
+        ]
+    );
+    assert_eq!(args("other"), ["-p", "fix it"]);
+}
+
+/// One request with a system prompt of ~13k tokens (Claude Code's system
+/// prompt and tools take 13–15k), then `status`; exits 0.
+const FIXED_CHILD: &str = r#"
+import json, os, subprocess, sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+body = json.dumps({"model": "claude-test", "max_tokens": 256,
+                   "system": "You are a coding agent." + " rule" * 13000,
+                   "messages": [{"role": "user", "content": "fix the build"}]}).encode()
+req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=body,
+                             method="POST",
+                             headers={"content-type": "application/json", "x-api-key": "k",
+                                      "x-oceancode-session": "cramped",
+                                      "anthropic-version": "2023-06-01"})
+opener.open(req, timeout=10).read()
+st = subprocess.run([os.environ["T_BIN"], "--data-dir", os.environ["T_DATA"], "status", "cramped"],
+                    capture_output=True, text=True)
+print(st.stdout)
+sys.stdout.flush()
+"#;
+
+/// A line the fixed part of every request fills more than half of is
+/// said in `status` and at the end of `run`, with a line that works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_the_fixed_part_nearly_fills_is_warned_with_one_that_works() {
+    assert!(python3(), "python3 is needed for the run tests");
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    let url = fake.url();
+    let flags = ["--anthropic-upstream", &url, "--tideline", "20k"];
+    let mut c = run_cmd(home, data, &flags, &["python3", "-c", FIXED_CHILD]);
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", data);
+    let o = output(c);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{out}\n{err}");
+    assert!(
+        out.contains("         fixed: 13k of every request (system prompt, tools, the ask) stays whatever is cut: over half the 20k line"),
+        "{out}"
+    );
+    assert!(out.contains("a line of 30k or more leaves room"), "{out}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("oceancode-proxy: session ")
+            && last.contains("over half the 20k line")
+            && last.ends_with("(--tideline 30k)"),
+        "{err}"
+    );
+    // Under a line with room: no warning.
+    let flags = ["--anthropic-upstream", &url, "--tideline", "40k"];
+    let mut c = run_cmd(
+        home,
+        &home.join("roomy"),
+        &flags,
+        &["python3", "-c", FIXED_CHILD],
+    );
+    c.env("T_BIN", env!("CARGO_BIN_EXE_oceancode-proxy"))
+        .env("T_DATA", home.join("roomy"));
+    let o = output(c);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(!text(&o.stdout).contains("fixed:"), "{o:?}");
+    assert!(!text(&o.stderr).contains("leaves room"), "{o:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,6 +805,71 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
     let log = p.stderr.lock().unwrap().clone();
     assert!(log.contains("(ledger: off)"), "{log}");
     assert!(!off_data.exists(), "no data dir with the ledger off");
+}
+
+/// `ui` on a data dir no proxy runs on does not hand out the viewer of the
+/// proxy at the configured address when that one serves another data dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_on_an_empty_data_dir_names_no_other_data_dirs_proxy() {
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
+    let c = http();
+    chat(&c, &p.url, "ui-a", 1).await;
+    let addr = p.url.trim_start_matches("http://").to_string();
+    let token = bearer(data).trim_start_matches("Bearer ").to_string();
+    // The proxy at the configured address, its token at hand: its own data
+    // dir gets its viewer.
+    let ui = |dir: &Path| {
+        let mut cmd = with_data(home, dir, &["ui"]);
+        cmd.env("OCEANCODE_LISTEN", &addr)
+            .env("OCEANCODE_ADMIN_TOKEN", &token);
+        output(cmd)
+    };
+    let o = ui(data);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        text(&o.stdout).starts_with(&format!("{}/_oceancode/ui/", p.url)),
+        "{o:?}"
+    );
+    // Another, empty data dir: not that proxy's viewer.
+    let empty = home.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = ui(&empty);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(text(&o.stdout).is_empty(), "{o:?}");
+    assert!(
+        err.contains("serves the data dir") && err.contains("empty"),
+        "{err}"
+    );
+    sigterm_and_wait(&mut p);
+}
+
+/// `status`, `context` and `evict` without a session mean the same one:
+/// the session the running proxy saw last, even when the ledger has a
+/// later one from a proxy that has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_context_default_to_the_same_session() {
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
+    let c = http();
+    chat(&c, &p.url, "def-live", 1).await;
+    let live = latest(&c, &p.url, data).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    settle(&c, &p.url, data).await;
+    // Another proxy on the data dir records a later session, then ends.
+    let mut q = t.serve(&[], &[]);
+    chat(&c, &q.url, "def-ended", 1).await;
+    sigterm_and_wait(&mut q);
+    let st = json_of(&output(with_data(home, data, &["status", "--json"])));
+    let ctx = json_of(&output(with_data(home, data, &["context", "--json"])));
+    assert_eq!(ctx["session"], live.as_str(), "{ctx}");
+    assert_eq!(st["session"], live.as_str(), "{st}");
+    sigterm_and_wait(&mut p);
 }
 
 /// Session ids in `ledger list` (header skipped).

@@ -227,6 +227,15 @@ fn cli_export_needs_exactly_one_format() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
     let help = ok(&run(tmp.path(), &data, &["export", "--help"]));
     assert!(help.contains("ATIF-v1.8"));
+    // `ledger export`: the command to use instead.
+    let out = run(tmp.path(), &data, &["ledger", "export", "--md", "cli-main"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`export` is a command of its own")
+            && err.contains("oceancode-proxy export --md cli-main"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -330,7 +339,9 @@ fn cli_recall_log_entry_search() {
     ));
     assert_eq!(out.lines().count(), 2, "{out}");
     let out = ok(&run(tmp.path(), &data, &["recall", "entry", "3"]));
-    assert!(out.contains("## seq 3 · user"), "{out}");
+    // The result names its tool, from the call before it.
+    assert!(out.contains("## seq 3 · user · result Bash"), "{out}");
+    assert!(!out.contains("result ?"), "{out}");
     assert!(out.contains("net::retry failed"));
     let out = ok(&run(tmp.path(), &data, &["recall", "entry", "3", "--raw"]));
     let v: Value = serde_json::from_str(out.trim()).expect("raw json");
@@ -381,7 +392,7 @@ fn cli_status_meter_and_vacuum() {
     assert!(out.contains("┃"));
     assert!(out.contains("cache    hit ratio 93.5%"), "{out}");
     assert!(out.contains("spend    $0.0"), "{out}");
-    assert!(out.contains("3 steps · 3 turns · 12 rows · 1 cuts (rows ≤ seq 8 past the tideline)"));
+    assert!(out.contains("3 steps · 3 turns · 12 rows · 1 cut (rows ≤ seq 8 past the tideline)"));
     let json: Value = serde_json::from_str(&ok(&run(
         tmp.path(),
         &data,
@@ -688,7 +699,7 @@ fn cli_list_and_status_show_a_siblings_link() {
         line("cli-sub").ends_with("  sub-agent of cli-first"),
         "{out}"
     );
-    assert_eq!(line("cli-first").split_whitespace().count(), 6, "{out}");
+    assert_eq!(line("cli-first").split_whitespace().count(), 7, "{out}");
     let out = ok(&run(tmp.path(), &data, &["status", "cli-sibling"]));
     assert!(
         out.contains("\nlink     sibling of cli-first, diverged after its seq 1\n"),

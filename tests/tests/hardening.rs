@@ -190,6 +190,38 @@ async fn only_error_answers_carry_the_proxy_error_header() {
     assert_eq!(got.headers["x-oceancode-proxy"], "error");
 }
 
+/// A browser pointed at the proxy's address asks for `/` and
+/// `/favicon.ico`: answered here, never sent to a provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_and_the_favicon_are_answered_here_not_forwarded() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let root = collect(h.send(&h.url(), Method::GET, "/", &[], Bytes::new()).await).await;
+    assert_eq!(root.status, 200, "{}", root.text());
+    assert!(root.text().contains("/_oceancode/ui/"), "{}", root.text());
+    assert!(
+        root.text().contains("oceancode-proxy ui"),
+        "{}",
+        root.text()
+    );
+    let head = collect(h.send(&h.url(), Method::HEAD, "/", &[], Bytes::new()).await).await;
+    assert_eq!(head.status, 200);
+    let icon = collect(
+        h.send(&h.url(), Method::GET, "/favicon.ico", &[], Bytes::new())
+            .await,
+    )
+    .await;
+    assert_eq!(icon.status, 404);
+    assert!(h.fake.requests().is_empty(), "nothing reached the upstream");
+    // Other paths still pass through.
+    let models = collect(
+        h.send(&h.url(), Method::GET, "/v1/models", &[], Bytes::new())
+            .await,
+    )
+    .await;
+    assert_ne!(models.status, 0);
+    assert_eq!(h.fake.requests().len(), 1, "/v1/models is forwarded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_listen_address_needs_allow_remote() {
     let fake = oceancode_fakeup::FakeUpstream::start(FakeConfig::default())

@@ -418,6 +418,108 @@ async fn harness_20k(fake: FakeConfig) -> Harness {
     .await
 }
 
+/// `evict` (admin API) on the `one-prompt` session.
+async fn evict(h: &Harness, value: &str) -> Got {
+    oceancode_tests::collect(
+        h.send(
+            &h.url(),
+            http::Method::POST,
+            "/_oceancode/evict",
+            &[],
+            Bytes::from(json!({"session": "one-prompt", "value": value}).to_string()),
+        )
+        .await,
+    )
+    .await
+}
+
+/// One step of the `one-prompt` session (a headless run: one ask, then
+/// tool rounds); the answer and a tool output of `lines` are appended.
+async fn one_prompt_step(h: &Harness, history: &mut Vec<Value>, step: usize, lines: usize) {
+    let body = json!({
+        "model": "claude-x",
+        "max_tokens": 1000,
+        "tools": [{"name":"Bash","input_schema":{"type":"object"}}],
+        "messages": history,
+    });
+    let hdr = [("x-oceancode-session", "one-prompt")];
+    let got = h.post("/v1/messages", &hdr, body.to_string()).await;
+    assert_eq!(got.status, 200, "step {step}: {}", got.text());
+    let lines = oceancode_tests::tool_lines(step, lines, 1);
+    push_tool_step(history, &got.json()["content"], &lines);
+}
+
+/// A one-prompt run is one long turn: `evict` cuts inside it (relative to
+/// the session's own 20k line), keeps the ask and the newest step, and
+/// says what would act when it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_cuts_inside_a_one_prompt_run_relative_to_the_sessions_line() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("Bash", json!({"command": "make"})).with_text("Building."),
+    ));
+    let h = harness_20k(fake).await;
+    let ask = "Make the build pass (one prompt, headless).";
+    let mut history = vec![json!({"role":"user","content": ask})];
+    one_prompt_step(&h, &mut history, 0, 100).await;
+    // Only the ask and its first step: nothing can leave, and it says so.
+    let got = evict(&h, "").await;
+    assert_eq!(got.status, 400, "{}", got.text());
+    assert!(
+        got.text().contains("nothing to evict yet"),
+        "{}",
+        got.text()
+    );
+    for step in 1..6 {
+        one_prompt_step(&h, &mut history, step, 100).await;
+    }
+    let meter = h.admin("/_oceancode/sessions/latest").await["meter"].clone();
+    let gauge = meter["gauge"].as_u64().unwrap();
+    assert_eq!(meter["line"], 20_000, "{meter}");
+    assert_eq!(meter["cuts"], 0, "{meter}");
+    assert!(gauge > 10_000, "over half the line: {meter}");
+    // A bare number could be a share or a turn: refused with both.
+    let got = evict(&h, "5").await;
+    assert_eq!(got.status, 400);
+    assert!(
+        got.text().contains("`5%`") && got.text().contains("`through 5`"),
+        "{}",
+        got.text()
+    );
+    // The default: down to 50% of the session's line, inside the one turn.
+    let got = evict(&h, "").await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let upto = got.json()["upto"].as_u64().unwrap();
+    assert!(got.json()["tokens"].as_u64().unwrap() > 0, "{}", got.text());
+    one_prompt_step(&h, &mut history, 6, 100).await;
+    let msgs = upstream_messages(&h.fake.requests().into_iter().last().unwrap());
+    assert_eq!(
+        stub_seq(&msgs[0]),
+        Some(upto),
+        "the stub names the eviction"
+    );
+    assert!(
+        msgs[1].to_string().contains(ask),
+        "the ask stays: {}",
+        msgs[1]
+    );
+    let sent = Value::Array(msgs.clone()).to_string();
+    assert!(!sent.contains("step 0 line 1:"), "the oldest output left");
+    assert!(sent.contains("step 5 line 1:"), "the newest steps stay");
+    // `through 1` (the only turn) cuts what is left but the newest step.
+    let got = evict(&h, "through 1").await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(
+        got.json()["upto"].as_u64().unwrap() > upto,
+        "{}",
+        got.text()
+    );
+    one_prompt_step(&h, &mut history, 7, 100).await;
+    let last = h.fake.requests().into_iter().last().unwrap();
+    assert_eq!(last.status, 200, "the upstream found the window valid");
+    let msgs = upstream_messages(&last);
+    assert!(msgs[1].to_string().contains(ask), "the ask stays");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_parallel_calls_and_reasoning_are_never_split_by_a_cut() {
     let fake = FakeConfig::default().with_script(Script::always(

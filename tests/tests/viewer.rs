@@ -160,6 +160,49 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     assert_eq!(bare.headers["location"], "/_oceancode/ui/");
 }
 
+/// The page that asks for the token is styled (the embedded assets need no
+/// token) and shows the command as code, not between backticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_page_is_styled_and_shows_the_command_as_code() {
+    let (h, _) = recorded(1).await;
+    let none = get(&h, "/_oceancode/ui/", &[]).await;
+    assert_eq!(none.status, 401);
+    let page = none.text();
+    assert!(page.contains("<code>oceancode-proxy ui</code>"), "{page}");
+    assert!(!page.contains('`'), "{page}");
+    assert!(page.contains("/_oceancode/ui/assets/ui.css"), "{page}");
+    let css = get(&h, "/_oceancode/ui/assets/ui.css", &[]).await;
+    assert_eq!(css.status, 200, "{}", css.text());
+    assert!(css.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/css"));
+    // Nothing of the ledger is served without it.
+    assert_eq!(
+        get(&h, "/_oceancode/ui/search?q=zephyrword", &[])
+            .await
+            .status,
+        401
+    );
+}
+
+/// A session the user named (`x-oceancode-session`) is listed under its
+/// name, and the filter finds it by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_list_shows_and_filters_the_name_the_user_gave() {
+    let (h, id) = recorded(1).await;
+    let page = signed_in(&h, "/_oceancode/ui/").await.text();
+    assert!(
+        page.contains("<span class=\"name\">viewer-test</span>"),
+        "{page}"
+    );
+    let page = signed_in(&h, "/_oceancode/ui/?filter=viewer-te")
+        .await
+        .text();
+    assert!(page.contains("1 of 1 sessions"), "{page}");
+    assert!(page.contains(&format!("data-session=\"{id}\"")), "{page}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_refuses_other_hosts_origins_and_writes() {
     let (h, id) = recorded(1).await;

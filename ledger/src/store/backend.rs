@@ -31,6 +31,9 @@ pub struct SessionSummary {
     pub id: String,
     /// Client family.
     pub client: String,
+    /// The name the user gave the session (`/s/<name>/`,
+    /// `x-oceancode-session`), if any.
+    pub name: Option<String>,
     /// Model of the latest request.
     pub model: String,
     /// API dialect.

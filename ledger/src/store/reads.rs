@@ -60,7 +60,7 @@ impl Store {
                 "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
                    (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
                    (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND r.hidden = 0),
-                   s.parent_seq
+                   s.parent_seq, s.client_session
                  FROM sessions s WHERE ?1 IS NULL OR s.id = ?1
                  ORDER BY s.last_ms DESC, s.rowid DESC",
             )?;
@@ -75,11 +75,13 @@ impl Store {
                     r.get::<_, i64>(6)?,
                     r.get::<_, i64>(7)?,
                     r.get::<_, Option<i64>>(8)?,
+                    r.get::<_, Option<String>>(9)?,
                 ))
             })?;
             let mut out = Vec::new();
             for row in rows {
-                let (id, client, model, dialect, last_ms, parent, turns, nrows, parent_seq) = row?;
+                let (id, client, model, dialect, last_ms, parent, turns, nrows, parent_seq, key) =
+                    row?;
                 let dialect = match stored_dialect(&id, &dialect) {
                     Ok(d) => d,
                     Err(e) => {
@@ -90,6 +92,10 @@ impl Store {
                 out.push(SessionSummary {
                     id,
                     client,
+                    name: key
+                        .as_deref()
+                        .and_then(crate::resolve::given_name)
+                        .map(str::to_string),
                     model,
                     dialect,
                     turns: turns as u32,

@@ -64,7 +64,7 @@ async fn context(
     recorded: Vec<Candidate>,
 ) -> Result<i32> {
     let proxies = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
-    let resolved = match &a.session {
+    let mut resolved = match &a.session {
         Some(spec) => {
             let mut cands = proxies.candidates();
             for c in recorded {
@@ -100,7 +100,13 @@ async fn context(
                 dir.display()
             ),
         },
-        None => proxies.for_latest().unwrap_or(&proxies.live[0]),
+        None => match proxies.latest_session() {
+            Some((p, id)) => {
+                resolved = Some(id);
+                p
+            }
+            None => proxies.for_latest().unwrap_or(&proxies.live[0]),
+        },
     };
     let mut body = serde_json::json!({"session": resolved.as_deref().unwrap_or("latest")});
     if a.receipt {
@@ -153,8 +159,9 @@ async fn context(
 #[derive(Args, Debug)]
 pub struct EvictArgs {
     /// `[SESSION] [PERCENT | through TURN]`: cut now down to PERCENT of the
-    /// model's context (default 50%) or through turn TURN; the newest turn
-    /// always stays. SESSION defaults to the most recent one.
+    /// session's line (default 50%) or through turn TURN, inside a long
+    /// turn too; the newest ask and the newest step always stay. SESSION
+    /// defaults to the most recent one.
     words: Vec<String>,
     /// Admin URL of the running proxy (default: the one holding the session).
     #[arg(long, value_name = "URL", env = "OCEANCODE_PROXY_URL")]
@@ -204,10 +211,13 @@ pub fn run_evict(dir: &Path, cfg: &Config, a: &EvictArgs) -> Result<i32> {
                 };
                 (t, id)
             }
-            None => (
-                proxies.for_latest().unwrap_or(&proxies.live[0]),
-                "latest".to_string(),
-            ),
+            // The session `status` and `context` take when none is named.
+            None => proxies.latest_session().unwrap_or_else(|| {
+                (
+                    proxies.for_latest().unwrap_or(&proxies.live[0]),
+                    "latest".to_string(),
+                )
+            }),
         };
         let body = serde_json::json!({"session": id, "value": words.join(" ")});
         let answer = target.client.post_json("/_oceancode/evict", &body).await?;

@@ -18,7 +18,7 @@ pub enum LedgerCmd {
         /// prefix (default: the most recent session).
         session: Option<String>,
     },
-    /// List sessions: id, client, model, turns, rows, last activity, and what
+    /// List sessions: id, name, client, model, turns, rows, last activity, and what
     /// a sibling or sub-agent is linked to.
     List,
     /// Rebuild transcripts, index.md, SESSION.md and the search index from
@@ -40,10 +40,27 @@ pub enum LedgerCmd {
     },
     /// Apply `retention.days` now, then compact the database.
     Vacuum,
+    /// `export` is a command of its own: answered with the command to use.
+    #[command(hide = true)]
+    Export {
+        /// Whatever followed `ledger export`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// `ledger …`.
 pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
+    if let LedgerCmd::Export { args } = cmd {
+        let rest = if args.is_empty() {
+            "--md [SESSION]".to_string()
+        } else {
+            args.join(" ")
+        };
+        anyhow::bail!(
+            "`export` is a command of its own, not one of `ledger`: oceancode-proxy export {rest}"
+        );
+    }
     let store = open_store(dir)?;
     match cmd {
         LedgerCmd::Path { session } => {
@@ -112,6 +129,8 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 v.bytes_after
             );
         }
+        // Answered above.
+        LedgerCmd::Export { .. } => {}
         LedgerCmd::List => {
             let list = store.list_sessions()?;
             // A running proxy's ledger may be behind on some sessions.
@@ -120,8 +139,9 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                 Ok(p.behind().await)
             })?;
             outln!(
-                "{:<34} {:<13} {:<26} {:>6} {:>7}  last activity",
+                "{:<34} {:<20} {:<13} {:<26} {:>6} {:>7}  last activity",
                 "id",
+                "name",
                 "client",
                 "model",
                 "turns",
@@ -135,8 +155,9 @@ pub fn run(dir: &Path, cfg: &Config, cmd: &LedgerCmd) -> Result<i32> {
                     _ => String::new(),
                 };
                 outln!(
-                    "{:<34} {:<13} {:<26} {:>6} {:>7}  {}{link}{}",
+                    "{:<34} {:<20} {:<13} {:<26} {:>6} {:>7}  {}{link}{}",
                     s.id,
+                    s.name.as_deref().unwrap_or("-"),
                     s.client,
                     s.model,
                     s.turns,

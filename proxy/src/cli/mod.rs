@@ -77,8 +77,8 @@ enum Command {
     /// Export the session's live window to context.txt for the agent (or
     /// you) to edit, or make the same edit without the file.
     Context(context::ContextArgs),
-    /// Cut now: down to PERCENT of the model's context (default 50%) or
-    /// through a turn; the newest turn always stays.
+    /// Cut now: down to PERCENT of the session's line (default 50%) or
+    /// through a turn, inside a long turn too; the newest ask and step stay.
     Evict(context::EvictArgs),
     /// Export a session as one Markdown document or one ATIF-v1.8 trajectory.
     Export(export::ExportArgs),
@@ -165,13 +165,23 @@ fn error_chain(e: &anyhow::Error) -> String {
 
 /// A `--tideline` value of `serve`/`run`: `40%`, `500k`, `0`, `default`
 /// (None); the value as every other line value is read (`LineSpec`'s parser).
+/// A refused value is answered with this flag's own forms, not the
+/// `tideline` command's usage.
 fn parse_line(s: &str) -> Result<Option<LineSpec>> {
     if s.trim().eq_ignore_ascii_case("default") {
         return Ok(None);
     }
     match s.parse::<LineSpec>() {
         Ok(spec) => Ok(Some(spec)),
-        Err(e) => bail!("{e}\n{}", config::TIDELINE_USAGE),
+        Err(e) => {
+            let why = match config::bare_number_hint(s) {
+                Some(meant) => format!("{s} would be {s} tokens; did you mean {meant}?"),
+                None => e.reason.replace(" (or 0 for the model ceiling)", ""),
+            };
+            bail!(
+                "--tideline {s}: {why}\n--tideline takes a share of the model's context (40%), a fixed line of at least 20k tokens (20k, 500k), 0 (the model's ceiling) or default"
+            )
+        }
     }
 }
 

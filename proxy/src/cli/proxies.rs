@@ -31,6 +31,8 @@ pub struct Live {
     pub entry: Option<Entry>,
     /// Its sessions as `GET /_oceancode/sessions` lists them.
     pub sessions: Vec<Value>,
+    /// The data dir it serves, as it answered.
+    pub data_dir: Option<std::path::PathBuf>,
 }
 
 impl Live {
@@ -148,10 +150,20 @@ impl Proxies {
         let mut unreachable = Vec::new();
         if live.is_empty() {
             // No registered proxy: the configured address (a proxy with its
-            // ledger off registers nowhere).
+            // ledger off registers nowhere), if it serves this data dir.
             let url = format!("http://{}", cfg.listen);
             match ask(AdminClient::new(&url, client_token(None))).await {
-                Ok(l) => live.push(l),
+                Ok(l) => match l.data_dir.as_deref().filter(|d| !same_dir(d, data_dir)) {
+                    Some(other) => unreachable.push((
+                        url,
+                        format!(
+                            "serves the data dir {}, not {} (no proxy runs on that one; give --proxy to ask this one anyway)",
+                            other.display(),
+                            data_dir.display()
+                        ),
+                    )),
+                    None => live.push(l),
+                },
                 Err(why) => unreachable.push((url, why)),
             }
         }
@@ -170,6 +182,18 @@ impl Proxies {
             .filter_map(|p| Some((p.session(id)?["last_ms"].as_i64().unwrap_or(0), p)))
             .max_by_key(|(ms, _)| *ms)
             .map(|(_, p)| p)
+    }
+
+    /// The most recently active session the running proxies hold, and the
+    /// proxy holding it: what a command that names no session means
+    /// (`status`, `context` and `evict` alike).
+    pub fn latest_session(&self) -> Option<(&Live, String)> {
+        self.live
+            .iter()
+            .flat_map(|p| p.sessions.iter().map(move |s| (p, s)))
+            .filter_map(|(p, s)| Some((s["last_ms"].as_i64()?, p, s["id"].as_str()?)))
+            .max_by_key(|(ms, _, _)| *ms)
+            .map(|(_, p, id)| (p, id.to_string()))
     }
 
     /// The proxy for a command that names no session: the one holding the
@@ -232,10 +256,23 @@ impl Proxies {
 }
 
 /// Ask a proxy for its sessions; Err says why it is not usable.
+/// Whether a proxy's data dir `theirs` is `ours` (a relative one, from a
+/// working directory unknown here, is taken to be).
+fn same_dir(theirs: &Path, ours: &Path) -> bool {
+    if theirs.is_relative() || theirs == ours {
+        return true;
+    }
+    match (theirs.canonicalize(), ours.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 async fn ask(client: AdminClient) -> Result<Live, String> {
     match client.get("/_oceancode/sessions", WAIT).await {
         Ok(a) if a.status.is_success() => Ok(Live {
             sessions: a.json["sessions"].as_array().cloned().unwrap_or_default(),
+            data_dir: a.json["data_dir"].as_str().map(std::path::PathBuf::from),
             client,
             entry: None,
         }),

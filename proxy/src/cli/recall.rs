@@ -87,14 +87,20 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
                     row.kind.as_str(),
                     if hidden { " · hidden by a rewind" } else { "" }
                 );
-                out!(
-                    "{}",
-                    oceancode_ledger::transcript::render_turn(
-                        meta.dialect,
-                        row.turn,
-                        std::slice::from_ref(&row)
-                    )
-                );
+                use oceancode_ledger::transcript::{render_entry, row_tools};
+                // A tool result names its tool from the call before it.
+                let earlier: Vec<oceancode_ledger::Row> =
+                    if row_tools(meta.dialect, &row.raw).results.is_empty() {
+                        Vec::new()
+                    } else {
+                        store
+                            .session_rows(&id, true)?
+                            .into_iter()
+                            .map(|(r, _)| r)
+                            .filter(|r| r.seq < row.seq)
+                            .collect()
+                    };
+                out!("{}", render_entry(meta.dialect, &row, &earlier));
             }
         }
         Some(RecallCmd::Search { words, limit }) => {

@@ -1,8 +1,9 @@
 //! `run -- CMD`: a private proxy on a free loopback port around one child
-//! command (its `*_BASE_URL`s point at it); exits with the child's code, or
-//! with [`LIMIT_EXIT`] when the run reached a bound of `--max-spend`,
-//! `--max-steps` or `--max-time` (`limits.session`: one budget for every
-//! session of the run).
+//! command (its `*_BASE_URL`s point at it; a `claude` child also gets the
+//! data dir as a directory it may read, `--add-dir=DIR`); exits with the
+//! child's code, or with [`LIMIT_EXIT`] when the run reached a bound of
+//! `--max-spend`, `--max-steps` or `--max-time` (`limits.session`: one
+//! budget for every session of the run).
 
 use super::out::errln;
 use super::serve::{ledger_label, proxy_options, register};
@@ -60,8 +61,17 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
     let command = std::path::Path::new(prog)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
-    let registration = register(&running, "run", command);
-    let mut child = tokio::process::Command::new(prog)
+    let registration = register(&running, "run", command.clone());
+    let mut child = tokio::process::Command::new(prog);
+    if command.as_deref() == Some("claude") && running.app.store.is_some() {
+        // The stub and the pointers name transcript files in the data dir:
+        // Claude Code reads them without asking once it is a directory of
+        // the run (`=`: the flag takes several values, a prompt after it
+        // must stay a prompt).
+        let dir = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
+        child.arg(format!("--add-dir={}", dir.display()));
+    }
+    let mut child = child
         .args(args)
         .env("ANTHROPIC_BASE_URL", &url)
         .env("OPENAI_BASE_URL", format!("{url}/v1"))
@@ -83,6 +93,17 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .iter()
         .map(|s| s.id.clone())
         .collect();
+    // A line the fixed part of every request nearly fills: said at the end.
+    let cramped: Vec<(String, String)> = running
+        .app
+        .sessions
+        .sessions()
+        .iter()
+        .filter_map(|s| {
+            let m = s.state.lock().meter;
+            oceancode_ledger::status::fixed_part_note(m.fixed, m.line).map(|n| (s.id.clone(), n))
+        })
+        .collect();
     let ledger = ledger_label(&running, &data_dir);
     let off = running.app.store.is_none();
     let hits = running.app.sessions.limit_hits();
@@ -102,6 +123,9 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
                 data_dir.join("sessions").join(&id).display()
             );
         }
+    }
+    for (id, note) in &cramped {
+        errln!("oceancode-proxy: session {id}: {note}");
     }
     for hit in &hits {
         errln!(

@@ -166,7 +166,7 @@ async fn serve(opts: ProxyOptions, retention_days: u32) -> Result<i32> {
     }
     let registration = register(&running, "serve", None);
     let ledger = ledger_label(&running, &data_dir);
-    tracing::info!(addr = %running.addr, ledger = %ledger, "oceancode-proxy listening");
+    // One start line (tests and scripts read it), not a log line too.
     errln!(
         "oceancode-proxy listening on http://{} (ledger: {ledger})",
         running.addr

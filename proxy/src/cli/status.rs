@@ -33,7 +33,25 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
     use oceancode_ledger::tideline;
     let store = open_store(dir)?;
     store.settle_blocking()?;
-    let id = store.resolve_session(a.session.as_deref())?;
+    let (proxies, behind) = runtime_block(async {
+        let p = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
+        let behind = p.behind().await;
+        Ok((p, behind))
+    })?;
+    // No session named: the one a running proxy saw last (as `context` and
+    // `evict` take it; the ledger may not have its latest request yet),
+    // else the ledger's most recent.
+    let live_latest = match &a.session {
+        None => proxies
+            .latest_session()
+            .map(|(_, id)| id)
+            .filter(|id| matches!(store.session_meta(id), Ok(Some(_)))),
+        Some(_) => None,
+    };
+    let id = match live_latest {
+        Some(id) => id,
+        None => store.resolve_session(a.session.as_deref())?,
+    };
     let meta = store
         .session_meta(&id)?
         .with_context(|| format!("no session {id}"))?;
@@ -46,11 +64,6 @@ pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
         tideline::effective_line(spec, context, config::max_output(&meta.model, cfg), None);
     let mut spec_label = line_label(spec);
     let mut source = LineSource::Configured;
-    let (proxies, behind) = runtime_block(async {
-        let p = Proxies::find(cfg, dir, a.proxy.as_deref(), &a.token).await;
-        let behind = p.behind().await;
-        Ok((p, behind))
-    })?;
     if let Some((line, label, proxy)) = live_line(&proxies, &id) {
         // The running proxy's line for this session (`serve --tideline`, a
         // `tideline` override, a learned ceiling) wins over the configured one.

@@ -118,7 +118,7 @@ async fn tideline(
 /// line, gauge, window and cut, e.g. `session S: line 50% (100k) · gauge 43k ·
 /// window 31 rows · cut up to seq 25`.
 fn tideline_line(v: &serde_json::Value) -> String {
-    use oceancode_ledger::status::tokens;
+    use oceancode_ledger::status::{counted, tokens};
     let scope = v["scope"].as_str().unwrap_or("all sessions");
     let head = match v["action"].as_str().unwrap_or("show") {
         "set" => format!(
@@ -146,11 +146,31 @@ fn tideline_line(v: &serde_json::Value) -> String {
         0 => "never cut".to_string(),
         c => format!("cut up to seq {c}"),
     };
+    // A change applies from the next request: the line shown is the one in
+    // force until then, said so, with what comes.
+    let global = v["scope"].as_str() == Some("all sessions");
+    let coming = match (v["action"].as_str(), s["override"].as_str()) {
+        (Some("set" | "default"), Some(own)) if global => format!(
+            " (it keeps its own line {own}: `tideline --session {id} default` lets the new one apply)"
+        ),
+        (Some("set"), _) => {
+            let value = v["value"].as_str().unwrap_or("?");
+            let share = value
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<f64>().ok())
+                .zip(m["context"].as_u64())
+                .map(|(p, c)| format!(" ({})", tokens((c as f64 * p / 100.0) as u64)))
+                .unwrap_or_default();
+            format!(" now, {value}{share} from its next request")
+        }
+        (Some("default"), _) => " now, the configured line from its next request".to_string(),
+        _ => String::new(),
+    };
     format!(
-        "{head}session {id}: line {} ({}) · gauge {} · window {} rows · {cut}",
+        "{head}session {id}: line {} ({}){coming} · gauge {} · window {} · {cut}",
         s["line_spec"].as_str().unwrap_or("?"),
         tokens(n("line")),
         tokens(n("gauge")),
-        n("window_rows"),
+        counted(n("window_rows"), "row"),
     )
 }

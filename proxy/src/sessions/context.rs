@@ -498,23 +498,29 @@ impl SessionManager {
 /// How far `evict` cuts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evict {
-    /// Down to this percent of the model's context.
+    /// Down to this percent of the session's line.
     Percent(u8),
     /// Every turn up to this one.
     Through(u32),
 }
 
 impl Evict {
-    /// `50%`, `50`, `through 3` (none: 50%).
+    /// `50%`, `through 3` (none: 50%). A bare number is refused with both
+    /// readings: it could mean a share or a turn.
     pub fn parse(words: &[String]) -> Result<Evict, String> {
-        let usage = "evict takes PERCENT (e.g. 50%) or `through TURN`";
+        let usage = "evict takes PERCENT (e.g. 50%: down to that share of the session's line) or `through TURN`";
         match words {
             [] => Ok(Evict::Percent(50)),
             [w] => {
-                let p: u8 = w
-                    .trim_end_matches('%')
-                    .parse()
-                    .map_err(|_| format!("{w:?}: {usage}"))?;
+                let Some(p) = w.strip_suffix('%') else {
+                    return Err(match w.parse::<u32>() {
+                        Ok(n) => format!(
+                            "{w:?}: write `{n}%` (down to {n}% of the session's line) or `through {n}` (every turn up to turn {n})"
+                        ),
+                        Err(_) => format!("{w:?}: {usage}"),
+                    });
+                };
+                let p: u8 = p.trim().parse().map_err(|_| format!("{w:?}: {usage}"))?;
                 if p == 0 || p >= 100 {
                     return Err(format!("{w:?}: the percent is between 1 and 99"));
                 }
@@ -542,23 +548,54 @@ pub struct Evicted {
 
 impl SessionManager {
     /// `evict`: cut now (from the next request, which records the cut like
-    /// any other) down to a percent of the model's context or through a
-    /// turn; the newest turn always stays.
+    /// any other) down to a percent of the session's line or through a
+    /// turn. It cuts inside a turn too, at a row a window may start at (a
+    /// tool call stays with its result), as `tideline now` does: the newest
+    /// ask and the newest step always stay. When nothing can leave, the
+    /// error says what would act.
     pub fn evict(&self, session: &Session, how: Evict) -> Result<Evicted, String> {
         let mut st = session.state.lock();
         // It builds on what a request in flight holds (see `hold`).
         st.release_hold(&self.sink);
-        let newest = st
+        let cut = st.tideline.cut_upto();
+        // Every row but the newest step (the last row) may leave; the
+        // newest ask is kept by the window plan (pinned after the stub).
+        let newest_ask = st
             .active
             .iter()
-            .rposition(|&s| st.row(s).kind == oceancode_ledger::RowKind::Prompt)
-            .unwrap_or(0);
-        let cut = st.tideline.cut_upto();
-        let candidates: Vec<u64> = st.active[..newest]
+            .rev()
+            .copied()
+            .find(|&s| st.row(s).kind == oceancode_ledger::RowKind::Prompt);
+        let last = st.active.last().copied().unwrap_or(0);
+        let candidates: Vec<u64> = st
+            .active
             .iter()
             .copied()
-            .filter(|&s| s > cut)
+            .filter(|&s| s > cut && s != last)
             .collect();
+        // The rows a cut up to `upto` takes out of the window: up to where
+        // the window can start, but the ask it keeps after the stub.
+        let leaving = |upto: u64| -> Vec<u64> {
+            if upto <= cut {
+                return Vec::new();
+            }
+            let infos = st.row_infos();
+            let plan = oceancode_ledger::tideline::plan_window(&infos, upto);
+            let pinned = plan.pinned_prompt.and_then(|i| infos.get(i)).map(|r| r.seq);
+            candidates
+                .iter()
+                .copied()
+                .filter(|&s| s <= plan.effective_upto_seq && Some(s) != pinned)
+                .collect()
+        };
+        let all = candidates.last().copied().unwrap_or(0);
+        if leaving(all).is_empty() {
+            return Err(format!(
+                "nothing to evict yet: the window holds only the newest ask and its latest step{}; rows the next requests add can leave (`tideline now` cuts then)",
+                if cut > 0 { format!(" after the cut at seq {cut}") } else { String::new() }
+            ));
+        }
+        let newest_turn = st.row(last).turn;
         let upto = match how {
             Evict::Through(turn) => candidates
                 .iter()
@@ -567,34 +604,49 @@ impl SessionManager {
                 .max()
                 .unwrap_or(0),
             Evict::Percent(p) => {
-                let context = st
-                    .meter
-                    .context
-                    .ok_or("the model's context is unknown: give `through TURN`")?;
-                let target = context * u64::from(p) / 100;
+                let line = match st.meter.line {
+                    0 => st
+                        .meter
+                        .context
+                        .ok_or("the session's line is not known yet: give `through TURN`")?,
+                    l => l,
+                };
+                let target = line * u64::from(p) / 100;
                 let mut gauge = st.meter.gauge;
                 let mut upto = 0;
                 for &s in &candidates {
                     if gauge <= target {
                         break;
                     }
-                    gauge = gauge.saturating_sub(u64::from(st.row(s).tokens));
+                    if Some(s) != newest_ask {
+                        gauge = gauge.saturating_sub(u64::from(st.row(s).tokens));
+                    }
                     upto = s;
+                }
+                if upto == 0 {
+                    let tokens = oceancode_ledger::status::tokens;
+                    return Err(format!(
+                        "nothing to evict: the window ({}) is already under {p}% of the line ({} of {}); a lower share or `evict through {newest_turn}` cuts",
+                        tokens(st.meter.gauge),
+                        tokens(target),
+                        tokens(line)
+                    ));
                 }
                 upto
             }
         };
-        if upto == 0 {
-            return Err(
-                "nothing to evict: the window is already under that, or holds only the newest turn"
-                    .into(),
-            );
+        let rows = leaving(upto);
+        if rows.is_empty() {
+            return Err(match how {
+                Evict::Through(turn) => format!(
+                    "nothing to evict through turn {turn}: its rows have left the window already (up to seq {cut}); `evict through {newest_turn}` cuts inside the newest turn"
+                ),
+                Evict::Percent(p) => format!(
+                    "nothing to evict down to {p}%: no row up to there can start a window (a tool call stays with its result); `evict through {newest_turn}` cuts what can leave"
+                ),
+            });
         }
-        let tokens = candidates
-            .iter()
-            .filter(|&&s| s <= upto)
-            .map(|&s| u64::from(st.row(s).tokens))
-            .sum();
+        let tokens = rows.iter().map(|&s| u64::from(st.row(s).tokens)).sum();
         st.tideline.drop_through(upto);
         let plan = oceancode_ledger::tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
         Ok(Evicted {

@@ -246,6 +246,13 @@ impl SessionManager {
         let id = self.new_id(req.ident.client);
         let inherited = parent.and_then(|p| p.state.lock().override_line);
         let now = now_ms();
+        tracing::info!(
+            session = %id,
+            client = %req.ident.client,
+            name = %oceancode_ledger::resolve::given_name(&req.key).unwrap_or("-"),
+            parent = %parent.map_or("-", |p| p.id.as_str()),
+            "new session"
+        );
         let meta = SessionMeta {
             id: id.clone(),
             client: req.ident.client.to_string(),

@@ -41,6 +41,13 @@ pub struct Meter {
     pub pruned_tokens: u64,
     /// The saved estimate the gauge adds for them.
     pub saved_tokens: u64,
+    /// The smallest input a step of the session had since it was loaded:
+    /// what stays in every window whatever is cut (the system prompt, the
+    /// tools, the ask kept after the stub), as far as the steps show it.
+    pub fixed: u64,
+    /// The warning that `fixed` is over half the line was logged.
+    #[serde(skip)]
+    pub fixed_warned: bool,
     /// Steps that failed (no whole answer) since the session was loaded.
     pub failed_steps: u32,
     /// The latest of them.

@@ -665,6 +665,7 @@ impl SessionManager {
     /// `upto` (counted in the meter and the metrics).
     pub(super) fn record_cut(&self, st: &mut State, upto: u64, gauge: u64, line: u64) -> Event {
         self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(session = %st.meta.id, upto_seq = upto, gauge, line, "cut: the rows up to seq {upto} leave the window");
         st.meter.cuts += 1;
         st.recorded_cut = upto;
         st.meter.cut_upto = upto;

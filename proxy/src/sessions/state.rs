@@ -615,6 +615,20 @@ impl State {
             // The meter follows the real window once the answer tells it
             // (after a forced cut the request's estimate was the old one).
             self.meter.gauge = u.window_total();
+            if input > 0 {
+                self.meter.fixed = match self.meter.fixed {
+                    0 => input,
+                    f => f.min(input),
+                };
+            }
+            if !self.meter.fixed_warned {
+                if let Some(note) =
+                    oceancode_ledger::status::fixed_part_note(self.meter.fixed, self.meter.line)
+                {
+                    self.meter.fixed_warned = true;
+                    tracing::warn!(session = %self.meta.id, "{note}");
+                }
+            }
             // What was billed: the window and what came on top of it
             // (server-side compaction), which the gauge never counts.
             self.totals = self.totals.plus(u).plus(collected.detail.extra);

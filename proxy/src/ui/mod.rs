@@ -166,6 +166,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
         };
         return redirect(StatusCode::PERMANENT_REDIRECT, &to);
     }
+    // The embedded style, script and icon hold nothing of the ledger: served
+    // without the token, so the page that asks for it is styled too.
+    if let Some(r) = asset(path.get(BASE.len()..).unwrap_or("")) {
+        return r;
+    }
     // The token handed over in the URL: kept in a cookie, dropped from the URL.
     if let Some(t) = query_value(&query, "token") {
         if !token::matches(t.trim(), &app.admin_token) {
@@ -214,13 +219,17 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
     r
 }
 
+/// An embedded asset (`rest`: the path after [`BASE`]).
+fn asset(rest: &str) -> Option<Response<ProxyBody>> {
+    Some(match rest {
+        "assets/ui.css" => answer(StatusCode::OK, "text/css; charset=utf-8", CSS),
+        "assets/ui.js" => answer(StatusCode::OK, "text/javascript; charset=utf-8", JS),
+        "assets/icon.svg" => answer(StatusCode::OK, "image/svg+xml", ICON),
+        _ => return None,
+    })
+}
+
 async fn route(app: Arc<App>, rest: &str, query: &str) -> Response<ProxyBody> {
-    match rest {
-        "assets/ui.css" => return answer(StatusCode::OK, "text/css; charset=utf-8", CSS),
-        "assets/ui.js" => return answer(StatusCode::OK, "text/javascript; charset=utf-8", JS),
-        "assets/icon.svg" => return answer(StatusCode::OK, "image/svg+xml", ICON),
-        _ => {}
-    }
     if app.store.is_none() {
         return html_answer(
             StatusCode::OK,

@@ -156,15 +156,21 @@ impl Sort {
 }
 
 /// Sort and filter the sessions page's lines (`filter`: a substring of the
-/// id, client or model, any case).
+/// id, the name the user gave, the client or the model, any case).
 pub fn arrange(mut lines: Vec<SessionLine>, sort: Sort, filter: &str) -> Vec<SessionLine> {
     let f = filter.trim().to_lowercase();
     if !f.is_empty() {
         lines.retain(|l| {
             let s = &l.summary;
-            [&s.id, &s.client, &s.model]
-                .iter()
-                .any(|v| v.to_lowercase().contains(&f))
+            [
+                Some(&s.id),
+                s.name.as_ref(),
+                Some(&s.client),
+                Some(&s.model),
+            ]
+            .iter()
+            .flatten()
+            .any(|v| v.to_lowercase().contains(&f))
         });
     }
     let last = |l: &SessionLine| std::cmp::Reverse(l.summary.last_ms);
@@ -213,7 +219,7 @@ pub fn sessions_page(lines: &[SessionLine], sort: Sort, filter: &str, total: usi
             ("type", "text"),
             ("name", "filter"),
             ("value", filter),
-            ("placeholder", "filter by id, client or model"),
+            ("placeholder", "filter by id, name, client or model"),
             ("aria-label", "filter"),
         ],
     )
@@ -259,9 +265,11 @@ pub fn sessions_page(lines: &[SessionLine], sort: Sort, filter: &str, total: usi
     for l in lines {
         let s = &l.summary;
         h.open("tr", &[("data-session", &s.id)]);
-        h.open("td", &[])
-            .link(&session_url(&s.id), &s.id)
-            .close("td");
+        h.open("td", &[]).link(&session_url(&s.id), &s.id);
+        if let Some(n) = &s.name {
+            h.raw(" ").el("span", &[("class", "name")], n);
+        }
+        h.close("td");
         h.el("td", &[], &s.client);
         h.el("td", &[], &s.model);
         h.el("td", &[("class", "n")], &s.turns.to_string());
@@ -951,11 +959,11 @@ fn model_head(h: &mut Html, d: &SessionData, base: &str, w: &Windows, seen: Opti
             }
             if let Some(e) = &s.edit {
                 t.push_str(&format!(
-                    "; context edit #{} in force ({} rows left out, {} rewritten, {} notes)",
+                    "; context edit #{} in force ({} left out, {} rewritten, {})",
                     e.n,
-                    e.deleted.len(),
+                    oceancode_ledger::status::counted(e.deleted.len() as u64, "row"),
                     e.rewritten,
-                    e.notes
+                    oceancode_ledger::status::counted(e.notes as u64, "note")
                 ));
             }
             t.push('.');
@@ -1498,10 +1506,19 @@ fn markdown(h: &mut Html, md: &str) {
     h.raw("</div>");
 }
 
-/// A page that says what went wrong (404, 401).
+/// A page that says what went wrong (404, 401); a `command` in backticks
+/// in `text` is set as code.
 pub fn message_page(title: &str, text: &str) -> String {
     let mut h = Html::new();
-    h.el("h1", &[], title).el("p", &[], text);
+    h.el("h1", &[], title).open("p", &[]);
+    for (i, part) in text.split('`').enumerate() {
+        if i % 2 == 1 {
+            h.el("code", &[], part);
+        } else {
+            h.text(part);
+        }
+    }
+    h.close("p");
     layout(title, h, None)
 }
 
@@ -1564,6 +1581,7 @@ mod tests {
             summary: SessionSummary {
                 id: id.into(),
                 client: "claude-code".into(),
+                name: None,
                 model: "m".into(),
                 dialect: Dialect::Anthropic,
                 turns: 1,

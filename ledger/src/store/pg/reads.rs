@@ -20,7 +20,7 @@ pub(super) async fn summaries(
             "SELECT s.id, s.client, s.model, s.dialect, s.last_ms, s.parent,
                (SELECT COUNT(DISTINCT r.turn) FROM rows r WHERE r.session = s.id AND NOT r.hidden),
                (SELECT COUNT(*) FROM rows r WHERE r.session = s.id AND NOT r.hidden),
-               s.parent_seq
+               s.parent_seq, s.client_session
              FROM sessions s WHERE $1::text IS NULL OR s.id = $1
              ORDER BY s.last_ms DESC, s.ord DESC",
             &[&only],
@@ -39,6 +39,11 @@ pub(super) async fn summaries(
         out.push(SessionSummary {
             id,
             client: r.get(1),
+            name: r
+                .get::<_, Option<String>>(9)
+                .as_deref()
+                .and_then(crate::resolve::given_name)
+                .map(str::to_string),
             model: r.get(2),
             dialect,
             turns: r.get::<_, i64>(6).max(0) as u32,
