@@ -469,6 +469,57 @@ impl<M> TaskBook<M> {
     }
 }
 
+/// The session's working directory a row states: Claude Code's
+/// environment (`Primary working directory: /dir`, older `Working
+/// directory: /dir`), Codex's `<cwd>/dir</cwd>`. Only an absolute path.
+pub fn cwd_of(dialect: Dialect, raw: &str) -> Option<String> {
+    if !(raw.contains("orking directory: ") || raw.contains("<cwd>")) {
+        return None;
+    }
+    crate::transcript::message_texts(dialect, raw)
+        .iter()
+        .find_map(|t| {
+            let from_tag = t
+                .split_once("<cwd>")
+                .and_then(|(_, r)| r.split_once("</cwd>"))
+                .map(|(d, _)| d);
+            let from_line = || {
+                t.lines().find_map(|l| {
+                    let l = l.trim_start_matches([' ', '-', '\t']);
+                    l.strip_prefix("Primary working directory: ")
+                        .or_else(|| l.strip_prefix("Working directory: "))
+                })
+            };
+            from_tag.or_else(from_line).map(str::trim)
+        })
+        .filter(|d| d.starts_with('/'))
+        .map(|d| d.trim_end_matches('/').to_string())
+}
+
+/// `path` as an absolute path: a relative one (what an agent writes in a
+/// shell command, `./build.log`, `src/a.rs`, `../x`) joined to `cwd`, `.`
+/// and `..` resolved by name; an absolute path, `~/…`, or any path without
+/// a `cwd` as written.
+pub fn resolve_path(cwd: Option<&str>, path: &str) -> String {
+    let Some(cwd) = cwd else {
+        return path.to_string();
+    };
+    if path.starts_with('/') || path.starts_with('~') {
+        return path.to_string();
+    }
+    let mut parts: Vec<&str> = cwd.split('/').filter(|p| !p.is_empty()).collect();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 /// The ask of a prompt row: its first text that is not a wrapper
 /// (`<system-reminder>`, ...), else its first text; squashed and clipped to
 /// [`ASK_MAX`].
@@ -776,6 +827,26 @@ mod tests {
         assert_eq!(Touch::of_verb("read"), Touch::Read);
         assert_eq!(Touch::of_verb("update"), Touch::Edited);
         assert_eq!(Touch::of_verb("grep"), Touch::Searched);
+    }
+
+    #[test]
+    fn working_directory_and_relative_paths() {
+        let d = Dialect::Anthropic;
+        let cc = json!({"role":"system","content":[{"type":"text","text":"# Environment\nYou have been invoked in the following environment: \n - Primary working directory: /home/dev/proj\n - Is a git repository: false"}]}).to_string();
+        assert_eq!(cwd_of(d, &cc).as_deref(), Some("/home/dev/proj"));
+        let codex = json!({"role":"user","content":[{"type":"input_text","text":"<environment_context>\n  <cwd>/repo/x/</cwd>\n  <shell>bash</shell>\n</environment_context>"}]}).to_string();
+        assert_eq!(
+            cwd_of(Dialect::OpenaiResponses, &codex).as_deref(),
+            Some("/repo/x")
+        );
+        let ask = json!({"role":"user","content":"fix the build"}).to_string();
+        assert_eq!(cwd_of(d, &ask), None);
+        let c = Some("/home/dev/proj");
+        assert_eq!(resolve_path(c, "./build.log"), "/home/dev/proj/build.log");
+        assert_eq!(resolve_path(c, "src/a.rs"), "/home/dev/proj/src/a.rs");
+        assert_eq!(resolve_path(c, "../other/b.rs"), "/home/dev/other/b.rs");
+        assert_eq!(resolve_path(c, "/etc/hosts"), "/etc/hosts");
+        assert_eq!(resolve_path(None, "./build.log"), "./build.log");
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! their own sections.
 
 use crate::facts::{
-    command_of, file_refs, task_ack, task_op, todos_of, CallFacts, ResultFacts, TaskBook,
+    command_of, file_refs, resolve_path, task_ack, task_op, todos_of, CallFacts, ResultFacts,
+    TaskBook,
 };
 use crate::model::{Dialect, Row, RowKind};
 use crate::parts::{self, Part};
@@ -127,6 +128,8 @@ pub struct Page {
     /// Task calls folded (a call counts once its result is in; the turn of
     /// the call).
     book: TaskBook<u32>,
+    /// The session's working directory (relative paths resolve against it).
+    cwd: Option<String>,
 }
 
 impl Page {
@@ -201,6 +204,9 @@ impl Page {
         };
         for (row, hidden) in rows {
             let rewound = *hidden;
+            if self.cwd.is_none() && row.kind != RowKind::Assistant {
+                self.cwd = crate::facts::cwd_of(dialect, &row.raw);
+            }
             for part in parts::parts(dialect, &row.raw) {
                 match part {
                     Part::ToolCall { id, name, input } => {
@@ -209,6 +215,7 @@ impl Page {
                         }
                         let mut what = None;
                         for (verb, path) in file_refs(&name, &input) {
+                            let path = resolve_path(self.cwd.as_deref(), &path);
                             what.get_or_insert_with(|| path.clone());
                             match self
                                 .files

@@ -83,6 +83,9 @@ pub struct StateFacts {
     book: TaskBook<(u64, u32)>,
     /// Call id → (command, seq, turn) until its result.
     calls: HashMap<String, (String, u64, u32)>,
+    /// The session's working directory: relative paths are resolved
+    /// against it ([`crate::facts::resolve_path`]).
+    cwd: Option<String>,
 }
 
 impl StateFacts {
@@ -91,11 +94,20 @@ impl StateFacts {
         StateFacts::default()
     }
 
+    /// The session's working directory (Claude Code's and Codex's
+    /// environment, [`crate::facts::cwd_of`]): the relative paths of the
+    /// rows folded after it are resolved against it, so a file touched
+    /// through the shell and by its absolute path is one file.
+    pub fn set_cwd(&mut self, cwd: Option<String>) {
+        self.cwd = cwd;
+    }
+
     /// Fold one row (rows in seq order).
     pub fn add(&mut self, seq: u64, turn: u32, facts: &RowFacts) {
         for c in &facts.calls {
             for (verb, path) in &c.files {
                 let touch = Touch::of_verb(verb);
+                let path = &crate::facts::resolve_path(self.cwd.as_deref(), path);
                 match self.file_index.get(path) {
                     Some(&i) => {
                         let f = &mut self.files[i];
@@ -659,6 +671,56 @@ mod tests {
 
     fn error_result(id: &str, text: &str) -> String {
         serde_json::json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":text,"is_error":true}]}).to_string()
+    }
+
+    /// A file touched through the shell (relative, `./build.log`) and by
+    /// its absolute path is one file, listed under its directory.
+    #[test]
+    fn relative_paths_resolve_against_the_working_directory() {
+        let rows = [
+            call(
+                "a",
+                "Read",
+                serde_json::json!({"file_path": "/home/dev/proj/src/a.rs"}),
+            ),
+            result("a", "x"),
+            call(
+                "b",
+                "Bash",
+                serde_json::json!({"command": "make > ./build.log"}),
+            ),
+            result("b", "ok"),
+            call(
+                "c",
+                "Bash",
+                serde_json::json!({"command": "cat src/a.rs ./build.log"}),
+            ),
+            result("c", "ok"),
+        ];
+        let mut facts = StateFacts::new();
+        facts.set_cwd(Some("/home/dev/proj".into()));
+        for (i, r) in rows.iter().enumerate() {
+            facts.add(i as u64 + 1, 1, &row_facts(Dialect::Anthropic, r));
+        }
+        assert_eq!(
+            facts.paths(),
+            vec!["/home/dev/proj/build.log", "/home/dev/proj/src/a.rs"]
+        );
+        let input = StateInput {
+            upto_seq: 6,
+            session: "s1",
+            dir: "/d/s1",
+            goal: None,
+            latest_ask: None,
+            facts: &facts,
+            lines: &[],
+        };
+        let block = render(&input, DEFAULT_MAX_TOKENS).unwrap();
+        assert!(
+            block.contains("- /home/dev/proj/ (t01): build.log (read+created 5)"),
+            "{block}"
+        );
+        assert!(!block.contains("./"), "{block}");
     }
 
     /// Claude Code 2.1.332's tasks: `TaskCreate` (its id in the result),

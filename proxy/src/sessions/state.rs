@@ -183,6 +183,9 @@ pub struct State {
     pub(super) sent_pointers: Option<(u64, u32)>,
     /// The command calls among the rows ([`RowThread::of`]).
     pub(super) commands: CommandCalls,
+    /// The working directory the rows state (the state block resolves
+    /// relative paths against it).
+    pub(super) cwd: Option<Box<str>>,
     /// The compress pointers the recorded session last sent (a restored
     /// session), sent again while the window stays at their cut.
     pub(super) restored_pointers: Option<oceancode_ledger::store::SentPointers>,
@@ -231,6 +234,7 @@ impl State {
             sent_stub: None,
             sent_pointers: None,
             commands: CommandCalls::default(),
+            cwd: None,
             restored_pointers: None,
         }
     }
@@ -392,6 +396,7 @@ impl State {
             p.info.kind,
             raw,
             &mut self.commands,
+            &mut self.cwd,
         );
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
@@ -509,6 +514,7 @@ impl State {
                     parsed.info.kind,
                     m,
                     &mut self.commands,
+                    &mut self.cwd,
                 );
                 self.active.push(seq);
                 p += 1;
@@ -682,7 +688,15 @@ impl State {
                 echo: p.echo,
                 standing: p.info.standing.into_boxed_slice(),
                 compaction: p.info.compaction,
-                thread: RowThread::of(dialect, r.seq, &r.role, r.kind, &r.raw, &mut st.commands),
+                thread: RowThread::of(
+                    dialect,
+                    r.seq,
+                    &r.role,
+                    r.kind,
+                    &r.raw,
+                    &mut st.commands,
+                    &mut st.cwd,
+                ),
                 hidden: hidden.contains(&r.seq),
             });
             if !hidden.contains(&r.seq) {

@@ -154,7 +154,8 @@ fn hash_of_text(t: &str) -> Option<u64> {
 
 impl RowThread {
     /// Read a row as the ledger keeps it. Rows come in seq order; `commands`
-    /// gathers the session's command calls.
+    /// gathers the session's command calls, `cwd` takes the first working
+    /// directory a row states ([`facts::cwd_of`]).
     pub(super) fn of(
         dialect: Dialect,
         seq: u64,
@@ -162,7 +163,11 @@ impl RowThread {
         kind: RowKind,
         raw: &str,
         commands: &mut CommandCalls,
+        cwd: &mut Option<Box<str>>,
     ) -> RowThread {
+        if cwd.is_none() && kind != RowKind::Assistant {
+            *cwd = facts::cwd_of(dialect, raw).map(String::into_boxed_str);
+        }
         let facts = match kind {
             RowKind::Assistant | RowKind::ToolResult | RowKind::Prompt | RowKind::Other => {
                 Facts::of(facts::row_facts(dialect, raw), commands)
@@ -219,6 +224,7 @@ pub(super) fn block(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -
 fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<String> {
     let upto = plan.effective_upto_seq;
     let mut f = StateFacts::new();
+    f.set_cwd(st.cwd.as_deref().map(str::to_string));
     let mut goal: Option<Ask> = None;
     let mut latest: Option<Ask> = None;
     for (i, &seq) in st.active.iter().enumerate().take(plan.start) {
@@ -361,7 +367,15 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let t = RowThread::of(d, i as u64 + 1, "x", RowKind::Assistant, r, &mut commands);
+                let t = RowThread::of(
+                    d,
+                    i as u64 + 1,
+                    "x",
+                    RowKind::Assistant,
+                    r,
+                    &mut commands,
+                    &mut None,
+                );
                 t.facts
             })
             .collect();
