@@ -4,6 +4,12 @@
   no `TodoWrite`: a call of it comes back `is_error`). After a cut, the state
   block lists the tasks with their latest status, and nothing from the
   rejected call.
+- Auto mode: with `--permission-mode auto` Claude Code sends `safeguards` on
+  every `/v1/messages` and reads `safeguard_results` (a verdict per tool call)
+  from the answer; the fake upstream answers them. Through the proxy the
+  server path stays on: every request upstream carries the client's
+  `safeguards`, Claude Code sends none of its own classifier requests, and a
+  command that needs a verdict runs.
 """
 
 from __future__ import annotations
@@ -102,3 +108,44 @@ def test_claude_code_tasks_are_in_the_state_block_with_their_latest_status(tmp_p
     assert re.search(r"\n- \[x\] #1 Port the parser\n- \[~\] #2 Write the docs", last), last
     assert not any("GHOST_TODO" in b for b in blocks), "a rejected call was taken as the task list"
 
+
+def test_claude_code_auto_mode_server_path_stays_on_through_the_proxy(tmp_path):
+    """`--permission-mode auto`: every request upstream carries the client's
+    `safeguards` (the server path), the answers' verdicts reach the client
+    and decide (a command the fake flags is refused, the same command not
+    flagged runs, before and after a cut), Claude Code never falls back to
+    its own classifier requests, and the proxy records the one session."""
+    keep, gone = tmp_path / "victim_flagged", tmp_path / "victim_cleared"
+    keep.mkdir()
+    gone.mkdir()
+    rm = lambda d: {"name": "Bash", "input": {"command": f"rm -rf {d}", "description": "Delete a directory"}}
+    replies = [
+        {"text": "Deleting.", "tool_calls": [rm(keep)], "safeguard_outcome": "flagged"},
+        *[big_step(i) for i in range(1, 7)],
+        {"text": "Deleting the other.", "tool_calls": [rm(gone)]},
+    ]
+    up = Upstream(tmp_path, {"replies": replies, "default": {"text": "All steps done. FINAL_ANSWER_MARKER"}}, "auto")
+    try:
+        r, reqs = run_cc(tmp_path, up, "Clean up.", "--permission-mode", "auto",
+                         "--debug-file", str(tmp_path / "cc-debug.log"))
+    finally:
+        up.stop()
+    assert r.code == 0, r.tail()
+    debug = (tmp_path / "cc-debug.log").read_text(errors="replace")
+    main = [q for q in reqs if (q["json"] or {}).get("tools")]
+    assert len(main) >= 8, [q["seq"] for q in reqs]
+    missing = [q["seq"] for q in main if "safeguards" not in q["json"]]
+    assert not missing, f"requests upstream without safeguards (the client fell back): {missing}\n{debug[-3000:]}"
+    assert all(q["json"]["safeguards"][0]["type"] == "dangerous_tool_use" for q in main)
+    assert h.STUB_PREFIX in main[-1]["body"], "no cut: the test proves nothing after a cut"
+    classifier = [q["seq"] for q in reqs if "<transcript>" in q["body"] and not (q["json"] or {}).get("tools")]
+    assert not classifier, f"Claude Code ran its own classifier: {classifier}"
+    assert "classifies locally" not in debug and "no safeguard_results" not in debug, debug[-3000:]
+    assert keep.exists(), f"the flagged call ran: the verdict never reached Claude Code\n{r.tail()}"
+    assert "server-side auto mode classifier judged this action dangerous" in r.stdout, r.tail()
+    assert not gone.exists(), f"the cleared call did not run\n{r.tail()}"
+    led = h.Ledger(tmp_path / "data")
+    try:
+        assert len(led.sessions()) == 1, [dict(s) for s in led.sessions()]
+    finally:
+        led.close()
