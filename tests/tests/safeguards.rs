@@ -254,3 +254,65 @@ async fn safeguards_pass_through_the_recall_rounds_and_hidden_calls_lose_their_v
         assert_members_kept(&reqs, &what);
     }
 }
+
+/// Claude Code's own classifier requests (its fallback when the answers
+/// carry no verdicts): a policy prompt, no tools, the conversation between
+/// `<transcript>` blocks; and a `max_tokens: 0` review. Forwarded byte for
+/// byte, and no session, row or cut of them, in memory or in the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_classifier_requests_are_forwarded_and_never_recorded() {
+    let h = Harness::start(
+        FakeConfig::default().with_script(Script::always(Reply::text("<block>no</block>"))),
+        |_| {},
+    )
+    .await;
+    let policy = "You are a security monitor for autonomous AI coding agents. ".repeat(1_500);
+    let classifier = json!({
+        "model": "claude-opus-5-5",
+        "max_tokens": 64,
+        "temperature": 0,
+        "stop_sequences": ["</block>"],
+        "system": [{"type": "text", "text": policy}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "<transcript>\n"},
+            {"type": "text", "text": "User: clean up the build directory\n"},
+            {"type": "text", "text": "Bash: rm -rf build\n"},
+            {"type": "text", "text": "</transcript>\n"},
+            {"type": "text", "text": "Bash: rm -rf /tmp/victim"}]}],
+    })
+    .to_string();
+    let review = format!(
+        "{},\"safeguards\":{SAFEGUARDS}}}",
+        json!({
+            "model": "claude-opus-5-5",
+            "max_tokens": 0,
+            "tools": [{"name":"Bash","description":"run","input_schema":{"type":"object"}}],
+            "messages": [{"role": "user", "content": "Run the tests."}],
+        })
+        .to_string()
+        .strip_suffix('}')
+        .unwrap()
+    );
+    let headers = [
+        ("user-agent", "claude-cli/2.1.332 (external, sdk-cli)"),
+        ("x-claude-code-session-id", "4b7f3c1e-auto-mode-session"),
+    ];
+    for body in [&classifier, &review] {
+        let got = h.post("/v1/messages", &headers, body.clone()).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+    }
+    h.settle().await;
+    let sent: Vec<String> = model_requests(&h)
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert_eq!(sent, vec![classifier, review], "forwarded byte for byte");
+    assert!(
+        h.store().list_sessions().unwrap().is_empty(),
+        "no ledger session"
+    );
+    assert!(
+        h.proxy().app.sessions.sessions().is_empty(),
+        "no live session"
+    );
+}
