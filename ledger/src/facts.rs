@@ -520,6 +520,28 @@ pub fn resolve_path(cwd: Option<&str>, path: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
+/// Claude Code's marker after a tool call the user interrupted.
+pub const INTERRUPTED: &str = "[Request interrupted by user";
+
+/// Whether a text part of a tool-result message is words the user typed:
+/// not empty, not a wrapper (`<system-reminder>`, ...), not Claude Code's
+/// [`INTERRUPTED`] marker.
+pub fn is_typed_text(t: &str) -> bool {
+    let t = t.trim_start();
+    !t.is_empty() && !t.starts_with('<') && !t.starts_with(INTERRUPTED)
+}
+
+/// The ask a tool-result row carries: Claude Code folds a prompt typed
+/// after an interrupted tool call into the message that answers the call
+/// (`[tool_result, "[Request interrupted by user for tool use]", ask]`).
+/// Its first typed text part ([`is_typed_text`]), squashed and clipped to
+/// [`ASK_MAX`].
+pub fn typed_after_results(dialect: Dialect, raw: &str) -> Option<String> {
+    let texts = crate::transcript::message_texts(dialect, raw);
+    let t = texts.iter().find(|t| is_typed_text(t))?;
+    Some(clip(&squash(t), ASK_MAX))
+}
+
 /// The ask of a prompt row: its first text that is not a wrapper
 /// (`<system-reminder>`, ...), else its first text; squashed and clipped to
 /// [`ASK_MAX`].

@@ -380,7 +380,7 @@ impl State {
         events: &mut Vec<Row>,
     ) -> u64 {
         let seq = self.next_seq();
-        if p.info.kind == RowKind::Prompt {
+        if p.info.kind == RowKind::Prompt || p.info.asks {
             self.turn += 1;
             if let Some(l) = &p.info.first_line {
                 self.turn_lines.insert(self.turn, (seq, l.clone()));
@@ -670,7 +670,7 @@ impl State {
         let mut pending = Vec::new();
         for r in &l.rows {
             let p = parse_msg(dialect, &r.raw);
-            if p.info.kind == RowKind::Prompt {
+            if p.info.kind == RowKind::Prompt || p.info.asks {
                 if let Some(line) = &p.info.first_line {
                     st.turn_lines.insert(r.turn, (r.seq, line.clone()));
                 }

@@ -174,12 +174,15 @@ impl RowThread {
             }
             RowKind::System => Facts::None,
         };
+        let ask = match kind {
+            RowKind::Prompt => facts::ask_text(dialect, raw),
+            // A prompt typed after an interrupted tool call.
+            RowKind::ToolResult => facts::typed_after_results(dialect, raw),
+            _ => None,
+        };
         RowThread {
             facts,
-            ask: (kind == RowKind::Prompt)
-                .then(|| facts::ask_text(dialect, raw))
-                .flatten()
-                .map(String::into_boxed_str),
+            ask: ask.map(String::into_boxed_str),
             lines: transcript::section_lines(dialect, seq, role, raw),
         }
     }
