@@ -122,6 +122,10 @@ pub(crate) struct Analysis {
     pub clearable: crate::context::Clearable,
     /// Number of kept messages.
     pub messages: usize,
+    /// Anthropic: the request asks for auto mode's safety check
+    /// (`safeguards: [{"type": "dangerous_tool_use", …}]`, Claude Code
+    /// 2.1.278+): the answer carries `safeguard_results`.
+    pub safeguards: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -267,8 +271,15 @@ pub(crate) fn analyze(
     a.tool_results = all;
     a.tool_results_this_turn = turn;
     a.schema = schema(dialect, obj);
+    a.safeguards = dialect == Dialect::Anthropic
+        && array(obj.get("safeguards"))
+            .iter()
+            .any(|g| g.get("type").and_then(Value::as_str) == Some(DANGEROUS_TOOL_USE));
     Ok(a)
 }
+
+/// The safeguard Claude Code's auto mode asks for.
+pub(crate) const DANGEROUS_TOOL_USE: &str = "dangerous_tool_use";
 
 pub(crate) fn array(v: Option<&Value>) -> &[Value] {
     match v {

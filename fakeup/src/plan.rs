@@ -93,6 +93,9 @@ pub(crate) struct Plan {
     pub iterations: Vec<(&'static str, Usage)>,
     /// Anthropic `context_management.applied_edits`.
     pub edits: Vec<crate::context::Applied>,
+    /// Anthropic: answer `safeguard_results`, a verdict per tool call
+    /// (the request asked for it), with this outcome.
+    pub safeguards: Option<String>,
 }
 
 /// Unique ids for one server.
@@ -310,6 +313,12 @@ pub(crate) fn build(
         compaction: None,
         iterations: Vec::new(),
         edits: Vec::new(),
+        safeguards: a.safeguards.then(|| {
+            reply
+                .safeguard_outcome
+                .clone()
+                .unwrap_or_else(|| "not_flagged".into())
+        }),
     }
 }
 

@@ -123,6 +123,10 @@ pub struct Reply {
     /// Bytes per text delta (default: max(20, text length / 200)).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta_bytes: Option<usize>,
+    /// Anthropic, a request with `safeguards`: the auto-mode verdict on this
+    /// reply's tool calls, `not_flagged` (default) or `flagged`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub safeguard_outcome: Option<String>,
     /// Override reported usage numbers (fields left out keep the simulated values).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageOverride>,

@@ -6,7 +6,9 @@
 //!
 //! Tool shapes covered: Claude Code `Read`/`Edit`/`Write`/`MultiEdit`/
 //! `NotebookEdit`/`Grep`/`Glob` (`file_path`, `notebook_path`, `path`),
-//! `TodoWrite` (`todos`); Codex `apply_patch` (patch headers, as a tool or
+//! `TodoWrite` (`todos`), `TaskCreate` / `TaskUpdate` (one task by id, the
+//! id in `TaskCreate`'s result); Qwen Code `todo_write` and opencode
+//! `todowrite` (`todos`); Codex `apply_patch` (patch headers, as a tool or
 //! inside a shell command), `exec_command`/`shell` (`cmd`/`command`, a
 //! string or an argv such as `["bash", "-lc", "..."]`) and the files a shell
 //! command reads or writes (`cat`, `sed -n`, `head`, `nl`, `> file`, `tee`,
@@ -82,6 +84,38 @@ pub struct CallFacts {
     pub command: Option<String>,
     /// The task list it writes: `(content, status)`.
     pub todos: Option<Vec<(String, String)>>,
+    /// One task it creates or changes (Claude Code's `TaskCreate` /
+    /// `TaskUpdate`).
+    pub task: Option<TaskOp>,
+}
+
+/// A change to one task of the agent's list (Claude Code 2.1.332 keeps its
+/// list with `TaskCreate` / `TaskUpdate`, not `TodoWrite`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskOp {
+    /// A new task; its id is in the call's result ([`TaskAck::Created`]).
+    Create {
+        /// Its subject.
+        subject: String,
+    },
+    /// A change to the task `id`.
+    Update {
+        /// The task's id.
+        id: String,
+        /// A new subject.
+        subject: Option<String>,
+        /// A new status (`deleted` removes the task).
+        status: Option<String>,
+    },
+}
+
+/// What a tool result says of a task call (Claude Code's result texts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskAck {
+    /// `Task #ID created successfully: …`.
+    Created(String),
+    /// `Updated task #ID …`.
+    Updated,
 }
 
 /// One tool result's facts.
@@ -93,6 +127,8 @@ pub struct ResultFacts {
     pub is_error: bool,
     /// The exit code its output reports.
     pub exit: Option<i64>,
+    /// What it says of a task call.
+    pub task: Option<TaskAck>,
 }
 
 /// What one row states.
@@ -120,6 +156,7 @@ pub fn row_facts(dialect: Dialect, raw: &str) -> RowFacts {
                 files: file_refs(&name, &input),
                 command: command_of(&name, &input),
                 todos: todos_of(&input),
+                task: task_op(&name, &input),
                 id,
                 tool: name,
             }),
@@ -127,6 +164,7 @@ pub fn row_facts(dialect: Dialect, raw: &str) -> RowFacts {
                 id,
                 is_error,
                 exit: parts::exit_code(&text),
+                task: task_ack(&text),
             }),
             _ => {}
         }
@@ -253,6 +291,255 @@ pub fn todos_of(input: &Value) -> Option<Vec<(String, String)>> {
         })
         .collect();
     (!items.is_empty()).then_some(items)
+}
+
+/// The task a `TaskCreate` / `TaskUpdate` call creates or changes.
+pub fn task_op(name: &str, input: &Value) -> Option<TaskOp> {
+    let o = input.as_object()?;
+    let text = |k: &str| {
+        o.get(k)
+            .and_then(Value::as_str)
+            .map(squash)
+            .filter(|s| !s.is_empty())
+    };
+    match name {
+        "TaskCreate" => Some(TaskOp::Create {
+            subject: text("subject")?,
+        }),
+        "TaskUpdate" => Some(TaskOp::Update {
+            id: text("taskId")?,
+            subject: text("subject"),
+            status: text("status"),
+        }),
+        _ => None,
+    }
+}
+
+/// What a tool result's text says of a task call: `Task #ID created
+/// successfully…` or `Updated task #ID …` (Claude Code's wording).
+pub fn task_ack(text: &str) -> Option<TaskAck> {
+    let t = text.trim_start();
+    if let Some(rest) = t.strip_prefix("Task #") {
+        let (id, tail) = rest.split_once(char::is_whitespace)?;
+        return (tail.starts_with("created successfully") && !id.is_empty())
+            .then(|| TaskAck::Created(id.to_string()));
+    }
+    t.starts_with("Updated task #").then_some(TaskAck::Updated)
+}
+
+/// One task of a [`TaskBook`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TaskItem {
+    /// The id `TaskCreate` gave it (none for a whole-list write).
+    id: Option<String>,
+    subject: String,
+    status: String,
+}
+
+/// A task call waiting for its result.
+#[derive(Clone, Debug)]
+enum PendingTask {
+    List(Vec<(String, String)>),
+    Op(TaskOp),
+}
+
+/// The agent's task list folded from its calls: a whole-list write
+/// (`TodoWrite`, `update_plan`, `todo_write`, `todowrite`) replaces it,
+/// `TaskCreate` / `TaskUpdate` change one task by id. A call with an id
+/// counts only once its result is in and is not an error (a client that
+/// refused the call, a task it did not find); `M` is what the caller keeps
+/// of the call (its turn, seq) and gets back when it counts.
+#[derive(Clone, Debug)]
+pub struct TaskBook<M> {
+    items: Vec<TaskItem>,
+    pending: std::collections::HashMap<String, (PendingTask, M)>,
+}
+
+impl<M> Default for TaskBook<M> {
+    fn default() -> Self {
+        TaskBook {
+            items: Vec::new(),
+            pending: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<M> TaskBook<M> {
+    /// Take a call: `Some(meta)` when it changed the list now (a call
+    /// without an id, which no result can answer), else held for its
+    /// result when it is a task call.
+    pub fn call(&mut self, c: &CallFacts, meta: M) -> Option<M> {
+        let op = match (&c.todos, &c.task) {
+            (Some(l), _) => PendingTask::List(l.clone()),
+            (None, Some(op)) => PendingTask::Op(op.clone()),
+            (None, None) => return None,
+        };
+        match &c.id {
+            Some(id) => {
+                self.pending.insert(id.clone(), (op, meta));
+                None
+            }
+            None => self.apply(op, None).then_some(meta),
+        }
+    }
+
+    /// Take a result: the held call's `meta` when it changed the list.
+    pub fn result(&mut self, r: &ResultFacts) -> Option<M> {
+        let (op, meta) = self.pending.remove(r.id.as_deref()?)?;
+        if r.is_error {
+            return None;
+        }
+        self.apply(op, r.task.as_ref()).then_some(meta)
+    }
+
+    fn apply(&mut self, op: PendingTask, ack: Option<&TaskAck>) -> bool {
+        match op {
+            PendingTask::List(l) => {
+                self.items = l
+                    .into_iter()
+                    .map(|(subject, status)| TaskItem {
+                        id: None,
+                        subject,
+                        status,
+                    })
+                    .collect();
+                true
+            }
+            PendingTask::Op(TaskOp::Create { subject }) => {
+                let Some(TaskAck::Created(id)) = ack else {
+                    return false;
+                };
+                self.items.retain(|t| t.id.as_ref() != Some(id));
+                self.items.push(TaskItem {
+                    id: Some(id.clone()),
+                    subject,
+                    status: "pending".into(),
+                });
+                true
+            }
+            PendingTask::Op(TaskOp::Update {
+                id,
+                subject,
+                status,
+            }) => {
+                if ack != Some(&TaskAck::Updated) {
+                    return false;
+                }
+                let i = match self.items.iter().position(|t| t.id.as_ref() == Some(&id)) {
+                    Some(i) => i,
+                    None => {
+                        // Made before what was read (a task list kept on disk).
+                        self.items.push(TaskItem {
+                            id: Some(id.clone()),
+                            subject: format!("task #{id}"),
+                            status: "pending".into(),
+                        });
+                        self.items.len() - 1
+                    }
+                };
+                if status.as_deref() == Some("deleted") {
+                    self.items.remove(i);
+                    return true;
+                }
+                let t = &mut self.items[i];
+                if let Some(s) = subject {
+                    t.subject = s;
+                }
+                if let Some(s) = status {
+                    t.status = s;
+                }
+                true
+            }
+        }
+    }
+
+    /// `(content, status)` in the agent's order (a task with an id reads
+    /// `#ID subject`, the id the agent's `TaskUpdate` names).
+    pub fn items(&self) -> Vec<(String, String)> {
+        self.items
+            .iter()
+            .map(|t| {
+                let content = match &t.id {
+                    Some(id) => format!("#{id} {}", t.subject),
+                    None => t.subject.clone(),
+                };
+                (content, t.status.clone())
+            })
+            .collect()
+    }
+}
+
+/// The session's working directory a row states: Claude Code's
+/// environment (`Primary working directory: /dir`, older `Working
+/// directory: /dir`), Codex's `<cwd>/dir</cwd>`. Only an absolute path.
+pub fn cwd_of(dialect: Dialect, raw: &str) -> Option<String> {
+    if !(raw.contains("orking directory: ") || raw.contains("<cwd>")) {
+        return None;
+    }
+    crate::transcript::message_texts(dialect, raw)
+        .iter()
+        .find_map(|t| {
+            let from_tag = t
+                .split_once("<cwd>")
+                .and_then(|(_, r)| r.split_once("</cwd>"))
+                .map(|(d, _)| d);
+            let from_line = || {
+                t.lines().find_map(|l| {
+                    let l = l.trim_start_matches([' ', '-', '\t']);
+                    l.strip_prefix("Primary working directory: ")
+                        .or_else(|| l.strip_prefix("Working directory: "))
+                })
+            };
+            from_tag.or_else(from_line).map(str::trim)
+        })
+        .filter(|d| d.starts_with('/'))
+        .map(|d| d.trim_end_matches('/').to_string())
+}
+
+/// `path` as an absolute path: a relative one (what an agent writes in a
+/// shell command, `./build.log`, `src/a.rs`, `../x`) joined to `cwd`, `.`
+/// and `..` resolved by name; an absolute path, `~/…`, or any path without
+/// a `cwd` as written.
+pub fn resolve_path(cwd: Option<&str>, path: &str) -> String {
+    let Some(cwd) = cwd else {
+        return path.to_string();
+    };
+    if path.starts_with('/') || path.starts_with('~') {
+        return path.to_string();
+    }
+    let mut parts: Vec<&str> = cwd.split('/').filter(|p| !p.is_empty()).collect();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            s => parts.push(s),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Claude Code's marker after a tool call the user interrupted.
+pub const INTERRUPTED: &str = "[Request interrupted by user";
+
+/// Whether a text part of a tool-result message is words the user typed:
+/// not empty, not a wrapper (`<system-reminder>`, ...), not Claude Code's
+/// [`INTERRUPTED`] marker.
+pub fn is_typed_text(t: &str) -> bool {
+    let t = t.trim_start();
+    !t.is_empty() && !t.starts_with('<') && !t.starts_with(INTERRUPTED)
+}
+
+/// The ask a tool-result row carries: Claude Code folds a prompt typed
+/// after an interrupted tool call into the message that answers the call
+/// (`[tool_result, "[Request interrupted by user for tool use]", ask]`).
+/// Its first typed text part ([`is_typed_text`]), squashed and clipped to
+/// [`ASK_MAX`].
+pub fn typed_after_results(dialect: Dialect, raw: &str) -> Option<String> {
+    let texts = crate::transcript::message_texts(dialect, raw);
+    let t = texts.iter().find(|t| is_typed_text(t))?;
+    Some(clip(&squash(t), ASK_MAX))
 }
 
 /// The ask of a prompt row: its first text that is not a wrapper
@@ -562,6 +849,26 @@ mod tests {
         assert_eq!(Touch::of_verb("read"), Touch::Read);
         assert_eq!(Touch::of_verb("update"), Touch::Edited);
         assert_eq!(Touch::of_verb("grep"), Touch::Searched);
+    }
+
+    #[test]
+    fn working_directory_and_relative_paths() {
+        let d = Dialect::Anthropic;
+        let cc = json!({"role":"system","content":[{"type":"text","text":"# Environment\nYou have been invoked in the following environment: \n - Primary working directory: /home/dev/proj\n - Is a git repository: false"}]}).to_string();
+        assert_eq!(cwd_of(d, &cc).as_deref(), Some("/home/dev/proj"));
+        let codex = json!({"role":"user","content":[{"type":"input_text","text":"<environment_context>\n  <cwd>/repo/x/</cwd>\n  <shell>bash</shell>\n</environment_context>"}]}).to_string();
+        assert_eq!(
+            cwd_of(Dialect::OpenaiResponses, &codex).as_deref(),
+            Some("/repo/x")
+        );
+        let ask = json!({"role":"user","content":"fix the build"}).to_string();
+        assert_eq!(cwd_of(d, &ask), None);
+        let c = Some("/home/dev/proj");
+        assert_eq!(resolve_path(c, "./build.log"), "/home/dev/proj/build.log");
+        assert_eq!(resolve_path(c, "src/a.rs"), "/home/dev/proj/src/a.rs");
+        assert_eq!(resolve_path(c, "../other/b.rs"), "/home/dev/other/b.rs");
+        assert_eq!(resolve_path(c, "/etc/hosts"), "/etc/hosts");
+        assert_eq!(resolve_path(None, "./build.log"), "./build.log");
     }
 
     #[test]

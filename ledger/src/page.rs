@@ -3,7 +3,9 @@
 //!
 //! The engine writes what the rows already say: the goal (the first ask),
 //! files touched (tool inputs with paths, `apply_patch` headers), commands
-//! and their exit codes, tasks (`TodoWrite`, `update_plan`), tool errors and
+//! and their exit codes, tasks (`TodoWrite`, `update_plan`, Claude Code's
+//! `TaskCreate`/`TaskUpdate` by id; a call the client refused counts for
+//! nothing), tool errors and
 //! a log line per turn (per block of a long turn). Rows are folded block by
 //! block as soon as they are past the tideline, at each recorded cut
 //! ([`Page::merge_turn`]), so a long headless turn has its facts on the page
@@ -14,7 +16,10 @@
 //! (Decisions, Environment, ...) are stored in the database and rendered in
 //! their own sections.
 
-use crate::facts::{command_of, file_refs, todos_of};
+use crate::facts::{
+    command_of, file_refs, resolve_path, task_ack, task_op, todos_of, CallFacts, ResultFacts,
+    TaskBook,
+};
 use crate::model::{Dialect, Row, RowKind};
 use crate::parts::{self, Part};
 use crate::transcript::{self, code, one_line};
@@ -120,6 +125,11 @@ pub struct Page {
     notes: Vec<Note>,
     calls: HashMap<String, Call>,
     task_index: HashMap<String, usize>,
+    /// Task calls folded (a call counts once its result is in; the turn of
+    /// the call).
+    book: TaskBook<u32>,
+    /// The session's working directory (relative paths resolve against it).
+    cwd: Option<String>,
 }
 
 impl Page {
@@ -194,6 +204,9 @@ impl Page {
         };
         for (row, hidden) in rows {
             let rewound = *hidden;
+            if self.cwd.is_none() && row.kind != RowKind::Assistant {
+                self.cwd = crate::facts::cwd_of(dialect, &row.raw);
+            }
             for part in parts::parts(dialect, &row.raw) {
                 match part {
                     Part::ToolCall { id, name, input } => {
@@ -202,6 +215,7 @@ impl Page {
                         }
                         let mut what = None;
                         for (verb, path) in file_refs(&name, &input) {
+                            let path = resolve_path(self.cwd.as_deref(), &path);
                             what.get_or_insert_with(|| path.clone());
                             match self
                                 .files
@@ -232,8 +246,14 @@ impl Page {
                             self.commands.len() - 1
                         });
                         if !rewound {
-                            if let Some(todos) = todos_of(&input) {
-                                self.update_tasks(turn, todos);
+                            let c = CallFacts {
+                                id: id.clone(),
+                                todos: todos_of(&input),
+                                task: task_op(&name, &input),
+                                ..CallFacts::default()
+                            };
+                            if let Some(t) = self.book.call(&c, turn) {
+                                self.update_tasks(t, self.book.items());
                             }
                         }
                         if let Some(id) = id {
@@ -248,6 +268,17 @@ impl Page {
                         }
                     }
                     Part::ToolResult { id, is_error, text } => {
+                        if !rewound {
+                            let r = ResultFacts {
+                                id: id.clone(),
+                                is_error,
+                                exit: None,
+                                task: task_ack(&text),
+                            };
+                            if let Some(t) = self.book.result(&r) {
+                                self.update_tasks(t, self.book.items());
+                            }
+                        }
                         let call = id.as_deref().and_then(|i| self.calls.remove(i));
                         let code = parts::exit_code(&text);
                         let command = call.as_ref().and_then(|c| c.command);

@@ -6,14 +6,15 @@
 //!
 //! It says, never summarizes: the goal (the session's first ask, and the
 //! newest ask that left the window), the latest task list as the agent
-//! wrote it, the files touched in the cut part (newest first: path, how,
+//! wrote it (whole lists, and Claude Code's tasks folded by id; a call the
+//! client answered with an error counts for nothing), the files touched in the cut part (newest first: path, how,
 //! turn and seq of the last touch), the commands that failed and have not
 //! since succeeded, and where to look: the transcript file and line range
 //! of every cut block ([`crate::transcript::LineIndex`]) and the recall
 //! command. Facts come from [`crate::facts`], the reading `SESSION.md`
 //! shares.
 
-use crate::facts::{clip, squash, RowFacts, Touch};
+use crate::facts::{clip, squash, RowFacts, TaskBook, Touch};
 use crate::paths::turn_file_name;
 use crate::transcript::{code, one_line, RowLines};
 use std::collections::HashMap;
@@ -78,8 +79,13 @@ pub struct StateFacts {
     file_index: HashMap<String, usize>,
     failed: Vec<Failed>,
     tasks: Option<Tasks>,
+    /// The task calls folded so far (a call counts once its result is in).
+    book: TaskBook<(u64, u32)>,
     /// Call id → (command, seq, turn) until its result.
     calls: HashMap<String, (String, u64, u32)>,
+    /// The session's working directory: relative paths are resolved
+    /// against it ([`crate::facts::resolve_path`]).
+    cwd: Option<String>,
 }
 
 impl StateFacts {
@@ -88,11 +94,20 @@ impl StateFacts {
         StateFacts::default()
     }
 
+    /// The session's working directory (Claude Code's and Codex's
+    /// environment, [`crate::facts::cwd_of`]): the relative paths of the
+    /// rows folded after it are resolved against it, so a file touched
+    /// through the shell and by its absolute path is one file.
+    pub fn set_cwd(&mut self, cwd: Option<String>) {
+        self.cwd = cwd;
+    }
+
     /// Fold one row (rows in seq order).
     pub fn add(&mut self, seq: u64, turn: u32, facts: &RowFacts) {
         for c in &facts.calls {
             for (verb, path) in &c.files {
                 let touch = Touch::of_verb(verb);
+                let path = &crate::facts::resolve_path(self.cwd.as_deref(), path);
                 match self.file_index.get(path) {
                     Some(&i) => {
                         let f = &mut self.files[i];
@@ -114,18 +129,17 @@ impl StateFacts {
                     }
                 }
             }
-            if let Some(items) = &c.todos {
-                self.tasks = Some(Tasks {
-                    turn,
-                    seq,
-                    items: items.clone(),
-                });
+            if let Some(at) = self.book.call(c, (seq, turn)) {
+                self.set_tasks(at);
             }
             if let (Some(id), Some(cmd)) = (&c.id, &c.command) {
                 self.calls.insert(id.clone(), (cmd.clone(), seq, turn));
             }
         }
         for r in &facts.results {
+            if let Some(at) = self.book.result(r) {
+                self.set_tasks(at);
+            }
             let Some((cmd, cseq, cturn)) = r.id.as_ref().and_then(|i| self.calls.remove(i)) else {
                 continue;
             };
@@ -140,6 +154,12 @@ impl StateFacts {
                 });
             }
         }
+    }
+
+    /// The list as the book holds it, stamped with the call that changed it.
+    fn set_tasks(&mut self, (seq, turn): (u64, u32)) {
+        let items = self.book.items();
+        self.tasks = (!items.is_empty()).then_some(Tasks { turn, seq, items });
     }
 
     /// The latest task list folded in.
@@ -550,6 +570,7 @@ mod tests {
                 "TodoWrite",
                 serde_json::json!({"todos": [{"content": "fix a", "status": "in_progress"}, {"content": "docs", "status": "pending"}]}),
             ),
+            result("c", "Todos have been modified successfully."),
             call(
                 "d",
                 "Edit",
@@ -565,7 +586,7 @@ mod tests {
             facts.add(i as u64 + 1, 1, &row_facts(d, r));
         }
         assert_eq!(facts.paths(), vec!["src/a.rs"]);
-        let lines: Vec<RowLines> = (1..=10)
+        let lines: Vec<RowLines> = (1..=11)
             .map(|s| RowLines {
                 seq: s,
                 turn: 1,
@@ -574,7 +595,7 @@ mod tests {
             })
             .collect();
         let input = StateInput {
-            upto_seq: 10,
+            upto_seq: 11,
             session: "s1",
             dir: "/d/s1",
             goal: Some(Ask {
@@ -591,7 +612,7 @@ mod tests {
         assert!(block.contains("Goal (t01, seq 1): Fix the bug"));
         assert!(block.contains("- [~] fix a\n- [ ] docs"));
         assert!(
-            block.contains("- src/ (t01): a.rs (read+edited 6)"),
+            block.contains("- src/ (t01): a.rs (read+edited 7)"),
             "{block}"
         );
         assert!(
@@ -602,8 +623,8 @@ mod tests {
             !block.contains("cargo build"),
             "it succeeded since: {block}"
         );
-        assert!(block.contains("in /d/s1/transcript/):\n- 0001.md lines 10–108: seq 1–10 (t01)"));
-        assert!(block.contains("oceancode-proxy recall s1 --before 11 --match TEXT"));
+        assert!(block.contains("in /d/s1/transcript/):\n- 0001.md lines 10–118: seq 1–11 (t01)"));
+        assert!(block.contains("oceancode-proxy recall s1 --before 12 --match TEXT"));
         assert_eq!(
             Some(block.clone()),
             render(&input, DEFAULT_MAX_TOKENS),
@@ -616,6 +637,203 @@ mod tests {
         assert!(small.contains("Goal (t01, seq 1): Fix the bug"), "{small}");
         // Too small for the frame: no block rather than one over budget.
         assert_eq!(render(&input, 50), None);
+    }
+
+    /// The block of `rows` (one turn) cut after the last one.
+    fn block_of(rows: &[String]) -> String {
+        let mut facts = StateFacts::new();
+        for (i, r) in rows.iter().enumerate() {
+            facts.add(i as u64 + 1, 1, &row_facts(Dialect::Anthropic, r));
+        }
+        let lines: Vec<RowLines> = (1..=rows.len() as u64)
+            .map(|s| RowLines {
+                seq: s,
+                turn: 1,
+                first: s as u32 * 10,
+                last: s as u32 * 10 + 8,
+            })
+            .collect();
+        let input = StateInput {
+            upto_seq: rows.len() as u64,
+            session: "s1",
+            dir: "/d/s1",
+            goal: Some(Ask {
+                turn: 1,
+                seq: 1,
+                text: "Fix the bug".into(),
+            }),
+            latest_ask: None,
+            facts: &facts,
+            lines: &lines,
+        };
+        render(&input, DEFAULT_MAX_TOKENS).unwrap()
+    }
+
+    fn error_result(id: &str, text: &str) -> String {
+        serde_json::json!({"role":"user","content":[{"type":"tool_result","tool_use_id":id,"content":text,"is_error":true}]}).to_string()
+    }
+
+    /// A file touched through the shell (relative, `./build.log`) and by
+    /// its absolute path is one file, listed under its directory.
+    #[test]
+    fn relative_paths_resolve_against_the_working_directory() {
+        let rows = [
+            call(
+                "a",
+                "Read",
+                serde_json::json!({"file_path": "/home/dev/proj/src/a.rs"}),
+            ),
+            result("a", "x"),
+            call(
+                "b",
+                "Bash",
+                serde_json::json!({"command": "make > ./build.log"}),
+            ),
+            result("b", "ok"),
+            call(
+                "c",
+                "Bash",
+                serde_json::json!({"command": "cat src/a.rs ./build.log"}),
+            ),
+            result("c", "ok"),
+        ];
+        let mut facts = StateFacts::new();
+        facts.set_cwd(Some("/home/dev/proj".into()));
+        for (i, r) in rows.iter().enumerate() {
+            facts.add(i as u64 + 1, 1, &row_facts(Dialect::Anthropic, r));
+        }
+        assert_eq!(
+            facts.paths(),
+            vec!["/home/dev/proj/build.log", "/home/dev/proj/src/a.rs"]
+        );
+        let input = StateInput {
+            upto_seq: 6,
+            session: "s1",
+            dir: "/d/s1",
+            goal: None,
+            latest_ask: None,
+            facts: &facts,
+            lines: &[],
+        };
+        let block = render(&input, DEFAULT_MAX_TOKENS).unwrap();
+        assert!(
+            block.contains("- /home/dev/proj/ (t01): build.log (read+created 5)"),
+            "{block}"
+        );
+        assert!(!block.contains("./"), "{block}");
+    }
+
+    /// Claude Code 2.1.332's tasks: `TaskCreate` (its id in the result),
+    /// `TaskUpdate` by id; the list shows each task's latest status.
+    #[test]
+    fn claude_code_tasks_fold_by_id() {
+        let rows = [
+            call(
+                "a",
+                "TaskCreate",
+                serde_json::json!({"subject": "Port the parser", "description": "d"}),
+            ),
+            result("a", "Task #1 created successfully: Port the parser"),
+            call(
+                "b",
+                "TaskCreate",
+                serde_json::json!({"subject": "Write docs", "description": "d"}),
+            ),
+            result("b", "Task #2 created successfully: Write docs"),
+            call(
+                "c",
+                "TaskCreate",
+                serde_json::json!({"subject": "Drop me", "description": "d"}),
+            ),
+            result("c", "Task #3 created successfully: Drop me"),
+            call(
+                "d",
+                "TaskUpdate",
+                serde_json::json!({"taskId": "1", "status": "in_progress"}),
+            ),
+            result("d", "Updated task #1 status"),
+            call(
+                "e",
+                "TaskUpdate",
+                serde_json::json!({"taskId": "1", "status": "completed"}),
+            ),
+            result("e", "Updated task #1 status"),
+            call(
+                "f",
+                "TaskUpdate",
+                serde_json::json!({"taskId": "2", "status": "in_progress"}),
+            ),
+            result("f", "Updated task #2 status"),
+            call(
+                "g",
+                "TaskUpdate",
+                serde_json::json!({"taskId": "3", "status": "deleted"}),
+            ),
+            result("g", "Updated task #3 deleted"),
+            // Not found: the client says so without `is_error`.
+            call(
+                "h",
+                "TaskUpdate",
+                serde_json::json!({"taskId": "9", "status": "completed"}),
+            ),
+            result("h", "Task #9 not found"),
+            call("i", "TaskList", serde_json::json!({})),
+            result("i", "#1 [completed] Port the parser"),
+        ];
+        let block = block_of(&rows);
+        assert!(
+            block.contains(
+                "Tasks (as last written, t01 seq 13; a newer list in the window wins):\n- [x] #1 Port the parser\n- [~] #2 Write docs\n"
+            ),
+            "{block}"
+        );
+        assert!(
+            !block.contains("Drop me") && !block.contains("#9"),
+            "{block}"
+        );
+    }
+
+    /// A task call the client rejected (`is_error`: Claude Code 2.1.332 has
+    /// no `TodoWrite`) says nothing; an accepted one is taken.
+    #[test]
+    fn a_rejected_task_call_is_no_fact() {
+        let rejected = [
+            call(
+                "a",
+                "TodoWrite",
+                serde_json::json!({"todos": [{"content": "ghost task", "status": "in_progress"}]}),
+            ),
+            error_result(
+                "a",
+                "<tool_use_error>Error: No such tool available: TodoWrite</tool_use_error>",
+            ),
+        ];
+        let block = block_of(&rejected);
+        assert!(
+            !block.contains("Tasks") && !block.contains("ghost task"),
+            "{block}"
+        );
+        let mut rows = rejected.to_vec();
+        rows.extend([
+            call(
+                "b",
+                "TodoWrite",
+                serde_json::json!({"todos": [{"content": "real task", "status": "pending"}]}),
+            ),
+            result("b", "Todos have been modified successfully."),
+            call(
+                "c",
+                "TodoWrite",
+                serde_json::json!({"todos": [{"content": "later ghost", "status": "pending"}]}),
+            ),
+            error_result("c", "InputValidationError"),
+        ]);
+        let block = block_of(&rows);
+        assert!(
+            block.contains("seq 3; a newer list in the window wins):\n- [ ] real task"),
+            "{block}"
+        );
+        assert!(!block.contains("ghost"), "{block}");
     }
 
     #[test]

@@ -209,7 +209,12 @@ fn metadata_session_id(body: &ParsedBody<'_>) -> Result<Option<String>, NameErro
 ///   compaction summary: one user message holding the conversation as text;
 ///   its agent loop always sends tools);
 /// - Responses requests whose last input item is a `compaction_trigger`
-///   (Codex's remote compaction, V2): the client's own compaction.
+///   (Codex's remote compaction, V2): the client's own compaction;
+/// - Claude Code's auto-mode classifier, when it runs its own (the answers
+///   carried no `safeguard_results`): no tools, the conversation quoted
+///   between `<transcript>` and `</transcript>` text blocks under a policy
+///   system prompt; and any Anthropic request for `max_tokens: 0` (its
+///   server-side review of a sub-agent: a verdict, no answer).
 pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>, client: &str) -> bool {
     if client == "opencode" && no_tools(body) {
         return true;
@@ -225,6 +230,9 @@ pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>, client: &str) -> bool 
     if d != Dialect::Anthropic {
         return false;
     }
+    if body.get_as::<u64>("max_tokens") == Some(0) || is_auto_mode_classifier(body) {
+        return true;
+    }
     // `output_config` first: it is small and usually absent, while `tools`
     // (tens of KB of schemas on a main request) is only looked at then.
     let has_format = body
@@ -235,6 +243,27 @@ pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>, client: &str) -> bool 
             None => body.get("tools").is_none(),
             Some(a) => a.is_empty(),
         }
+}
+
+/// Claude Code's own auto-mode classifier request: no tools, and a user
+/// message holding a text block that is just `<transcript>` (the quoted
+/// conversation follows it).
+fn is_auto_mode_classifier(body: &ParsedBody<'_>) -> bool {
+    no_tools(body)
+        && body.messages.iter().any(|m| {
+            m.contains("<transcript>")
+                && serde_json::from_str::<serde_json::Value>(m).is_ok_and(|v| {
+                    v.get("role").and_then(|r| r.as_str()) == Some("user")
+                        && v.get("content")
+                            .and_then(|c| c.as_array())
+                            .is_some_and(|blocks| {
+                                blocks.iter().any(|b| {
+                                    b.get("text").and_then(|t| t.as_str()).map(str::trim)
+                                        == Some("<transcript>")
+                                })
+                            })
+                })
+        })
 }
 
 /// `tools` absent, null or `[]`.
@@ -405,6 +434,30 @@ mod tests {
             br#"{"messages":[],"tools":null,"output_config":{"format":{}}}"#
         ));
         assert!(!side(br#"{"messages":[],"tools":[]}"#));
+    }
+
+    /// Claude Code's auto mode: its own classifier (no tools, the
+    /// conversation between `<transcript>` blocks) and a `max_tokens: 0`
+    /// review are side requests; a main request carrying `safeguards` is not.
+    #[test]
+    fn auto_mode_classifier_requests_are_side_requests() {
+        let side = |b: &[u8]| {
+            is_side_request(
+                Dialect::Anthropic,
+                &ParsedBody::parse(b, "messages").unwrap(),
+                "claude-code",
+            )
+        };
+        let classifier = br#"{"model":"m","max_tokens":64,"system":[{"type":"text","text":"You are a security monitor"}],"stop_sequences":["</block>"],"messages":[{"role":"user","content":[{"type":"text","text":"<transcript>\n"},{"type":"text","text":"User: list files\n"},{"type":"text","text":"</transcript>\n"},{"type":"text","text":"Bash: touch x"}]}]}"#;
+        assert!(side(classifier));
+        let split = br#"{"model":"m","max_tokens":64,"messages":[{"role":"user","content":[{"type":"text","text":"<transcript>\n"}]},{"role":"user","content":[{"type":"text","text":"User: hi"}]}]}"#;
+        assert!(side(split));
+        let review = br#"{"model":"m","max_tokens":0,"tools":[{"name":"Bash"}],"safeguards":[{"type":"dangerous_tool_use"}],"messages":[{"role":"user","content":"x"}]}"#;
+        assert!(side(review));
+        let main = br#"{"model":"m","max_tokens":32000,"tools":[{"name":"Bash"}],"safeguards":[{"type":"dangerous_tool_use","classifier_context":{"v":1}}],"messages":[{"role":"user","content":[{"type":"text","text":"<transcript>\n"}]}]}"#;
+        assert!(!side(main), "tools: the agent's own request");
+        let quoted = br#"{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"what does <transcript> mean?"}]}"#;
+        assert!(!side(quoted));
     }
 
     #[test]

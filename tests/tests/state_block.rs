@@ -416,7 +416,16 @@ fn probe(reqs: &[Recorded], key: &str, trail: &Trail) -> Probe {
         }
         for path in paths {
             p.paths_expected += 1;
-            let (dir, name) = path.rsplit_once('/').map_or(("", path), |(d, n)| (d, n));
+            // The block names a relative path (a shell command's) resolved
+            // against the working directory the client states (ROOT).
+            let resolved = if path.starts_with('/') {
+                path.to_string()
+            } else {
+                format!("{ROOT}/{}", path.trim_start_matches("./"))
+            };
+            let (dir, name) = resolved
+                .rsplit_once('/')
+                .map_or(("", resolved.as_str()), |(d, n)| (d, n));
             let in_block = block.lines().any(|l| {
                 l.starts_with(&format!("- {dir}/:"))
                     || l.starts_with(&format!("- {dir}/ (t")) && (l.contains(&format!(" {name} (")))

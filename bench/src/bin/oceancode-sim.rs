@@ -824,11 +824,13 @@ fn synthetic_facts(step: usize) -> RowFacts {
             },
             command,
             todos,
+            task: None,
         }],
         results: vec![ResultFacts {
             id: Some(id),
             is_error: false,
             exit: (step.is_multiple_of(5)).then_some(if step % 10 == 5 { 1 } else { 0 }),
+            task: None,
         }],
     }
 }

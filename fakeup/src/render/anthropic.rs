@@ -63,6 +63,30 @@ fn context_management(p: &Plan) -> Option<J> {
     Some(obj! { "applied_edits": J::A(edits) })
 }
 
+/// `[{"type": "dangerous_tool_use", "status": {"type": "available",
+/// "tool_uses": {ID: {"type": "evaluated", "outcome": "not_flagged"}}}}]`
+/// (or the reply's `safeguard_outcome`):
+/// auto mode's verdict on every tool call of the answer (the contract
+/// Claude Code 2.1.332 reads; a call it has no verdict for it classifies
+/// itself).
+fn safeguard_results(p: &Plan) -> Option<J> {
+    let outcome = p.safeguards.as_deref()?;
+    let verdicts: serde_json::Map<String, serde_json::Value> = p
+        .calls
+        .iter()
+        .map(|c| {
+            (
+                format!("toolu_{}", c.n),
+                serde_json::json!({ "type": "evaluated", "outcome": outcome }),
+            )
+        })
+        .collect();
+    Some(J::A(vec![obj! {
+        "type": crate::analyze::DANGEROUS_TOOL_USE,
+        "status": obj! { "type": "available", "tool_uses": J::V(verdicts.into()) },
+    }]))
+}
+
 fn ev(name: &'static str, data: J) -> Bytes {
     sse(Some(name), &data)
 }
@@ -166,13 +190,14 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
         out.push(stop(index));
         index += 1;
     }
-    let mut md = vec![
-        ("type", J::from("message_delta")),
-        (
-            "delta",
-            obj! { "stop_reason": p.stop.anthropic(), "stop_sequence": () },
-        ),
+    let mut delta = vec![
+        ("stop_reason", J::from(p.stop.anthropic())),
+        ("stop_sequence", J::Null),
     ];
+    if let Some(r) = safeguard_results(p) {
+        delta.push(("safeguard_results", r));
+    }
+    let mut md = vec![("type", J::from("message_delta")), ("delta", J::O(delta))];
     if let Some(cm) = context_management(p) {
         md.push(("context_management", cm));
     }
@@ -215,6 +240,9 @@ pub(crate) fn json(p: &Plan, ctx: &Ctx) -> Vec<u8> {
     ];
     if let Some(cm) = context_management(p) {
         m.push(("context_management", cm));
+    }
+    if let Some(r) = safeguard_results(p) {
+        m.push(("safeguard_results", r));
     }
     m.push(("usage", final_usage(p)));
     J::O(m).to_vec()

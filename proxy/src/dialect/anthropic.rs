@@ -56,6 +56,17 @@ pub fn classify(v: &Value) -> MessageInfo {
         }
     };
     let mut out = info(role, kind, text);
+    if kind == RowKind::ToolResult {
+        if let Some(t) = of_type("text")
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .find(|t| {
+                oceancode_ledger::facts::is_typed_text(t) && !super::standing::is_context_block(t)
+            })
+        {
+            out.asks = true;
+            out.first_line = super::first_line(t, 80);
+        }
+    }
     out.compaction = kind == RowKind::Assistant
         && of_type("compaction").any(|b| b.get("content").is_some_and(Value::is_string));
     out.opens = ids_of(of_type("tool_use").chain(of_type("server_tool_use")), "id");

@@ -481,6 +481,11 @@ pub struct MessageInfo {
     /// An Anthropic assistant message holding a server-side `compaction`
     /// block with a summary: the API drops everything before that block.
     pub compaction: bool,
+    /// A tool-result message that also carries words the user typed (Claude
+    /// Code folds a prompt typed after an interrupted tool call into it):
+    /// it starts a turn and is an ask, and stays a tool result for the
+    /// window (no window starts at it, its calls stay with it).
+    pub asks: bool,
 }
 
 /// The text of a message's `content` that names it: the string itself, or

@@ -1,7 +1,9 @@
 //! An answer without its `oceancode_recall` calls, for the client: whole
 //! SSE events or the JSON body, the calls' events left out, the other
-//! blocks' indexes renumbered, and the stop reason a client expects when no
-//! tool call is left. Unchanged events keep their bytes. Pure.
+//! blocks' indexes renumbered, the stop reason a client expects when no
+//! tool call is left, and no auto-mode verdict (`safeguard_results`,
+//! Claude Code) for a call the client never sees. Unchanged events keep
+//! their bytes. Pure.
 
 use super::spec::NAME;
 use oceancode_ledger::Dialect;
@@ -21,6 +23,7 @@ pub fn strip(d: Dialect, sse: bool, bytes: &[u8], client_calls: usize) -> Vec<u8
     let mut s = Stripper {
         d,
         dropped: BTreeSet::new(),
+        dropped_ids: BTreeSet::new(),
         client_calls,
     };
     let mut out = Vec::with_capacity(bytes.len());
@@ -71,7 +74,26 @@ struct Stripper {
     d: Dialect,
     /// Indexes of the recall calls (content block, tool call or output item).
     dropped: BTreeSet<u64>,
+    /// Ids of the recall calls (Anthropic: what a verdict names).
+    dropped_ids: BTreeSet<String>,
     client_calls: usize,
+}
+
+/// `safeguard_results` without the verdicts on `ids` (each result's
+/// `status.tool_uses`); whether anything was removed.
+fn drop_verdicts(results: &mut Value, ids: &BTreeSet<String>) -> bool {
+    let mut changed = false;
+    for r in results.as_array_mut().into_iter().flatten() {
+        if let Some(m) = r
+            .pointer_mut("/status/tool_uses")
+            .and_then(Value::as_object_mut)
+        {
+            for id in ids {
+                changed |= m.remove(id).is_some();
+            }
+        }
+    }
+    changed
 }
 
 impl Stripper {
@@ -135,16 +157,25 @@ impl Stripper {
             if let Some(i) = v.get("index").and_then(Value::as_u64) {
                 self.dropped.insert(i);
             }
+            if let Some(id) = v.pointer("/content_block/id").and_then(Value::as_str) {
+                self.dropped_ids.insert(id.to_string());
+            }
             return None;
         }
-        if ty == "message_delta" && self.client_calls == 0 && !self.dropped.is_empty() {
-            if let Some(r) = v.pointer_mut("/delta/stop_reason") {
-                if r == "tool_use" {
-                    *r = Value::from("end_turn");
-                    return Some(true);
+        if ty == "message_delta" {
+            let mut changed = false;
+            if self.client_calls == 0 && !self.dropped.is_empty() {
+                if let Some(r) = v.pointer_mut("/delta/stop_reason") {
+                    if r == "tool_use" {
+                        *r = Value::from("end_turn");
+                        changed = true;
+                    }
                 }
             }
-            return Some(false);
+            if let Some(r) = v.pointer_mut("/delta/safeguard_results") {
+                changed |= drop_verdicts(r, &self.dropped_ids);
+            }
+            return Some(changed);
         }
         let Some(i) = v.get("index").and_then(Value::as_u64) else {
             return Some(false);
@@ -258,11 +289,19 @@ fn filter_output(resp: &mut Value) -> bool {
 fn strip_json(d: Dialect, v: &mut Value, client_calls: usize) {
     match d {
         Dialect::Anthropic => {
+            let mut ids = BTreeSet::new();
             if let Some(c) = v.get_mut("content").and_then(Value::as_array_mut) {
                 c.retain(|b| {
-                    !(b.get("type").and_then(Value::as_str) == Some("tool_use")
-                        && b.get("name").and_then(Value::as_str) == Some(NAME))
+                    let recall = b.get("type").and_then(Value::as_str) == Some("tool_use")
+                        && b.get("name").and_then(Value::as_str) == Some(NAME);
+                    if let (true, Some(id)) = (recall, b.get("id").and_then(Value::as_str)) {
+                        ids.insert(id.to_string());
+                    }
+                    !recall
                 });
+            }
+            if let Some(r) = v.get_mut("safeguard_results") {
+                drop_verdicts(r, &ids);
             }
             if client_calls == 0 && v.get("stop_reason").and_then(Value::as_str) == Some("tool_use")
             {
@@ -306,6 +345,61 @@ mod tests {
 
     fn ev(name: &str, v: Value) -> String {
         format!("event: {name}\ndata: {v}\n\n")
+    }
+
+    /// Claude Code's auto mode: the verdict on a recall call the client
+    /// never sees leaves with it; the client's calls keep theirs.
+    #[test]
+    fn auto_mode_verdicts_on_recall_calls_leave_with_them() {
+        let results = json!([{"type":"dangerous_tool_use","status":{"type":"available","tool_uses":{
+            "t1":{"type":"evaluated","outcome":"not_flagged"},
+            "t2":{"type":"evaluated","outcome":"not_flagged"}}}}]);
+        let s = [
+            ev("message_start", json!({"type":"message_start","message":{}})),
+            ev("content_block_start", json!({"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t1","name":NAME,"input":{}}})),
+            ev("content_block_stop", json!({"type":"content_block_stop","index":0})),
+            ev("content_block_start", json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t2","name":"Bash","input":{}}})),
+            ev("content_block_stop", json!({"type":"content_block_stop","index":1})),
+            ev("message_delta", json!({"type":"message_delta","delta":{"stop_reason":"tool_use","safeguard_results":results}})),
+            ev("message_stop", json!({"type":"message_stop"})),
+        ]
+        .concat();
+        let out = String::from_utf8(strip(Dialect::Anthropic, true, s.as_bytes(), 1)).unwrap();
+        let delta = out
+            .split("\n\n")
+            .find(|e| e.contains("message_delta"))
+            .and_then(|e| e.split("data: ").nth(1))
+            .unwrap();
+        let v: Value = serde_json::from_str(delta).unwrap();
+        assert_eq!(
+            v["delta"]["safeguard_results"][0]["status"]["tool_uses"],
+            json!({"t2":{"type":"evaluated","outcome":"not_flagged"}})
+        );
+        let body = json!({"content":[
+            {"type":"tool_use","id":"t1","name":NAME,"input":{}},
+            {"type":"tool_use","id":"t2","name":"Bash","input":{}}],
+            "stop_reason":"tool_use","safeguard_results":results});
+        let out: Value = serde_json::from_slice(&strip(
+            Dialect::Anthropic,
+            false,
+            body.to_string().as_bytes(),
+            1,
+        ))
+        .unwrap();
+        assert_eq!(
+            out["safeguard_results"][0]["status"]["tool_uses"],
+            json!({"t2":{"type":"evaluated","outcome":"not_flagged"}})
+        );
+        // No recall call: the stream is the upstream's, byte for byte.
+        let plain = [
+            ev("message_start", json!({"type":"message_start","message":{}})),
+            ev("message_delta", json!({"type":"message_delta","delta":{"stop_reason":"tool_use","safeguard_results":results}})),
+        ]
+        .concat();
+        assert_eq!(
+            strip(Dialect::Anthropic, true, plain.as_bytes(), 1),
+            plain.as_bytes()
+        );
     }
 
     #[test]

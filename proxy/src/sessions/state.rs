@@ -183,6 +183,9 @@ pub struct State {
     pub(super) sent_pointers: Option<(u64, u32)>,
     /// The command calls among the rows ([`RowThread::of`]).
     pub(super) commands: CommandCalls,
+    /// The working directory the rows state (the state block resolves
+    /// relative paths against it).
+    pub(super) cwd: Option<Box<str>>,
     /// The compress pointers the recorded session last sent (a restored
     /// session), sent again while the window stays at their cut.
     pub(super) restored_pointers: Option<oceancode_ledger::store::SentPointers>,
@@ -231,6 +234,7 @@ impl State {
             sent_stub: None,
             sent_pointers: None,
             commands: CommandCalls::default(),
+            cwd: None,
             restored_pointers: None,
         }
     }
@@ -376,7 +380,7 @@ impl State {
         events: &mut Vec<Row>,
     ) -> u64 {
         let seq = self.next_seq();
-        if p.info.kind == RowKind::Prompt {
+        if p.info.kind == RowKind::Prompt || p.info.asks {
             self.turn += 1;
             if let Some(l) = &p.info.first_line {
                 self.turn_lines.insert(self.turn, (seq, l.clone()));
@@ -392,6 +396,7 @@ impl State {
             p.info.kind,
             raw,
             &mut self.commands,
+            &mut self.cwd,
         );
         self.rows.push(RowMem {
             raw_hash: dialect::raw_hash(raw),
@@ -509,6 +514,7 @@ impl State {
                     parsed.info.kind,
                     m,
                     &mut self.commands,
+                    &mut self.cwd,
                 );
                 self.active.push(seq);
                 p += 1;
@@ -678,7 +684,7 @@ impl State {
         let mut pending = Vec::new();
         for r in &l.rows {
             let p = parse_msg(dialect, &r.raw);
-            if p.info.kind == RowKind::Prompt {
+            if p.info.kind == RowKind::Prompt || p.info.asks {
                 if let Some(line) = &p.info.first_line {
                     st.turn_lines.insert(r.turn, (r.seq, line.clone()));
                 }
@@ -696,7 +702,15 @@ impl State {
                 echo: p.echo,
                 standing: p.info.standing.into_boxed_slice(),
                 compaction: p.info.compaction,
-                thread: RowThread::of(dialect, r.seq, &r.role, r.kind, &r.raw, &mut st.commands),
+                thread: RowThread::of(
+                    dialect,
+                    r.seq,
+                    &r.role,
+                    r.kind,
+                    &r.raw,
+                    &mut st.commands,
+                    &mut st.cwd,
+                ),
                 hidden: hidden.contains(&r.seq),
             });
             if !hidden.contains(&r.seq) {

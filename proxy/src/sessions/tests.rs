@@ -147,6 +147,29 @@ fn a_request_records_its_rows_and_its_answer_one_step() {
     drop(t);
 }
 
+/// Claude Code folds a prompt typed after an interrupted tool call into the
+/// message that answers the call: that row starts the next turn.
+#[test]
+fn a_prompt_typed_after_an_interrupted_call_starts_a_turn() {
+    let (m, seen) = manager();
+    let call = r#"{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"sleep 100"}}]}"#;
+    let typed = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"The user doesn't want to proceed with this tool use.","is_error":true},{"type":"text","text":"[Request interrupted by user for tool use]"},{"type":"text","text":"run the quick tests instead"}]}"#;
+    let plain = r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"t2","content":"ok"},{"type":"text","text":"<system-reminder>x</system-reminder>"}]}"#;
+    let call2 = r#"{"role":"assistant","content":[{"type":"tool_use","id":"t2","name":"Bash","input":{"command":"make"}}]}"#;
+    let mut t = send(&m, &ident("i"), &[HELLO, call, typed, call2, plain]);
+    t.answered(200);
+    let turns: Vec<(u64, u32)> = take(&seen)
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rows { rows, .. } => Some(rows.iter().map(|r| (r.seq, r.turn))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(turns, vec![(1, 1), (2, 1), (3, 2), (4, 2), (5, 2)]);
+    drop(t);
+}
+
 #[test]
 fn a_ticket_dropped_unfinished_records_a_failed_step_once() {
     let (m, seen) = manager();

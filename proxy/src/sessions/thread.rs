@@ -28,9 +28,10 @@ pub(super) struct RowThread {
     pub(super) lines: u32,
 }
 
-/// The hashed ids of the session's tool calls that run a command: the only
-/// calls whose results change the state block (a command that failed, or a
-/// success that clears its earlier failure).
+/// The hashed ids of the session's tool calls that run a command or write
+/// tasks: the only calls whose results change the state block (a command
+/// that failed, or a success that clears its earlier failure; a task call
+/// counts once its result is in and is not an error).
 pub(super) type CommandCalls = HashSet<u64>;
 
 /// The facts of a row that [`StateFacts::add`] can use, held for the row's
@@ -64,18 +65,19 @@ fn id_text(id: u64) -> String {
 }
 
 impl Facts {
-    /// Keep what the fold can use: a call that names files or writes a task
-    /// list (its file touches, its tasks), or runs a command and has an id
-    /// (what its result is matched by); a result that answers one of the
-    /// session's command calls, which `commands` gathers in seq order (any
-    /// other result finds no call in the fold and changes nothing). The tool
-    /// name is never read there.
+    /// Keep what the fold can use: a call that names files or writes tasks
+    /// (its file touches, its tasks), or runs a command or writes tasks and
+    /// has an id (what its result is matched by); a result that answers one
+    /// of the session's command or task calls, which `commands` gathers in
+    /// seq order (any other result finds no call in the fold and changes
+    /// nothing). The tool name is never read there.
     fn of(mut f: RowFacts, commands: &mut CommandCalls) -> Facts {
         let hash = |id: &str| crate::dialect::raw_hash(id);
         f.calls.retain_mut(|c| {
             c.tool = String::new();
-            c.id = match (&c.id, &c.command) {
-                (Some(id), Some(_)) => {
+            let answered = c.command.is_some() || c.todos.is_some() || c.task.is_some();
+            c.id = match &c.id {
+                Some(id) if answered => {
                     let h = hash(id);
                     commands.insert(h);
                     Some(id_text(h))
@@ -83,7 +85,7 @@ impl Facts {
                 _ => None,
             };
             c.files.shrink_to_fit();
-            !c.files.is_empty() || c.todos.is_some() || c.id.is_some()
+            !c.files.is_empty() || c.todos.is_some() || c.task.is_some() || c.id.is_some()
         });
         f.results.retain_mut(|r| match r.id.as_deref().map(hash) {
             Some(h) if commands.contains(&h) => {
@@ -94,7 +96,7 @@ impl Facts {
         });
         match (f.calls.as_mut_slice(), f.results.as_slice()) {
             ([], []) => Facts::None,
-            ([c], []) if c.files.is_empty() && c.todos.is_none() => {
+            ([c], []) if c.files.is_empty() && c.todos.is_none() && c.task.is_none() => {
                 match (c.id.as_deref().map(hash_of_text), c.command.take()) {
                     (Some(Some(id)), Some(command)) => Facts::Command {
                         id,
@@ -103,7 +105,7 @@ impl Facts {
                     _ => Facts::None,
                 }
             }
-            ([], [r]) => match r.id.as_deref().and_then(hash_of_text) {
+            ([], [r]) if r.task.is_none() => match r.id.as_deref().and_then(hash_of_text) {
                 Some(id) => Facts::Result {
                     id,
                     is_error: r.is_error,
@@ -137,6 +139,7 @@ impl Facts {
                     id: Some(id_text(*id)),
                     is_error: *is_error,
                     exit: *exit,
+                    task: None,
                 }],
             })),
             Facts::Full(f) => Some(Cow::Borrowed(f)),
@@ -151,7 +154,8 @@ fn hash_of_text(t: &str) -> Option<u64> {
 
 impl RowThread {
     /// Read a row as the ledger keeps it. Rows come in seq order; `commands`
-    /// gathers the session's command calls.
+    /// gathers the session's command calls, `cwd` takes the first working
+    /// directory a row states ([`facts::cwd_of`]).
     pub(super) fn of(
         dialect: Dialect,
         seq: u64,
@@ -159,19 +163,26 @@ impl RowThread {
         kind: RowKind,
         raw: &str,
         commands: &mut CommandCalls,
+        cwd: &mut Option<Box<str>>,
     ) -> RowThread {
+        if cwd.is_none() && kind != RowKind::Assistant {
+            *cwd = facts::cwd_of(dialect, raw).map(String::into_boxed_str);
+        }
         let facts = match kind {
             RowKind::Assistant | RowKind::ToolResult | RowKind::Prompt | RowKind::Other => {
                 Facts::of(facts::row_facts(dialect, raw), commands)
             }
             RowKind::System => Facts::None,
         };
+        let ask = match kind {
+            RowKind::Prompt => facts::ask_text(dialect, raw),
+            // A prompt typed after an interrupted tool call.
+            RowKind::ToolResult => facts::typed_after_results(dialect, raw),
+            _ => None,
+        };
         RowThread {
             facts,
-            ask: (kind == RowKind::Prompt)
-                .then(|| facts::ask_text(dialect, raw))
-                .flatten()
-                .map(String::into_boxed_str),
+            ask: ask.map(String::into_boxed_str),
             lines: transcript::section_lines(dialect, seq, role, raw),
         }
     }
@@ -216,6 +227,7 @@ pub(super) fn block(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -
 fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<String> {
     let upto = plan.effective_upto_seq;
     let mut f = StateFacts::new();
+    f.set_cwd(st.cwd.as_deref().map(str::to_string));
     let mut goal: Option<Ask> = None;
     let mut latest: Option<Ask> = None;
     for (i, &seq) in st.active.iter().enumerate().take(plan.start) {
@@ -334,13 +346,39 @@ mod tests {
             result("f", "ok", false),
             result("zz", "an answer to no call", true),
             call("h", "Bash", json!({"command": "cargo build"})),
+            call(
+                "t1",
+                "TaskCreate",
+                json!({"subject": "Port", "description": "x"}),
+            ),
+            result("t1", "Task #1 created successfully: Port", false),
+            call(
+                "t2",
+                "TaskUpdate",
+                json!({"taskId": "1", "status": "completed"}),
+            ),
+            result("t2", "Updated task #1 status", false),
+            call(
+                "t3",
+                "TodoWrite",
+                json!({"todos": [{"content": "ghost", "status": "pending"}]}),
+            ),
+            result("t3", "Error: No such tool available: TodoWrite", true),
         ];
         let mut commands = CommandCalls::default();
         let kept: Vec<Facts> = rows
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let t = RowThread::of(d, i as u64 + 1, "x", RowKind::Assistant, r, &mut commands);
+                let t = RowThread::of(
+                    d,
+                    i as u64 + 1,
+                    "x",
+                    RowKind::Assistant,
+                    r,
+                    &mut commands,
+                    &mut None,
+                );
                 t.facts
             })
             .collect();
@@ -389,6 +427,8 @@ mod tests {
                     !block.contains("cargo test"),
                     "its failure was cleared: {block}"
                 );
+                assert!(block.contains("- [x] #1 Port"), "{block}");
+                assert!(!block.contains("ghost"), "a rejected call: {block}");
             }
         }
     }
