@@ -923,3 +923,78 @@ async fn the_state_block_is_a_block_of_its_own_and_an_edit_of_it_is_refused() {
         "The state block says where to look."
     ));
 }
+
+/// Issue 33.1: context.txt replaced by a FIFO (nobody writes to it) or by
+/// a symlink to a file outside the session dir. The session's next
+/// request neither blocks in `open(2)` nor follows the link: the edit is
+/// refused with the reason, the request goes out as the client sent it,
+/// and the proxy writes a regular file back in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_or_a_symlink_in_place_of_context_txt_never_blocks_or_is_followed() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(1, 300, 7)).await;
+    a.step("two").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+
+    // A FIFO: before, the request blocked in open(2) holding the session.
+    std::fs::remove_file(&path).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let deadline = std::time::Duration::from_secs(20);
+    let r = tokio::time::timeout(deadline, a.step("three")).await;
+    if r.is_err() {
+        // Let the blocked open(2) go, so the test ends and says why.
+        let fifo = path.clone();
+        std::thread::spawn(move || std::fs::OpenOptions::new().write(true).open(fifo));
+        panic!("the request hung on a FIFO in place of context.txt");
+    }
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.starts_with("refused") && receipt.contains("not a regular file (a FIFO)"),
+        "{receipt}"
+    );
+    assert!(
+        has_result(&messages(&r.unwrap()), "step 1 line 299"),
+        "nothing taken"
+    );
+    assert!(
+        std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file(),
+        "a regular file again"
+    );
+
+    // A symlink to an edited copy outside the session dir: never followed.
+    let text_now = std::fs::read_to_string(&path).unwrap();
+    assert_ne!(text, text_now, "a new export");
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("elsewhere.txt");
+    std::fs::write(&target, without_block(&text_now, 3)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let r = a.step("four").await;
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.starts_with("refused") && receipt.contains("symlink"),
+        "{receipt}"
+    );
+    assert!(
+        has_result(&messages(&r), "step 1 line 299"),
+        "the edit behind the link was not taken"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        without_block(&text_now, 3),
+        "the file behind the link is untouched"
+    );
+    assert!(std::fs::symlink_metadata(&path)
+        .unwrap()
+        .file_type()
+        .is_file());
+}

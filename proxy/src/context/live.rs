@@ -21,18 +21,25 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    /// The stamp of `path` (None = no file).
+    /// The stamp of `path` itself (None = no file): `lstat`, so a symlink
+    /// put in its place is a change, never followed.
     pub fn of(path: &std::path::Path) -> Option<Stamp> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| Stamp::of_meta(&m))
+    }
+
+    /// The stamp of a file's metadata.
+    pub fn of_meta(m: &std::fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).ok()?;
-        Some(Stamp {
+        Stamp {
             len: m.len(),
             mtime_ns: m
                 .mtime()
                 .saturating_mul(1_000_000_000)
                 .saturating_add(m.mtime_nsec()),
             ino: m.ino(),
-        })
+        }
     }
 }
 
