@@ -128,10 +128,15 @@ async fn an_agent_drops_a_big_log_adds_a_note_and_the_edit_holds() {
     let path = PathBuf::from(ans["path"].as_str().unwrap());
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.starts_with("[[context "), "{}", &text[..200]);
+    let first = text.lines().next().unwrap();
     assert!(
-        text.contains("export e1 · seq 1–5 · 5 messages"),
-        "{}",
-        text.lines().next().unwrap()
+        first.contains(" export e1-") && first.contains(" · seq 1–5 · 5 messages"),
+        "{first}"
+    );
+    let nonce = export_of(&text).0;
+    assert!(
+        nonce.len() == "e1-".len() + 8 && nonce[3..].chars().all(|c| c.is_ascii_hexdigit()),
+        "the nonce has a random part: {nonce}"
     );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -616,7 +621,7 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     let ans = a.context(json!({"session": SESSION})).await;
     let path = PathBuf::from(ans["path"].as_str().unwrap());
     let mut nonces = vec![export_of(&std::fs::read_to_string(&path).unwrap()).0];
-    assert_eq!(nonces, ["e1"]);
+    assert!(nonces[0].starts_with("e1-"), "{nonces:?}");
     let saved = path.with_file_name("context.state.json");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -632,11 +637,14 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     let (nonce, last) = export_of(&text);
     assert_eq!(
         (nonce.as_str(), last),
-        ("e1", 5),
+        (nonces[0].as_str(), 5),
         "refreshed after the restart: {}",
         text.lines().next().unwrap()
     );
-    assert!(text.contains("[[m:e1 5 user]]"), "the new rows are in it");
+    assert!(
+        text.contains(&format!("[[m:{nonce} 5 user]]")),
+        "the new rows are in it"
+    );
 
     // An edit made while the proxy is down: the log's block deleted.
     a.h.stop().await;
@@ -688,7 +696,14 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     a.step("ok").await;
     let ans = a.context(json!({"session": SESSION})).await;
     nonces.push(ans["nonce"].as_str().unwrap().to_string());
-    assert_eq!(nonces, ["e1", "e2", "e3", "e3", "e4", "e5"], "{nonces:?}");
+    let numbers: Vec<&str> = nonces
+        .iter()
+        .map(|n| n.split('-').next().unwrap())
+        .collect();
+    assert_eq!(numbers, ["e1", "e2", "e3", "e3", "e4", "e5"], "{nonces:?}");
+    assert_eq!(nonces[2], nonces[3], "a refresh keeps the export's nonce");
+    let distinct: std::collections::BTreeSet<&String> = nonces.iter().collect();
+    assert_eq!(distinct.len(), 5, "{nonces:?}");
 }
 
 /// Each message of a body sent upstream, as its raw bytes.
@@ -997,4 +1012,67 @@ async fn a_fifo_or_a_symlink_in_place_of_context_txt_never_blocks_or_is_followed
         .unwrap()
         .file_type()
         .is_file());
+}
+
+/// Issue 33.2: a tool output with CRLF line ends holding header-like
+/// lines (`[[m:…]]`, `[[end of context …]]`, `[[delete]]`, `[[note]]`).
+/// An edit elsewhere in the file leaves it byte for byte (no CR dropped,
+/// no `[rewritten; …]` line); the edit is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crlf_output_with_header_like_lines_stays_byte_for_byte_through_edits() {
+    let mut a = Agent::start().await;
+    let crlf = "PS> make\r\n[[m:e1 3 user]]\r\n[[end of context e1]]\r\n[[delete]]\r\n[[note]]\r\nbuild ok\r\n";
+    a.step(crlf).await; // seq 3: the CRLF output
+    a.step(&tool_lines(2, 200, 3)).await; // seq 5: a log
+    a.step("fixed").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let sent = |r: &Recorded| -> Vec<String> {
+        messages(r)
+            .iter()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .filter(|b| b["type"] == "tool_result")
+            .filter_map(|b| b["content"].as_str().map(str::to_string))
+            .collect()
+    };
+    // A note at the end and the log's block deleted.
+    let edited = without_block(&text, 5).replace(
+        "\n[[end of context",
+        "\n[[note]]\nThe log said: all green.\n\n[[end of context",
+    );
+    std::fs::write(&path, edited).unwrap();
+    let r = a.step("ok").await;
+    let receipt = a.receipt(&path);
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    assert!(receipt.contains("deleted seq 4, 5"), "{receipt}");
+    assert!(!receipt.contains("rewritten"), "{receipt}");
+    let results = sent(&r);
+    assert!(
+        results.iter().any(|c| c == crlf),
+        "the CRLF output went upstream byte for byte: {results:?}"
+    );
+    assert!(
+        !has_result(&messages(&r), "step 2 line 199"),
+        "the log left"
+    );
+    // The next edit of the file (another note) is taken too, and the
+    // output still is the client's bytes.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "\n[[end of context",
+            "\n[[note]]\nSecond note.\n\n[[end of context",
+        ),
+    )
+    .unwrap();
+    let r = a.step("ok").await;
+    assert!(
+        a.receipt(&path).starts_with("taken"),
+        "{}",
+        a.receipt(&path)
+    );
+    assert!(sent(&r).iter().any(|c| c == crlf));
+    assert!(!String::from_utf8_lossy(&r.body).contains("[rewritten;"));
 }

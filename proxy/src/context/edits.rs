@@ -374,7 +374,7 @@ pub enum Change {
     Delete { seq: u64, line: usize },
     /// A removed (or rewritten) block's header written back.
     Restore { seq: u64, line: usize },
-    /// A body changed.
+    /// A body changed (as the file has it: escaped, see [`body::rewrite`]).
     Rewrite { seq: u64, line: usize, body: String },
     /// A `[[note]]` written.
     NoteNew { after: u64, text: String },
@@ -457,6 +457,16 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
             }
         }
     }
+    // Every header names the export: the last line too.
+    if f.end.0 != export.nonce {
+        return refuse(
+            f.end.1,
+            format!(
+                "the last line names export {:?}, the latest is {}: it must be kept as written",
+                f.end.0, export.nonce
+            ),
+        );
+    }
     let first_exported = export
         .blocks
         .iter()
@@ -484,7 +494,13 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
     let mut seen_notes: HashSet<u32> = HashSet::new();
     let mut last_pos: Option<(usize, u64)> = None;
     let mut last_seq = 0u64;
-    for FileBlock { line, header, body } in &f.blocks {
+    for FileBlock {
+        line,
+        header,
+        body,
+        raw,
+    } in &f.blocks
+    {
         let line = *line;
         match header {
             Header::Msg { nonce, seq, .. } => {
@@ -515,7 +531,8 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                             }
                         }
                         last_pos = Some((pos, *seq));
-                        if body.lines().next().map(str::trim_end) == Some(DELETE) {
+                        // As written: a message's own `[[delete]]` line is escaped.
+                        if raw.lines().next().map(str::trim_end) == Some(DELETE) {
                             changes.push(Change::Delete { seq: *seq, line });
                         } else if body_hash(body) != hash {
                             if body.trim().is_empty() && set.rewritten.contains_key(seq) {
@@ -526,10 +543,12 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                                     format!("seq {seq} was emptied: delete its block (header and body) instead"),
                                 );
                             } else {
+                                // As written: only an unescaped `[[` line
+                                // is a marker of the message.
                                 changes.push(Change::Rewrite {
                                     seq: *seq,
                                     line,
-                                    body: body.clone(),
+                                    body: raw.clone(),
                                 });
                             }
                         }

@@ -374,10 +374,7 @@ impl SessionManager {
                 None => {}
             }
         }
-        let nonce = {
-            let n = format!("e{}", st.context.exports + 1);
-            n
-        };
+        let nonce = crate::context::live::nonce(st.context.exports + 1);
         let (text, record) = io::render(st.dialect, &st.meta.id, &nonce, &pieces, notes);
         let messages = record
             .blocks
@@ -387,7 +384,8 @@ impl SessionManager {
         slot.state.lock().stamp = None;
         io::replace(&slot, &text, record)
             .map_err(|e| format!("cannot write {}: {e}", slot.path.display()))?;
-        st.context.mint();
+        st.context.exports += 1;
+        st.context.nonce.clone_from(&nonce);
         st.context.slot = Some(slot.clone());
         Ok(ContextAnswer {
             session: st.meta.id.clone(),
