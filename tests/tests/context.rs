@@ -939,6 +939,106 @@ async fn the_state_block_is_a_block_of_its_own_and_an_edit_of_it_is_refused() {
     ));
 }
 
+/// How a test client names its session.
+#[derive(Debug, Clone, Copy)]
+enum Ident {
+    /// `x-oceancode-session`.
+    Header,
+    /// The `/s/<name>/` path prefix.
+    Prefix,
+    /// Claude Code's `metadata.user_id` session id.
+    ClaudeCode,
+    /// Nothing: the fingerprint of the opening.
+    Fingerprint,
+}
+
+impl Agent {
+    /// One request named as `ident`; the answer's tool call gets `result`.
+    async fn step_as(&mut self, ident: Ident, result: &str) -> Recorded {
+        let mut body = json!({
+            "model": "claude-test-200k",
+            "max_tokens": 4096,
+            "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+            "messages": self.history,
+        });
+        let (path, headers): (&str, Vec<(&str, &str)>) = match ident {
+            Ident::Header => ("/v1/messages", vec![("x-oceancode-session", SESSION)]),
+            Ident::Prefix => ("/s/ctx-prefix/v1/messages", vec![]),
+            Ident::ClaudeCode => {
+                body["metadata"] = json!({"user_id": json!({"device_id": "d1", "session_id": "5f1c0b9e-cc01-4c1a-9a77-0123456789ab"}).to_string()});
+                (
+                    "/v1/messages",
+                    vec![("user-agent", "claude-cli/2.1.332 (external, cli)")],
+                )
+            }
+            Ident::Fingerprint => ("/v1/messages", vec![]),
+        };
+        let got = self.h.post(path, &headers, body.to_string()).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let content = got.json()["content"].clone();
+        push_tool_step(&mut self.history, &content, result);
+        self.h.settle().await;
+        self.wait_for_writer().await;
+        let last = self.h.fake.requests().into_iter().last().unwrap();
+        assert_eq!(last.status, 200, "the upstream found the request valid");
+        last
+    }
+}
+
+/// Issue 32.3: an edit (the file's, or `context --drop`) followed by the
+/// agent's next steps (1, 2 and 5 of them, two messages each), for every
+/// way a client names its session: every UPSTREAM request after the edit
+/// lacks what it took out, and the receipt says taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_holds_on_the_agents_next_steps_for_every_kind_of_session_name() {
+    for ident in [
+        Ident::Header,
+        Ident::Prefix,
+        Ident::ClaudeCode,
+        Ident::Fingerprint,
+    ] {
+        for by_file in [true, false] {
+            for next in [1usize, 2, 5] {
+                let what = format!("{ident:?}, by file {by_file}, {next} steps");
+                let mut a = Agent::start().await;
+                a.step_as(ident, &tool_lines(1, 300, 7)).await; // 1 ask, 2 call, 3 the log
+                a.step_as(ident, "2 tests failed").await; // 4, 5
+                a.step_as(ident, "fixed").await; // 6, 7 (sent: 1-5)
+                if by_file {
+                    let ans = a.context(json!({"session": "latest"})).await;
+                    let path = PathBuf::from(ans["path"].as_str().unwrap());
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    std::fs::write(&path, without_block(&text, 3)).unwrap();
+                } else {
+                    let ans = a.context(json!({"session": "latest", "drop": ["3"]})).await;
+                    let receipt = ans["receipt"].as_str().unwrap();
+                    assert!(receipt.starts_with("taken"), "{what}: {receipt}");
+                }
+                let sent_before = a.h.fake.requests().len();
+                for i in 0..next {
+                    a.step_as(ident, &format!("next {i}")).await;
+                }
+                let reqs = a.h.fake.requests();
+                assert_eq!(reqs.len(), sent_before + next, "{what}");
+                for (i, r) in reqs[sent_before..].iter().enumerate() {
+                    let msgs = messages(r);
+                    assert!(
+                        !has_result(&msgs, "step 1 line 299"),
+                        "{what}: request {i} after the edit still carries the log"
+                    );
+                    assert!(has_result(&msgs, "2 tests failed"), "{what}: request {i}");
+                }
+                let receipt = a
+                    .context(json!({"session": "latest", "receipt": true}))
+                    .await;
+                let receipt = receipt["receipt"].as_str().unwrap_or_default().to_string();
+                assert!(receipt.starts_with("taken"), "{what}: {receipt}");
+                assert!(receipt.contains("deleted seq 2, 3"), "{what}: {receipt}");
+            }
+        }
+    }
+}
+
 /// Issue 33.1: context.txt replaced by a FIFO (nobody writes to it) or by
 /// a symlink to a file outside the session dir. The session's next
 /// request neither blocks in `open(2)` nor follows the link: the edit is
@@ -1075,4 +1175,72 @@ async fn a_crlf_output_with_header_like_lines_stays_byte_for_byte_through_edits(
     );
     assert!(sent(&r).iter().any(|c| c == crlf));
     assert!(!String::from_utf8_lossy(&r.body).contains("[rewritten;"));
+}
+
+/// Issue 32.4: a note written near the end of context.txt (after the
+/// block of seq 5) goes upstream right after that message, not before the
+/// session's first ask; the receipt names its place; both exports carry
+/// its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_goes_where_it_is_written_and_into_both_exports() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(1, 50, 7)).await; // 1 ask, 2 call, 3 result
+    a.step("2 tests failed").await; // 4 call, 5 result
+    a.step("fixed").await; // 6, 7 (sent: 1-5)
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let note = "Only net/ fails; the rest builds.";
+    std::fs::write(
+        &path,
+        text.replace(
+            "[[end of context",
+            &format!("[[note]]\n{note}\n\n[[end of context"),
+        ),
+    )
+    .unwrap();
+    for i in 0..3 {
+        let r = a.step(&format!("next {i}")).await;
+        let msgs = messages(&r);
+        let at = msgs
+            .iter()
+            .position(|m| m["role"] == "assistant" && m.to_string().contains(note))
+            .expect("the note is in the window");
+        assert!(
+            msgs[at - 1].to_string().contains("2 tests failed"),
+            "request {i}: the note follows seq 5, where it was written: {:?}",
+            &msgs[..at]
+        );
+        assert_eq!(
+            msgs[0]["content"], a.history[0]["content"],
+            "the ask is first"
+        );
+    }
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.contains("- note 1 added, after seq 5\n"),
+        "{receipt}"
+    );
+    a.h.settle().await;
+    let id = a.h.store().latest_session().unwrap().unwrap();
+    let mut md = Vec::new();
+    oceancode_ledger::export::markdown(a.h.store(), &id, &|_| None, &mut md, None).unwrap();
+    let md = String::from_utf8(md).unwrap();
+    assert!(
+        md.contains(&format!("- note 1, after seq 5:\n\n  > {note}")),
+        "{}",
+        &md[md.find("## Context edits").unwrap_or(0)..]
+    );
+    let t = oceancode_ledger::atif::trajectory(a.h.store(), &id, &|_| None).unwrap();
+    let edit = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["extra"]["context_management"]["type"] == "edit")
+        .unwrap();
+    assert_eq!(
+        edit["extra"]["context_management"]["notes"][0]["text"],
+        note
+    );
+    assert!(edit["message"].as_str().unwrap().contains(note), "{edit}");
 }

@@ -203,6 +203,13 @@ pub(super) fn settle(
     events: &mut Vec<Event>,
 ) -> Window {
     let Some(p) = pending else {
+        if let Some(e) = &window.edit_error {
+            // Never silent: the receipt says what was sent.
+            tracing::warn!(session = %st.meta.id, error = %e, "the context edits in force were not applied: the request would be invalid");
+            let text = receipt::unapplied(&st.context.nonce, &when(), e);
+            st.context.last_receipt = Some(text.clone());
+            st.context.receipt = Some(text);
+        }
         return window;
     };
     let nonce = p.nonce.clone();
@@ -218,7 +225,15 @@ pub(super) fn settle(
     }
     let before = st.meter.gauge;
     let after = tokens_after(st, &p.old, &p.taken, before);
-    st.context.receipt = Some(receipt::taken(&nonce, &when(), &p.taken, before, after));
+    let at = edits::note_anchors(window.layout.iter().flatten().copied());
+    st.context.receipt = Some(receipt::taken(
+        &nonce,
+        &when(),
+        &p.taken,
+        (before, after),
+        &at,
+        true,
+    ));
     if !p.taken.is_empty() {
         record(st, &p.taken, before, after, events);
     }
@@ -491,11 +506,12 @@ impl SessionManager {
                 line: 0,
                 reason: format!("the edit leaves the request invalid: {e}"),
             })?;
-            Ok((set, taken))
+            let at = edits::note_anchors(applied.iter().map(|p| p.0));
+            Ok((set, taken, at))
         });
         let text = match result {
             Err(r) => receipt::refused(&nonce, &when(), r.line, &r.reason),
-            Ok((set, taken)) => {
+            Ok((set, taken, at)) => {
                 let old = std::mem::replace(&mut st.context.set, set);
                 let before = st.meter.gauge;
                 let after = tokens_after(st, &old, &taken, before);
@@ -504,7 +520,8 @@ impl SessionManager {
                     record(st, &taken, before, after, &mut events);
                 }
                 st.emit(&self.sink, events);
-                receipt::taken(&nonce, &when(), &taken, before, after)
+                // Nothing was sent with it yet: the next request is.
+                receipt::taken(&nonce, &when(), &taken, (before, after), &at, false)
             }
         };
         st.context.last_receipt = Some(text.clone());
