@@ -332,9 +332,9 @@ impl SessionManager {
         let boundary = self.record(&mut st, req, events);
         let step = st.step;
         st.step_opened(step);
-        let (params, cut_gauge) = self.run_tideline(&mut st, req, boundary);
+        let line = self.run_tideline(&mut st, req, boundary);
         record_line(&mut st, events);
-        let window = self.window(&mut st, req, parsed, params, cut_gauge, events, peek);
+        let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         st.hold(ticket, std::mem::take(events), before);
         Run::Done {
@@ -473,8 +473,7 @@ impl SessionManager {
         st: &mut State,
         req: &Request<'_>,
         parsed: &ParsedBody<'_>,
-        params: Params,
-        cut_gauge: Option<u64>,
+        (params, cut_gauge): (Params, Option<u64>),
         events: &mut Vec<Event>,
         peek: Option<super::context::Peek>,
     ) -> Window {
