@@ -56,8 +56,14 @@ impl Agent {
         last
     }
 
+    /// Until the file writer has written every refresh queued (a poll
+    /// with a deadline, not a fixed sleep: a loaded machine writes late).
     async fn wait_for_writer(&self) {
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        tokio::task::spawn_blocking(|| {
+            oceancode_proxy::context::io::drain(std::time::Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
     }
 
     async fn context(&self, body: Value) -> Value {

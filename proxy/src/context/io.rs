@@ -36,6 +36,8 @@ pub struct Job {
 struct Writer {
     jobs: Mutex<HashMap<String, Job>>,
     wake: Condvar,
+    /// Jobs taken off the queue and not yet written.
+    writing: std::sync::atomic::AtomicUsize,
 }
 
 fn writer() -> &'static Writer {
@@ -44,6 +46,7 @@ fn writer() -> &'static Writer {
         let w: &'static Writer = Box::leak(Box::new(Writer {
             jobs: Mutex::new(HashMap::new()),
             wake: Condvar::new(),
+            writing: std::sync::atomic::AtomicUsize::new(0),
         }));
         let spawned = std::thread::Builder::new()
             .name("oceancode-context".into())
@@ -52,6 +55,7 @@ fn writer() -> &'static Writer {
                     let mut jobs = w.jobs.lock();
                     loop {
                         if let Some(k) = jobs.keys().next().cloned() {
+                            w.writing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             break jobs.remove(&k);
                         }
                         w.wake.wait(&mut jobs);
@@ -62,6 +66,7 @@ fn writer() -> &'static Writer {
                         tracing::warn!(session = %job.slot.session, error = %e, "cannot write context.txt");
                     }
                 }
+                w.writing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the context.txt writer");
@@ -294,10 +299,16 @@ const MAX_SAVED_BYTES: u64 = 16 << 20;
 /// Largest receipt read back.
 pub const MAX_RECEIPT_BYTES: u64 = 1 << 20;
 
-/// Wait until no refresh is queued (tests, the `context` command).
+/// Wait until no refresh is queued or being written (tests, the `context`
+/// command).
 pub fn drain(timeout: std::time::Duration) {
     let until = std::time::Instant::now() + timeout;
-    while !writer().jobs.lock().is_empty() && std::time::Instant::now() < until {
+    let busy = || {
+        let w = writer();
+        let queued = !w.jobs.lock().is_empty();
+        queued || w.writing.load(std::sync::atomic::Ordering::SeqCst) > 0
+    };
+    while busy() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
