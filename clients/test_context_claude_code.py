@@ -6,7 +6,8 @@ project as ctx.txt), then reads context.txt and edits it with its Edit tool:
 the log's block is deleted (its result marker replaced by `[[delete]]`, one
 small replacement) and a note is added before the last line. The next
 upstream request lacks the log and its call, carries the note as the
-assistant's words, stays valid (the fake's validator answers 200); the
+assistant's words, stays valid (the fake's validator answers 200), and so
+does the one after Claude Code's next step (a new call and its result); the
 receipt says taken; the ledger still holds the log verbatim.
 """
 
@@ -72,20 +73,24 @@ def edited(tmp_path_factory):
     text = ctx.read_text()
     header = next(line for line in text.splitlines()
                   if line.startswith("[[m:") and "[[tool_result" in text.split(line, 1)[1].split("\n", 2)[1])
-    # Run 2 exports again as e2 (nonces go on across a restart): the same block.
-    header = header.replace("[[m:e1 ", "[[m:e2 ", 1)
+    # Run 2 exports again (a new nonce, random: not known to the script):
+    # the block is found by the end of its header and its result's marker.
+    marker = text.split(header, 1)[1].split("\n", 2)[1]
+    anchor = " user]]\n" + marker + "\n"
     second = {"replies": [
         {"text": "Exporting my context again.",
          "tool_calls": [{"name": "Bash", "input": {"command": export, "description": "Export my context"}}]},
         {"text": "Editing my context.", "tool_calls": [
             # Only its head: reading it whole would bring the window back as a tool result.
             {"name": "Read", "input": {"file_path": str(ctx), "limit": 3}},
-            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": header + "\n[[tool_result",
-                                       "new_string": header + "\n[[delete]]\n[[tool_result"}},
-            # The export of run 2 is e2: nonces go on across a restart.
-            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": "[[end of context e2]]",
-                                       "new_string": f"[[note]]\n{NOTE}\n\n[[end of context e2]]"}},
+            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": anchor,
+                                       "new_string": " user]]\n[[delete]]\n" + marker + "\n"}},
+            {"name": "Edit", "input": {"file_path": str(ctx), "old_string": "\n[[end of context ",
+                                       "new_string": f"\n[[note]]\n{NOTE}\n\n[[end of context "}},
         ]},
+        # The agent's next step after the edit (issue 32.3): the edit holds.
+        {"text": "One more step.",
+         "tool_calls": [{"name": "Bash", "input": {"command": "echo next step", "description": "Next step"}}]},
     ], "default": {"text": "Context trimmed. FINAL_ANSWER_MARKER"}}
     up2 = Upstream(work, second, "ccctx2")
     o = cc_run(work, proj, data, up2, "second", "--continue")
@@ -116,7 +121,7 @@ def test_claude_code_edits_its_context_file(edited):
     errors = [b for b in results if b.get("is_error")]
     assert not errors, f"a tool failed: {errors}"
     reqs = with_tools(edited.reqs)
-    assert len(reqs) >= 3, [text_of(q)[:200] for q in reqs]
+    assert len(reqs) >= 4, [text_of(q)[:200] for q in reqs]
     bad = [(q["seq"], q["status"]) for q in edited.reqs if q["status"] != 200]
     assert not bad, f"upstream refused a request: {bad}"
     # Run 2's requests: the prompt, the export's result, the edits' results.
@@ -126,9 +131,14 @@ def test_claude_code_edits_its_context_file(edited):
     msgs = after["json"]["messages"]
     notes = [m for m in msgs if m["role"] == "assistant" and NOTE in str(m["content"])]
     assert notes, "the note is in the window as the assistant's words"
+    # The next step (a new call and its result): the edit still holds.
+    nxt = reqs[3]
+    assert "next step" in text_of(nxt), text_of(nxt)[-400:]
+    assert LOG_LAST not in text_of(nxt), "the edit holds on the agent's next step"
+    assert any(m["role"] == "assistant" and NOTE in str(m["content"]) for m in nxt["json"]["messages"])
     receipt = (edited.session_dirs[0] / "context.receipt.txt").read_text()
-    assert receipt.startswith("taken · export e2"), receipt
-    assert "note 1 added" in receipt, receipt
+    assert receipt.startswith("taken · export e2-"), receipt
+    assert "note 1 added, after seq" in receipt, receipt
     totals = [int(x) for x in re.findall(r"total_input_tokens: (\d+)", edited.fake_log)]
     saved = totals[1] - totals[2] if len(totals) >= 3 else 0
     print(f"\ntokens saved (the fake upstream's count, before → after the edit): {saved} ({totals})\nreceipt:\n{receipt}")

@@ -389,8 +389,22 @@ pub fn trajectory(
             .map_or(steps.len(), |(i, _)| *i)
     };
     let mut inserts: Vec<(usize, Step)> = Vec::new();
+    // The notes each edit leaves in force (`id`, `after`, `text` of its set).
+    let notes_of = |set: &str| -> Vec<Value> {
+        let v: Value = serde_json::from_str(set).unwrap_or_default();
+        v["notes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| json!({"id": n["id"], "after": n["after"], "text": n["text"]}))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut prev_notes: Vec<Value> = Vec::new();
     for e in &edits {
         let at = before(e.ts_ms);
+        let notes = notes_of(&e.set);
         let mut extra = Map::new();
         extra.insert(
             "context_management".into(),
@@ -400,15 +414,26 @@ pub fn trajectory(
                 "seqs": e.seqs,
                 "tokens_before": e.tokens_before,
                 "tokens_after": e.tokens_after,
+                "notes": notes,
             }),
         );
-        let message = format!(
+        let mut message = format!(
             "Context edit {}: the agent edited its context (context.txt); seq {} changed in every later request (tokens {} → {}). The ledger keeps every original.",
             e.n,
             e.seqs.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
             e.tokens_before,
             e.tokens_after
         );
+        // Notes this edit wrote (new, or with new text), as the agent wrote them.
+        for n in notes.iter().filter(|n| !prev_notes.contains(n)) {
+            message.push_str(&format!(
+                "\nNote {} (after seq {}): {}",
+                n["id"],
+                n["after"],
+                n["text"].as_str().unwrap_or_default()
+            ));
+        }
+        prev_notes = notes;
         inserts.push((at, Step::system(message, extra, e.ts_ms)));
     }
     for c in &cuts {

@@ -178,13 +178,24 @@ pub fn markdown(
         for s in seqs("rewritten") {
             writeln!(w, "| {s} | rewritten |")?;
         }
-        let notes = set["notes"].as_array().map_or(0, Vec::len);
-        if notes > 0 {
+        let notes = set["notes"].as_array().cloned().unwrap_or_default();
+        if !notes.is_empty() {
             writeln!(
                 w,
-                "\n{notes} note{} of the agent's in force.",
-                if notes == 1 { "" } else { "s" }
+                "\n{} note{} of the agent's in force (sent as its own words, where each stands):",
+                notes.len(),
+                if notes.len() == 1 { "" } else { "s" }
             )?;
+            for n in &notes {
+                let place = match n["after"].as_u64().unwrap_or(0) {
+                    0 => "before every message".to_string(),
+                    s => format!("after seq {s}"),
+                };
+                writeln!(w, "\n- note {}, {place}:\n", n["id"].as_u64().unwrap_or(0))?;
+                for line in n["text"].as_str().unwrap_or_default().lines() {
+                    writeln!(w, "  > {line}")?;
+                }
+            }
         }
     }
 

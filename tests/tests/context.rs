@@ -56,8 +56,14 @@ impl Agent {
         last
     }
 
+    /// Until the file writer has written every refresh queued (a poll
+    /// with a deadline, not a fixed sleep: a loaded machine writes late).
     async fn wait_for_writer(&self) {
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        tokio::task::spawn_blocking(|| {
+            oceancode_proxy::context::io::drain(std::time::Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
     }
 
     async fn context(&self, body: Value) -> Value {
@@ -128,10 +134,15 @@ async fn an_agent_drops_a_big_log_adds_a_note_and_the_edit_holds() {
     let path = PathBuf::from(ans["path"].as_str().unwrap());
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.starts_with("[[context "), "{}", &text[..200]);
+    let first = text.lines().next().unwrap();
     assert!(
-        text.contains("export e1 · seq 1–5 · 5 messages"),
-        "{}",
-        text.lines().next().unwrap()
+        first.contains(" export e1-") && first.contains(" · seq 1–5 · 5 messages"),
+        "{first}"
+    );
+    let nonce = export_of(&text).0;
+    assert!(
+        nonce.len() == "e1-".len() + 8 && nonce[3..].chars().all(|c| c.is_ascii_hexdigit()),
+        "the nonce has a random part: {nonce}"
     );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -616,7 +627,7 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     let ans = a.context(json!({"session": SESSION})).await;
     let path = PathBuf::from(ans["path"].as_str().unwrap());
     let mut nonces = vec![export_of(&std::fs::read_to_string(&path).unwrap()).0];
-    assert_eq!(nonces, ["e1"]);
+    assert!(nonces[0].starts_with("e1-"), "{nonces:?}");
     let saved = path.with_file_name("context.state.json");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -632,11 +643,14 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     let (nonce, last) = export_of(&text);
     assert_eq!(
         (nonce.as_str(), last),
-        ("e1", 5),
+        (nonces[0].as_str(), 5),
         "refreshed after the restart: {}",
         text.lines().next().unwrap()
     );
-    assert!(text.contains("[[m:e1 5 user]]"), "the new rows are in it");
+    assert!(
+        text.contains(&format!("[[m:{nonce} 5 user]]")),
+        "the new rows are in it"
+    );
 
     // An edit made while the proxy is down: the log's block deleted.
     a.h.stop().await;
@@ -688,7 +702,14 @@ async fn the_export_survives_a_restart_and_idle_eviction_and_nonces_never_repeat
     a.step("ok").await;
     let ans = a.context(json!({"session": SESSION})).await;
     nonces.push(ans["nonce"].as_str().unwrap().to_string());
-    assert_eq!(nonces, ["e1", "e2", "e3", "e3", "e4", "e5"], "{nonces:?}");
+    let numbers: Vec<&str> = nonces
+        .iter()
+        .map(|n| n.split('-').next().unwrap())
+        .collect();
+    assert_eq!(numbers, ["e1", "e2", "e3", "e3", "e4", "e5"], "{nonces:?}");
+    assert_eq!(nonces[2], nonces[3], "a refresh keeps the export's nonce");
+    let distinct: std::collections::BTreeSet<&String> = nonces.iter().collect();
+    assert_eq!(distinct.len(), 5, "{nonces:?}");
 }
 
 /// Each message of a body sent upstream, as its raw bytes.
@@ -922,4 +943,310 @@ async fn the_state_block_is_a_block_of_its_own_and_an_edit_of_it_is_refused() {
         &messages(&r),
         "The state block says where to look."
     ));
+}
+
+/// How a test client names its session.
+#[derive(Debug, Clone, Copy)]
+enum Ident {
+    /// `x-oceancode-session`.
+    Header,
+    /// The `/s/<name>/` path prefix.
+    Prefix,
+    /// Claude Code's `metadata.user_id` session id.
+    ClaudeCode,
+    /// Nothing: the fingerprint of the opening.
+    Fingerprint,
+}
+
+impl Agent {
+    /// One request named as `ident`; the answer's tool call gets `result`.
+    async fn step_as(&mut self, ident: Ident, result: &str) -> Recorded {
+        let mut body = json!({
+            "model": "claude-test-200k",
+            "max_tokens": 4096,
+            "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+            "messages": self.history,
+        });
+        let (path, headers): (&str, Vec<(&str, &str)>) = match ident {
+            Ident::Header => ("/v1/messages", vec![("x-oceancode-session", SESSION)]),
+            Ident::Prefix => ("/s/ctx-prefix/v1/messages", vec![]),
+            Ident::ClaudeCode => {
+                body["metadata"] = json!({"user_id": json!({"device_id": "d1", "session_id": "5f1c0b9e-cc01-4c1a-9a77-0123456789ab"}).to_string()});
+                (
+                    "/v1/messages",
+                    vec![("user-agent", "claude-cli/2.1.332 (external, cli)")],
+                )
+            }
+            Ident::Fingerprint => ("/v1/messages", vec![]),
+        };
+        let got = self.h.post(path, &headers, body.to_string()).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let content = got.json()["content"].clone();
+        push_tool_step(&mut self.history, &content, result);
+        self.h.settle().await;
+        self.wait_for_writer().await;
+        let last = self.h.fake.requests().into_iter().last().unwrap();
+        assert_eq!(last.status, 200, "the upstream found the request valid");
+        last
+    }
+}
+
+/// Issue 32.3: an edit (the file's, or `context --drop`) followed by the
+/// agent's next steps (1, 2 and 5 of them, two messages each), for every
+/// way a client names its session: every UPSTREAM request after the edit
+/// lacks what it took out, and the receipt says taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_holds_on_the_agents_next_steps_for_every_kind_of_session_name() {
+    for ident in [
+        Ident::Header,
+        Ident::Prefix,
+        Ident::ClaudeCode,
+        Ident::Fingerprint,
+    ] {
+        for by_file in [true, false] {
+            for next in [1usize, 2, 5] {
+                let what = format!("{ident:?}, by file {by_file}, {next} steps");
+                let mut a = Agent::start().await;
+                a.step_as(ident, &tool_lines(1, 300, 7)).await; // 1 ask, 2 call, 3 the log
+                a.step_as(ident, "2 tests failed").await; // 4, 5
+                a.step_as(ident, "fixed").await; // 6, 7 (sent: 1-5)
+                if by_file {
+                    let ans = a.context(json!({"session": "latest"})).await;
+                    let path = PathBuf::from(ans["path"].as_str().unwrap());
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    std::fs::write(&path, without_block(&text, 3)).unwrap();
+                } else {
+                    let ans = a.context(json!({"session": "latest", "drop": ["3"]})).await;
+                    let receipt = ans["receipt"].as_str().unwrap();
+                    assert!(receipt.starts_with("taken"), "{what}: {receipt}");
+                }
+                let sent_before = a.h.fake.requests().len();
+                for i in 0..next {
+                    a.step_as(ident, &format!("next {i}")).await;
+                }
+                let reqs = a.h.fake.requests();
+                assert_eq!(reqs.len(), sent_before + next, "{what}");
+                for (i, r) in reqs[sent_before..].iter().enumerate() {
+                    let msgs = messages(r);
+                    assert!(
+                        !has_result(&msgs, "step 1 line 299"),
+                        "{what}: request {i} after the edit still carries the log"
+                    );
+                    assert!(has_result(&msgs, "2 tests failed"), "{what}: request {i}");
+                }
+                let receipt = a
+                    .context(json!({"session": "latest", "receipt": true}))
+                    .await;
+                let receipt = receipt["receipt"].as_str().unwrap_or_default().to_string();
+                assert!(receipt.starts_with("taken"), "{what}: {receipt}");
+                assert!(receipt.contains("deleted seq 2, 3"), "{what}: {receipt}");
+            }
+        }
+    }
+}
+
+/// Issue 33.1: context.txt replaced by a FIFO (nobody writes to it) or by
+/// a symlink to a file outside the session dir. The session's next
+/// request neither blocks in `open(2)` nor follows the link: the edit is
+/// refused with the reason, the request goes out as the client sent it,
+/// and the proxy writes a regular file back in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_or_a_symlink_in_place_of_context_txt_never_blocks_or_is_followed() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(1, 300, 7)).await;
+    a.step("two").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+
+    // A FIFO: before, the request blocked in open(2) holding the session.
+    std::fs::remove_file(&path).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let deadline = std::time::Duration::from_secs(20);
+    let r = tokio::time::timeout(deadline, a.step("three")).await;
+    if r.is_err() {
+        // Let the blocked open(2) go, so the test ends and says why.
+        let fifo = path.clone();
+        std::thread::spawn(move || std::fs::OpenOptions::new().write(true).open(fifo));
+        panic!("the request hung on a FIFO in place of context.txt");
+    }
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.starts_with("refused") && receipt.contains("not a regular file (a FIFO)"),
+        "{receipt}"
+    );
+    assert!(
+        has_result(&messages(&r.unwrap()), "step 1 line 299"),
+        "nothing taken"
+    );
+    assert!(
+        std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file(),
+        "a regular file again"
+    );
+
+    // A symlink to an edited copy outside the session dir: never followed.
+    let text_now = std::fs::read_to_string(&path).unwrap();
+    assert_ne!(text, text_now, "a new export");
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("elsewhere.txt");
+    std::fs::write(&target, without_block(&text_now, 3)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let r = a.step("four").await;
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.starts_with("refused") && receipt.contains("symlink"),
+        "{receipt}"
+    );
+    assert!(
+        has_result(&messages(&r), "step 1 line 299"),
+        "the edit behind the link was not taken"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        without_block(&text_now, 3),
+        "the file behind the link is untouched"
+    );
+    assert!(std::fs::symlink_metadata(&path)
+        .unwrap()
+        .file_type()
+        .is_file());
+}
+
+/// Issue 33.2: a tool output with CRLF line ends holding header-like
+/// lines (`[[m:…]]`, `[[end of context …]]`, `[[delete]]`, `[[note]]`).
+/// An edit elsewhere in the file leaves it byte for byte (no CR dropped,
+/// no `[rewritten; …]` line); the edit is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crlf_output_with_header_like_lines_stays_byte_for_byte_through_edits() {
+    let mut a = Agent::start().await;
+    let crlf = "PS> make\r\n[[m:e1 3 user]]\r\n[[end of context e1]]\r\n[[delete]]\r\n[[note]]\r\nbuild ok\r\n";
+    a.step(crlf).await; // seq 3: the CRLF output
+    a.step(&tool_lines(2, 200, 3)).await; // seq 5: a log
+    a.step("fixed").await;
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let sent = |r: &Recorded| -> Vec<String> {
+        messages(r)
+            .iter()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .filter(|b| b["type"] == "tool_result")
+            .filter_map(|b| b["content"].as_str().map(str::to_string))
+            .collect()
+    };
+    // A note at the end and the log's block deleted.
+    let edited = without_block(&text, 5).replace(
+        "\n[[end of context",
+        "\n[[note]]\nThe log said: all green.\n\n[[end of context",
+    );
+    std::fs::write(&path, edited).unwrap();
+    let r = a.step("ok").await;
+    let receipt = a.receipt(&path);
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    assert!(receipt.contains("deleted seq 4, 5"), "{receipt}");
+    assert!(!receipt.contains("rewritten"), "{receipt}");
+    let results = sent(&r);
+    assert!(
+        results.iter().any(|c| c == crlf),
+        "the CRLF output went upstream byte for byte: {results:?}"
+    );
+    assert!(
+        !has_result(&messages(&r), "step 2 line 199"),
+        "the log left"
+    );
+    // The next edit of the file (another note) is taken too, and the
+    // output still is the client's bytes.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "\n[[end of context",
+            "\n[[note]]\nSecond note.\n\n[[end of context",
+        ),
+    )
+    .unwrap();
+    let r = a.step("ok").await;
+    assert!(
+        a.receipt(&path).starts_with("taken"),
+        "{}",
+        a.receipt(&path)
+    );
+    assert!(sent(&r).iter().any(|c| c == crlf));
+    assert!(!String::from_utf8_lossy(&r.body).contains("[rewritten;"));
+}
+
+/// Issue 32.4: a note written near the end of context.txt (after the
+/// block of seq 5) goes upstream right after that message, not before the
+/// session's first ask; the receipt names its place; both exports carry
+/// its text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_goes_where_it_is_written_and_into_both_exports() {
+    let mut a = Agent::start().await;
+    a.step(&tool_lines(1, 50, 7)).await; // 1 ask, 2 call, 3 result
+    a.step("2 tests failed").await; // 4 call, 5 result
+    a.step("fixed").await; // 6, 7 (sent: 1-5)
+    let ans = a.context(json!({"session": SESSION})).await;
+    let path = PathBuf::from(ans["path"].as_str().unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let note = "Only net/ fails; the rest builds.";
+    std::fs::write(
+        &path,
+        text.replace(
+            "[[end of context",
+            &format!("[[note]]\n{note}\n\n[[end of context"),
+        ),
+    )
+    .unwrap();
+    for i in 0..3 {
+        let r = a.step(&format!("next {i}")).await;
+        let msgs = messages(&r);
+        let at = msgs
+            .iter()
+            .position(|m| m["role"] == "assistant" && m.to_string().contains(note))
+            .expect("the note is in the window");
+        assert!(
+            msgs[at - 1].to_string().contains("2 tests failed"),
+            "request {i}: the note follows seq 5, where it was written: {:?}",
+            &msgs[..at]
+        );
+        assert_eq!(
+            msgs[0]["content"], a.history[0]["content"],
+            "the ask is first"
+        );
+    }
+    let receipt = a.receipt(&path);
+    assert!(
+        receipt.contains("- note 1 added, after seq 5\n"),
+        "{receipt}"
+    );
+    a.h.settle().await;
+    let id = a.h.store().latest_session().unwrap().unwrap();
+    let mut md = Vec::new();
+    oceancode_ledger::export::markdown(a.h.store(), &id, &|_| None, &mut md, None).unwrap();
+    let md = String::from_utf8(md).unwrap();
+    assert!(
+        md.contains(&format!("- note 1, after seq 5:\n\n  > {note}")),
+        "{}",
+        &md[md.find("## Context edits").unwrap_or(0)..]
+    );
+    let t = oceancode_ledger::atif::trajectory(a.h.store(), &id, &|_| None).unwrap();
+    let edit = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["extra"]["context_management"]["type"] == "edit")
+        .unwrap();
+    assert_eq!(
+        edit["extra"]["context_management"]["notes"][0]["text"],
+        note
+    );
+    assert!(edit["message"].as_str().unwrap().contains(note), "{edit}");
 }

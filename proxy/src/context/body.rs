@@ -406,7 +406,8 @@ pub struct Unfit {
 }
 
 /// The message `v` (read as `body`) with its slots taken from `new_text`
-/// (an edited body, unescaped line by line by the parser): the markers must
+/// (an edited body as the file has it: a line starting with `[[` is a
+/// marker, an escaped one is text and loses one `\`): the markers must
 /// be the original's, in order; a tool call's input must stay JSON; an
 /// edited tool result ends with [`recall_line`]. Returns the new raw JSON.
 pub fn rewrite(body: &Body, v: &Value, new_text: &str, seq: u64) -> Result<String, Unfit> {

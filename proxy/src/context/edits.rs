@@ -123,10 +123,11 @@ pub fn note_raw(d: Dialect, text: &str) -> String {
 }
 
 /// The window with the edit set applied: deleted rows left out, rewritten
-/// ones replaced, each note placed before the ask that opens the turn of the
-/// block it follows (else after the stub's ask, the first place a message of
-/// the assistant's is valid in every dialect). Pieces before the first
-/// edited one are the same slices, byte for byte.
+/// ones replaced, each note where it stands in the file: right after the
+/// block it follows, or, where an assistant message may not go there (a
+/// tool call still open, an item bound to the next, the window's end), at
+/// the first place after it where one may (else the last before it).
+/// Pieces before the first edited one are the same slices, byte for byte.
 pub fn apply<'a, 'f>(
     set: &'a EditSet,
     pieces: &[(Src, &'a str)],
@@ -149,48 +150,11 @@ pub fn apply<'a, 'f>(
     if set.notes.is_empty() {
         return kept;
     }
-    // Places a note may go: before an ask (no tool result in it) with
-    // something said before it, no call open and no item bound to it; for
-    // an ask that opens the conversation, right after it when the
-    // assistant's answer follows (the two are one assistant turn).
-    let mut places: Vec<(usize, u64)> = Vec::new();
-    let mut open: HashSet<u64> = HashSet::new();
-    let mut said = false;
-    let mut prev_binds = false;
-    for (k, (src, _)) in kept.iter().enumerate() {
-        let f = src.seq().map_or(NO_FACTS, &facts);
-        if let Some(seq) = src.seq() {
-            if f.kind == RowKind::Prompt && f.closes.is_empty() && open.is_empty() && !prev_binds {
-                if said {
-                    places.push((k, seq));
-                } else if kept
-                    .get(k + 1)
-                    .and_then(|(s, _)| s.seq())
-                    .is_some_and(|n| facts(n).kind == RowKind::Assistant)
-                {
-                    places.push((k + 1, seq));
-                }
-            }
-        }
-        for c in f.closes {
-            open.remove(c);
-        }
-        open.extend(f.opens.iter().copied());
-        prev_binds = f.binds_next;
-        said |= match src {
-            Src::Fixed(_) => true,
-            _ => f.kind != RowKind::System,
-        };
-    }
     let mut at: BTreeMap<usize, Vec<&'a Note>> = BTreeMap::new();
+    let places = note_places(&kept, &facts);
     for n in &set.notes {
-        let place = places
-            .iter()
-            .rev()
-            .find(|(_, seq)| *seq <= n.after)
-            .or(places.first());
-        if let Some((k, _)) = place {
-            at.entry(*k).or_default().push(n);
+        if let Some(k) = note_place(&kept, &places, n.after) {
+            at.entry(k).or_default().push(n);
         }
     }
     let mut out = Vec::with_capacity(kept.len() + set.notes.len());
@@ -199,6 +163,65 @@ pub fn apply<'a, 'f>(
             out.extend(notes.iter().map(|n| (Src::Note(n.id), n.raw.as_str())));
         }
         out.push(piece);
+    }
+    out
+}
+
+/// Where an assistant message may be put before piece `k` of `pieces`
+/// (`k` in `1..len`: never first, never last, where it would be a prefill):
+/// something other than system rows comes before it (the API wants the
+/// user's first), every tool call made before it has its result, and the
+/// piece before it binds to nothing.
+fn note_places<'f>(pieces: &[(Src, &str)], facts: &impl Fn(u64) -> Facts<'f>) -> Vec<bool> {
+    let mut ok = vec![false; pieces.len()];
+    let mut open: HashSet<u64> = HashSet::new();
+    let mut said = false;
+    let mut binds = false;
+    for (k, (src, _)) in pieces.iter().enumerate() {
+        ok[k] = k > 0 && said && open.is_empty() && !binds;
+        let f = src.seq().map_or(NO_FACTS, facts);
+        for c in f.closes {
+            open.remove(c);
+        }
+        open.extend(f.opens.iter().copied());
+        binds = f.binds_next;
+        said |= match src {
+            Src::Fixed(_) => true,
+            Src::Tail => false,
+            _ => f.kind != RowKind::System,
+        };
+    }
+    ok
+}
+
+/// The place of a note written after the block of seq `after` (0 = before
+/// every block): the index it goes before.
+fn note_place(pieces: &[(Src, &str)], places: &[bool], after: u64) -> Option<usize> {
+    // Right after the last block at or before its anchor (the anchor itself
+    // may have left: deleted, or cut).
+    let from = pieces
+        .iter()
+        .rposition(|(s, _)| s.seq().is_some_and(|q| q <= after))
+        .map_or(0, |i| i + 1);
+    (from..places.len())
+        .find(|&k| places[k])
+        .or_else(|| (0..from.min(places.len())).rev().find(|&k| places[k]))
+}
+
+/// Where each note of a window [`apply`] made stands: the seq of the
+/// message before it (0 = none).
+pub fn note_anchors(srcs: impl IntoIterator<Item = Src>) -> Vec<(u32, u64)> {
+    let mut last = 0;
+    let mut out = Vec::new();
+    for src in srcs {
+        match src {
+            Src::Note(id) => out.push((id, last)),
+            s => {
+                if let Some(q) = s.seq() {
+                    last = q;
+                }
+            }
+        }
     }
     out
 }
@@ -374,7 +397,7 @@ pub enum Change {
     Delete { seq: u64, line: usize },
     /// A removed (or rewritten) block's header written back.
     Restore { seq: u64, line: usize },
-    /// A body changed.
+    /// A body changed (as the file has it: escaped, see [`body::rewrite`]).
     Rewrite { seq: u64, line: usize, body: String },
     /// A `[[note]]` written.
     NoteNew { after: u64, text: String },
@@ -457,6 +480,16 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
             }
         }
     }
+    // Every header names the export: the last line too.
+    if f.end.0 != export.nonce {
+        return refuse(
+            f.end.1,
+            format!(
+                "the last line names export {:?}, the latest is {}: it must be kept as written",
+                f.end.0, export.nonce
+            ),
+        );
+    }
     let first_exported = export
         .blocks
         .iter()
@@ -484,7 +517,13 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
     let mut seen_notes: HashSet<u32> = HashSet::new();
     let mut last_pos: Option<(usize, u64)> = None;
     let mut last_seq = 0u64;
-    for FileBlock { line, header, body } in &f.blocks {
+    for FileBlock {
+        line,
+        header,
+        body,
+        raw,
+    } in &f.blocks
+    {
         let line = *line;
         match header {
             Header::Msg { nonce, seq, .. } => {
@@ -515,7 +554,8 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                             }
                         }
                         last_pos = Some((pos, *seq));
-                        if body.lines().next().map(str::trim_end) == Some(DELETE) {
+                        // As written: a message's own `[[delete]]` line is escaped.
+                        if raw.lines().next().map(str::trim_end) == Some(DELETE) {
                             changes.push(Change::Delete { seq: *seq, line });
                         } else if body_hash(body) != hash {
                             if body.trim().is_empty() && set.rewritten.contains_key(seq) {
@@ -526,10 +566,12 @@ pub fn diff(export: &Export, f: &ParsedFile, set: &EditSet) -> Result<Vec<Change
                                     format!("seq {seq} was emptied: delete its block (header and body) instead"),
                                 );
                             } else {
+                                // As written: only an unescaped `[[` line
+                                // is a marker of the message.
                                 changes.push(Change::Rewrite {
                                     seq: *seq,
                                     line,
-                                    body: body.clone(),
+                                    body: raw.clone(),
                                 });
                             }
                         }
@@ -930,8 +972,11 @@ mod tests {
         check(Dialect::Anthropic, &out, l.facts()).unwrap();
     }
 
+    /// Issue 32.4: a note stands where it is written: right after the
+    /// block above it; past an open call, after its result; never first
+    /// (the API wants the user's first) nor last (a prefill).
     #[test]
-    fn notes_go_before_the_ask_of_their_turn() {
+    fn notes_go_where_they_are_written() {
         let l = Line::new();
         let raws: Vec<String> = (1..=9).map(|i| format!("{{\"m\":{i}}}")).collect();
         let p = pieces(&raws);
@@ -942,17 +987,30 @@ mod tests {
             text: "n".into(),
             raw: note_raw(Dialect::Anthropic, "n"),
         });
-        let out = apply(&set, &p, l.facts());
-        let srcs: Vec<Src> = out.iter().map(|x| x.0).collect();
-        assert_eq!(srcs[5], Src::Note(1), "{srcs:?}");
-        assert_eq!(srcs[6], Src::Row(6));
-        check(Dialect::Anthropic, &out, l.facts()).unwrap();
-        // Anchored in the first turn: before its ask there is only a
-        // system row, so it goes right after that ask, before its answer.
+        let place = |set: &EditSet| {
+            let out = apply(set, &p, l.facts());
+            check(Dialect::Anthropic, &out, l.facts()).unwrap();
+            note_anchors(out.iter().map(|x| x.0))
+        };
+        // After the result 8, before the answer 9.
+        assert_eq!(place(&set), vec![(1, 8)]);
+        // After the ask 6 (written under it), before its answer.
+        set.notes[0].after = 6;
+        assert_eq!(place(&set), vec![(1, 6)]);
+        // After the call 3: its results come first.
         set.notes[0].after = 3;
-        let out = apply(&set, &p, l.facts());
-        assert_eq!(out[2].0, Src::Note(1));
-        check(Dialect::Anthropic, &out, l.facts()).unwrap();
+        assert_eq!(place(&set), vec![(1, 4)]);
+        // After the last block: the window's end is no place (a prefill):
+        // the last place before it.
+        set.notes[0].after = 9;
+        assert_eq!(place(&set), vec![(1, 8)]);
+        // Before every block: after the first ask (the user's first).
+        set.notes[0].after = 0;
+        assert_eq!(place(&set), vec![(1, 2)]);
+        // Its block deleted: after the block before it.
+        set.notes[0].after = 5;
+        set.deleted = BTreeSet::from([5]);
+        assert_eq!(place(&set), vec![(1, 4)]);
     }
 
     #[test]

@@ -82,6 +82,10 @@ pub struct FileBlock {
     pub header: Header,
     /// Its body, unescaped, trailing blank lines removed.
     pub body: String,
+    /// Its body as the file has it (escapes and line ends kept), trailing
+    /// blank lines removed: what a rewrite reads, where only an unescaped
+    /// `[[` line is a marker.
+    pub raw: String,
 }
 
 /// A file read back.
@@ -91,6 +95,8 @@ pub struct ParsedFile {
     pub first_line: String,
     /// The blocks in order.
     pub blocks: Vec<FileBlock>,
+    /// The nonce its last line names, and that line (1-based).
+    pub end: (String, usize),
 }
 
 /// Why a file cannot be read: the receipt's reason and the line (0 = the file).
@@ -164,6 +170,11 @@ pub fn render(first: &str, nonce: &str, blocks: &[Block]) -> String {
 }
 
 fn parse_header(line: &str, n: usize) -> Result<Option<Header>, Unreadable> {
+    if line.ends_with(" · kept as is]]") {
+        // A body's placeholder (`[[note · kept as is]]` for a part of
+        // type `note`): never a header.
+        return Ok(None);
+    }
     if let Some(rest) = line.strip_prefix("[[m:") {
         let inner = rest.strip_suffix("]]").ok_or_else(|| {
             unreadable(
@@ -241,25 +252,31 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedFile, Unreadable> {
     let mut blocks: Vec<FileBlock> = Vec::new();
     let mut body: Vec<&str> = Vec::new();
     let mut ended = false;
+    let mut end = (String::new(), 0);
+    // Body lines keep their line ends (a CRLF tool output is bytes of its
+    // message); only a header's `\r` is dropped to read it.
     let flush = |blocks: &mut Vec<FileBlock>, body: &mut Vec<&str>| {
         if let Some(b) = blocks.last_mut() {
             let joined: Vec<&str> = body.iter().map(|l| unescape_line(l)).collect();
             b.body = norm(&joined.join("\n")).to_string();
+            b.raw = norm(&body.join("\n")).to_string();
         }
         body.clear();
     };
-    for (i, line) in lines {
+    for (i, raw_line) in lines {
         let n = i + 1;
-        let line = line.strip_suffix('\r').unwrap_or(line);
+        let line = raw_line.strip_suffix('\r').unwrap_or(raw_line);
         if ended {
             if !line.trim().is_empty() {
                 return Err(unreadable(n, "text after the [[end of context …]] line"));
             }
             continue;
         }
-        if line.starts_with("[[end of context") {
+        if let Some(rest) = line.strip_prefix("[[end of context") {
             flush(&mut blocks, &mut body);
             ended = true;
+            let nonce = rest.strip_suffix("]]").unwrap_or(rest).trim();
+            end = (nonce.to_string(), n);
             continue;
         }
         match parse_header(line, n)? {
@@ -269,6 +286,7 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedFile, Unreadable> {
                     line: n,
                     header,
                     body: String::new(),
+                    raw: String::new(),
                 });
             }
             None if blocks.is_empty() => {
@@ -279,7 +297,7 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedFile, Unreadable> {
                     ));
                 }
             }
-            None => body.push(line),
+            None => body.push(raw_line),
         }
     }
     if !ended {
@@ -288,7 +306,11 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedFile, Unreadable> {
             "the file is truncated: its last line [[end of context NONCE]] is missing",
         ));
     }
-    Ok(ParsedFile { first_line, blocks })
+    Ok(ParsedFile {
+        first_line,
+        blocks,
+        end,
+    })
 }
 
 #[cfg(test)]

@@ -36,6 +36,8 @@ pub struct Job {
 struct Writer {
     jobs: Mutex<HashMap<String, Job>>,
     wake: Condvar,
+    /// Jobs taken off the queue and not yet written.
+    writing: std::sync::atomic::AtomicUsize,
 }
 
 fn writer() -> &'static Writer {
@@ -44,6 +46,7 @@ fn writer() -> &'static Writer {
         let w: &'static Writer = Box::leak(Box::new(Writer {
             jobs: Mutex::new(HashMap::new()),
             wake: Condvar::new(),
+            writing: std::sync::atomic::AtomicUsize::new(0),
         }));
         let spawned = std::thread::Builder::new()
             .name("oceancode-context".into())
@@ -52,6 +55,7 @@ fn writer() -> &'static Writer {
                     let mut jobs = w.jobs.lock();
                     loop {
                         if let Some(k) = jobs.keys().next().cloned() {
+                            w.writing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             break jobs.remove(&k);
                         }
                         w.wake.wait(&mut jobs);
@@ -62,6 +66,7 @@ fn writer() -> &'static Writer {
                         tracing::warn!(session = %job.slot.session, error = %e, "cannot write context.txt");
                     }
                 }
+                w.writing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the context.txt writer");
@@ -127,14 +132,21 @@ pub fn saved_path(file: &std::path::Path) -> std::path::PathBuf {
 /// it again) and the highest nonce number written, from the record and the
 /// file's own first line (a nonce is never used twice).
 pub fn resume(session: &str, file: &std::path::Path) -> (Option<SlotState>, u32) {
-    use std::io::Read;
-    let saved: Option<Saved> = std::fs::read(saved_path(file))
+    let saved: Option<Saved> = read_file(&saved_path(file), MAX_SAVED_BYTES)
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok());
+        .and_then(|(b, _)| serde_json::from_slice(&b).ok());
+    // Only its first line matters (the nonce written); a file over the
+    // bound is on disk all the same (an edit of it is refused when read).
     let mut head = Vec::with_capacity(512);
-    let on_disk = std::fs::File::open(file)
-        .and_then(|f| f.take(4096).read_to_end(&mut head))
-        .is_ok();
+    let on_disk = match open_regular(file) {
+        Ok((f, _)) => {
+            use std::io::Read;
+            let _ = f.take(4096).read_to_end(&mut head);
+            true
+        }
+        Err(ReadError::Missing) => false,
+        Err(_) => true,
+    };
     let first = String::from_utf8_lossy(&head);
     let first = first.lines().next().unwrap_or_default();
     let written = super::edits::nonce_of(first).and_then(nonce_number);
@@ -194,28 +206,109 @@ fn write(job: &Job) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Read an edited file (at most [`super::file::MAX_FILE_BYTES`] of it: a
-/// larger one is refused unread).
-pub fn read(path: &std::path::Path, len: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    if len > super::file::MAX_FILE_BYTES {
-        return Err(format!(
-            "the file is {len} bytes, over the {} bytes read back",
-            super::file::MAX_FILE_BYTES
-        ));
-    }
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot open the file: {e}"))?;
-    let mut out = Vec::with_capacity(len as usize);
-    f.take(super::file::MAX_FILE_BYTES + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("cannot read the file: {e}"))?;
-    Ok(out)
+/// Why a file of the session dir was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Not there.
+    #[error("the file is gone")]
+    Missing,
+    /// A symlink (never followed: it could lead out of the session dir).
+    #[error("the file is a symlink: only a regular file is read there, never followed")]
+    Symlink,
+    /// A FIFO, socket, device or directory.
+    #[error("the file is not a regular file (a {0}): only a regular file is read there")]
+    NotRegular(&'static str),
+    /// Larger than the bound (refused unread).
+    #[error("the file is {len} bytes, over the {max} bytes read back")]
+    TooLarge {
+        /// Its size.
+        len: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// Any other error of `open(2)` or `read(2)`.
+    #[error("cannot read the file: {0}")]
+    Io(#[from] std::io::Error),
 }
 
-/// Wait until no refresh is queued (tests, the `context` command).
+fn kind_of(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_fifo() {
+        "FIFO"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_block_device() || t.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+/// Read a file of a directory the agent can write (the session dir): only
+/// a regular file, opened without following a symlink (`O_NOFOLLOW`) and
+/// without blocking on a FIFO (`O_NONBLOCK`), checked with `fstat` after
+/// the open, at most `max` bytes (a larger one is refused unread). Returns
+/// the bytes and the stamp of the file read.
+pub fn read_file(path: &std::path::Path, max: u64) -> Result<(Vec<u8>, Stamp), ReadError> {
+    use std::io::Read;
+    let (f, m) = open_regular(path)?;
+    if m.len() > max {
+        return Err(ReadError::TooLarge { len: m.len(), max });
+    }
+    let mut out = Vec::with_capacity(m.len() as usize);
+    (&f).take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(ReadError::TooLarge {
+            len: out.len() as u64,
+            max,
+        });
+    }
+    Ok((out, Stamp::of_meta(&m)))
+}
+
+/// Open a regular file the way [`read_file`] does.
+fn open_regular(path: &std::path::Path) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => ReadError::Symlink,
+            Some(libc::ENOENT) => ReadError::Missing,
+            _ => ReadError::Io(e),
+        })?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(ReadError::NotRegular(kind_of(m.file_type())));
+    }
+    Ok((f, m))
+}
+
+/// Read an edited `context.txt` (at most [`super::file::MAX_FILE_BYTES`]),
+/// the rule of [`read_file`].
+pub fn read(path: &std::path::Path) -> Result<(Vec<u8>, Stamp), String> {
+    read_file(path, super::file::MAX_FILE_BYTES).map_err(|e| e.to_string())
+}
+
+/// Largest `context.state.json` read back (an export's record: ~60 bytes a block).
+const MAX_SAVED_BYTES: u64 = 16 << 20;
+
+/// Largest receipt read back.
+pub const MAX_RECEIPT_BYTES: u64 = 1 << 20;
+
+/// Wait until no refresh is queued or being written (tests, the `context`
+/// command).
 pub fn drain(timeout: std::time::Duration) {
     let until = std::time::Instant::now() + timeout;
-    while !writer().jobs.lock().is_empty() && std::time::Instant::now() < until {
+    let busy = || {
+        let w = writer();
+        let queued = !w.jobs.lock().is_empty();
+        queued || w.writing.load(std::sync::atomic::Ordering::SeqCst) > 0
+    };
+    while busy() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }

@@ -21,18 +21,25 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    /// The stamp of `path` (None = no file).
+    /// The stamp of `path` itself (None = no file): `lstat`, so a symlink
+    /// put in its place is a change, never followed.
     pub fn of(path: &std::path::Path) -> Option<Stamp> {
+        std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| Stamp::of_meta(&m))
+    }
+
+    /// The stamp of a file's metadata.
+    pub fn of_meta(m: &std::fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).ok()?;
-        Some(Stamp {
+        Stamp {
             len: m.len(),
             mtime_ns: m
                 .mtime()
                 .saturating_mul(1_000_000_000)
                 .saturating_add(m.mtime_nsec()),
             ino: m.ino(),
-        })
+        }
     }
 }
 
@@ -71,9 +78,27 @@ pub struct Saved {
     pub stamp: Stamp,
 }
 
-/// The number of a nonce (`e7` → 7).
+/// The number of a nonce (`e7-…` → 7).
 pub fn nonce_number(nonce: &str) -> Option<u32> {
-    nonce.strip_prefix('e')?.parse().ok()
+    let rest = nonce.strip_prefix('e')?;
+    rest.split('-').next()?.parse().ok()
+}
+
+/// A nonce: `e<n>-<8 random hex digits>`. The number orders exports; the
+/// random part is what no text written before the export can hold, so a
+/// block header copied from a tool output (or any older text) never names
+/// the export in force.
+pub fn nonce(n: u32) -> String {
+    let mut b = [0u8; 4];
+    if let Err(e) = getrandom::getrandom(&mut b) {
+        // The clock's nanoseconds: still unknown to any earlier text.
+        tracing::warn!(error = %e, "no OS randomness for a context.txt nonce");
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() ^ (d.as_secs() as u32));
+        b = t.to_le_bytes();
+    }
+    format!("e{n}-{:08x}", u32::from_le_bytes(b))
 }
 
 /// A live session's context edits.
@@ -85,7 +110,7 @@ pub struct Live {
     pub taken: u32,
     /// The exported file (None = nobody exported this session).
     pub slot: Option<Arc<Slot>>,
-    /// Exports written (the nonce of the next is `e<exports + 1>`).
+    /// Exports written (the nonce of the next is `e<exports + 1>-…`).
     pub exports: u32,
     /// The nonce the file carries (changes with every export: the
     /// `context` command, and each edit read, taken or refused).
@@ -114,7 +139,7 @@ impl Live {
     /// A new nonce for the next export.
     pub fn mint(&mut self) -> String {
         self.exports += 1;
-        self.nonce = format!("e{}", self.exports);
+        self.nonce = nonce(self.exports);
         self.nonce.clone()
     }
 }

@@ -24,8 +24,26 @@ pub fn count(n: u64) -> String {
     out
 }
 
-/// The receipt of a taken edit.
-pub fn taken(nonce: &str, when: &str, t: &Taken, before: u64, after: u64) -> String {
+/// Where a note stands in a window: after the message of that seq.
+fn place(id: u32, at: &[(u32, u64)]) -> String {
+    match at.iter().find(|(n, _)| *n == id) {
+        Some((_, 0)) => ", before every message".into(),
+        Some((_, s)) => format!(", after seq {s}"),
+        None => String::new(),
+    }
+}
+
+/// The receipt of a taken edit. `at`: where each note stands in the
+/// window (the seq of the message before it); `sent`: the window was sent
+/// upstream (else it applies from the next request).
+pub fn taken(
+    nonce: &str,
+    when: &str,
+    t: &Taken,
+    (before, after): (u64, u64),
+    at: &[(u32, u64)],
+    sent: bool,
+) -> String {
     let mut out = format!("taken · export {nonce} · {when}\n");
     if t.is_empty() {
         out.push_str("- nothing changed\n");
@@ -39,11 +57,11 @@ pub fn taken(nonce: &str, when: &str, t: &Taken, before: u64, after: u64) -> Str
     if !t.restored.is_empty() {
         out.push_str(&format!("- restored seq {}\n", seqs(&t.restored)));
     }
-    if !t.notes_added.is_empty() {
-        out.push_str(&format!("- note {} added\n", ids(&t.notes_added)));
+    for id in &t.notes_added {
+        out.push_str(&format!("- note {id} added{}\n", place(*id, at)));
     }
-    if !t.notes_changed.is_empty() {
-        out.push_str(&format!("- note {} changed\n", ids(&t.notes_changed)));
+    for id in &t.notes_changed {
+        out.push_str(&format!("- note {id} changed{}\n", place(*id, at)));
     }
     if !t.notes_removed.is_empty() {
         out.push_str(&format!("- note {} removed\n", ids(&t.notes_removed)));
@@ -53,8 +71,13 @@ pub fn taken(nonce: &str, when: &str, t: &Taken, before: u64, after: u64) -> Str
     } else {
         format!("+{}", count(after - before))
     };
+    let whose = if sent {
+        "in the window sent upstream"
+    } else {
+        "in the window from the next request on"
+    };
     out.push_str(&format!(
-        "tokens {} → {} ({delta}) in the window sent upstream\nthe ledger keeps every original: oceancode-proxy recall entry SEQ\n",
+        "tokens {} → {} ({delta}) {whose}\nthe ledger keeps every original: oceancode-proxy recall entry SEQ\n",
         count(before),
         count(after)
     ));
@@ -73,6 +96,14 @@ pub fn refused(nonce: &str, when: &str, line: usize, reason: &str) -> String {
     )
 }
 
+/// The receipt of a request the edits in force could not be applied to:
+/// it went upstream as the client sent it.
+pub fn unapplied(nonce: &str, when: &str, reason: &str) -> String {
+    format!(
+        "not applied · export {nonce} · {when}\nthe edits in force would leave this request invalid: {reason}\nthe request went out as the client sent it; the edits stay in force for the next one\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,10 +115,17 @@ mod tests {
             notes_added: vec![1],
             ..Taken::default()
         };
-        let r = taken("n1", "now", &t, 48_210, 8_034);
+        let r = taken("n1", "now", &t, (48_210, 8_034), &[(1, 9)], true);
         assert!(r.starts_with("taken · export n1"), "{r}");
         assert!(r.contains("- deleted seq 11, 12"), "{r}");
-        assert!(r.contains("tokens 48,210 → 8,034 (−40,176)"), "{r}");
+        assert!(r.contains("- note 1 added, after seq 9\n"), "{r}");
+        assert!(
+            r.contains("tokens 48,210 → 8,034 (−40,176) in the window sent upstream"),
+            "{r}"
+        );
+        let r = taken("n1", "now", &t, (48_210, 8_034), &[], false);
+        assert!(r.contains("- note 1 added\n"), "{r}");
+        assert!(r.contains("from the next request on"), "{r}");
         let r = refused("n1", "now", 7, "seq 3 appears twice");
         assert!(r.starts_with("refused · export n1"), "{r}");
         assert!(r.contains("line 7: seq 3 appears twice"), "{r}");

@@ -68,10 +68,38 @@ fn take(
     edits::take(&st.context.set, changes, &ctx)
 }
 
-/// Before the window: read an edit of the exported file, if it changed
+/// An edited `context.txt` read before the session is locked (and off the
+/// runtime's worker): the file and what reading it gave.
+pub(crate) struct Peek {
+    slot: Arc<Slot>,
+    read: Result<(Vec<u8>, Stamp), String>,
+}
+
+/// Before the session is locked for a request: when the session's exported
+/// file changed since the proxy last wrote or read it, read it (the rule of
+/// [`io::read_file`]: a regular file only, never through a symlink, never
+/// blocking on a FIFO, bounded) with no session held and off the
+/// runtime's worker ([`crate::server::cpu`]). None = nothing to read.
+pub(crate) fn peek(session: &Session) -> Option<Peek> {
+    let slot = session.state.lock().context.slot.clone()?;
+    let now = Stamp::of(&slot.path)?;
+    // The writer replacing it right now: read at the next request.
+    if Some(now) == slot.state.try_lock()?.stamp {
+        return None;
+    }
+    let read = crate::server::cpu(|| io::read(&slot.path));
+    Some(Peek { slot, read })
+}
+
+/// Before the window: take the edit [`peek`] read, if the file changed
 /// since the proxy wrote it. A refused edit leaves its receipt; a taken one
-/// is put in force on trial (see [`settle`]).
-pub(super) fn read_edit(st: &mut State, parsed: &ParsedBody<'_>) -> Option<Pending> {
+/// is put in force on trial (see [`settle`]). A change [`peek`] did not see
+/// is read at the next request.
+pub(super) fn read_edit(
+    st: &mut State,
+    parsed: &ParsedBody<'_>,
+    peek: Option<Peek>,
+) -> Option<Pending> {
     let slot = st.context.slot.clone()?;
     let now = Stamp::of(&slot.path);
     // The writer replacing it right now: read it at the next request.
@@ -85,12 +113,21 @@ pub(super) fn read_edit(st: &mut State, parsed: &ParsedBody<'_>) -> Option<Pendi
         st.context.slot = None;
         return None;
     };
-    s.stamp = Some(now);
+    let peek = peek.filter(|p| Arc::ptr_eq(&p.slot, &slot))?;
+    let bytes = match peek.read {
+        Ok((bytes, stamp)) => {
+            s.stamp = Some(stamp);
+            Ok(bytes)
+        }
+        Err(reason) => {
+            s.stamp = Some(now);
+            Err(Refusal { line: 0, reason })
+        }
+    };
     let export = s.export.clone();
     drop(s);
     let nonce = export.nonce.clone();
-    let result = io::read(&slot.path, now.len)
-        .map_err(|reason| Refusal { line: 0, reason })
+    let result = bytes
         .and_then(|bytes| {
             file::parse(&bytes).map_err(|u| Refusal {
                 line: u.line,
@@ -166,6 +203,13 @@ pub(super) fn settle(
     events: &mut Vec<Event>,
 ) -> Window {
     let Some(p) = pending else {
+        if let Some(e) = &window.edit_error {
+            // Never silent: the receipt says what was sent.
+            tracing::warn!(session = %st.meta.id, error = %e, "the context edits in force were not applied: the request would be invalid");
+            let text = receipt::unapplied(&st.context.nonce, &when(), e);
+            st.context.last_receipt = Some(text.clone());
+            st.context.receipt = Some(text);
+        }
         return window;
     };
     let nonce = p.nonce.clone();
@@ -181,7 +225,15 @@ pub(super) fn settle(
     }
     let before = st.meter.gauge;
     let after = tokens_after(st, &p.old, &p.taken, before);
-    st.context.receipt = Some(receipt::taken(&nonce, &when(), &p.taken, before, after));
+    let at = edits::note_anchors(window.layout.iter().flatten().copied());
+    st.context.receipt = Some(receipt::taken(
+        &nonce,
+        &when(),
+        &p.taken,
+        (before, after),
+        &at,
+        true,
+    ));
     if !p.taken.is_empty() {
         record(st, &p.taken, before, after, events);
     }
@@ -208,7 +260,8 @@ fn record(st: &mut State, taken: &Taken, before: u64, after: u64, events: &mut V
 /// go on from the highest one written.
 pub(super) fn resume(data_dir: &std::path::Path, st: &mut State) {
     let slot = slot_of(data_dir, &st.meta.id);
-    if !slot.path.exists() && !io::saved_path(&slot.path).exists() {
+    let there = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok();
+    if !there(&slot.path) && !there(&io::saved_path(&slot.path)) {
         return;
     }
     let (state, floor) = io::resume(&st.meta.id, &slot.path);
@@ -336,10 +389,7 @@ impl SessionManager {
                 None => {}
             }
         }
-        let nonce = {
-            let n = format!("e{}", st.context.exports + 1);
-            n
-        };
+        let nonce = crate::context::live::nonce(st.context.exports + 1);
         let (text, record) = io::render(st.dialect, &st.meta.id, &nonce, &pieces, notes);
         let messages = record
             .blocks
@@ -349,7 +399,8 @@ impl SessionManager {
         slot.state.lock().stamp = None;
         io::replace(&slot, &text, record)
             .map_err(|e| format!("cannot write {}: {e}", slot.path.display()))?;
-        st.context.mint();
+        st.context.exports += 1;
+        st.context.nonce.clone_from(&nonce);
         st.context.slot = Some(slot.clone());
         Ok(ContextAnswer {
             session: st.meta.id.clone(),
@@ -455,11 +506,12 @@ impl SessionManager {
                 line: 0,
                 reason: format!("the edit leaves the request invalid: {e}"),
             })?;
-            Ok((set, taken))
+            let at = edits::note_anchors(applied.iter().map(|p| p.0));
+            Ok((set, taken, at))
         });
         let text = match result {
             Err(r) => receipt::refused(&nonce, &when(), r.line, &r.reason),
-            Ok((set, taken)) => {
+            Ok((set, taken, at)) => {
                 let old = std::mem::replace(&mut st.context.set, set);
                 let before = st.meter.gauge;
                 let after = tokens_after(st, &old, &taken, before);
@@ -468,7 +520,8 @@ impl SessionManager {
                     record(st, &taken, before, after, &mut events);
                 }
                 st.emit(&self.sink, events);
-                receipt::taken(&nonce, &when(), &taken, before, after)
+                // Nothing was sent with it yet: the next request is.
+                receipt::taken(&nonce, &when(), &taken, (before, after), &at, false)
             }
         };
         st.context.last_receipt = Some(text.clone());
@@ -486,12 +539,16 @@ impl SessionManager {
 
     /// The last receipt of a session (in memory, else its file).
     pub fn context_receipt(&self, session: &Session) -> Option<String> {
-        let st = session.state.lock();
-        if let Some(r) = &st.context.last_receipt {
-            return Some(r.clone());
-        }
-        let slot = slot_of(&self.settings.data_dir, &st.meta.id);
-        std::fs::read_to_string(&slot.receipt).ok()
+        let slot = {
+            let st = session.state.lock();
+            if let Some(r) = &st.context.last_receipt {
+                return Some(r.clone());
+            }
+            slot_of(&self.settings.data_dir, &st.meta.id)
+        };
+        // The agent can write the session dir: the rule of `io::read_file`.
+        let (bytes, _) = io::read_file(&slot.receipt, io::MAX_RECEIPT_BYTES).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 

@@ -326,9 +326,11 @@ impl SessionManager {
             new_sessions.push(session.clone());
         }
         let mut may_split = true;
+        // An edited context.txt is read before the session is locked.
+        let mut peek = super::context::peek(&session);
         let (step, boundary, window, media) = loop {
             held.push(session.clone());
-            match self.run_on(&session, &req, parsed, may_split, id) {
+            match self.run_on(&session, &req, parsed, may_split, id, peek.take()) {
                 Run::Done {
                     step,
                     boundary,
@@ -395,6 +397,7 @@ impl SessionManager {
         parsed: &ParsedBody<'_>,
         may_split: bool,
         ticket: u64,
+        peek: Option<super::context::Peek>,
     ) -> Run {
         let mut st = session.state.lock();
         if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
@@ -420,9 +423,9 @@ impl SessionManager {
         let boundary = self.record(&mut st, req, events);
         let step = st.step;
         st.step_opened(step);
-        let (params, cut_gauge) = self.run_tideline(&mut st, req, boundary);
+        let line = self.run_tideline(&mut st, req, boundary);
         record_line(&mut st, events);
-        let window = self.window(&mut st, req, parsed, params, cut_gauge, events);
+        let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         st.hold(ticket, std::mem::take(events), before);
         Run::Done {
@@ -561,14 +564,14 @@ impl SessionManager {
         st: &mut State,
         req: &Request<'_>,
         parsed: &ParsedBody<'_>,
-        params: Params,
-        cut_gauge: Option<u64>,
+        (params, cut_gauge): (Params, Option<u64>),
         events: &mut Vec<Event>,
+        peek: Option<super::context::Peek>,
     ) -> Window {
         let mut window = if req.windowed(self.settings.tideline_enabled) {
             st.context.seq_tags = self.settings.seq_tags;
             // The agent's edit of its context file, read first (a stat when none).
-            let edit = super::context::read_edit(st, parsed);
+            let edit = super::context::read_edit(st, parsed, peek);
             self.compress_at_cut(st, parsed, params.line);
             let w = window::render(
                 &self.settings.data_dir,
