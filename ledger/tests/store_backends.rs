@@ -1130,6 +1130,9 @@ fn backends_sweep_removes_no_file_through_a_link() {
         let e = store.sweep_at(2, now).expect_err("refused");
         assert!(e.to_string().contains("symlink"), "{}: {e}", b.name());
         assert!(moved.join("sess-old").exists(), "{}", b.name());
+    }
+}
+
 /// A session linked to `parent` (a sub-agent's, as the proxy records it).
 fn related(store: &Arc<dyn LedgerStore>, id: &str, parent: Option<&str>, ms: i64) -> Sim {
     let s = Sim::new(store, id, ms);
