@@ -100,6 +100,10 @@ pub struct Reply {
     /// Text answer (absent with no tool calls and no thinking = the default text).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// Send a success with this `Content-Type` instead of the dialect's (a
+    /// gateway that labels its answers wrongly); the body is unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
     /// Thinking (Anthropic thinking block with a fake signature; Responses reasoning item;
     /// Chat counts it as reasoning tokens only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -363,6 +367,11 @@ impl Reply {
 
     pub fn chunk_delay(mut self, ms: u64) -> Self {
         self.chunk_delay_ms = ms;
+        self
+    }
+
+    pub fn with_content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = Some(content_type.into());
         self
     }
 

@@ -1122,6 +1122,14 @@ fn respond(
         o.headers[0].1 = HeaderValue::from_static(json_ct);
         o
     };
+    if let Some(ct) = reply
+        .content_type
+        .as_deref()
+        .and_then(|ct| HeaderValue::from_str(ct).ok())
+    {
+        out.headers.retain(|(n, _)| n != CONTENT_TYPE);
+        out.headers.push((CONTENT_TYPE, ct));
+    }
     // A stream that fails reports no usage.
     out.usage = (reply.fail.is_none() || !a.stream).then_some(plan.usage);
     out.header(rid_header, &rid).delayed(reply.delay_first_ms)

@@ -17,6 +17,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Most levels of directories [`DataDir::remove_dir_all`] descends (one
+/// open descriptor and one stack frame a level); a deeper tree is refused.
+pub const MAX_DEPTH: usize = 64;
+
 /// Most bytes a turn file or `SESSION.md` is read back with (a longer one
 /// is refused; the exports render the turn from the database instead).
 pub const READ_MAX: u64 = 64 << 20;
@@ -162,7 +166,7 @@ impl DataDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             other => other?,
         };
-        remove_tree(&fd, name)
+        remove_tree(&fd, name, 0)
     }
 
     /// The names in directory `path` below the data dir (no link followed).
@@ -228,8 +232,10 @@ impl DataDir {
 }
 
 /// Remove `name` in `dir`: a directory with what it holds (opened with no
-/// link followed), anything else (a link, a file) itself.
-fn remove_tree(dir: &OwnedFd, name: &Path) -> io::Result<()> {
+/// link followed), anything else (a link, a file) itself. `depth`: the
+/// levels above it; a directory at [`MAX_DEPTH`] is refused (the agent can
+/// nest its session dir; each level holds a descriptor and a stack frame).
+fn remove_tree(dir: &OwnedFd, name: &Path, depth: usize) -> io::Result<()> {
     let sub = match rfs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
         Ok(sub) => sub,
         Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
@@ -241,6 +247,15 @@ fn remove_tree(dir: &OwnedFd, name: &Path) -> io::Result<()> {
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(e) => return Err(e.into()),
     };
+    if depth >= MAX_DEPTH {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: directories nested deeper than {MAX_DEPTH} levels; not removed (remove it by hand)",
+                name.display()
+            ),
+        ));
+    }
     let mut names = Vec::new();
     for entry in rfs::Dir::read_from(&sub)? {
         let entry = entry?;
@@ -250,7 +265,7 @@ fn remove_tree(dir: &OwnedFd, name: &Path) -> io::Result<()> {
         }
     }
     for n in names {
-        remove_tree(&sub, Path::new(&n))?;
+        remove_tree(&sub, Path::new(&n), depth + 1)?;
     }
     match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
@@ -321,6 +336,44 @@ mod tests {
         symlink("/dev/zero", &zero).expect("link");
         let e = dir.read_file(&zero, 1 << 20).expect_err("a link");
         assert!(e.to_string().contains("symlink"), "{e}");
+    }
+
+    /// A session dir the agent nested thousands of levels deep: removing
+    /// it (the retention sweep, on a blocking thread of the proxy) must not
+    /// overflow the thread's stack, which aborts the whole process.
+    #[test]
+    fn a_deep_tree_does_not_overflow_the_stack() {
+        let (_tmp, dir) = data();
+        let top = dir.session_dir("s");
+        let mut fd = rfs::open(&top, DIR_FLAGS, Mode::empty()).expect("open");
+        for _ in 0..2_000 {
+            rfs::mkdirat(&fd, "d", Mode::from_raw_mode(DIR_MODE)).expect("mkdir");
+            fd = rfs::openat(&fd, "d", DIR_FLAGS, Mode::empty()).expect("open");
+        }
+        drop(fd);
+        let shallow = dir.session_dir("t");
+        dir.create_dir(&shallow.join("a").join("b")).expect("dirs");
+        let got = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                (
+                    dir.remove_dir_all(&top).map_err(|e| e.to_string()),
+                    dir.remove_dir_all(&shallow).map_err(|e| e.to_string()),
+                    top,
+                    shallow,
+                )
+            })
+            .expect("thread")
+            .join()
+            .expect("the thread ended");
+        let (deep, small, top, shallow) = got;
+        assert!(
+            deep.as_ref().is_err_and(|e| e.contains("deeper than")),
+            "{deep:?}"
+        );
+        assert!(top.exists(), "refused, left whole");
+        assert_eq!(small, Ok(()));
+        assert!(!shallow.exists());
     }
 
     #[test]

@@ -6,14 +6,19 @@
 //! the lines with [`crate::store::Store::add_page_notes`], so a later
 //! mechanical `ledger rebuild` reproduces them without calling a model.
 
+use crate::inside::READ_MAX;
 use crate::model::Usage;
 use crate::page::{stamp, Note, NOTE_SECTIONS};
+use crate::paths::DataDir;
 
 /// Section name of the marker note recording how far the model merge got
 /// (never rendered).
 pub const MARKER_SECTION: &str = "";
 /// Most transcript characters sent in one merge request.
 pub const MAX_PROMPT_CHARS: usize = 400_000;
+/// Most of `SESSION.md` sent in one merge request (bytes; the page is in a
+/// dir the agent can write, so its size is not the proxy's to trust).
+pub const MAX_PAGE_CHARS: usize = 100_000;
 
 /// The merge request text for turns `from..=to` of a session.
 pub fn prompt(session: &str, page: &str, transcripts: &[(u32, String)]) -> String {
@@ -29,20 +34,23 @@ pub fn prompt(session: &str, page: &str, transcripts: &[(u32, String)]) -> Strin
          SECTION | tNN | fact\n\
          where SECTION is one of: {}; tNN is the turn the fact comes from; the fact is one \
          line of at most 160 characters. Write nothing else. Write no line when there is \
-         nothing new.\n\n=== SESSION.md ===\n{page}\n",
+         nothing new.\n\n=== SESSION.md ===\n",
         stamp(from),
         stamp(to),
         NOTE_SECTIONS.join(", ")
     );
+    if page.len() > MAX_PAGE_CHARS {
+        out.push_str(&page[..floor_boundary(page, MAX_PAGE_CHARS)]);
+        out.push_str("\n[… SESSION.md clipped]\n");
+    } else {
+        out.push_str(page);
+        out.push('\n');
+    }
     let mut budget = MAX_PROMPT_CHARS;
     for (turn, text) in transcripts {
         out.push_str(&format!("\n=== transcript of {} ===\n", stamp(*turn)));
         if text.len() > budget {
-            let mut cut = budget;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            out.push_str(&text[..cut]);
+            out.push_str(&text[..floor_boundary(text, budget)]);
             out.push_str("\n[… transcript clipped]\n");
             break;
         }
@@ -50,6 +58,43 @@ pub fn prompt(session: &str, page: &str, transcripts: &[(u32, String)]) -> Strin
         out.push_str(text);
     }
     out
+}
+
+/// The largest char boundary of `s` at or below `at`.
+fn floor_boundary(s: &str, at: usize) -> usize {
+    let mut cut = at.min(s.len());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
+}
+
+/// What a merge of turns `from..=to` of `session` sends: `SESSION.md` and
+/// the turn files, read with no link followed ([`DataDir::read_text`]);
+/// the turns only until they hold [`MAX_PROMPT_CHARS`] (the rest would be
+/// clipped by [`prompt`] anyway), so a session dir the agent filled with
+/// large files is not read whole. A file that cannot be read is left out.
+pub fn read_inputs(
+    dir: &DataDir,
+    session: &str,
+    from: u32,
+    to: u32,
+) -> (String, Vec<(u32, String)>) {
+    let page = dir
+        .read_text(&dir.session_md(session), READ_MAX)
+        .unwrap_or_default();
+    let mut held = 0usize;
+    let mut transcripts = Vec::new();
+    for t in from..=to {
+        if held >= MAX_PROMPT_CHARS {
+            break;
+        }
+        if let Ok(s) = dir.read_text(&dir.turn_file(session, t), READ_MAX) {
+            held += s.len();
+            transcripts.push((t, s));
+        }
+    }
+    (page, transcripts)
 }
 
 /// Parse the model's answer: `SECTION | tNN | fact` lines (a leading `- `
@@ -187,5 +232,39 @@ mod tests {
         );
         assert!(p.contains("turns t02 to t03"));
         assert!(p.contains("=== transcript of t03 ===\n# Turn 3"));
+    }
+
+    /// `SESSION.md` sits in a dir the agent can write: a page of megabytes
+    /// must not become a merge request of megabytes.
+    #[test]
+    fn a_huge_page_is_clipped_in_the_prompt() {
+        let page = "x".repeat(8 << 20);
+        let p = prompt("s1", &page, &[(2, "# Turn 2\n".into())]);
+        assert!(
+            p.len() < MAX_PAGE_CHARS + 4_096,
+            "a prompt of {} bytes",
+            p.len()
+        );
+        assert!(p.contains("[… SESSION.md clipped]"));
+        assert!(p.contains("=== transcript of t02 ===\n# Turn 2"));
+    }
+
+    /// Turn files are read only until they fill the prompt; a FIFO or a
+    /// link among them is left out, never waited on or followed.
+    #[test]
+    fn the_inputs_are_read_up_to_the_prompt_bound() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = DataDir::new(tmp.path().join("data"));
+        dir.create_dir(&dir.transcript_dir("s")).expect("dirs");
+        let turn = "t".repeat(MAX_PROMPT_CHARS / 4 + 1);
+        for t in 1..=40 {
+            dir.write_atomic(&dir.turn_file("s", t), turn.as_bytes())
+                .expect("turn");
+        }
+        std::os::unix::fs::symlink("/dev/zero", dir.session_md("s")).expect("link");
+        let (page, transcripts) = read_inputs(&dir, "s", 1, 40);
+        assert_eq!(page, "");
+        assert_eq!(transcripts.len(), 4, "read past the bound");
+        assert_eq!(transcripts.last().map(|t| t.0), Some(4));
     }
 }

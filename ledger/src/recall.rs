@@ -126,7 +126,8 @@ impl Scope<'_> {
 /// repeats (folded to lower case, as both engines fold them): at most
 /// [`SEARCH_MAX_CHARS`] of text, [`SEARCH_MAX_TERMS`] distinct words of at
 /// most [`SEARCH_MAX_TERM_CHARS`] each, [`SEARCH_MAX_TOKENS`] tokens in all.
-/// Empty when there is no word.
+/// A word of punctuation only (no token) is dropped. Empty when there is no
+/// word.
 pub fn search_terms(words: &[String]) -> Result<Vec<String>, TooBroad> {
     let chars: usize = words.iter().map(|w| w.chars().count() + 1).sum();
     if chars > SEARCH_MAX_CHARS + 1 {
@@ -147,7 +148,9 @@ pub fn search_terms(words: &[String]) -> Result<Vec<String>, TooBroad> {
     };
     for w in words.iter().flat_map(split) {
         let folded = w.to_lowercase();
-        if seen.contains(&folded) {
+        // A word with no token (punctuation only: `-`, `...`) would be an
+        // empty FTS5 phrase, which no row holds: it is no word.
+        if seen.contains(&folded) || tokens(&w) == 0 {
             continue;
         }
         if w.chars().count() > SEARCH_MAX_TERM_CHARS {
@@ -332,6 +335,17 @@ mod tests {
             search_terms(&w("a\u{0}b \u{7}")),
             Ok(vec!["a".to_string(), "b".to_string()])
         );
+        // A word of punctuation only has no token: FTS5 reads it as an empty
+        // phrase that no row holds, so `parser - error` found nothing.
+        assert_eq!(
+            search_terms(&w("parser - error ... \" ^ * parser.")),
+            Ok(vec![
+                "parser".to_string(),
+                "error".to_string(),
+                "parser.".to_string()
+            ])
+        );
+        assert_eq!(search_terms(&w("- ...")), Ok(Vec::new()));
         let e = search_terms(&many).err().map(|e| e.to_string());
         assert!(e.is_some_and(|e| e.starts_with("query too broad: ")));
     }

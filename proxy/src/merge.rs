@@ -381,17 +381,7 @@ impl Merger {
             if from > to {
                 return Ok(None);
             }
-            let dir = store.data_dir();
-            let page = dir
-                .read_text(&dir.session_md(&sid), oceancode_ledger::inside::READ_MAX)
-                .unwrap_or_default();
-            let transcripts: Vec<(u32, String)> = (from..=to)
-                .filter_map(|t| {
-                    dir.read_text(&dir.turn_file(&sid, t), oceancode_ledger::inside::READ_MAX)
-                        .ok()
-                        .map(|s| (t, s))
-                })
-                .collect();
+            let (page, transcripts) = m::read_inputs(store.data_dir(), &sid, from, to);
             Ok(Some((from, to, m::prompt(&sid, &page, &transcripts))))
         })
         .await

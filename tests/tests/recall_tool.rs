@@ -773,3 +773,34 @@ async fn an_answer_too_long_to_hold_never_carries_the_internal_call() {
         }
     }
 }
+
+/// Attack on issue 40.8: a 200 whose content type is neither JSON nor an
+/// event stream (a gateway that labels its answers `text/plain`) was
+/// relayed unread, the internal call in it. It fails closed too.
+#[tokio::test]
+async fn a_mislabelled_answer_never_carries_the_internal_call() {
+    for d in ALL {
+        for stream in [false, true] {
+            let h = Harness::start(
+                FakeConfig {
+                    script: Script::always(
+                        Reply::recall(json!({"match": "parser"})).with_content_type("text/plain"),
+                    ),
+                    ..FakeConfig::default()
+                },
+                |o| o.front.recall = RecallTool::on(),
+            )
+            .await;
+            let got = h
+                .post(path(d), &HDR, body(d, &[user(d, "hello")], stream))
+                .await;
+            let text = got.text();
+            assert!(
+                !text.contains(RECALL_TOOL),
+                "{d:?} stream={stream}: the client got the internal call: {text}"
+            );
+            assert_eq!(got.status, 502, "{d:?} stream={stream}: {text}");
+            assert_eq!(model_requests(&h, d).len(), 1, "no continuation");
+        }
+    }
+}

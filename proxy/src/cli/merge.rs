@@ -58,17 +58,7 @@ pub fn run(store: &dyn LedgerStore, cfg: &Config, ids: &[String], yes: bool) -> 
         .build()
         .context("cannot start the async runtime")?;
     for (id, dialect, from, to) in work {
-        let dir = store.data_dir();
-        let page = dir
-            .read_text(&dir.session_md(&id), oceancode_ledger::inside::READ_MAX)
-            .unwrap_or_default();
-        let transcripts: Vec<(u32, String)> = (from..=to)
-            .filter_map(|t| {
-                dir.read_text(&dir.turn_file(&id, t), oceancode_ledger::inside::READ_MAX)
-                    .ok()
-                    .map(|s| (t, s))
-            })
-            .collect();
+        let (page, transcripts) = m::read_inputs(store.data_dir(), &id, from, to);
         let prompt = m::prompt(&id, &page, &transcripts);
         let answer = rt.block_on(ask(&up, cfg, dialect, &model, &prompt))?;
         let mut notes = m::parse_notes(&answer.text, from, to);

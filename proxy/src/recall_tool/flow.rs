@@ -204,17 +204,22 @@ pub(crate) async fn answer(
             };
             continue;
         }
-        if head.status == StatusCode::OK && !identity {
-            // Compressed though the proxy asked for plain bytes: its calls
-            // cannot be read, so it must not reach the client (it may hold
-            // the internal call).
+        if head.status == StatusCode::OK && (!identity || framing == Framing::Opaque) {
+            // Compressed though the proxy asked for plain bytes, or neither
+            // JSON nor an event stream: its calls cannot be read, so it must
+            // not reach the client (it may hold the internal call).
+            let reason = if identity {
+                "the answer is neither JSON nor an event stream (its content type)"
+            } else {
+                "the answer came compressed"
+            };
             return Err(unreadable(
                 app,
                 ticket,
                 recalls,
                 billed,
                 sent.len(),
-                "the answer came compressed".into(),
+                reason.into(),
             ));
         }
         if head.status != StatusCode::OK || framing == Framing::Opaque {
