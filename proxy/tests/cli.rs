@@ -1101,3 +1101,45 @@ async fn run_limits_bound_the_whole_run_whatever_names_its_agent_sends() {
         "{err}"
     );
 }
+
+/// `context --receipt` with no proxy reads the receipt file itself: the
+/// session dir is the agent's to write, so a FIFO left in the receipt's
+/// place must neither hang the command nor be read (issue 33 item 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_receipt_without_a_proxy_never_hangs_on_a_fifo() {
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let mut p = t.serve(&[], &[]);
+    chat(&http(), &p.url, "cli-fifo", 1).await;
+    sigterm_and_wait(&mut p);
+    let id = listed(home, data).remove(0);
+    let dir = oceancode_ledger::paths::DataDir::new(data).session_dir(&id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("context.receipt.txt");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let mut child = with_data(home, data, &["context", &id, "--receipt"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`context --receipt` hung on a FIFO in the receipt's place");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    // No proxy and no readable receipt: the no-proxy error, at once.
+    assert!(!status.success(), "{status:?}");
+}

@@ -83,8 +83,14 @@ async fn context(
                 let p = oceancode_ledger::paths::DataDir::new(dir)
                     .session_dir(id)
                     .join("context.receipt.txt");
-                if let Ok(t) = std::fs::read_to_string(&p) {
-                    outln!("{}", t.trim_end());
+                // A regular file only, bounded (the session dir is the
+                // agent's to write: a FIFO or a link must not hang or flood
+                // the command).
+                if let Ok((bytes, _)) = oceancode_proxy::context::io::read_file(
+                    &p,
+                    oceancode_proxy::context::io::MAX_RECEIPT_BYTES,
+                ) {
+                    outln!("{}", String::from_utf8_lossy(&bytes).trim_end());
                     return Ok(0);
                 }
             }
