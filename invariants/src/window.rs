@@ -241,6 +241,7 @@ pub fn run(script: &Script) -> Ran {
             enabled: script.block >= 128,
             protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
             min_tokens: 1,
+            free: None,
         },
         seq_tags: false,
     };
