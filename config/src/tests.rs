@@ -1499,3 +1499,47 @@ fn context_seq_tags_is_off_by_default() {
     assert!(c.context.seq_tags);
     assert!(serde_json::from_str::<Config>(r#"{"context":{"seq_tag":true}}"#).is_err());
 }
+
+#[test]
+fn url_credentials_never_reach_an_error() {
+    // D20: from the environment, a flag and the config file alike.
+    for (var, value) in [
+        (
+            "OCEANCODE_ANTHROPIC_UPSTREAM",
+            "https://user:SECRETPASS2@api.example.com",
+        ),
+        (
+            "OCEANCODE_OPENAI_UPSTREAM",
+            "https://api.example.com/v1?key=SECRETQ9",
+        ),
+        (
+            "OCEANCODE_OPENAI_UPSTREAM",
+            "https://SECRETTOKEN@api.example.com",
+        ),
+        ("OCEANCODE_DATABASE_URL", "mysql://u:SECRETDB@h/x"),
+    ] {
+        let e = Config::load(None, &env_of(&[(var, value)])).unwrap_err();
+        let shown = format!("{e} {e:?}");
+        assert!(shown.contains(var), "{shown}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+    }
+    let mut c = Config::default();
+    c.apply(&Overrides {
+        openai_upstream: Some("http://u:SECRETFLAG@example.com/?key=SECRETQ".into()),
+        ..Default::default()
+    });
+    let e = c.validate().unwrap_err();
+    let shown = format!("{e} {e:?}");
+    assert!(shown.contains("providers.openai.upstream"), "{shown}");
+    assert!(!shown.contains("SECRET"), "{shown}");
+    for bad in [
+        "https://user:SECRETPASS@example.com",
+        "https://example.com/?key=SECRETQ",
+        "http://u:SECRET@example.com",
+        "user:SECRET@example.com",
+        "https://u:SECRET @example.com",
+    ] {
+        let err = check_upstream_url(bad).unwrap_err();
+        assert!(!err.contains("SECRET"), "{bad}: {err}");
+    }
+}

@@ -854,3 +854,73 @@ async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {o:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_errors_never_show_the_credentials_of_a_url() {
+    // D20 (issue 40, item 10).
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let cfg = home.join("creds.json");
+    std::fs::write(
+        &cfg,
+        r#"{"providers": {"anthropic": {"upstream": "https://cfguser:SECRETPASS3@api.example.com"}}}"#,
+    )
+    .unwrap();
+    let serve_with = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = with_data(home, data, &["serve", "--listen", "127.0.0.1:0"]);
+        c.args(args).envs(env.iter().copied());
+        output(c)
+    };
+    for (o, what) in [
+        (
+            serve_with(
+                &[],
+                &[(
+                    "OCEANCODE_ANTHROPIC_UPSTREAM",
+                    "https://user:SECRETPASS2@api.example.com",
+                )],
+            ),
+            "OCEANCODE_ANTHROPIC_UPSTREAM",
+        ),
+        (
+            serve_with(
+                &[
+                    "--openai-upstream",
+                    "https://api.example.com/v1?key=SECRETQ9",
+                ],
+                &[],
+            ),
+            "providers.openai.upstream",
+        ),
+        (
+            serve_with(
+                &["--openai-upstream", "https://SECRETTOKEN7@api.example.com"],
+                &[],
+            ),
+            "providers.openai.upstream",
+        ),
+        (
+            serve_with(&["--config", cfg.to_str().unwrap()], &[]),
+            "providers.anthropic.upstream",
+        ),
+        (
+            output(with_data(
+                home,
+                data,
+                &[
+                    "ledger",
+                    "list",
+                    "--database",
+                    "postgres://pg:SECRETPG4@127.0.0.1:1/l?password=SECRETPG5",
+                ],
+            )),
+            "127.0.0.1:1",
+        ),
+    ] {
+        assert!(!o.status.success(), "{o:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains(what), "names the source {what}: {err}");
+        assert!(!err.contains("SECRET"), "a credential printed: {err}");
+        assert!(err.contains("***"), "masked: {err}");
+    }
+}
