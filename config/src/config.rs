@@ -1236,11 +1236,13 @@ impl Config {
         // The rule of every line value (`LineSpec::check`), with the key's
         // own wording.
         if let Some(p) = t.percent {
-            if LineSpec::Percent(p).check().is_err() {
-                return Err(ConfigError::invalid(
-                    "ledger.tideline.percent",
-                    format!("{p} is out of range (above 0, at most 100)"),
-                ));
+            if let Err(why) = LineSpec::Percent(p).check() {
+                let message = if p > 0.0 && p <= 100.0 {
+                    format!("{p}: {why}")
+                } else {
+                    format!("{p} is out of range (above 0, at most 100)")
+                };
+                return Err(ConfigError::invalid("ledger.tideline.percent", message));
             }
         }
         if let Some(n) = t.tokens {

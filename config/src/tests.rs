@@ -1501,6 +1501,28 @@ fn context_seq_tags_is_off_by_default() {
 }
 
 #[test]
+fn a_percentage_under_the_floor_on_every_window_is_refused_everywhere() {
+    // D18: 0.0001% of any window is a line of a few tokens.
+    for bad in ["0.0001%", "0.1%", "0.19%"] {
+        let e = bad.parse::<LineSpec>().unwrap_err();
+        assert!(e.to_string().contains("20k-token floor"), "{bad}: {e}");
+        let e = Config::load(None, &env_of(&[("OCEANCODE_TIDELINE", bad)])).unwrap_err();
+        assert!(e.to_string().contains("20k-token floor"), "{bad}: {e}");
+    }
+    assert_eq!("0.2%".parse::<LineSpec>(), Ok(LineSpec::Percent(0.2)));
+    let e = parse(r#"{"ledger":{"tideline":{"percent":0.0001}}}"#)
+        .unwrap()
+        .config
+        .validate()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, message }
+            if key == "ledger.tideline.percent" && message.contains("20k-token floor")),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn url_credentials_never_reach_an_error() {
     // D20: from the environment, a flag and the config file alike.
     for (var, value) in [

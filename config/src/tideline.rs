@@ -4,8 +4,18 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// The smallest fixed line a user may set (tokens).
+/// The smallest fixed line a user may set (tokens), and the floor every
+/// line resolves to at least (a percentage too).
 pub const MIN_FIXED_LINE: u64 = 20_000;
+
+/// The largest context window a percentage is checked against without a
+/// model: 10M tokens.
+pub const MAX_CHECKED_WINDOW: u64 = 10_000_000;
+
+/// The smallest percentage accepted anywhere: below it a line resolves
+/// under [`MIN_FIXED_LINE`] on every window up to [`MAX_CHECKED_WINDOW`]
+/// (a proxy also checks a percentage against its sessions' own windows).
+pub const MIN_PERCENT: f64 = MIN_FIXED_LINE as f64 * 100.0 / MAX_CHECKED_WINDOW as f64;
 
 /// Where the tideline sits.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -339,6 +339,11 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
         },
         None => None,
     };
+    if let TidelineAction::Set(l) = &action {
+        if let Err(why) = app.sessions.check_line(session.as_deref(), *l) {
+            return bad(&why);
+        }
+    }
     let result = match &action {
         TidelineAction::Show => Ok(None),
         TidelineAction::Set(l) => app
