@@ -296,6 +296,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 Err(e) => bad(&e),
             }
         }
+        (Method::POST, "/_oceancode/viewer/revoke") => json_response(
+            StatusCode::OK,
+            json!({"revoked": app.viewer.revoke_all()}).to_string(),
+        ),
         (Method::POST, "/_oceancode/context") => {
             let shape = r#"{"session":..,"drop":[..],"keep":[..],"note":..}"#;
             match json_body(req, 1 << 20, shape).await {

@@ -256,6 +256,7 @@ pub async fn start_on(
         prices: opts.limits.pricer.clone(),
         bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
         admin_token,
+        viewer: crate::ui::ViewerSessions::default(),
         cfg: opts.front.clone(),
         upstream,
         sessions: Arc::new(match &store {

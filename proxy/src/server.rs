@@ -258,6 +258,8 @@ pub struct App {
     pub started: Instant,
     /// The admin token every admin route and `/metrics` require.
     pub admin_token: String,
+    /// The viewer's sessions (its cookie), handed out for the admin token.
+    pub viewer: crate::ui::ViewerSessions,
     /// Request bodies held across connections.
     pub bodies: BodyBudget,
     /// The live merge of `SESSION.md` (None: off).
