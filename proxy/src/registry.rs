@@ -49,6 +49,13 @@ impl Entry {
     }
 }
 
+/// This process's effective user id.
+#[allow(unsafe_code)] // geteuid(2) has no safe std equivalent
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
 /// `<data_dir>/proxies`.
 pub fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join(DIR)
