@@ -1,6 +1,7 @@
 //! The admin API under `/_oceancode/` (sessions, meter, tideline, settle,
 //! health) and Prometheus `/metrics`, served on the proxy's own listener.
-//! Every route needs the admin token ([`token`]); a write (POST) needs
+//! Every route needs the admin token ([`token`]) but the registry's
+//! instance proof ([`crate::registry::INSTANCE_PATH`]); a write (POST) needs
 //! `Content-Type: application/json`, which a web page cannot send to
 //! another origin without asking first.
 
@@ -178,6 +179,23 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
     // The viewer checks the same token, also from its cookie.
     if crate::ui::is_ui(req.uri().path()) {
         return crate::ui::handle(app, req).await;
+    }
+    // The proof a command asks for before it sends the token (no token).
+    if req.uri().path() == crate::registry::INSTANCE_PATH && req.method() == Method::GET {
+        let challenge = req
+            .uri()
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("challenge="))
+            .filter(|c| (32..=128).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_hexdigit()));
+        return match challenge {
+            Some(c) => json_response(
+                StatusCode::OK,
+                json!({"proof": crate::registry::proof(&app.instance, c)}).to_string(),
+            ),
+            None => bad("challenge= must be 32 to 128 hex digits"),
+        };
     }
     if !authorized(req.headers(), &app.admin_token) {
         app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);

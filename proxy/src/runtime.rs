@@ -271,6 +271,10 @@ pub async fn start_on(
         bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
         admin_token,
         viewer: crate::ui::ViewerSessions::default(),
+        instance: crate::admin::token::generate().map_err(|source| StartError::Token {
+            path: "(the registry's instance secret)".into(),
+            source,
+        })?,
         cfg: opts.front.clone(),
         upstream,
         sessions: Arc::new(match &store {

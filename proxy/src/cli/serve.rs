@@ -220,6 +220,7 @@ pub(super) fn register(
         command,
         token_file,
         version: env!("CARGO_PKG_VERSION").to_string(),
+        instance: Some(running.app.instance.clone()),
     };
     match registry::register(data_dir, &entry) {
         Ok(r) => Some(r),
