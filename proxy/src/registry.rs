@@ -124,17 +124,100 @@ pub fn dir(data_dir: &Path) -> PathBuf {
 #[derive(Debug)]
 pub struct Registration {
     path: PathBuf,
+    keeper: Option<tokio::task::JoinHandle<()>>,
+    /// Set when dropped: a keeper's write under way leaves the entry be.
+    gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How often a kept registration looks for its files.
+pub const KEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Registration {
     /// The entry's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Keep the entry, and `token` as the data dir's `admin-token` (when
+    /// the proxy's token came from there), written again while the
+    /// registration lives: after the data dir is deleted, the ledger
+    /// reopens it afresh at the next write, and the commands must still
+    /// find this proxy and its token there. Nothing is written while the
+    /// data dir is missing. Needs a Tokio runtime.
+    pub fn keep(mut self, data_dir: &Path, entry: &Entry, token: Option<String>) -> Registration {
+        let (dir, path, entry) = (data_dir.to_path_buf(), self.path.clone(), entry.clone());
+        let gone = self.gone.clone();
+        self.keeper = Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(KEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let (dir, path, entry, token) =
+                    (dir.clone(), path.clone(), entry.clone(), token.clone());
+                let gone = gone.clone();
+                let restored = tokio::task::spawn_blocking(move || {
+                    restore(&dir, &path, &entry, token.as_deref(), &gone)
+                })
+                .await;
+                if restored.is_err() {
+                    return;
+                }
+            }
+        }));
+        self
+    }
+}
+
+/// Write the entry (and the token) again if the data dir is there without
+/// them; see [`Registration::keep`].
+fn restore(
+    data_dir: &Path,
+    path: &Path,
+    entry: &Entry,
+    token: Option<&str>,
+    gone: &std::sync::atomic::AtomicBool,
+) {
+    if !data_dir.is_dir() || gone.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    if let Some(t) = token {
+        let file = crate::admin::token::path(data_dir);
+        if !file.exists() {
+            match crate::admin::token::write_new(data_dir, t) {
+                Ok(true) => {
+                    tracing::info!(path = %file.display(), "the admin token file was gone (the data dir was deleted?): written again")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %file.display(), error = %e, "cannot write the admin token file again")
+                }
+            }
+        }
+    }
+    if !path.exists() {
+        let json = match serde_json::to_vec_pretty(entry) {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let written = paths::create_private_dir_all(&dir(data_dir))
+            .and_then(|()| paths::write_atomic(path, &json));
+        match written {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "the proxy's registry entry was gone (the data dir was deleted?): written again")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the proxy's registry entry again")
+            }
+        }
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        self.gone.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
         if let Err(e) = paths::remove_if_exists(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the proxy's registry entry");
         }
@@ -155,7 +238,11 @@ pub fn register(data_dir: &Path, entry: &Entry) -> io::Result<Registration> {
     let path = dir.join(format!("{}-{port}.json", entry.pid));
     let json = serde_json::to_vec_pretty(entry).map_err(io::Error::other)?;
     paths::write_atomic(&path, &json)?;
-    Ok(Registration { path })
+    Ok(Registration {
+        path,
+        keeper: None,
+        gone: Default::default(),
+    })
 }
 
 /// An entry file found in the registry.

@@ -678,3 +678,51 @@ async fn hostile_registry_entries_never_get_the_admin_token() {
     }
     drop(served.guard.0.take());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_data_dir_gets_the_token_and_the_entry_back() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let served = serve(home, &data, &fake.url(), &[], &[CONTEXT]);
+    let c = http();
+    let hdr = [("x-oceancode-session", "again")];
+    chat(&c, &served.url, "/v1/messages", &hdr, "again", 1).await;
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    assert_eq!(entries(&data).len(), 1);
+
+    std::fs::remove_dir_all(&data).unwrap();
+    // The next request reopens a fresh ledger in its place.
+    chat(&c, &served.url, "/v1/messages", &hdr, "again", 2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(data.join("admin-token").exists() && entries(&data).len() == 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the token file and the registry entry were not written again: {:?}",
+            std::fs::read_dir(&data).map(|d| d
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        std::fs::read_to_string(data.join("admin-token")).unwrap(),
+        token,
+        "the token the proxy still serves with"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data.join("admin-token")), 0o600);
+        assert_eq!(mode(&entries(&data)[0]), 0o600);
+    }
+    // Commands find the proxy again without --proxy.
+    let v = json_ok(
+        &cli(home, &data, &["tideline", "--json", "--session", "again"]),
+        "tideline after the data dir was deleted",
+    );
+    assert_eq!(v["session"]["client_session"], "again", "{v}");
+    drop(served);
+}

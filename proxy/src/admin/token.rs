@@ -133,6 +133,17 @@ pub fn ensure(data_dir: &Path) -> std::io::Result<String> {
         set_mode(data_dir, 0o700)?;
     }
     let token = generate()?;
+    if write_new(data_dir, &token)? {
+        return Ok(token);
+    }
+    // Another process made it first: use theirs.
+    read(data_dir)?
+        .ok_or_else(|| std::io::Error::other(format!("{} is empty", path(data_dir).display())))
+}
+
+/// Write `token` as `data_dir`'s token file (0600) unless one exists:
+/// true when written, false when a file was there already.
+pub fn write_new(data_dir: &Path, token: &str) -> std::io::Result<bool> {
     let p = path(data_dir);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
@@ -146,11 +157,9 @@ pub fn ensure(data_dir: &Path) -> std::io::Result<String> {
             f.write_all(token.as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
-            Ok(token)
+            Ok(true)
         }
-        // Another process made it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(data_dir)?
-            .ok_or_else(|| std::io::Error::other(format!("{} is empty", p.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
     }
 }
