@@ -931,8 +931,11 @@ async fn a_short_admin_token_is_refused_and_a_readable_token_file_made_private()
     use std::os::unix::fs::PermissionsExt;
     let t = Setup::new().await;
     let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
-    for extra in [&[][..], &["--allow-remote", "--listen", "0.0.0.0:0"][..]] {
-        let mut c = with_data(home, data, &["serve", "--listen", "127.0.0.1:0"]);
+    for extra in [
+        &["--listen", "127.0.0.1:0"][..],
+        &["--allow-remote", "--listen", "0.0.0.0:0"][..],
+    ] {
+        let mut c = with_data(home, data, &["serve"]);
         c.args(["--anthropic-upstream", &fake.url()])
             .args(extra)
             .env("OCEANCODE_ADMIN_TOKEN", "a");

@@ -723,6 +723,6 @@ async fn a_deleted_data_dir_gets_the_token_and_the_entry_back() {
         &cli(home, &data, &["tideline", "--json", "--session", "again"]),
         "tideline after the data dir was deleted",
     );
-    assert_eq!(v["session"]["client_session"], "again", "{v}");
+    assert_eq!(v["session"]["client_session"], "name:again", "{v}");
     drop(served);
 }
