@@ -129,7 +129,7 @@ fn parse_values(values: &[String]) -> Result<TidelineCommand, UsageError> {
             "0 (the model ceiling) is set in the config file (ledger.tideline.tokens), not here",
         )),
         Ok(spec) => Ok(TidelineCommand::Set(spec)),
-        Err(e) if e.reason.contains("20k") => Err(UsageError::new(format!(
+        Err(e) if e.reason.starts_with("a fixed tideline") => Err(UsageError::new(format!(
             "a fixed tideline must be at least 20k tokens, got {v}"
         ))),
         Err(e) => Err(UsageError::new(format!(

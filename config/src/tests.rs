@@ -1510,6 +1510,9 @@ fn a_percentage_under_the_floor_on_every_window_is_refused_everywhere() {
         assert!(e.to_string().contains("20k-token floor"), "{bad}: {e}");
     }
     assert_eq!("0.2%".parse::<LineSpec>(), Ok(LineSpec::Percent(0.2)));
+    // The `tideline` command and the admin API say so too.
+    let e = tideline_command(&["0.0001%".to_string()]).unwrap_err();
+    assert!(e.to_string().contains("20k-token floor"), "{e}");
     let e = parse(r#"{"ledger":{"tideline":{"percent":0.0001}}}"#)
         .unwrap()
         .config
