@@ -81,7 +81,7 @@ pub fn is_loopback_url(url: &str) -> bool {
     let Some((host, port)) = rest.rsplit_once(':') else {
         return false;
     };
-    if port.parse::<u16>().map_or(true, |p| p == 0) {
+    if !matches!(port.parse::<u16>(), Ok(p) if p != 0) {
         return false;
     }
     if host.eq_ignore_ascii_case("localhost") {
