@@ -143,7 +143,7 @@ fn parse_values(values: &[String]) -> Result<TidelineCommand, UsageError> {
             "{v} would be {v} tokens (a fixed tideline is at least 20k): did you mean {}?",
             bare_number_hint(v).unwrap_or_default()
         ))),
-        Err(e) if e.reason.contains("20k") => Err(UsageError::new(format!(
+        Err(e) if e.reason.starts_with("a fixed tideline") => Err(UsageError::new(format!(
             "a fixed tideline must be at least 20k tokens, got {v}"
         ))),
         Err(e) => Err(UsageError::new(format!(

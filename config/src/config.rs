@@ -164,12 +164,14 @@ pub fn check_upstream_url(url: &str) -> Result<(), String> {
     if url.is_empty() {
         return Err("empty URL".into());
     }
+    // Messages show the URL without its credentials.
+    let shown = crate::redact::redact_url(url);
     if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!("{url:?} contains whitespace"));
+        return Err(format!("{shown:?} contains whitespace"));
     }
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
-            "{url:?} must start with https:// (or http:// for loopback)"
+            "{shown:?} must start with https:// (or http:// for loopback)"
         ));
     };
     let scheme = scheme.to_ascii_lowercase();
@@ -179,24 +181,26 @@ pub fn check_upstream_url(url: &str) -> Result<(), String> {
         ));
     }
     if rest.contains('?') || rest.contains('#') {
-        return Err(format!("{url:?}: a base URL takes no query or fragment"));
+        return Err(format!("{shown:?}: a base URL takes no query or fragment"));
     }
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.contains('@') {
-        return Err(format!("{url:?}: credentials in the URL are not supported"));
+        return Err(format!(
+            "{shown:?}: credentials in the URL are not supported"
+        ));
     }
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let Some((h, after)) = v6.split_once(']') else {
-            return Err(format!("{url:?}: unterminated IPv6 address"));
+            return Err(format!("{shown:?}: unterminated IPv6 address"));
         };
         if h.parse::<Ipv6Addr>().is_err() {
-            return Err(format!("{url:?}: invalid IPv6 address {h:?}"));
+            return Err(format!("{shown:?}: invalid IPv6 address {h:?}"));
         }
         let port = match after {
             "" => None,
             p => match p.strip_prefix(':') {
                 Some(p) => Some(p),
-                None => return Err(format!("{url:?}: junk after the IPv6 address")),
+                None => return Err(format!("{shown:?}: junk after the IPv6 address")),
             },
         };
         (h, port)
@@ -207,23 +211,23 @@ pub fn check_upstream_url(url: &str) -> Result<(), String> {
         }
     };
     if host.is_empty() {
-        return Err(format!("{url:?} has no host"));
+        return Err(format!("{shown:?} has no host"));
     }
     if !authority.starts_with('[')
         && !host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
     {
-        return Err(format!("{url:?}: invalid host {host:?}"));
+        return Err(format!("{shown:?}: invalid host {host:?}"));
     }
     if let Some(p) = port {
         if p.parse::<u16>().map(|n| n == 0).unwrap_or(true) {
-            return Err(format!("{url:?}: invalid port {p:?}"));
+            return Err(format!("{shown:?}: invalid port {p:?}"));
         }
     }
     if scheme == "http" && !is_loopback_host(host) {
         return Err(format!(
-            "{url:?}: plain http is only allowed for loopback hosts (127.0.0.0/8, ::1, localhost); use https"
+            "{shown:?}: plain http is only allowed for loopback hosts (127.0.0.0/8, ::1, localhost); use https"
         ));
     }
     Ok(())
@@ -1280,11 +1284,13 @@ impl Config {
         // The rule of every line value (`LineSpec::check`), with the key's
         // own wording.
         if let Some(p) = t.percent {
-            if LineSpec::Percent(p).check().is_err() {
-                return Err(ConfigError::invalid(
-                    "ledger.tideline.percent",
-                    format!("{p} is out of range (above 0, at most 100)"),
-                ));
+            if let Err(why) = LineSpec::Percent(p).check() {
+                let message = if p > 0.0 && p <= 100.0 {
+                    format!("{p}: {why}")
+                } else {
+                    format!("{p} is out of range (above 0, at most 100)")
+                };
+                return Err(ConfigError::invalid("ledger.tideline.percent", message));
             }
         }
         if let Some(n) = t.tokens {

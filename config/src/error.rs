@@ -33,7 +33,7 @@ pub enum ConfigError {
     Env {
         /// The variable's name.
         var: String,
-        /// The value it holds.
+        /// The value it holds, credentials masked.
         value: String,
         /// Why it was refused.
         message: String,
@@ -76,11 +76,12 @@ impl ConfigError {
         }
     }
 
-    /// A [`ConfigError::Env`] for `var`.
+    /// A [`ConfigError::Env`] for `var`; the value is kept without the
+    /// credentials a URL may carry ([`crate::redact::redact_url`]).
     pub(crate) fn env(var: &str, value: &str, message: impl Into<String>) -> Self {
         ConfigError::Env {
             var: var.to_string(),
-            value: value.to_string(),
+            value: crate::redact::redact_url(value),
             message: message.into(),
         }
     }

@@ -9,6 +9,7 @@ pub mod command;
 pub mod config;
 pub mod error;
 pub mod models;
+pub mod redact;
 pub mod tideline;
 
 pub use budget::{format_duration, parse_duration, SessionLimitsConfig};
@@ -25,7 +26,10 @@ pub use config::{
 };
 pub use error::ConfigError;
 pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};
-pub use tideline::{Amount, AmountError, BlockSpec, LineSpec, MIN_FIXED_LINE};
+pub use redact::{redact_url, redact_urls_in};
+pub use tideline::{
+    Amount, AmountError, BlockSpec, LineSpec, MAX_CHECKED_WINDOW, MIN_FIXED_LINE, MIN_PERCENT,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1544,3 +1544,72 @@ fn context_seq_tags_is_off_by_default() {
     assert!(c.context.seq_tags);
     assert!(serde_json::from_str::<Config>(r#"{"context":{"seq_tag":true}}"#).is_err());
 }
+
+#[test]
+fn a_percentage_under_the_floor_on_every_window_is_refused_everywhere() {
+    // D18: 0.0001% of any window is a line of a few tokens.
+    for bad in ["0.0001%", "0.1%", "0.19%"] {
+        let e = bad.parse::<LineSpec>().unwrap_err();
+        assert!(e.to_string().contains("20k-token floor"), "{bad}: {e}");
+        let e = Config::load(None, &env_of(&[("OCEANCODE_TIDELINE", bad)])).unwrap_err();
+        assert!(e.to_string().contains("20k-token floor"), "{bad}: {e}");
+    }
+    assert_eq!("0.2%".parse::<LineSpec>(), Ok(LineSpec::Percent(0.2)));
+    // The `tideline` command and the admin API say so too.
+    let e = tideline_command(&["0.0001%".to_string()]).unwrap_err();
+    assert!(e.to_string().contains("20k-token floor"), "{e}");
+    let e = parse(r#"{"ledger":{"tideline":{"percent":0.0001}}}"#)
+        .unwrap()
+        .config
+        .validate()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Invalid { key, message }
+            if key == "ledger.tideline.percent" && message.contains("20k-token floor")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn url_credentials_never_reach_an_error() {
+    // D20: from the environment, a flag and the config file alike.
+    for (var, value) in [
+        (
+            "OCEANCODE_ANTHROPIC_UPSTREAM",
+            "https://user:SECRETPASS2@api.example.com",
+        ),
+        (
+            "OCEANCODE_OPENAI_UPSTREAM",
+            "https://api.example.com/v1?key=SECRETQ9",
+        ),
+        (
+            "OCEANCODE_OPENAI_UPSTREAM",
+            "https://SECRETTOKEN@api.example.com",
+        ),
+        ("OCEANCODE_DATABASE_URL", "mysql://u:SECRETDB@h/x"),
+    ] {
+        let e = Config::load(None, &env_of(&[(var, value)])).unwrap_err();
+        let shown = format!("{e} {e:?}");
+        assert!(shown.contains(var), "{shown}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+    }
+    let mut c = Config::default();
+    c.apply(&Overrides {
+        openai_upstream: Some("http://u:SECRETFLAG@example.com/?key=SECRETQ".into()),
+        ..Default::default()
+    });
+    let e = c.validate().unwrap_err();
+    let shown = format!("{e} {e:?}");
+    assert!(shown.contains("providers.openai.upstream"), "{shown}");
+    assert!(!shown.contains("SECRET"), "{shown}");
+    for bad in [
+        "https://user:SECRETPASS@example.com",
+        "https://example.com/?key=SECRETQ",
+        "http://u:SECRET@example.com",
+        "user:SECRET@example.com",
+        "https://u:SECRET @example.com",
+    ] {
+        let err = check_upstream_url(bad).unwrap_err();
+        assert!(!err.contains("SECRET"), "{bad}: {err}");
+    }
+}

@@ -4,8 +4,18 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// The smallest fixed line a user may set (tokens).
+/// The smallest fixed line a user may set (tokens), and the floor every
+/// line resolves to at least (a percentage too).
 pub const MIN_FIXED_LINE: u64 = 20_000;
+
+/// The largest context window a percentage is checked against without a
+/// model: 10M tokens.
+pub const MAX_CHECKED_WINDOW: u64 = 10_000_000;
+
+/// The smallest percentage accepted anywhere: below it a line resolves
+/// under [`MIN_FIXED_LINE`] on every window up to [`MAX_CHECKED_WINDOW`]
+/// (a proxy also checks a percentage against its sessions' own windows).
+pub const MIN_PERCENT: f64 = MIN_FIXED_LINE as f64 * 100.0 / MAX_CHECKED_WINDOW as f64;
 
 /// Where the tideline sits.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -129,11 +139,16 @@ impl LineSpec {
     /// file, `OCEANCODE_TIDELINE`, `serve`/`run --tideline`, the `tideline`
     /// command and the admin API): a percentage above 0 and at most 100, a
     /// fixed line of at least [`MIN_FIXED_LINE`] tokens, or 0 (the model's
-    /// ceiling). Returns why a value breaks it.
+    /// ceiling). Returns why a value breaks it. A percentage under
+    /// [`MIN_PERCENT`] is refused too: it resolves under the 20k floor on
+    /// any model.
     pub fn check(self) -> Result<LineSpec, &'static str> {
         match self {
             LineSpec::Percent(p) if !(p > 0.0 && p <= 100.0) => {
                 Err("a percentage must be above 0 and at most 100")
+            }
+            LineSpec::Percent(p) if p < MIN_PERCENT => {
+                Err("a percentage under 0.2% resolves under the 20k-token floor of a tideline on any model (windows up to 10M tokens)")
             }
             LineSpec::Tokens(t) if t != 0 && t < MIN_FIXED_LINE => {
                 Err("a fixed tideline must be at least 20k tokens (or 0 for the model ceiling)")

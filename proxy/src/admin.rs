@@ -1,6 +1,7 @@
 //! The admin API under `/_oceancode/` (sessions, meter, tideline, settle,
 //! health) and Prometheus `/metrics`, served on the proxy's own listener.
-//! Every route needs the admin token ([`token`]); a write (POST) needs
+//! Every route needs the admin token ([`token`]) but the registry's
+//! instance proof ([`crate::registry::INSTANCE_PATH`]); a write (POST) needs
 //! `Content-Type: application/json`, which a web page cannot send to
 //! another origin without asking first.
 
@@ -179,6 +180,23 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
     if crate::ui::is_ui(req.uri().path()) {
         return crate::ui::handle(app, req).await;
     }
+    // The proof a command asks for before it sends the token (no token).
+    if req.uri().path() == crate::registry::INSTANCE_PATH && req.method() == Method::GET {
+        let challenge = req
+            .uri()
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("challenge="))
+            .filter(|c| (32..=128).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_hexdigit()));
+        return match challenge {
+            Some(c) => json_response(
+                StatusCode::OK,
+                json!({"proof": crate::registry::proof(&app.instance, c)}).to_string(),
+            ),
+            None => bad("challenge= must be 32 to 128 hex digits"),
+        };
+    }
     if !authorized(req.headers(), &app.admin_token) {
         app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
         return ProxyError::Unauthorized.into_response(Envelope::Anthropic);
@@ -296,6 +314,10 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
                 Err(e) => bad(&e),
             }
         }
+        (Method::POST, "/_oceancode/viewer/revoke") => json_response(
+            StatusCode::OK,
+            json!({"revoked": app.viewer.revoke_all()}).to_string(),
+        ),
         (Method::POST, "/_oceancode/context") => {
             let shape = r#"{"session":..,"drop":[..],"keep":[..],"note":..}"#;
             match json_body(req, 1 << 20, shape).await {
@@ -339,6 +361,11 @@ fn tideline(app: &App, session: Option<String>, args: Vec<String>) -> Response<P
         },
         None => None,
     };
+    if let TidelineAction::Set(l) = &action {
+        if let Err(why) = app.sessions.check_line(session.as_deref(), *l) {
+            return bad(&why);
+        }
+    }
     let result = match &action {
         TidelineAction::Show => Ok(None),
         TidelineAction::Set(l) => app

@@ -319,7 +319,7 @@ impl fmt::Debug for Merger {
 impl Merger {
     /// A merger sending with `up`, storing through `store`.
     pub fn new(opts: MergeOptions, up: Upstream, store: Arc<dyn LedgerStore>) -> Arc<Merger> {
-        tracing::info!(model = %opts.model, upstream = %opts.upstream, "the live merge of SESSION.md is on: turns wholly past the tideline are merged in the background");
+        tracing::info!(model = %opts.model, upstream = %oceancode_config::redact_url(&opts.upstream), "the live merge of SESSION.md is on: turns wholly past the tideline are merged in the background");
         Arc::new(Merger {
             opts,
             up,

@@ -6,6 +6,16 @@
 //! session without `--proxy`. An entry whose process is gone (a killed
 //! proxy) is stale: readers skip it, and the next proxy to register removes
 //! it.
+//!
+//! An entry names where a command sends the admin token, so only an entry
+//! this user wrote is trusted ([`Found::untrusted`]): a regular file (no
+//! symlink) of this user, mode 0600, whose URL is `http://` on a loopback
+//! address and which holds the proxy's `instance` secret. Before a command
+//! sends the token it has the proxy prove it holds that secret
+//! ([`proof`] of a fresh challenge, answered without the token on
+//! [`INSTANCE_PATH`]): a reused pid or port answers nothing right. The
+//! token itself is only ever read from the data dir's own `admin-token`
+//! (the entry's `token_file` is informational).
 
 use oceancode_ledger::paths;
 use serde::{Deserialize, Serialize};
@@ -29,11 +39,67 @@ pub struct Entry {
     /// The program `run` wraps (its name only, no arguments).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<String>,
-    /// The file holding its admin token; None when the token came from the
-    /// config or `OCEANCODE_ADMIN_TOKEN` (a client then needs the same).
+    /// The file holding its admin token; None when the token came from
+    /// `OCEANCODE_ADMIN_TOKEN` (a client then needs the same). For people
+    /// only: commands read the token from their data dir's `admin-token`,
+    /// never from the file an entry names.
     pub token_file: Option<PathBuf>,
     /// The proxy's version.
     pub version: String,
+    /// The secret the live proxy proves it holds ([`proof`]); an entry
+    /// without one is not trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+/// The admin route (no token needed) where a proxy answers a challenge
+/// with the [`proof`] of its instance secret: `GET
+/// /_oceancode/instance?challenge=HEX` → `{"proof": HEX}`.
+pub const INSTANCE_PATH: &str = "/_oceancode/instance";
+
+/// The most bytes of an entry file read.
+const MAX_ENTRY: u64 = 64 * 1024;
+
+/// The proof of holding `instance` for `challenge`: HMAC-SHA256, hex.
+pub fn proof(instance: &str, challenge: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, instance.as_bytes());
+    ring::hmac::sign(&key, challenge.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Whether `url` is `http://` on a loopback address (127.0.0.0/8, `[::1]`,
+/// `localhost`) with a port and nothing after it: the only URL a command
+/// sends the admin token to without being told.
+pub fn is_loopback_url(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return false;
+    };
+    if !matches!(port.parse::<u16>(), Ok(p) if p != 0) {
+        return false;
+    }
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// This process's effective user id.
+#[allow(unsafe_code)] // geteuid(2) has no safe std equivalent
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
 }
 
 impl Entry {
@@ -58,17 +124,100 @@ pub fn dir(data_dir: &Path) -> PathBuf {
 #[derive(Debug)]
 pub struct Registration {
     path: PathBuf,
+    keeper: Option<tokio::task::JoinHandle<()>>,
+    /// Set when dropped: a keeper's write under way leaves the entry be.
+    gone: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// How often a kept registration looks for its files.
+pub const KEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Registration {
     /// The entry's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Keep the entry, and `token` as the data dir's `admin-token` (when
+    /// the proxy's token came from there), written again while the
+    /// registration lives: after the data dir is deleted, the ledger
+    /// reopens it afresh at the next write, and the commands must still
+    /// find this proxy and its token there. Nothing is written while the
+    /// data dir is missing. Needs a Tokio runtime.
+    pub fn keep(mut self, data_dir: &Path, entry: &Entry, token: Option<String>) -> Registration {
+        let (dir, path, entry) = (data_dir.to_path_buf(), self.path.clone(), entry.clone());
+        let gone = self.gone.clone();
+        self.keeper = Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(KEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let (dir, path, entry, token) =
+                    (dir.clone(), path.clone(), entry.clone(), token.clone());
+                let gone = gone.clone();
+                let restored = tokio::task::spawn_blocking(move || {
+                    restore(&dir, &path, &entry, token.as_deref(), &gone)
+                })
+                .await;
+                if restored.is_err() {
+                    return;
+                }
+            }
+        }));
+        self
+    }
+}
+
+/// Write the entry (and the token) again if the data dir is there without
+/// them; see [`Registration::keep`].
+fn restore(
+    data_dir: &Path,
+    path: &Path,
+    entry: &Entry,
+    token: Option<&str>,
+    gone: &std::sync::atomic::AtomicBool,
+) {
+    if !data_dir.is_dir() || gone.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
+    if let Some(t) = token {
+        let file = crate::admin::token::path(data_dir);
+        if !file.exists() {
+            match crate::admin::token::write_new(data_dir, t) {
+                Ok(true) => {
+                    tracing::info!(path = %file.display(), "the admin token file was gone (the data dir was deleted?): written again")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %file.display(), error = %e, "cannot write the admin token file again")
+                }
+            }
+        }
+    }
+    if !path.exists() {
+        let json = match serde_json::to_vec_pretty(entry) {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let written = paths::create_private_dir_all(&dir(data_dir))
+            .and_then(|()| paths::write_atomic(path, &json));
+        match written {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "the proxy's registry entry was gone (the data dir was deleted?): written again")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the proxy's registry entry again")
+            }
+        }
+    }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        self.gone.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(k) = self.keeper.take() {
+            k.abort();
+        }
         if let Err(e) = paths::remove_if_exists(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the proxy's registry entry");
         }
@@ -89,7 +238,11 @@ pub fn register(data_dir: &Path, entry: &Entry) -> io::Result<Registration> {
     let path = dir.join(format!("{}-{port}.json", entry.pid));
     let json = serde_json::to_vec_pretty(entry).map_err(io::Error::other)?;
     paths::write_atomic(&path, &json)?;
-    Ok(Registration { path })
+    Ok(Registration {
+        path,
+        keeper: None,
+        gone: Default::default(),
+    })
 }
 
 /// An entry file found in the registry.
@@ -99,6 +252,8 @@ pub struct Found {
     pub path: PathBuf,
     /// Its entry (None: unreadable, e.g. written by something else).
     pub entry: Option<Entry>,
+    /// Why the entry is not trusted (see the module doc); None: trusted.
+    pub untrusted: Option<String>,
 }
 
 impl Found {
@@ -108,8 +263,66 @@ impl Found {
     }
 }
 
+/// Read an entry file: a regular file of this user, mode 0600, no symlink
+/// followed; `Err` says why it is not trusted (the entry when it parsed).
+fn read_entry(path: &Path) -> (Option<Entry>, Option<String>) {
+    use std::io::Read;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let file = match opts.open(path) {
+        Ok(f) => f,
+        Err(e) => return (None, Some(format!("cannot be opened ({e})"))),
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return (None, Some(format!("cannot be read ({e})"))),
+    };
+    let mut why = None;
+    if !meta.is_file() {
+        return (None, Some("is not a regular file".into()));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if meta.uid() != euid() {
+            why = Some(format!("belongs to another user (uid {})", meta.uid()));
+        } else if meta.mode() & 0o077 != 0 {
+            why = Some(format!(
+                "is readable or writable by others (mode {:o})",
+                meta.mode() & 0o777
+            ));
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_ENTRY).read_to_end(&mut bytes) {
+        return (None, Some(format!("cannot be read ({e})")));
+    }
+    let Ok(entry) = serde_json::from_slice::<Entry>(&bytes) else {
+        return (None, why);
+    };
+    let why = why.or_else(|| {
+        if !is_loopback_url(&entry.url) {
+            Some(format!(
+                "names {:?}, not a loopback http:// address",
+                oceancode_config::redact_url(&entry.url)
+            ))
+        } else if entry.instance.as_deref().is_none_or(|i| i.len() < 32) {
+            Some("holds no instance secret (an older version wrote it)".into())
+        } else {
+            None
+        }
+    });
+    (Some(entry), why)
+}
+
 /// Every entry of `data_dir`'s registry, newest start first (unreadable ones
-/// last). A missing registry is an empty one.
+/// last), each with whether it is trusted. A missing registry is an empty
+/// one.
 pub fn list(data_dir: &Path) -> Vec<Found> {
     let Ok(rd) = std::fs::read_dir(dir(data_dir)) else {
         return Vec::new();
@@ -123,10 +336,12 @@ pub fn list(data_dir: &Path) -> Vec<Found> {
                     .is_some_and(|n| !n.to_string_lossy().starts_with('.'))
         })
         .map(|path| {
-            let entry = std::fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Entry>(&b).ok());
-            Found { path, entry }
+            let (entry, untrusted) = read_entry(&path);
+            Found {
+                path,
+                entry,
+                untrusted,
+            }
         })
         .collect();
     out.sort_by_key(|f| std::cmp::Reverse(f.entry.as_ref().map_or(i64::MIN, |e| e.started_ms)));
@@ -163,6 +378,7 @@ mod tests {
             command: None,
             token_file: None,
             version: "0".into(),
+            instance: Some("i".repeat(64)),
         }
     }
 
@@ -215,5 +431,69 @@ mod tests {
         assert_eq!(found[0].path, r.path());
         assert!(!pid_alive(0));
         assert!(pid_alive(std::process::id()));
+    }
+
+    #[test]
+    fn only_private_loopback_entries_with_a_secret_are_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        let me = std::process::id();
+        let r = register(data, &entry(me, 1, 1)).unwrap();
+        let write = |name: &str, e: &Entry, mode: u32| {
+            let p = dir(data).join(name);
+            std::fs::write(&p, serde_json::to_vec(e).unwrap()).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("a.json", &entry(me, 2, 2), 0o644);
+        let mut far = entry(me, 3, 3);
+        far.url = "http://192.0.2.1:3".into();
+        write("b.json", &far, 0o600);
+        let mut old = entry(me, 4, 4);
+        old.instance = None;
+        write("c.json", &old, 0o600);
+        std::os::unix::fs::symlink(r.path(), dir(data).join("d.json")).unwrap();
+        let found = list(data);
+        let why = |n: &str| {
+            found
+                .iter()
+                .find(|f| f.path.ends_with(n))
+                .unwrap()
+                .untrusted
+                .clone()
+        };
+        assert_eq!(why(&r.path().file_name().unwrap().to_string_lossy()), None);
+        assert!(why("a.json").unwrap().contains("mode 644"));
+        assert!(why("b.json").unwrap().contains("not a loopback"));
+        assert!(why("c.json").unwrap().contains("no instance secret"));
+        assert!(why("d.json").unwrap().contains("cannot be opened"));
+    }
+
+    #[test]
+    fn loopback_urls_and_proofs() {
+        for ok in [
+            "http://127.0.0.1:8787",
+            "http://127.9.9.9:1/",
+            "http://[::1]:8787",
+            "http://localhost:2",
+        ] {
+            assert!(is_loopback_url(ok), "{ok}");
+        }
+        for bad in [
+            "https://127.0.0.1:8787",
+            "http://127.0.0.1",
+            "http://127.0.0.1:0",
+            "http://10.0.0.1:80",
+            "http://localhost.evil.example:80",
+            "http://127.0.0.1:80/x",
+            "http://u@127.0.0.1:80",
+        ] {
+            assert!(!is_loopback_url(bad), "{bad}");
+        }
+        let p = proof("secret", "c1");
+        assert_eq!(p.len(), 64);
+        assert_eq!(p, proof("secret", "c1"));
+        assert_ne!(p, proof("secret", "c2"));
+        assert_ne!(p, proof("other", "c1"));
     }
 }

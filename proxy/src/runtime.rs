@@ -69,6 +69,9 @@ pub enum StartError {
         /// Address.
         addr: SocketAddr,
     },
+    /// The admin token is too short to guard the admin API.
+    #[error("{0}")]
+    WeakToken(String),
     /// The admin token could not be read or made.
     #[error("cannot read or make the admin token {path}: {source}")]
     Token {
@@ -92,8 +95,10 @@ fn check_remote(addr: SocketAddr, opts: &ProxyOptions) -> Result<(), StartError>
 }
 
 /// The admin token: the configured one, else the data dir's (made at first
-/// start), else (ledger off: nothing on disk) one for this run.
+/// start), else (ledger off: nothing on disk) one for this run. A token
+/// shorter than [`crate::admin::token::MIN_LEN`] is refused.
 fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
+    use crate::admin::token;
     if let Some(t) = opts
         .front
         .access
@@ -101,21 +106,30 @@ fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
         .clone()
         .filter(|t| !t.is_empty())
     {
-        return Ok(t);
+        return match token::weakness(&t, token::ENV) {
+            Some(why) => Err(StartError::WeakToken(why)),
+            None => Ok(t),
+        };
     }
     let dir = &opts.front.data_dir;
+    let file = token::path(dir).display().to_string();
     let err = |source| StartError::Token {
-        path: crate::admin::token::path(dir).display().to_string(),
+        path: file.clone(),
         source,
     };
-    if opts.store.is_some() {
-        return crate::admin::token::ensure(dir).map_err(err);
-    }
-    match crate::admin::token::read(dir).map_err(err)? {
-        Some(t) => Ok(t),
+    let stored = if opts.store.is_some() {
+        Some(token::ensure(dir).map_err(err)?)
+    } else {
+        token::read(dir).map_err(err)?
+    };
+    match stored {
+        Some(t) => match token::weakness(&t, &file) {
+            Some(why) => Err(StartError::WeakToken(why)),
+            None => Ok(t),
+        },
         None => {
             tracing::info!("the ledger is off, so no admin token is stored: the admin API takes this run's own (set OCEANCODE_ADMIN_TOKEN to choose it)");
-            crate::admin::token::generate().map_err(err)
+            token::generate().map_err(err)
         }
     }
 }
@@ -257,6 +271,11 @@ pub async fn start_on(
         prices: opts.limits.pricer.clone(),
         bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
         admin_token,
+        viewer: crate::ui::ViewerSessions::default(),
+        instance: crate::admin::token::generate().map_err(|source| StartError::Token {
+            path: "(the registry's instance secret)".into(),
+            source,
+        })?,
         cfg: opts.front.clone(),
         upstream,
         sessions: Arc::new(match &store {

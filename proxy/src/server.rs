@@ -258,6 +258,12 @@ pub struct App {
     pub started: Instant,
     /// The admin token every admin route and `/metrics` require.
     pub admin_token: String,
+    /// The viewer's sessions (its cookie), handed out for the admin token.
+    pub viewer: crate::ui::ViewerSessions,
+    /// This run's secret in the proxies registry: a command checks the
+    /// proxy at a registered URL holds it before sending the admin token
+    /// ([`crate::registry::proof`]).
+    pub instance: String,
     /// Request bodies held across connections.
     pub bodies: BodyBudget,
     /// The live merge of `SESSION.md` (None: off).

@@ -107,7 +107,10 @@ pub fn join(base: &str, path_and_query: &str) -> Result<Uri, ProxyError> {
     let base = base.trim_end_matches('/');
     format!("{base}{path_and_query}")
         .parse::<Uri>()
-        .map_err(|e| ProxyError::BadTarget(format!("bad upstream URL {base}{path_and_query}: {e}")))
+        .map_err(|e| {
+            let shown = oceancode_config::redact_url(&format!("{base}{path_and_query}"));
+            ProxyError::BadTarget(format!("bad upstream URL {shown}: {e}"))
+        })
 }
 
 const HOP_BY_HOP: [&str; 9] = [

@@ -792,12 +792,12 @@ async fn serve_config_unknown_key_fails_and_removed_keys_warn() {
         &fake.url(),
         &["--config", off.to_str().unwrap()],
         // Nothing on disk, so no token file: the token is given.
-        &[("OCEANCODE_ADMIN_TOKEN", "off-token")],
+        &[("OCEANCODE_ADMIN_TOKEN", "off-token-0123456789")],
     );
     chat(&c, &p.url, "off", 2).await;
     let mut cmd = proxy_cmd(home);
     cmd.args(["tideline", "--json", "--proxy", &p.url, "30%"])
-        .env("OCEANCODE_ADMIN_TOKEN", "off-token");
+        .env("OCEANCODE_ADMIN_TOKEN", "off-token-0123456789");
     let t = output(cmd);
     assert!(!t.status.success(), "{t:?}");
     assert!(text(&t.stderr).contains("the ledger is off"), "{t:?}");
@@ -1142,4 +1142,131 @@ async fn context_receipt_without_a_proxy_never_hangs_on_a_fifo() {
     };
     // No proxy and no readable receipt: the no-proxy error, at once.
     assert!(!status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_errors_never_show_the_credentials_of_a_url() {
+    // D20 (issue 40, item 10).
+    let t = Setup::new().await;
+    let (home, data) = (t.home(), t.data.as_path());
+    let cfg = home.join("creds.json");
+    std::fs::write(
+        &cfg,
+        r#"{"providers": {"anthropic": {"upstream": "https://cfguser:SECRETPASS3@api.example.com"}}}"#,
+    )
+    .unwrap();
+    let serve_with = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = with_data(home, data, &["serve", "--listen", "127.0.0.1:0"]);
+        c.args(args).envs(env.iter().copied());
+        output(c)
+    };
+    for (o, what) in [
+        (
+            serve_with(
+                &[],
+                &[(
+                    "OCEANCODE_ANTHROPIC_UPSTREAM",
+                    "https://user:SECRETPASS2@api.example.com",
+                )],
+            ),
+            "OCEANCODE_ANTHROPIC_UPSTREAM",
+        ),
+        (
+            serve_with(
+                &[
+                    "--openai-upstream",
+                    "https://api.example.com/v1?key=SECRETQ9",
+                ],
+                &[],
+            ),
+            "providers.openai.upstream",
+        ),
+        (
+            serve_with(
+                &["--openai-upstream", "https://SECRETTOKEN7@api.example.com"],
+                &[],
+            ),
+            "providers.openai.upstream",
+        ),
+        (
+            serve_with(&["--config", cfg.to_str().unwrap()], &[]),
+            "providers.anthropic.upstream",
+        ),
+        (
+            output(with_data(
+                home,
+                data,
+                &[
+                    "ledger",
+                    "list",
+                    "--database",
+                    "postgres://pg:SECRETPG4@127.0.0.1:1/l?password=SECRETPG5",
+                ],
+            )),
+            "127.0.0.1:1",
+        ),
+    ] {
+        assert!(!o.status.success(), "{o:?}");
+        let err = text(&o.stderr);
+        assert!(err.contains(what), "names the source {what}: {err}");
+        assert!(!err.contains("SECRET"), "a credential printed: {err}");
+        assert!(err.contains("***"), "masked: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_admin_token_is_refused_and_a_readable_token_file_made_private() {
+    // Issue 40, item 6.
+    use std::os::unix::fs::PermissionsExt;
+    let t = Setup::new().await;
+    let (fake, home, data) = (&t.fake, t.home(), t.data.as_path());
+    for extra in [
+        &["--listen", "127.0.0.1:0"][..],
+        &["--allow-remote", "--listen", "0.0.0.0:0"][..],
+    ] {
+        let mut c = with_data(home, data, &["serve"]);
+        c.args(["--anthropic-upstream", &fake.url()])
+            .args(extra)
+            .env("OCEANCODE_ADMIN_TOKEN", "a");
+        let o = output(c);
+        assert!(!o.status.success(), "{extra:?}: {o:?}");
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("OCEANCODE_ADMIN_TOKEN has 1 characters; at least 16"),
+            "{extra:?}: {err}"
+        );
+    }
+    // A short token file is refused the same way.
+    std::fs::create_dir_all(data).unwrap();
+    let file = data.join("admin-token");
+    std::fs::write(&file, "short\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut c = with_data(home, data, &["serve", "--listen", "127.0.0.1:0"]);
+    c.args(["--anthropic-upstream", &fake.url()]);
+    let o = output(c);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(text(&o.stderr).contains("at least 16"), "{o:?}");
+    // A world-readable one is made 0600, with a warning, and used.
+    let token = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut p = t.serve(&[], &[]);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let c = http();
+    let (status, _) = request(
+        &c,
+        "GET",
+        &format!("{}/_oceancode/health", p.url),
+        &[("authorization", &format!("Bearer {token}"))],
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    sigterm_and_wait(&mut p);
+    let log = p.stderr.lock().unwrap().clone();
+    assert!(
+        log.contains("readable by others (mode 644); made it 0600"),
+        "{log}"
+    );
 }

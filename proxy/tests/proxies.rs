@@ -558,3 +558,171 @@ async fn sessions_by_the_clients_own_name_and_errors_for_unknown_ones() {
     assert!(body.contains("no session \\\"probe\\\""), "{body}");
     let _ = served.guard.child().kill();
 }
+
+/// A loopback HTTP server that records the head of every request it gets
+/// and answers each with `body` (issue 33, item 4: what a hostile registry
+/// entry points commands at).
+struct Listener {
+    url: String,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+fn listener(body: &'static str) -> Listener {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            seen.lock().unwrap().push(text(&buf));
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Listener { url, heads }
+}
+
+/// Write a registry entry file with `mode`.
+fn plant(data: &Path, name: &str, entry: &Value, mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = data.join("proxies");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_vec(entry).unwrap()).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_registry_entries_never_get_the_admin_token() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let mut served = serve(home, &data, &fake.url(), &[], &[CONTEXT]);
+    let c = http();
+    chat(
+        &c,
+        &served.url,
+        "/v1/messages",
+        &[("x-oceancode-session", "mine")],
+        "mine",
+        1,
+    )
+    .await;
+    let real = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let real = real.trim();
+    // A file of the attacker's choosing that an entry names as its token.
+    let named = home.join("named-token");
+    std::fs::write(&named, "FILESECRET0123456789\n").unwrap();
+    // Something on loopback that answers like a proxy (any proof it likes).
+    let evil = listener(r#"{"sessions": [], "proof": "00"}"#);
+    let entry = |url: &str| {
+        json!({"url": url, "pid": 1, "started_ms": i64::MAX, "kind": "serve",
+               "token_file": named, "version": "0", "instance": "a".repeat(64)})
+    };
+    // Readable by others; private but failing the proof (a reused port);
+    // not loopback; a symlink to a private entry.
+    plant(&data, "1-1.json", &entry(&evil.url), 0o644);
+    plant(&data, "1-2.json", &entry(&evil.url), 0o600);
+    plant(&data, "1-3.json", &entry("http://10.1.2.3:8787"), 0o600);
+    let outside = plant(&home.join("elsewhere"), "x.json", &entry(&evil.url), 0o600);
+    std::os::unix::fs::symlink(&outside, data.join("proxies").join("1-4.json")).unwrap();
+
+    for args in [
+        &["status", "--json", "mine"][..],
+        &["tideline", "--json", "--session", "mine"][..],
+        &["ui"][..],
+    ] {
+        let o = cli(home, &data, args);
+        let out = ok(&o, &format!("{args:?}"));
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("not trusting 4 entries"),
+            "{args:?} says why it skips them: {err}"
+        );
+        for why in [
+            "readable or writable by others",
+            "did not prove",
+            "not a loopback",
+            "cannot be opened",
+        ] {
+            assert!(err.contains(why), "{args:?}: {why}: {err}");
+        }
+        if args[0] == "ui" {
+            assert!(out.starts_with(&served.url), "{out}");
+        }
+    }
+    // The real proxy was used; what answered at the planted URL never saw
+    // a token (only the token-free challenge of the private entry).
+    let heads = evil.heads.lock().unwrap().clone();
+    assert!(!heads.is_empty(), "the private entry was challenged");
+    for h in &heads {
+        let lower = h.to_ascii_lowercase();
+        assert!(!lower.contains("authorization"), "{h}");
+        assert!(h.starts_with("GET /_oceancode/instance?challenge="), "{h}");
+        assert!(!h.contains("FILESECRET") && !h.contains(real), "{h}");
+    }
+    drop(served.guard.0.take());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_data_dir_gets_the_token_and_the_entry_back() {
+    let fake = fake().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+    let served = serve(home, &data, &fake.url(), &[], &[CONTEXT]);
+    let c = http();
+    let hdr = [("x-oceancode-session", "again")];
+    chat(&c, &served.url, "/v1/messages", &hdr, "again", 1).await;
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    assert_eq!(entries(&data).len(), 1);
+
+    std::fs::remove_dir_all(&data).unwrap();
+    // The next request reopens a fresh ledger in its place.
+    chat(&c, &served.url, "/v1/messages", &hdr, "again", 2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(data.join("admin-token").exists() && entries(&data).len() == 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the token file and the registry entry were not written again: {:?}",
+            std::fs::read_dir(&data).map(|d| d
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .collect::<Vec<_>>())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        std::fs::read_to_string(data.join("admin-token")).unwrap(),
+        token,
+        "the token the proxy still serves with"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data.join("admin-token")), 0o600);
+        assert_eq!(mode(&entries(&data)[0]), 0o600);
+    }
+    // Commands find the proxy again without --proxy.
+    let v = json_ok(
+        &cli(home, &data, &["tideline", "--json", "--session", "again"]),
+        "tideline after the data dir was deleted",
+    );
+    assert_eq!(v["session"]["client_session"], "name:again", "{v}");
+    drop(served);
+}

@@ -1084,3 +1084,76 @@ async fn a_step_whose_upstream_fails_is_recorded_with_its_status_and_why() {
     assert!(text.contains("\"failed_steps\":1"), "{text}");
     assert!(text.contains("upstream_unreachable"), "{text}");
 }
+
+/// `POST /_oceancode/tideline` with `body`: the status and the answer.
+async fn set_line(h: &Harness, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let bearer = format!("Bearer {}", h.admin_token());
+    let got = collect(
+        h.send(
+            &h.url(),
+            Method::POST,
+            "/_oceancode/tideline",
+            &[
+                ("authorization", bearer.as_str()),
+                ("content-type", "application/json"),
+            ],
+            Bytes::from(body.to_string()),
+        )
+        .await,
+    )
+    .await;
+    (got.status.as_u16(), got.json())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_percentage_that_resolves_under_the_20k_floor_is_refused() {
+    // D18 (issue 33, item 5): `tideline 0.0001%` gave a 1-token line.
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let body = Bytes::from(anthropic_body(false, "hi"));
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "floor")],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let id = h.proxy().app.sessions.sessions()[0].id.clone();
+    // Under the floor on any model, with or without a session.
+    for body in [
+        serde_json::json!({"value": "0.0001%"}),
+        serde_json::json!({"session": id, "value": "0.0001%"}),
+    ] {
+        let (status, v) = set_line(&h, body).await;
+        assert_eq!(status, 400, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("20k-token floor"),
+            "{v}"
+        );
+    }
+    // 5% of claude-sonnet-4-5's 200k window is 10k: under the floor there,
+    // for the session and for all sessions (it is one of them).
+    for body in [
+        serde_json::json!({"session": id, "value": "5%"}),
+        serde_json::json!({"value": "5%"}),
+    ] {
+        let (status, v) = set_line(&h, body).await;
+        assert_eq!(status, 400, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("under the 20000-token floor") && msg.contains("at least 10%"),
+            "{v}"
+        );
+    }
+    let (status, v) = set_line(&h, serde_json::json!({"session": id, "value": "10%"})).await;
+    assert_eq!(status, 200, "{v}");
+    let got = h
+        .post("/v1/messages", &[("x-oceancode-session", "floor")], body)
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let s = h.admin(&format!("/_oceancode/sessions/{id}")).await;
+    assert_eq!(s["meter"]["line"], 20_000, "{s}");
+}

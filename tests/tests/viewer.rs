@@ -97,8 +97,18 @@ async fn get_method(h: &Harness, m: Method, path: &str, headers: &[(&str, &str)]
     .await
 }
 
-fn cookie_of(h: &Harness) -> String {
-    format!("oceancode_ui={}", h.admin_token())
+/// The viewer's cookie (`oceancode_ui=…`) of a fresh hand-over of the
+/// admin token.
+async fn cookie_of(h: &Harness) -> String {
+    let over = get(
+        h,
+        &format!("/_oceancode/ui/?token={}", h.admin_token()),
+        &[],
+    )
+    .await;
+    assert_eq!(over.status, 303, "{}", over.text());
+    let set = over.headers["set-cookie"].to_str().unwrap();
+    set.split(';').next().unwrap().to_string()
 }
 
 /// GET `path` as the signed-in viewer: with the cookie the hand-over left.
@@ -108,7 +118,7 @@ async fn signed_in(h: &Harness, path: &str) -> Got {
 
 /// [`signed_in`] with `more` headers after the cookie.
 async fn signed_in_with(h: &Harness, path: &str, more: &[(&str, &str)]) -> Got {
-    let cookie = cookie_of(h);
+    let cookie = cookie_of(h).await;
     let mut headers = vec![("cookie", cookie.as_str())];
     headers.extend_from_slice(more);
     get(h, path, &headers).await
@@ -131,12 +141,18 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     let over = get(&h, &format!("/_oceancode/ui/?sort=rows&token={token}"), &[]).await;
     assert_eq!(over.status, 303);
     assert_eq!(over.headers["location"], "/_oceancode/ui/?sort=rows");
-    let set = over.headers["set-cookie"].to_str().unwrap();
-    assert_eq!(
-        set,
-        format!("oceancode_ui={token}; Path=/_oceancode/ui/; HttpOnly; SameSite=Strict")
-    );
-    let page = signed_in(&h, "/_oceancode/ui/?sort=rows").await;
+    let set = over.headers["set-cookie"].to_str().unwrap().to_string();
+    // A viewer session of its own, never the admin token: cookies ignore
+    // ports, so any other server on this host receives it (issue 40, item 6).
+    let value = set
+        .strip_prefix("oceancode_ui=")
+        .and_then(|r| r.strip_suffix("; Path=/_oceancode/ui/; HttpOnly; SameSite=Strict"))
+        .unwrap_or_else(|| panic!("{set}"));
+    assert_ne!(value, token);
+    assert!(!value.contains(&token[..16]), "{set}");
+    assert_eq!(value.len(), 64, "{set}");
+    let cookie = format!("oceancode_ui={value}");
+    let page = get(&h, "/_oceancode/ui/?sort=rows", &[("cookie", &cookie)]).await;
     assert_eq!(page.status, 200);
     assert!(
         page.text().contains("<table class=\"sessions\""),
@@ -154,6 +170,52 @@ async fn the_viewer_needs_the_token_handed_over_once_and_kept_in_a_cookie() {
     assert_eq!(bearer.status, 200);
     let api = signed_in(&h, "/_oceancode/sessions").await;
     assert_eq!(api.status, 401);
+    // The token itself is no cookie.
+    let as_cookie = get(
+        &h,
+        "/_oceancode/ui/",
+        &[("cookie", &format!("oceancode_ui={token}"))],
+    )
+    .await;
+    assert_eq!(as_cookie.status, 401);
+    // Revoked through the admin API: every viewer session ends.
+    let revoke = h
+        .send(
+            &h.url(),
+            Method::POST,
+            "/_oceancode/viewer/revoke",
+            &[
+                ("authorization", &format!("Bearer {token}")),
+                ("content-type", "application/json"),
+            ],
+            Bytes::from_static(b"{}"),
+        )
+        .await;
+    let revoke = oceancode_tests::collect(revoke).await;
+    assert_eq!(revoke.status, 200, "{}", revoke.text());
+    assert!(
+        revoke.json()["revoked"].as_u64().unwrap() >= 2,
+        "{}",
+        revoke.text()
+    );
+    let after = get(&h, "/_oceancode/ui/", &[("cookie", &cookie)]).await;
+    assert_eq!(after.status, 401);
+    // A restart ends them too.
+    let mut h = h;
+    let cookie = cookie_of(&h).await;
+    assert_eq!(
+        get(&h, "/_oceancode/ui/", &[("cookie", &cookie)])
+            .await
+            .status,
+        200
+    );
+    h.restart(|_| {}).await;
+    assert_eq!(
+        get(&h, "/_oceancode/ui/", &[("cookie", &cookie)])
+            .await
+            .status,
+        401
+    );
     // Without its trailing slash the cookie path would not match: redirected.
     let bare = get(&h, "/_oceancode/ui", &[]).await;
     assert_eq!(bare.status, 308);
@@ -206,7 +268,7 @@ async fn the_sessions_list_shows_and_filters_the_name_the_user_gave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_refuses_other_hosts_origins_and_writes() {
     let (h, id) = recorded(1).await;
-    let c = cookie_of(&h);
+    let c = cookie_of(&h).await;
     let ok = signed_in_with(&h, "/_oceancode/ui/", &[("sec-fetch-site", "same-origin")]).await;
     assert_eq!(ok.status, 200);
     let host = signed_in_with(&h, "/_oceancode/ui/", &[("host", "attacker.example")]).await;

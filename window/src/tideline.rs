@@ -56,8 +56,8 @@ pub fn output_allowance(max_output: Option<u64>, request_max_tokens: Option<u64>
 
 /// The line in tokens for `spec` on a model with `context` (None = unknown).
 ///
-/// `Percent(p)` → `context * p / 100` (unknown context: 300 000). `Tokens(n > 0)` →
-/// `max(n, MIN_FIXED_LINE)`. `Tokens(0)` → the ceiling `context - allowance`
+/// `Percent(p)` → `max(context * p / 100, MIN_FIXED_LINE)` (unknown context:
+/// 300 000). `Tokens(n > 0)` → `max(n, MIN_FIXED_LINE)`. `Tokens(0)` → the ceiling `context - allowance`
 /// (unknown: 120 000). With a known context the line never exceeds the ceiling
 /// (`clamped` says it was lowered).
 pub fn effective_line(
@@ -75,7 +75,8 @@ pub fn effective_line(
             } else {
                 40.0
             };
-            (c as f64 * p / 100.0).floor() as u64
+            // The floor of a fixed line holds for a share too.
+            ((c as f64 * p / 100.0).floor() as u64).max(MIN_FIXED_LINE)
         }
         (LineSpec::Percent(_), None) => UNKNOWN_CONTEXT_LINE,
         (LineSpec::Tokens(0), _) => ceiling.unwrap_or(UNKNOWN_CEILING_LINE),

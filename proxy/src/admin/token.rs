@@ -2,9 +2,12 @@
 //! (0600), made at the proxy's first start and required on every admin
 //! route and `/metrics` (`Authorization: Bearer <token>`). The command line
 //! reads it from there; `--admin-token` / `OCEANCODE_ADMIN_TOKEN` give it
-//! for a proxy on another machine. Every reader goes through [`read`].
+//! for a proxy on another machine. Every reader goes through [`read`],
+//! which takes only a regular file of this user (no symlink, no FIFO) and
+//! makes a group- or world-readable one private again, with a warning. A
+//! token the proxy serves with has at least [`MIN_LEN`] characters.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// File name of the token inside the data dir.
@@ -14,19 +17,84 @@ pub const FILE: &str = "admin-token";
 /// own token when set: remote use, or a proxy whose ledger is off).
 pub const ENV: &str = "OCEANCODE_ADMIN_TOKEN";
 
+/// The fewest characters an admin token may have.
+pub const MIN_LEN: usize = 16;
+
+/// The most of the token file read (a token is 64 characters).
+const MAX_FILE: u64 = 4096;
+
+/// Why a token is too weak to serve with, naming where it came from;
+/// None when it is long enough.
+pub fn weakness(token: &str, from: &str) -> Option<String> {
+    let n = token.chars().count();
+    (n < MIN_LEN).then(|| {
+        format!(
+            "the admin token from {from} has {n} characters; at least {MIN_LEN} are needed (make one with `openssl rand -hex 32`)"
+        )
+    })
+}
+
 /// `<data_dir>/admin-token`.
 pub fn path(data_dir: &Path) -> PathBuf {
     data_dir.join(FILE)
 }
 
 /// The token stored in `data_dir`, if there is one (`Ok(None)` when the file
-/// does not exist; an empty file counts as none).
+/// does not exist; an empty file counts as none). The file must be a
+/// regular file owned by this user, not a symlink; one that the group or
+/// others may read is made 0600 again, with a warning.
 pub fn read(data_dir: &Path) -> std::io::Result<Option<String>> {
-    match std::fs::read_to_string(path(data_dir)) {
-        Ok(s) => Ok(Some(s.trim().to_string()).filter(|t| !t.is_empty())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    let p = path(data_dir);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // No symlink followed; a FIFO opens without waiting for a writer.
+        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
     }
+    let file = match opts.open(&p) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(std::io::Error::other(format!(
+                "{} is a symbolic link: the admin token must be a file of its own",
+                p.display()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            p.display()
+        )));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let me = crate::registry::euid();
+        if meta.uid() != me {
+            return Err(std::io::Error::other(format!(
+                "{} belongs to another user (uid {}, not {me})",
+                p.display(),
+                meta.uid()
+            )));
+        }
+        let mode = meta.mode() & 0o777;
+        if mode & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            tracing::warn!(
+                path = %p.display(),
+                "the admin token file was readable by others (mode {mode:o}); made it 0600: make a new token if others may have read it (delete the file and restart the proxy)"
+            );
+        }
+    }
+    let mut s = String::new();
+    file.take(MAX_FILE).read_to_string(&mut s)?;
+    Ok(Some(s.trim().to_string()).filter(|t| !t.is_empty()))
 }
 
 /// `OCEANCODE_ADMIN_TOKEN`, when set and not empty.
@@ -65,6 +133,17 @@ pub fn ensure(data_dir: &Path) -> std::io::Result<String> {
         set_mode(data_dir, 0o700)?;
     }
     let token = generate()?;
+    if write_new(data_dir, &token)? {
+        return Ok(token);
+    }
+    // Another process made it first: use theirs.
+    read(data_dir)?
+        .ok_or_else(|| std::io::Error::other(format!("{} is empty", path(data_dir).display())))
+}
+
+/// Write `token` as `data_dir`'s token file (0600) unless one exists:
+/// true when written, false when a file was there already.
+pub fn write_new(data_dir: &Path, token: &str) -> std::io::Result<bool> {
     let p = path(data_dir);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
@@ -78,11 +157,9 @@ pub fn ensure(data_dir: &Path) -> std::io::Result<String> {
             f.write_all(token.as_bytes())?;
             f.write_all(b"\n")?;
             f.sync_all()?;
-            Ok(token)
+            Ok(true)
         }
-        // Another process made it first: use theirs.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(data_dir)?
-            .ok_or_else(|| std::io::Error::other(format!("{} is empty", p.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(e),
     }
 }

@@ -258,7 +258,7 @@ fn init_tracing(filter: &str) {
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(out::log_writer)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

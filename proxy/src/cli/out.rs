@@ -3,6 +3,8 @@
 //! names and message content, such as an OSC 52 clipboard write, a title
 //! change or a screen clear — are written escaped (`\u{1b}`), so they are
 //! shown instead of run; into a pipe or a file the text goes as it is.
+//! What goes to standard error (error lines, notes, the log) has the
+//! credentials of any URL in it masked ([`oceancode_config::redact_urls_in`]).
 
 use std::io::{self, IsTerminal, Write};
 use std::sync::OnceLock;
@@ -31,6 +33,14 @@ impl Stream {
 /// Write `text` to `stream`, escaped on a terminal. A write error (a closed
 /// reader) is not a reason to panic: the command ends as it would anyway.
 pub fn write(stream: Stream, text: &str) {
+    let redacted;
+    let text = match stream {
+        Stream::Err if text.contains("://") => {
+            redacted = oceancode_config::redact_urls_in(text);
+            redacted.as_str()
+        }
+        _ => text,
+    };
     let bytes = if stream.is_terminal() {
         escape_controls(text)
     } else {
@@ -62,6 +72,32 @@ pub fn stdout_writer() -> Box<dyn Write> {
         })
     } else {
         Box::new(io::stdout().lock())
+    }
+}
+
+/// Standard error for the log: each write (the log writes a line at a
+/// time) with the credentials of its URLs masked.
+pub fn log_writer() -> RedactingStderr {
+    RedactingStderr
+}
+
+/// See [`log_writer`].
+pub struct RedactingStderr;
+
+impl Write for RedactingStderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut err = io::stderr().lock();
+        if buf.windows(3).any(|w| w == b"://") {
+            let text = oceancode_config::redact_urls_in(&String::from_utf8_lossy(buf));
+            err.write_all(text.as_bytes())?;
+        } else {
+            err.write_all(buf)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        io::stderr().flush()
     }
 }
 

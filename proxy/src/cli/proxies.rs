@@ -3,8 +3,12 @@
 //! dir ([`oceancode_proxy::registry`]) that still runs and answers, asked
 //! for the sessions it holds; else the configured listen address. Stale
 //! entries (the process is gone, or it does not answer) are skipped with one
-//! note. A command then takes the proxy that holds its session, else the
-//! newest.
+//! note, untrusted ones (not this user's private file, not loopback, or the
+//! proxy there cannot prove it is the one registered) with another: the
+//! admin token — `--admin-token`, else the data dir's own `admin-token`,
+//! never a file an entry names — only goes to a URL the user named or a
+//! registered proxy that proved itself. A command then takes the proxy that
+//! holds its session, else the newest.
 
 use super::admin_client::{AdminClient, AdminError};
 use super::out::errln;
@@ -87,21 +91,9 @@ impl Proxies {
         proxy: Option<&str>,
         flag: &AdminTokenFlag,
     ) -> Proxies {
-        let explicit_token = flag.admin_token.as_deref();
-        let client_token = |file: Option<&Path>| {
-            explicit_token
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::to_string)
-                .or_else(|| {
-                    file.and_then(|f| std::fs::read_to_string(f).ok())
-                        .map(|t| t.trim().to_string())
-                        .filter(|t| !t.is_empty())
-                })
-                .or_else(|| token::for_client(None, data_dir))
-        };
+        let token = token::for_client(flag.admin_token.as_deref(), data_dir);
         if let Some(url) = proxy {
-            let client = AdminClient::new(url, client_token(None));
+            let client = AdminClient::new(url, token);
             let url = client.url().to_string();
             let mut found = Proxies {
                 live: Vec::new(),
@@ -115,28 +107,48 @@ impl Proxies {
             return found;
         }
         let mut stale: Vec<String> = Vec::new();
+        let mut untrusted: Vec<String> = Vec::new();
         let mut asks = Vec::new();
         for f in registry::list(data_dir) {
-            match f.entry {
-                None => stale.push(format!("{} is unreadable", f.path.display())),
-                Some(e) if !registry::pid_alive(e.pid) => {
+            let name = f.path.display().to_string();
+            match (f.entry, f.untrusted) {
+                (_, Some(why)) => untrusted.push(format!("{name} {why}")),
+                (None, None) => stale.push(format!("{name} is unreadable")),
+                (Some(e), None) if !registry::pid_alive(e.pid) => {
                     stale.push(format!("{} has exited", e.describe()))
                 }
-                Some(e) => {
-                    let client = AdminClient::new(&e.url, client_token(e.token_file.as_deref()));
-                    asks.push(async move { (ask(client).await, e) });
+                (Some(e), None) => {
+                    let token = token.clone();
+                    asks.push(async move {
+                        match prove(&e).await {
+                            Ok(()) => (ask(AdminClient::new(&e.url, token)).await, e, true),
+                            Err(why) => (Err(why), e, false),
+                        }
+                    });
                 }
             }
         }
         let mut live = Vec::new();
-        for (answer, e) in futures_util::future::join_all(asks).await {
+        for (answer, e, proved) in futures_util::future::join_all(asks).await {
             match answer {
                 Ok(l) => live.push(Live {
                     entry: Some(e),
                     ..l
                 }),
-                Err(why) => stale.push(format!("{} {why}", e.describe())),
+                Err(why) if proved || why == NO_ANSWER => {
+                    stale.push(format!("{} {why}", e.describe()))
+                }
+                Err(why) => untrusted.push(format!("{} {why}", e.describe())),
             }
+        }
+        if !untrusted.is_empty() {
+            errln!(
+                "oceancode-proxy: note: not trusting {} entr{} in {} (the admin token is not sent there): {}",
+                untrusted.len(),
+                if untrusted.len() == 1 { "y" } else { "ies" },
+                registry::dir(data_dir).display(),
+                untrusted.join("; ")
+            );
         }
         if !stale.is_empty() {
             errln!(
@@ -152,7 +164,7 @@ impl Proxies {
             // No registered proxy: the configured address (a proxy with its
             // ledger off registers nowhere), if it serves this data dir.
             let url = format!("http://{}", cfg.listen);
-            match ask(AdminClient::new(&url, client_token(None))).await {
+            match ask(AdminClient::new(&url, token)).await {
                 Ok(l) => match l.data_dir.as_deref().filter(|d| !same_dir(d, data_dir)) {
                     Some(other) => unreachable.push((
                         url,
@@ -255,7 +267,27 @@ impl Proxies {
     }
 }
 
-/// Ask a proxy for its sessions; Err says why it is not usable.
+/// Have the proxy at a registered entry's URL prove (without the admin
+/// token) that it holds the entry's instance secret; Err says why not
+/// ([`NO_ANSWER`] when nothing answered).
+async fn prove(e: &Entry) -> Result<(), String> {
+    let Some(instance) = e.instance.as_deref() else {
+        return Err("holds no instance secret".into());
+    };
+    let challenge = token::generate().map_err(|e| e.to_string())?;
+    let path = format!("{}?challenge={challenge}", registry::INSTANCE_PATH);
+    match AdminClient::new(&e.url, None).get(&path, WAIT).await {
+        Ok(a) if a.json["proof"].as_str().is_some_and(|p| {
+            token::matches(p, &registry::proof(instance, &challenge))
+        }) =>
+        {
+            Ok(())
+        }
+        Ok(_) => Err("did not prove it is the proxy that registered (another program answers at its address)".into()),
+        Err(_) => Err(NO_ANSWER.into()),
+    }
+}
+
 /// Whether a proxy's data dir `theirs` is `ours` (a relative one, from a
 /// working directory unknown here, is taken to be).
 fn same_dir(theirs: &Path, ours: &Path) -> bool {
@@ -268,6 +300,7 @@ fn same_dir(theirs: &Path, ours: &Path) -> bool {
     }
 }
 
+/// Ask a proxy for its sessions; Err says why it is not usable.
 async fn ask(client: AdminClient) -> Result<Live, String> {
     match client.get("/_oceancode/sessions", WAIT).await {
         Ok(a) if a.status.is_success() => Ok(Live {

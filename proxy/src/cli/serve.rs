@@ -220,9 +220,16 @@ pub(super) fn register(
         command,
         token_file,
         version: env!("CARGO_PKG_VERSION").to_string(),
+        instance: Some(running.app.instance.clone()),
     };
     match registry::register(data_dir, &entry) {
-        Ok(r) => Some(r),
+        Ok(r) => {
+            let own = entry
+                .token_file
+                .is_some()
+                .then(|| running.app.admin_token.clone());
+            Some(r.keep(data_dir, &entry, own))
+        }
         Err(e) => {
             tracing::warn!(dir = %registry::dir(data_dir).display(), error = %e, "cannot register the proxy in its data dir: commands need --proxy to find it");
             None

@@ -269,6 +269,47 @@ impl SessionManager {
             .unwrap_or(self.settings.line)
     }
 
+    /// Whether `spec` is a line for `session` (all live sessions when None):
+    /// a percentage must resolve to at least the 20k floor
+    /// ([`oceancode_config::MIN_FIXED_LINE`], or the model's ceiling when
+    /// that is lower) on each of their models' windows, as a fixed line
+    /// must. Err says which session and model, the floor, and the least
+    /// percentage that would do.
+    pub fn check_line(&self, session: Option<&str>, spec: LineSpec) -> Result<(), String> {
+        let LineSpec::Percent(p) = spec else {
+            return Ok(());
+        };
+        let targets: Vec<Arc<Session>> = match session {
+            Some(id) => self.get(id).into_iter().collect(),
+            None => self.sessions(),
+        };
+        for s in targets {
+            let (model, learned) = {
+                let st = s.state.lock();
+                (st.meta.model.clone(), st.learned_ceiling)
+            };
+            if model.is_empty() {
+                continue;
+            }
+            let limits = (self.settings.models)(&model, learned);
+            let Some(context) = limits.context else {
+                continue;
+            };
+            let ceiling =
+                context.saturating_sub(tideline::output_allowance(limits.max_output, None));
+            let floor = oceancode_config::MIN_FIXED_LINE.min(ceiling);
+            let line = (context as f64 * p / 100.0).floor() as u64;
+            if line < floor {
+                let least = (floor as f64 * 100.0 / context as f64 * 100.0).ceil() / 100.0;
+                return Err(format!(
+                    "{p}% of the {context}-token window of {model} (session {}) is {line} tokens, under the {floor}-token floor of a tideline: give at least {least}%, or a fixed line of 20k or more",
+                    s.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Set (or clear) the line for one session, or for all when `session` is None.
     /// Sub-agent sessions follow their parent's override; a sibling (another
     /// conversation) took its parent's when it began, and keeps its own.

@@ -6,8 +6,13 @@
 //!
 //! Access is the admin API's: the listener's Host/Origin/Sec-Fetch-Site
 //! rules ([`crate::access`]) run first, then the admin token — handed over
-//! once as `?token=` (answered with a cookie scoped to this path and a
-//! redirect that drops it from the URL) or sent as `Authorization: Bearer`.
+//! once as `?token=` or sent as `Authorization: Bearer`. The hand-over is
+//! answered with a redirect that drops the token from the URL and a cookie
+//! scoped to this path holding a viewer session ([`ViewerSessions`]): a
+//! random value of its own, never the token (cookies ignore ports, so any
+//! other server on the same host receives them), kept in memory only (a
+//! restart ends every one), expiring after [`VIEWER_TTL`], revoked at once
+//! by `POST /_oceancode/viewer/revoke`.
 //! Only GET and HEAD are served: nothing here changes state. Every answer
 //! carries a Content-Security-Policy that allows only this path's own
 //! script and style (no inline script), so session content — model output,
@@ -38,8 +43,54 @@ use std::sync::Arc;
 
 /// The viewer's path without its trailing slash.
 pub const PREFIX: &str = "/_oceancode/ui";
-/// The cookie that keeps the admin token for the viewer's pages.
+/// The cookie that keeps the viewer session for the viewer's pages.
 pub const COOKIE: &str = "oceancode_ui";
+/// How long a viewer session lasts after its hand-over.
+pub const VIEWER_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+/// The most viewer sessions kept at once (the oldest goes first).
+pub const MAX_VIEWER_SESSIONS: usize = 64;
+
+/// The live viewer sessions: random values handed out as the viewer's
+/// cookie in exchange for the admin token, each with its expiry. In
+/// memory only: a restart of the proxy revokes them all.
+#[derive(Debug, Default)]
+pub struct ViewerSessions {
+    live: parking_lot::Mutex<Vec<(String, std::time::Instant)>>,
+}
+
+impl ViewerSessions {
+    /// A new session (32 random bytes, hex) valid for [`VIEWER_TTL`].
+    pub fn open(&self) -> std::io::Result<String> {
+        let value = token::generate()?;
+        let now = std::time::Instant::now();
+        let mut live = self.live.lock();
+        live.retain(|(_, until)| *until > now);
+        if live.len() >= MAX_VIEWER_SESSIONS {
+            live.remove(0);
+        }
+        live.push((value.clone(), now + VIEWER_TTL));
+        Ok(value)
+    }
+
+    /// Whether `presented` is a live session (compared in constant time).
+    pub fn valid(&self, presented: &str) -> bool {
+        let now = std::time::Instant::now();
+        self.live
+            .lock()
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .fold(false, |ok, (v, _)| token::matches(presented, v) | ok)
+    }
+
+    /// End every session; returns how many were live.
+    pub fn revoke_all(&self) -> usize {
+        let now = std::time::Instant::now();
+        let mut live = self.live.lock();
+        let n = live.iter().filter(|(_, until)| *until > now).count();
+        live.clear();
+        n
+    }
+}
 /// Hits a search shows at most.
 pub const SEARCH_LIMIT: usize = 200;
 
@@ -85,7 +136,7 @@ fn without_token(query: &str) -> String {
         .join("&")
 }
 
-/// The token in the viewer's cookie.
+/// The viewer session in the viewer's cookie.
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
     headers
         .get_all(header::COOKIE)
@@ -186,25 +237,30 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody
         } else {
             format!("{path}?{rest}")
         };
+        let session = match app.viewer.open() {
+            Ok(s) => s,
+            Err(e) => {
+                return html_answer(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    pages::message_page("No viewer session", &e.to_string()),
+                )
+            }
+        };
         let mut r = redirect(StatusCode::SEE_OTHER, &to);
-        let cookie = format!(
-            "{COOKIE}={}; Path={BASE}; HttpOnly; SameSite=Strict",
-            app.admin_token
-        );
+        let cookie = format!("{COOKIE}={session}; Path={BASE}; HttpOnly; SameSite=Strict");
         if let Ok(v) = HeaderValue::from_str(&cookie) {
             r.headers_mut().insert(header::SET_COOKIE, v);
         }
         return r;
     }
-    let by_cookie =
-        cookie_token(req.headers()).is_some_and(|t| token::matches(&t, &app.admin_token));
+    let by_cookie = cookie_token(req.headers()).is_some_and(|t| app.viewer.valid(&t));
     if !by_cookie && !crate::admin::authorized(req.headers(), &app.admin_token) {
         app.metrics.access_denied.fetch_add(1, Ordering::Relaxed);
         let mut r = html_answer(
             StatusCode::UNAUTHORIZED,
             pages::message_page(
                 "The admin token is needed",
-                "Open the link that `oceancode-proxy ui` prints (it hands the admin token over once; the page keeps it in a cookie for this path).",
+                "Open the link that `oceancode-proxy ui` prints (it hands the admin token over once for a viewer session, kept in a cookie for this path; sessions end after 12 hours, at a restart of the proxy, or when revoked).",
             ),
         );
         r.headers_mut()

@@ -131,18 +131,10 @@ impl Inner {
     }
 }
 
-/// `url` without the password (`postgres://user:***@host/db`).
+/// `url` without its credentials (`postgres://user:***@host/db?password=***`):
+/// the one redaction of the workspace, [`oceancode_config::redact_url`].
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let Some((auth, host)) = rest.split_once('@') else {
-        return url.to_string();
-    };
-    match auth.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
-    }
+    oceancode_config::redact_url(url)
 }
 
 fn owner_name() -> String {
