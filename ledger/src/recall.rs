@@ -108,7 +108,9 @@ pub enum Scope<'a> {
     All,
     /// This session, its parent, its children and its siblings (the other
     /// sessions of its parent): what the in-band recall tool reads by
-    /// default.
+    /// default. A session known only by the fingerprint of its opening
+    /// (an `fp:` client key) reads itself alone: its "relatives" may be
+    /// another user's conversations that began with the same words.
     Related(&'a str),
 }
 

@@ -1135,12 +1135,23 @@ fn backends_sweep_removes_no_file_through_a_link() {
 
 /// A session linked to `parent` (a sub-agent's, as the proxy records it).
 fn related(store: &Arc<dyn LedgerStore>, id: &str, parent: Option<&str>, ms: i64) -> Sim {
+    related_keyed(store, id, parent, ms, &format!("cc:{id}"))
+}
+
+/// [`related`] under the client key `key`.
+fn related_keyed(
+    store: &Arc<dyn LedgerStore>,
+    id: &str,
+    parent: Option<&str>,
+    ms: i64,
+    key: &str,
+) -> Sim {
     let s = Sim::new(store, id, ms);
     store
         .submit(Event::Session(oceancode_ledger::SessionMeta {
             id: id.into(),
             client: "claude-code".into(),
-            client_session: Some(format!("cc:{id}")),
+            client_session: Some(key.to_string()),
             dialect: oceancode_ledger::Dialect::Anthropic,
             model: s.model.clone(),
             parent: parent.map(str::to_string),
@@ -1197,6 +1208,41 @@ fn backends_scope_a_related_search_to_the_sessions_family() {
         );
         assert_eq!(found(Scope::All).len(), 6, "{n}");
         assert_eq!(store.search(&["quokka".into()], 100).expect("s").len(), 6);
+    }
+}
+
+/// Issue 40.3, found by the attack on it: sessions told apart only by the
+/// fingerprint of their opening (`fp:` keys, no session header) can be two
+/// users with the same system prompt and first message, linked as
+/// siblings. Their relatives are no family: a fingerprinted session's
+/// related search reads itself only.
+#[test]
+fn backends_scope_a_fingerprinted_sessions_search_to_itself() {
+    use oceancode_ledger::recall::Scope;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let fam = [("fa", None), ("fb", Some("fa")), ("fc", Some("fa"))];
+        for (i, (id, parent)) in fam.iter().enumerate() {
+            let mut s = related_keyed(&store, id, *parent, T0 + i as i64 * 1000, "fp:00aa");
+            s.prompt(&format!("the wombat secret of {id}"));
+            s.end_step(1, 1, 0, 0);
+            s.settle();
+        }
+        let found = |scope: Scope<'_>| -> Vec<String> {
+            let mut v: Vec<String> = store
+                .search_in(&["wombat".into()], 100, scope)
+                .expect("search")
+                .into_iter()
+                .map(|h| h.session)
+                .collect();
+            v.sort();
+            v
+        };
+        let n = b.name();
+        assert_eq!(found(Scope::Related("fb")), ["fb"], "{n}");
+        assert_eq!(found(Scope::Related("fa")), ["fa"], "{n}");
+        assert_eq!(found(Scope::All).len(), 3, "{n}");
     }
 }
 

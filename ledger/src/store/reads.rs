@@ -459,12 +459,15 @@ fn search_rows(
     scope: Scope<'_>,
 ) -> rusqlite::Result<Vec<RecallHit>> {
     let mut stmt = c.prepare(
-        "WITH fam(id) AS (
+        "WITH me AS (
+           SELECT id, parent FROM sessions
+           WHERE id = ?4 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
+         fam(id) AS (
            SELECT ?4
-           UNION SELECT parent FROM sessions WHERE id = ?4 AND parent IS NOT NULL
-           UNION SELECT id FROM sessions WHERE parent = ?4
-           UNION SELECT s.id FROM sessions s JOIN sessions me ON me.id = ?4
-                 WHERE me.parent IS NOT NULL AND s.parent = me.parent),
+           UNION SELECT parent FROM me WHERE parent IS NOT NULL
+           UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+           UNION SELECT s.id FROM sessions s JOIN me
+                 ON me.parent IS NOT NULL AND s.parent = me.parent),
          m AS (
            SELECT row_fts.rowid AS id FROM row_fts
            JOIN row_text t ON t.id = row_fts.rowid

@@ -234,12 +234,15 @@ pub(super) async fn search(
     let rows = tx
         .query(
             "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q),
+             me AS (
+               SELECT id, parent FROM sessions
+               WHERE id = $3 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
              fam AS (
                SELECT $3::text AS id WHERE $3::text IS NOT NULL
-               UNION SELECT parent FROM sessions WHERE id = $3 AND parent IS NOT NULL
-               UNION SELECT id FROM sessions WHERE parent = $3
-               UNION SELECT s.id FROM sessions s JOIN sessions me ON me.id = $3
-                     WHERE me.parent IS NOT NULL AND s.parent = me.parent),
+               UNION SELECT parent FROM me WHERE parent IS NOT NULL
+               UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+               UNION SELECT s.id FROM sessions s JOIN me
+                     ON me.parent IS NOT NULL AND s.parent = me.parent),
              hits AS (
                SELECT t.session, t.seq, t.day, s.last_ms, s.ord
                FROM row_text t JOIN sessions s ON s.id = t.session, q
