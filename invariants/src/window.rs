@@ -246,13 +246,11 @@ pub fn run(script: &Script) -> Ran {
         live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         state_tokens: Some(2_000),
         // ledger.compress on for half the scripts, with a zone of a few of
-        // the script's (small) outputs and every output large enough; half
-        // of those mask first (`free`, issue 34).
+        // the script's (small) outputs and every output large enough.
         compress: oceancode_config::CompressConfig {
             enabled: script.block >= 128,
             protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
             min_tokens: 1,
-            free: (script.block % 2 == 1).then_some(BlockSpec::PercentOfLine(50.0)),
         },
         seq_tags: false,
     };

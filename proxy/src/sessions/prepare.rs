@@ -423,7 +423,7 @@ impl SessionManager {
         let boundary = self.record(&mut st, req, events);
         let step = st.step;
         st.step_opened(step);
-        let line = self.run_tideline(&mut st, req, parsed, boundary);
+        let line = self.run_tideline(&mut st, req, boundary);
         record_line(&mut st, events);
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
@@ -500,7 +500,6 @@ impl SessionManager {
         &self,
         st: &mut State,
         req: &Request<'_>,
-        parsed: &ParsedBody<'_>,
         boundary: u64,
     ) -> (Params, Option<u64>) {
         let limits_model = if req.ident.context_1m && !req.model.contains("[1m]") {
@@ -536,38 +535,13 @@ impl SessionManager {
                 boundary_seq: boundary,
                 last_seq,
             };
-            let seed = (st.needs_seed || measured.is_none()).then(|| st.seed_rows());
-            st.needs_seed = false;
-            // ledger.compress with `free`: masking is the first tier of a cut.
-            let c = &self.settings.compress;
-            let cp = c.first().then(|| oceancode_ledger::compress::Params {
-                protect: c.protect_tokens(params.line),
-                min_tokens: c.min_tokens,
-            });
-            let mut tl = std::mem::take(&mut st.tideline);
-            let decision = {
-                let st: &State = st;
-                match cp {
-                    Some(cp) => {
-                        let mut all = super::compress::eligible(st, parsed, cp);
-                        let mask = tideline::Mask {
-                            saved: st.compress.saved,
-                            free: c.free_tokens(params.line),
-                            all: &mut all,
-                        };
-                        match &seed {
-                            Some(rows) => tl.seed_masked(rows, obs, params, mask),
-                            None => tl.observe_masked(obs, params, mask),
-                        }
-                    }
-                    None => match &seed {
-                        Some(rows) => tl.seed(rows, obs, params),
-                        None => tl.observe(obs, params),
-                    },
-                }
+            let decision = if st.needs_seed || measured.is_none() {
+                st.needs_seed = false;
+                let rows = st.seed_rows();
+                st.tideline.seed(&rows, obs, params)
+            } else {
+                st.tideline.observe(obs, params)
             };
-            st.tideline = tl;
-            st.compress.due = decision.masked;
             st.meter.gauge = decision.gauge;
             if let Some(cut) = decision.cut.filter(|c| c.upto_seq > cut_before) {
                 cut_gauge = Some(cut.gauge_before);
