@@ -1428,7 +1428,8 @@ fn every_entry_point_reads_a_line_value_by_one_rule() {
     for (v, ok) in [
         ("40%", true),
         ("100%", true),
-        ("0.0001%", true),
+        ("0.0001%", false),
+        ("0.2%", true),
         ("150%", false),
         ("0%", false),
         ("-5%", false),
