@@ -434,6 +434,34 @@ mod tests {
     }
 
     #[test]
+    fn a_fifo_or_a_link_to_dev_zero_in_the_registry_is_skipped_at_once() {
+        // The attack on 33.4: a FIFO named `evil.json` hung `status` for
+        // good (std::fs::read waits for a writer) and a link to /dev/zero
+        // grew it to 432 MB in 10 s. Both are refused at once, unread.
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        std::fs::create_dir_all(dir(data)).unwrap();
+        let fifo = dir(data).join("evil.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::os::unix::fs::symlink("/dev/zero", dir(data).join("zero.json")).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = data.to_path_buf();
+        std::thread::spawn(move || tx.send(list(&d)).unwrap());
+        let found = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("listing the registry hung on a FIFO");
+        assert_eq!(found.len(), 2);
+        for f in &found {
+            assert!(f.entry.is_none(), "{:?}", f.path);
+            assert!(f.untrusted.is_some(), "{:?}", f.path);
+        }
+    }
+
+    #[test]
     fn only_private_loopback_entries_with_a_secret_are_trusted() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
