@@ -1163,6 +1163,22 @@ fn related_keyed(
     s
 }
 
+/// The sessions (sorted) whose rows a search for `word` in `scope` finds.
+fn sessions_found(
+    store: &Arc<dyn LedgerStore>,
+    word: &str,
+    scope: oceancode_ledger::recall::Scope<'_>,
+) -> Vec<String> {
+    let mut v: Vec<String> = store
+        .search_in(&[word.into()], 100, scope)
+        .expect("search")
+        .into_iter()
+        .map(|h| h.session)
+        .collect();
+    v.sort();
+    v
+}
+
 /// Issue 40.3: the recall tool's search reads the calling session, its
 /// parent, its children and its siblings, nothing else; the scope `All`
 /// (the CLI, the viewer) reads every session.
@@ -1186,16 +1202,7 @@ fn backends_scope_a_related_search_to_the_sessions_family() {
             s.end_step(1, 1, 0, 0);
             s.settle();
         }
-        let found = |scope: Scope<'_>| -> Vec<String> {
-            let mut v: Vec<String> = store
-                .search_in(&["quokka".into()], 100, scope)
-                .expect("search")
-                .into_iter()
-                .map(|h| h.session)
-                .collect();
-            v.sort();
-            v
-        };
+        let found = |scope: Scope<'_>| sessions_found(&store, "quokka", scope);
         let n = b.name();
         assert_eq!(found(Scope::Related("c1")), ["c1", "c2", "g1", "p"], "{n}");
         assert_eq!(found(Scope::Related("p")), ["c1", "c2", "p"], "{n}");
@@ -1229,16 +1236,7 @@ fn backends_scope_a_fingerprinted_sessions_search_to_itself() {
             s.end_step(1, 1, 0, 0);
             s.settle();
         }
-        let found = |scope: Scope<'_>| -> Vec<String> {
-            let mut v: Vec<String> = store
-                .search_in(&["wombat".into()], 100, scope)
-                .expect("search")
-                .into_iter()
-                .map(|h| h.session)
-                .collect();
-            v.sort();
-            v
-        };
+        let found = |scope: Scope<'_>| sessions_found(&store, "wombat", scope);
         let n = b.name();
         assert_eq!(found(Scope::Related("fb")), ["fb"], "{n}");
         assert_eq!(found(Scope::Related("fa")), ["fa"], "{n}");
