@@ -149,7 +149,7 @@ impl Limit {
 pub struct LimitHit {
     /// Which bound.
     pub limit: Limit,
-    /// What is charged: the root of the links, [`RUN_KEY`] under `run`, a
+    /// What is charged: the root of the links, `RUN_KEY` under `run`, a
     /// client key for requests of no recorded session.
     pub session: String,
     /// What it used: `$0.0512`, `5 steps`, `30m5s`.
