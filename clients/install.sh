@@ -22,7 +22,7 @@ if ! declare -F say >/dev/null; then
 	die() { printf 'clients/install.sh: %s\n' "$*" >&2; exit 1; }
 fi
 [ -n "$PY" ] || die "python3 is required"
-command -v node >/dev/null || die "node is required (Node 20+)"
+command -v node >/dev/null || die "node is required (Node 22+)"
 command -v npm >/dev/null || die "npm is required"
 
 # ---------------------------------------------------------------- npm clients
