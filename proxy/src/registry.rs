@@ -266,26 +266,14 @@ impl Found {
 /// Read an entry file: a regular file of this user, mode 0600, no symlink
 /// followed; `Err` says why it is not trusted (the entry when it parsed).
 fn read_entry(path: &Path) -> (Option<Entry>, Option<String>) {
+    use crate::context::io::{open_regular, ReadError};
     use std::io::Read;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let file = match opts.open(path) {
-        Ok(f) => f,
+    let (file, meta) = match open_regular(path) {
+        Ok(x) => x,
+        Err(ReadError::NotRegular(_)) => return (None, Some("is not a regular file".into())),
         Err(e) => return (None, Some(format!("cannot be opened ({e})"))),
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return (None, Some(format!("cannot be read ({e})"))),
-    };
     let mut why = None;
-    if !meta.is_file() {
-        return (None, Some("is not a regular file".into()));
-    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;

@@ -45,33 +45,26 @@ pub fn path(data_dir: &Path) -> PathBuf {
 /// others may read is made 0600 again, with a warning.
 pub fn read(data_dir: &Path) -> std::io::Result<Option<String>> {
     let p = path(data_dir);
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        // No symlink followed; a FIFO opens without waiting for a writer.
-        opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    }
-    let file = match opts.open(&p) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        #[cfg(unix)]
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+    use crate::context::io::{open_regular, ReadError};
+    // No symlink followed; a FIFO opens without waiting for a writer.
+    let (file, meta) = match open_regular(&p) {
+        Ok(x) => x,
+        Err(ReadError::Missing) => return Ok(None),
+        Err(ReadError::Symlink) => {
             return Err(std::io::Error::other(format!(
                 "{} is a symbolic link: the admin token must be a file of its own",
                 p.display()
             )))
         }
-        Err(e) => return Err(e),
+        Err(ReadError::NotRegular(_)) => {
+            return Err(std::io::Error::other(format!(
+                "{} is not a regular file",
+                p.display()
+            )))
+        }
+        Err(ReadError::Io(e)) => return Err(e),
+        Err(e) => return Err(std::io::Error::other(e.to_string())),
     };
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file",
-            p.display()
-        )));
-    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -268,8 +268,13 @@ pub fn read_file(path: &std::path::Path, max: u64) -> Result<(Vec<u8>, Stamp), R
     Ok((out, Stamp::of_meta(&m)))
 }
 
-/// Open a regular file the way [`read_file`] does.
-fn open_regular(path: &std::path::Path) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
+/// Open a regular file the way [`read_file`] does: no symlink followed, a
+/// FIFO opened without waiting for a writer, anything but a regular file
+/// refused. Every file the proxy reads from a directory someone else may
+/// write (a session dir, the registry, the admin token) opens here.
+pub(crate) fn open_regular(
+    path: &std::path::Path,
+) -> Result<(std::fs::File, std::fs::Metadata), ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
