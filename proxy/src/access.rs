@@ -27,7 +27,7 @@ impl AccessRules {
         AccessRules {
             allow_remote: a.allow_remote,
             allowed_hosts: a.allowed_hosts.clone(),
-            admin_token: crate::admin::token::from_env(),
+            admin_token: crate::token::from_env(),
         }
     }
 }

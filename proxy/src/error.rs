@@ -5,6 +5,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use oceancode_ledger::Dialect;
+use serde::Serialize;
 
 /// Errors a response body can end with (upstream failure, idle timeout).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -100,7 +101,7 @@ pub enum ProxyError {
     /// each client stops on at once, no compaction; see docs/operations.md,
     /// "Session limits".
     #[error("{}", .0.message())]
-    LimitReached(crate::sessions::LimitHit),
+    LimitReached(LimitHit),
     /// With the recall tool on, an answer the proxy could not read whole
     /// (longer than it holds, or compressed): not relayed, since it may
     /// hold the proxy's internal tool call.
@@ -256,5 +257,106 @@ mod tests {
         let v = body_json(r).await;
         assert_eq!(v["error"]["code"], "request_too_large");
         assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+}
+
+// What a `limits.session` refusal says (`crate::sessions::Budget` decides).
+
+/// Which bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// `limits.session.spend_usd`, `--max-spend`.
+    Spend,
+    /// `limits.session.steps`, `--max-steps`.
+    Steps,
+    /// `limits.session.time`, `--max-time`.
+    Time,
+}
+
+impl Limit {
+    /// `spend`, `step`, `time`: as the messages name it.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Limit::Spend => "spend",
+            Limit::Steps => "step",
+            Limit::Time => "time",
+        }
+    }
+
+    /// The config key and the flag that set it.
+    pub fn source(self) -> &'static str {
+        match self {
+            Limit::Spend => "limits.session.spend_usd, --max-spend",
+            Limit::Steps => "limits.session.steps, --max-steps",
+            Limit::Time => "limits.session.time, --max-time",
+        }
+    }
+}
+
+/// A session (or the run) that reached a bound.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LimitHit {
+    /// Which bound.
+    pub limit: Limit,
+    /// What is charged: the root of the links, `RUN_KEY` under `run`, a
+    /// client key for requests of no recorded session.
+    pub session: String,
+    /// What it used: `$0.0512`, `5 steps`, `30m5s`.
+    pub used: String,
+    /// The bound: `$0.05`, `5 steps`, `30m`.
+    pub cap: String,
+    /// The spend was under the cap, but the requests in flight and this
+    /// one could pass it: `$0.3000 reserved by 1 request in flight, up to
+    /// $0.3000 for this one`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+    /// One budget for the whole run (`run`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub run: bool,
+}
+
+impl LimitHit {
+    /// `session … reached its spend limit: $0.0512 spent of $0.05 (…)`.
+    pub fn describe(&self) -> String {
+        let who = if self.run {
+            "the run (every session)".to_string()
+        } else {
+            format!("session {}", self.session)
+        };
+        let verb = match self.limit {
+            Limit::Spend => "spent",
+            Limit::Steps => "made",
+            Limit::Time => "elapsed",
+        };
+        match &self.pending {
+            Some(p) => format!(
+                "{who} would pass its {} limit: {} {verb}, {p}, of {} ({})",
+                self.limit.noun(),
+                self.used,
+                self.cap,
+                self.limit.source()
+            ),
+            None => format!(
+                "{who} reached its {} limit: {} {verb} of {} ({})",
+                self.limit.noun(),
+                self.used,
+                self.cap,
+                self.limit.source()
+            ),
+        }
+    }
+
+    /// What the refused request's error says.
+    pub fn message(&self) -> String {
+        let whose = if self.run {
+            "the run's"
+        } else {
+            "this session's"
+        };
+        format!(
+            "oceancode-proxy: {}. The proxy refuses {whose} further requests: the run is over, do not retry.",
+            self.describe()
+        )
     }
 }

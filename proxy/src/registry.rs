@@ -95,13 +95,6 @@ pub fn is_loopback_url(url: &str) -> bool {
         .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// This process's effective user id.
-#[allow(unsafe_code)] // geteuid(2) has no safe std equivalent
-pub fn euid() -> u32 {
-    // SAFETY: geteuid(2) cannot fail and touches no memory.
-    unsafe { libc::geteuid() }
-}
-
 impl Entry {
     /// `serve proxy (pid 123, http://127.0.0.1:8787)`, `run proxy (python3,
     /// pid 9, …)`.
@@ -181,9 +174,9 @@ fn restore(
         return;
     }
     if let Some(t) = token {
-        let file = crate::admin::token::path(data_dir);
+        let file = crate::token::path(data_dir);
         if !file.exists() {
-            match crate::admin::token::write_new(data_dir, t) {
+            match crate::token::write_new(data_dir, t) {
                 Ok(true) => {
                     tracing::info!(path = %file.display(), "the admin token file was gone (the data dir was deleted?): written again")
                 }
@@ -277,7 +270,7 @@ fn read_entry(path: &Path) -> (Option<Entry>, Option<String>) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::MetadataExt;
-        if meta.uid() != euid() {
+        if meta.uid() != crate::token::euid() {
             why = Some(format!("belongs to another user (uid {})", meta.uid()));
         } else if meta.mode() & 0o077 != 0 {
             why = Some(format!(

@@ -76,7 +76,7 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .env("ANTHROPIC_BASE_URL", &url)
         .env("OPENAI_BASE_URL", format!("{url}/v1"))
         .env("OCEANCODE_PROXY_URL", &url)
-        .env(oceancode_proxy::admin::token::ENV, &running.app.admin_token)
+        .env(oceancode_proxy::token::ENV, &running.app.admin_token)
         .spawn()
         .with_context(|| format!("cannot start {prog}"))?;
     // The child gets Ctrl-C from the terminal itself; the proxy waits for it.

@@ -22,6 +22,7 @@
 //! own recorded spend and steps are read back once ([`SpendSeed`]).
 
 use super::{now_ms, Session, SessionManager};
+pub use crate::error::{Limit, LimitHit};
 use oceancode_config::{format_duration, Price, SessionLimitsConfig};
 use oceancode_ledger::Usage;
 use parking_lot::Mutex;
@@ -112,110 +113,11 @@ pub struct Estimate {
     pub usage: Usage,
 }
 
-/// Which bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Limit {
-    /// `limits.session.spend_usd`, `--max-spend`.
-    Spend,
-    /// `limits.session.steps`, `--max-steps`.
-    Steps,
-    /// `limits.session.time`, `--max-time`.
-    Time,
-}
-
-impl Limit {
-    /// `spend`, `step`, `time`: as the messages name it.
-    pub fn noun(self) -> &'static str {
-        match self {
-            Limit::Spend => "spend",
-            Limit::Steps => "step",
-            Limit::Time => "time",
-        }
-    }
-
-    /// The config key and the flag that set it.
-    pub fn source(self) -> &'static str {
-        match self {
-            Limit::Spend => "limits.session.spend_usd, --max-spend",
-            Limit::Steps => "limits.session.steps, --max-steps",
-            Limit::Time => "limits.session.time, --max-time",
-        }
-    }
-}
-
-/// A session (or the run) that reached a bound.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LimitHit {
-    /// Which bound.
-    pub limit: Limit,
-    /// What is charged: the root of the links, `RUN_KEY` under `run`, a
-    /// client key for requests of no recorded session.
-    pub session: String,
-    /// What it used: `$0.0512`, `5 steps`, `30m5s`.
-    pub used: String,
-    /// The bound: `$0.05`, `5 steps`, `30m`.
-    pub cap: String,
-    /// The spend was under the cap, but the requests in flight and this
-    /// one could pass it: `$0.3000 reserved by 1 request in flight, up to
-    /// $0.3000 for this one`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pending: Option<String>,
-    /// One budget for the whole run (`run`).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub run: bool,
-}
-
 /// The key of the run-wide budget.
 pub const RUN_KEY: &str = "run";
 
 /// The key of requests no session or client key can be charged to.
 pub const UNATTRIBUTED: &str = "(unattributed requests)";
-
-impl LimitHit {
-    /// `session … reached its spend limit: $0.0512 spent of $0.05 (…)`.
-    pub fn describe(&self) -> String {
-        let who = if self.run {
-            "the run (every session)".to_string()
-        } else {
-            format!("session {}", self.session)
-        };
-        let verb = match self.limit {
-            Limit::Spend => "spent",
-            Limit::Steps => "made",
-            Limit::Time => "elapsed",
-        };
-        match &self.pending {
-            Some(p) => format!(
-                "{who} would pass its {} limit: {} {verb}, {p}, of {} ({})",
-                self.limit.noun(),
-                self.used,
-                self.cap,
-                self.limit.source()
-            ),
-            None => format!(
-                "{who} reached its {} limit: {} {verb} of {} ({})",
-                self.limit.noun(),
-                self.used,
-                self.cap,
-                self.limit.source()
-            ),
-        }
-    }
-
-    /// What the refused request's error says.
-    pub fn message(&self) -> String {
-        let whose = if self.run {
-            "the run's"
-        } else {
-            "this session's"
-        };
-        format!(
-            "oceancode-proxy: {}. The proxy refuses {whose} further requests: the run is over, do not retry.",
-            self.describe()
-        )
-    }
-}
 
 /// A session's use against the bounds, as `status` and the admin API show it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -79,7 +79,7 @@ pub(crate) struct Peek {
 /// file changed since the proxy last wrote or read it, read it (the rule of
 /// [`io::read_file`]: a regular file only, never through a symlink, never
 /// blocking on a FIFO, bounded) with no session held and off the
-/// runtime's worker ([`crate::server::cpu`]). None = nothing to read.
+/// runtime's worker ([`crate::cpu::run`]). None = nothing to read.
 pub(crate) fn peek(session: &Session) -> Option<Peek> {
     let slot = session.state.lock().context.slot.clone()?;
     let now = Stamp::of(&slot.path)?;
@@ -87,7 +87,7 @@ pub(crate) fn peek(session: &Session) -> Option<Peek> {
     if Some(now) == slot.state.try_lock()?.stamp {
         return None;
     }
-    let read = crate::server::cpu(|| io::read(&slot.path));
+    let read = crate::cpu::run(|| io::read(&slot.path));
     Some(Peek { slot, read })
 }
 

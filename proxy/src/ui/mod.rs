@@ -8,10 +8,10 @@
 //! rules ([`crate::access`]) run first, then the admin token — handed over
 //! once as `?token=` or sent as `Authorization: Bearer`. The hand-over is
 //! answered with a redirect that drops the token from the URL and a cookie
-//! scoped to this path holding a viewer session ([`ViewerSessions`]): a
+//! scoped to this path holding a viewer session ([`token::ViewerSessions`]): a
 //! random value of its own, never the token (cookies ignore ports, so any
 //! other server on the same host receives them), kept in memory only (a
-//! restart ends every one), expiring after [`VIEWER_TTL`], revoked at once
+//! restart ends every one), expiring after [`token::VIEWER_TTL`], revoked at once
 //! by `POST /_oceancode/viewer/revoke`.
 //! Only GET and HEAD are served: nothing here changes state. Every answer
 //! carries a Content-Security-Policy that allows only this path's own
@@ -30,9 +30,9 @@ pub mod html;
 pub mod pages;
 pub mod seen;
 
-use crate::admin::token;
+use crate::app::App;
 use crate::error::{full, ProxyBody};
-use crate::server::App;
+use crate::token;
 use html::BASE;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -45,52 +45,6 @@ use std::sync::Arc;
 pub const PREFIX: &str = "/_oceancode/ui";
 /// The cookie that keeps the viewer session for the viewer's pages.
 pub const COOKIE: &str = "oceancode_ui";
-/// How long a viewer session lasts after its hand-over.
-pub const VIEWER_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
-/// The most viewer sessions kept at once (the oldest goes first).
-pub const MAX_VIEWER_SESSIONS: usize = 64;
-
-/// The live viewer sessions: random values handed out as the viewer's
-/// cookie in exchange for the admin token, each with its expiry. In
-/// memory only: a restart of the proxy revokes them all.
-#[derive(Debug, Default)]
-pub struct ViewerSessions {
-    live: parking_lot::Mutex<Vec<(String, std::time::Instant)>>,
-}
-
-impl ViewerSessions {
-    /// A new session (32 random bytes, hex) valid for [`VIEWER_TTL`].
-    pub fn open(&self) -> std::io::Result<String> {
-        let value = token::generate()?;
-        let now = std::time::Instant::now();
-        let mut live = self.live.lock();
-        live.retain(|(_, until)| *until > now);
-        if live.len() >= MAX_VIEWER_SESSIONS {
-            live.remove(0);
-        }
-        live.push((value.clone(), now + VIEWER_TTL));
-        Ok(value)
-    }
-
-    /// Whether `presented` is a live session (compared in constant time).
-    pub fn valid(&self, presented: &str) -> bool {
-        let now = std::time::Instant::now();
-        self.live
-            .lock()
-            .iter()
-            .filter(|(_, until)| *until > now)
-            .fold(false, |ok, (v, _)| token::matches(presented, v) | ok)
-    }
-
-    /// End every session; returns how many were live.
-    pub fn revoke_all(&self) -> usize {
-        let now = std::time::Instant::now();
-        let mut live = self.live.lock();
-        let n = live.iter().filter(|(_, until)| *until > now).count();
-        live.clear();
-        n
-    }
-}
 /// Hits a search shows at most.
 pub const SEARCH_LIMIT: usize = 200;
 

@@ -5,7 +5,8 @@
 //! for a proxy on another machine. Every reader goes through [`read`],
 //! which takes only a regular file of this user (no symlink, no FIFO) and
 //! makes a group- or world-readable one private again, with a warning. A
-//! token the proxy serves with has at least [`MIN_LEN`] characters.
+//! token the proxy serves with has at least [`MIN_LEN`] characters. The
+//! viewer's sessions ([`ViewerSessions`]) are bought with it.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -68,7 +69,7 @@ pub fn read(data_dir: &Path) -> std::io::Result<Option<String>> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let me = crate::registry::euid();
+        let me = euid();
         if meta.uid() != me {
             return Err(std::io::Error::other(format!(
                 "{} belongs to another user (uid {}, not {me})",
@@ -209,5 +210,59 @@ mod tests {
         assert!(!matches("abd", "abc"));
         assert!(!matches("ab", "abc"));
         assert!(!matches("", "abc"));
+    }
+}
+
+/// This process's effective user id.
+#[allow(unsafe_code)] // geteuid(2) has no safe std equivalent
+pub fn euid() -> u32 {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// How long a viewer session lasts after its hand-over.
+pub const VIEWER_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
+/// The most viewer sessions kept at once (the oldest goes first).
+pub const MAX_VIEWER_SESSIONS: usize = 64;
+
+/// The live viewer sessions: random values handed out as the viewer's
+/// cookie in exchange for the admin token, each with its expiry. In
+/// memory only: a restart of the proxy revokes them all.
+#[derive(Debug, Default)]
+pub struct ViewerSessions {
+    live: parking_lot::Mutex<Vec<(String, std::time::Instant)>>,
+}
+
+impl ViewerSessions {
+    /// A new session (32 random bytes, hex) valid for [`VIEWER_TTL`].
+    pub fn open(&self) -> std::io::Result<String> {
+        let value = generate()?;
+        let now = std::time::Instant::now();
+        let mut live = self.live.lock();
+        live.retain(|(_, until)| *until > now);
+        if live.len() >= MAX_VIEWER_SESSIONS {
+            live.remove(0);
+        }
+        live.push((value.clone(), now + VIEWER_TTL));
+        Ok(value)
+    }
+
+    /// Whether `presented` is a live session (compared in constant time).
+    pub fn valid(&self, presented: &str) -> bool {
+        let now = std::time::Instant::now();
+        self.live
+            .lock()
+            .iter()
+            .filter(|(_, until)| *until > now)
+            .fold(false, |ok, (v, _)| matches(presented, v) | ok)
+    }
+
+    /// End every session; returns how many were live.
+    pub fn revoke_all(&self) -> usize {
+        let now = std::time::Instant::now();
+        let mut live = self.live.lock();
+        let n = live.iter().filter(|(_, until)| *until > now).count();
+        live.clear();
+        n
     }
 }
