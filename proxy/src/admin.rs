@@ -7,10 +7,10 @@
 
 mod context;
 pub mod prom;
-pub mod token;
 
+use crate::app::App;
 use crate::error::{error_response, json_response, Envelope, ProxyBody, ProxyError};
-use crate::server::App;
+use crate::token;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -176,10 +176,6 @@ fn decoded(seg: &str) -> String {
 
 /// Handle an admin request.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<ProxyBody> {
-    // The viewer checks the same token, also from its cookie.
-    if crate::ui::is_ui(req.uri().path()) {
-        return crate::ui::handle(app, req).await;
-    }
     // The proof a command asks for before it sends the token (no token).
     if req.uri().path() == crate::registry::INSTANCE_PATH && req.method() == Method::GET {
         let challenge = req

@@ -13,10 +13,13 @@
 
 pub mod access;
 pub mod admin;
+pub mod app;
 pub mod conn;
 pub mod context;
+mod cpu;
 pub mod dialect;
 pub mod error;
+pub mod exchange;
 pub mod identity;
 pub mod merge;
 pub mod overflow;
@@ -27,5 +30,6 @@ pub mod server;
 pub mod sessions;
 pub mod sse;
 pub mod tap;
+pub mod token;
 pub mod ui;
 pub mod upstream;

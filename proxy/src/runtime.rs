@@ -3,7 +3,8 @@
 //! and shuts everything down in order (stop accepting, drain requests, drain
 //! the writer).
 
-use crate::server::{self, App, FrontConfig, Metrics};
+use crate::app::{App, FrontConfig, Metrics};
+use crate::server;
 use crate::sessions::{
     EventSink, Resync, SessionLimits, SessionManager, Settings, SpendSeed, Spent,
 };
@@ -96,9 +97,9 @@ fn check_remote(addr: SocketAddr, opts: &ProxyOptions) -> Result<(), StartError>
 
 /// The admin token: the configured one, else the data dir's (made at first
 /// start), else (ledger off: nothing on disk) one for this run. A token
-/// shorter than [`crate::admin::token::MIN_LEN`] is refused.
+/// shorter than [`crate::token::MIN_LEN`] is refused.
 fn admin_token(opts: &ProxyOptions) -> Result<String, StartError> {
-    use crate::admin::token;
+    use crate::token;
     if let Some(t) = opts
         .front
         .access
@@ -269,10 +270,10 @@ pub async fn start_on(
     let app = Arc::new(App {
         merge,
         prices: opts.limits.pricer.clone(),
-        bodies: crate::server::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
+        bodies: crate::app::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),
         admin_token,
-        viewer: crate::ui::ViewerSessions::default(),
-        instance: crate::admin::token::generate().map_err(|source| StartError::Token {
+        viewer: crate::token::ViewerSessions::default(),
+        instance: crate::token::generate().map_err(|source| StartError::Token {
             path: "(the registry's instance secret)".into(),
             source,
         })?,

@@ -4,8 +4,8 @@
 //! receipt (`"receipt": true`).
 
 use super::{bad, live_session, no_live_session};
+use crate::app::App;
 use crate::error::{error_response, json_response, Envelope, ProxyBody};
-use crate::server::App;
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -7,11 +7,11 @@ use anyhow::Result;
 use clap::Args;
 use oceancode_config::{self as config, Config};
 use oceancode_ledger::store::StoreOptions;
-use oceancode_proxy::admin::token;
+use oceancode_proxy::app::FrontConfig;
 use oceancode_proxy::registry::{self, Entry, Registration};
 use oceancode_proxy::runtime::{self, ProxyOptions};
-use oceancode_proxy::server::FrontConfig;
 use oceancode_proxy::sessions::{ModelLimits, ModelResolver, SessionLimits, Settings};
+use oceancode_proxy::token;
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -73,7 +73,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
             max_body_bytes: cfg.limits.max_body_bytes,
             data_dir: data_dir.clone(),
             idle_stream_timeout: cfg.limits.idle_stream_timeout(),
-            net: oceancode_proxy::server::NetLimits::from_config(&cfg.limits),
+            net: oceancode_proxy::app::NetLimits::from_config(&cfg.limits),
             access: oceancode_proxy::access::AccessRules::from_config(&cfg.access),
             recall: oceancode_proxy::recall_tool::RecallTool::from_config(&cfg.ledger.recall_tool),
         },

@@ -2,7 +2,8 @@
 //! request of a session carries one more tool, `oceancode_recall`, appended
 //! after the client's tools, byte-identical from the session's first
 //! request to its last; when the model calls it, the proxy answers the call
-//! itself from the ledger and the client never sees it.
+//! itself from the ledger and the client never sees it. The loop on the
+//! request path is the exchange's recall branch ([`crate::exchange::recall`]).
 //!
 //! | module | holds |
 //! |---|---|
@@ -11,7 +12,6 @@
 //! | `strip` | an answer (SSE or JSON) without its recall calls, indexes renumbered (pure) |
 //! | `hidden` | the internal exchanges of a session, re-inserted at their place in later requests (pure) |
 //! | `search` | the recall itself against the ledger (the `recall` CLI's three reads) |
-//! | `flow` | the internal loop on the request path: hold, answer, continue, relay |
 //!
 //! The answer of a request that carries the tool is held whole before the
 //! client gets its status: only then is it known whether the model called
@@ -20,7 +20,6 @@
 //! client gets the first byte when the upstream sent the last one.
 
 pub mod calls;
-pub(crate) mod flow;
 pub(crate) mod hidden;
 pub mod search;
 pub(crate) mod spec;

@@ -1,4 +1,5 @@
-//! The internal loop on the request path. The answer of a request carrying
+//! The recall branch: the in-band recall tool's internal loop on the
+//! request path ([`crate::recall_tool`] holds the tool itself). The answer of a request carrying
 //! the tool is read whole (nothing reaches the client yet); when the model
 //! called `oceancode_recall`, the proxy runs the recall against the ledger
 //! and sends the continuation (the request, the model's answer, the
@@ -13,10 +14,12 @@
 //! path: every closed block cut, the request retried once, the exchange so
 //! far appended to the retry.
 
-use super::{calls, search, strip};
+use super::relay::tap_response;
+use super::retry::{append, retry_after_cut};
+use crate::app::App;
 use crate::dialect::{self, Collected};
 use crate::error::{ProxyBody, ProxyError};
-use crate::server::{self, App};
+use crate::recall_tool::{calls, search, strip};
 use crate::sessions::{StepError, Ticket};
 use crate::sse::SseParser;
 use crate::tap::Framing;
@@ -69,15 +72,6 @@ pub fn collect(d: Dialect, sse: bool, bytes: &[u8]) -> Collected {
     c.finish()
 }
 
-/// The request body with `extra` appended to its conversation.
-fn append(d: Dialect, sent: &[u8], extra: &[String]) -> Option<Bytes> {
-    let parsed = dialect::ParsedBody::parse(sent, dialect::conv_key(d)).ok()?;
-    parsed.conv_field?;
-    let mut parts: Vec<&str> = parsed.messages.clone();
-    parts.extend(extra.iter().map(String::as_str));
-    Some(Bytes::from(parsed.render_with(&parts)))
-}
-
 /// Run the recall calls on a blocking thread (SQLite).
 async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<String> {
     let Some(store) = app.store.clone() else {
@@ -105,24 +99,6 @@ async fn run_calls(app: &Arc<App>, session: &str, cs: &[calls::Call]) -> Vec<Str
     })
     .await
     .unwrap_or_else(|e| vec![format!("oceancode_recall: the recall failed ({e})"); n])
-}
-
-/// The too-long retry of a request in the loop: every closed block cut
-/// (the ceiling learned), the client's request re-rendered, the exchange
-/// so far (`hidden`: the continuations' messages) appended. None: nothing
-/// to cut.
-fn cut_retry(
-    app: &Arc<App>,
-    ticket: &mut Ticket,
-    ceiling: Option<u64>,
-    hidden: &[String],
-) -> Option<Bytes> {
-    let sessions = app.sessions.clone();
-    let body = server::cpu(|| sessions.too_long(ticket, ceiling))?;
-    if hidden.is_empty() {
-        return Some(body);
-    }
-    append(ticket.dialect, &body, hidden)
 }
 
 /// The answer of a request that carries the tool (status 200 from the
@@ -165,11 +141,12 @@ pub(crate) async fn answer(
             // A continuation over the context: read the (small) error.
             app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
             let bytes =
-                match read_whole(body, server::ERROR_PEEK, app.cfg.idle_stream_timeout).await {
+                match read_whole(body, super::retry::ERROR_PEEK, app.cfg.idle_stream_timeout).await
+                {
                     Read::Whole(b) => b,
                     Read::Over(held) => {
                         ticket.note_internal(recalls, billed, sent.len());
-                        return Ok(server::tap_response(app, d, Some(ticket), head, held));
+                        return Ok(tap_response(app, d, Some(ticket), head, held));
                     }
                     Read::Failed(reason) => {
                         ticket.note_internal(recalls, billed, sent.len());
@@ -184,21 +161,15 @@ pub(crate) async fn answer(
             if let Some(l) = limit {
                 app.sessions.learn_limit(&ticket, l);
             }
-            let next = limit.and_then(|l| cut_retry(app, &mut ticket, l.ceiling, &hidden));
+            let next = limit.and_then(|l| retry_after_cut(app, &mut ticket, l.ceiling, &hidden));
             let Some(next) = next else {
                 ticket.note_internal(recalls, billed, sent.len());
-                return Ok(server::tap_response(
-                    app,
-                    d,
-                    Some(ticket),
-                    head,
-                    Full::new(bytes),
-                ));
+                return Ok(tap_response(app, d, Some(ticket), head, Full::new(bytes)));
             };
             tracing::info!(session = %ticket.session.id, round, "recall tool: too long, cut every closed block, retrying once");
             retried = true;
             sent = next;
-            resp = match send(app, parts, &uri, &base, &sent).await {
+            resp = match super::send(app, parts, &uri, &base, &sent).await {
                 Ok(r) => r,
                 Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
             };
@@ -229,7 +200,7 @@ pub(crate) async fn answer(
                 app.metrics.upstream_errors.fetch_add(1, Ordering::Relaxed);
             }
             ticket.note_internal(recalls, billed, sent.len());
-            return Ok(server::tap_response(app, d, Some(ticket), head, body));
+            return Ok(tap_response(app, d, Some(ticket), head, body));
         }
         let sse = framing == Framing::Sse;
         let bytes = match read_whole(body, limit, app.cfg.idle_stream_timeout).await {
@@ -263,11 +234,11 @@ pub(crate) async fn answer(
         {
             // `context_length_exceeded` inside the 200, before any output:
             // the client has seen nothing; cut and retry once.
-            if let Some(next) = cut_retry(app, &mut ticket, None, &hidden) {
+            if let Some(next) = retry_after_cut(app, &mut ticket, None, &hidden) {
                 tracing::info!(session = %ticket.session.id, round, "recall tool: context_length_exceeded inside the stream, cut every closed block, retrying once");
                 retried = true;
                 sent = next;
-                resp = match send(app, parts, &uri, &base, &sent).await {
+                resp = match super::send(app, parts, &uri, &base, &sent).await {
                     Ok(r) => r,
                     Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
                 };
@@ -339,25 +310,12 @@ pub(crate) async fn answer(
                 .plus(collected.detail.extra),
         );
         sent = next;
-        resp = match send(app, parts, &uri, &base, &sent).await {
+        resp = match super::send(app, parts, &uri, &base, &sent).await {
             Ok(r) => r,
             Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),
         };
         round += 1;
     }
-}
-
-/// Send `body` upstream for the loop (a continuation or a retry).
-async fn send(
-    app: &Arc<App>,
-    parts: &http::request::Parts,
-    uri: &http::Uri,
-    base: &str,
-    body: &Bytes,
-) -> Result<Response<Incoming>, ProxyError> {
-    let len = body.len();
-    let up = server::upstream_request(parts, uri.clone(), server::full_up(body.clone()), Some(len));
-    app.upstream.send(up, base).await
 }
 
 /// The upstream could not be reached for the loop: the step ends failed,
@@ -418,5 +376,5 @@ fn finish(
     }
     ticket.note_internal(recalls, billed, sent_len);
     let d = ticket.dialect;
-    server::tap_response(app, d, Some(ticket), head, Full::new(bytes))
+    tap_response(app, d, Some(ticket), head, Full::new(bytes))
 }
