@@ -52,7 +52,7 @@ use oceancode_fakeup::Dialect as FakeDialect;
 use oceancode_proxy::dialect::{self, Collected, ParsedBody};
 use oceancode_proxy::identity::{Identity, ReqKind};
 use oceancode_proxy::recall_tool::{self, calls as recall_calls};
-use oceancode_proxy::sessions::{ModelLimits, SessionManager, Settings, Ticket};
+use oceancode_proxy::sessions::{SessionManager, Settings, Ticket};
 use oceancode_window::{compress, Dialect, RowKind, Usage};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -235,15 +235,8 @@ pub fn run(script: &Script) -> Ran {
         _ => Dialect::OpenaiResponses,
     };
     let settings = Settings {
-        data_dir: "/nonexistent/oceancode-fuzz".into(),
         line: LineSpec::Tokens(20_000 + u64::from(script.line) * 500),
         block: BlockSpec::PercentOfLine(10.0 + f64::from(script.block % 80)),
-        models: Arc::new(|_: &str, _: Option<u64>| ModelLimits {
-            context: Some(200_000),
-            max_output: Some(8_000),
-        }),
-        tideline_enabled: true,
-        live_window: oceancode_proxy::sessions::LIVE_WINDOW,
         state_tokens: Some(2_000),
         // ledger.compress on for half the scripts, with a zone of a few of
         // the script's (small) outputs and every output large enough.
@@ -252,7 +245,7 @@ pub fn run(script: &Script) -> Ran {
             protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
             min_tokens: 1,
         },
-        seq_tags: false,
+        ..Settings::for_tests("/nonexistent/oceancode-fuzz")
     };
     let rows: Rows = Arc::default();
     let sink_rows = rows.clone();

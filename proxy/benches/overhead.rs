@@ -12,33 +12,20 @@
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use oceancode_bench::conv::{Conv, Spec};
-use oceancode_config::{BlockSpec, LineSpec};
+use oceancode_config::LineSpec;
 use oceancode_ledger::tideline::{plan_window, RowInfo};
 use oceancode_ledger::{Dialect, RowKind, Usage};
 use oceancode_proxy::dialect::{self, Collected, ParsedBody};
 use oceancode_proxy::identity::{self, ReqKind};
-use oceancode_proxy::sessions::{estimate_tokens, ModelLimits, Prepared, SessionManager, Settings};
+use oceancode_proxy::sessions::{estimate_tokens, Prepared, SessionManager, Settings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A manager with the production tideline defaults and a sink that drops events.
 fn manager(line: LineSpec) -> SessionManager {
     let settings = Settings {
-        data_dir: std::env::temp_dir().join("oceancode-bench"),
         line,
-        block: BlockSpec::PercentOfLine(70.0),
-        models: Arc::new(|model: &str, learned: Option<u64>| {
-            let info = oceancode_config::lookup(model);
-            ModelLimits {
-                context: learned.or(info.map(|i| i.context_window)),
-                max_output: info.map(|i| i.max_output),
-            }
-        }),
-        tideline_enabled: true,
-        live_window: oceancode_proxy::sessions::LIVE_WINDOW,
-        state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
-        compress: oceancode_config::CompressConfig::default(),
-        seq_tags: false,
+        ..Settings::new(std::env::temp_dir().join("oceancode-bench"))
     };
     SessionManager::new(settings, Arc::new(|_events| {}))
 }

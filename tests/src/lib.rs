@@ -10,13 +10,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream};
 use oceancode_ledger::store::StoreOptions;
 use oceancode_proxy::access::AccessRules;
+use oceancode_proxy::app::{FrontConfig, NetLimits};
 use oceancode_proxy::runtime::{self, ProxyOptions, Running};
-use oceancode_proxy::server::{FrontConfig, NetLimits};
-use oceancode_proxy::sessions::{ModelLimits, Settings};
+use oceancode_proxy::sessions::Settings;
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -52,26 +51,13 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
             pool_idle_timeout: Duration::from_secs(90),
         },
         sessions: Settings {
-            data_dir: data.to_path_buf(),
-            line: LineSpec::Percent(40.0),
-            block: BlockSpec::PercentOfLine(70.0),
-            models: Arc::new(|model: &str, learned: Option<u64>| {
-                let info = oceancode_config::lookup(model);
-                ModelLimits {
-                    context: learned.or(info.map(|i| i.context_window)),
-                    max_output: info.map(|i| i.max_output),
-                }
-            }),
-            tideline_enabled: true,
-            live_window: oceancode_proxy::sessions::LIVE_WINDOW,
-            state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
             // Off here: the tests that assert retained rows byte for byte
             // predate it; tests/tests/compress.rs turns it on.
             compress: oceancode_config::CompressConfig {
                 enabled: false,
                 ..Default::default()
             },
-            seq_tags: false,
+            ..Settings::new(data)
         },
         store: Some(StoreOptions::default()),
         limits: oceancode_proxy::sessions::SessionLimits::default(),

@@ -131,6 +131,54 @@ pub struct Settings {
     pub seq_tags: bool,
 }
 
+impl Settings {
+    /// The production defaults (those of an empty config file) with the
+    /// data dir at `data_dir`: a new setting gets its default here, and
+    /// every caller names only what it changes
+    /// (`Settings { seq_tags: true, ..Settings::new(dir) }`).
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Settings {
+            data_dir: data_dir.into(),
+            line: LineSpec::Percent(40.0),
+            block: BlockSpec::PercentOfLine(70.0),
+            models: builtin_models(),
+            tideline_enabled: true,
+            live_window: LIVE_WINDOW,
+            state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
+            compress: CompressConfig::default(),
+            seq_tags: false,
+        }
+    }
+
+    /// For tests: [`Settings::new`] with every model at a 200k context and
+    /// 8k of output, and compress off (tests that assert retained rows
+    /// byte for byte turn it on where they test it).
+    pub fn for_tests(data_dir: impl Into<PathBuf>) -> Self {
+        Settings {
+            models: Arc::new(|_: &str, _: Option<u64>| ModelLimits {
+                context: Some(200_000),
+                max_output: Some(8_000),
+            }),
+            compress: CompressConfig {
+                enabled: false,
+                ..CompressConfig::default()
+            },
+            ..Settings::new(data_dir)
+        }
+    }
+}
+
+/// The built-in model table (a context the upstream taught wins over it).
+pub fn builtin_models() -> ModelResolver {
+    Arc::new(|model: &str, learned: Option<u64>| {
+        let info = oceancode_config::lookup(model);
+        ModelLimits {
+            context: learned.or(info.map(|i| i.context_window)),
+            max_output: info.map(|i| i.max_output),
+        }
+    })
+}
+
 /// The default [`Settings::live_window`]: an agent's next request follows
 /// its last answer within seconds to minutes (a long tool run), a person's
 /// rewind of a quiet conversation after longer.

@@ -13,23 +13,7 @@ type Recorded = Arc<Mutex<Vec<Event>>>;
 fn manager() -> (SessionManager, Recorded) {
     let seen: Recorded = Arc::default();
     let s = seen.clone();
-    let settings = Settings {
-        data_dir: std::env::temp_dir().join("oceancode-unit"),
-        line: LineSpec::Percent(40.0),
-        block: BlockSpec::PercentOfLine(70.0),
-        models: Arc::new(|_: &str, _: Option<u64>| ModelLimits {
-            context: Some(200_000),
-            max_output: Some(8_000),
-        }),
-        tideline_enabled: true,
-        live_window: LIVE_WINDOW,
-        state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
-        compress: oceancode_config::CompressConfig {
-            enabled: false,
-            ..Default::default()
-        },
-        seq_tags: false,
-    };
+    let settings = Settings::for_tests(std::env::temp_dir().join("oceancode-unit"));
     let m = SessionManager::new(settings, Arc::new(move |ev| s.lock().extend(ev)));
     (m, seen)
 }
