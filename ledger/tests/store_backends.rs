@@ -630,8 +630,15 @@ fn postgres_an_index_waiting_when_the_connection_drops_is_written() {
     );
     Sim::new(&store, "sess-next", T0);
     store.settle_blocking().expect("settle");
-    std::thread::sleep(Duration::from_millis(1500));
-    let text = std::fs::read_to_string(&index).expect("index");
+    // The deferred flush runs within a second of the row; poll for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&index).expect("index");
+        if text.contains("| 1–2 |") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(text.contains("| 1–2 |"), "{text}");
 }
 
