@@ -19,7 +19,7 @@ pub mod context;
 mod cpu;
 pub mod dialect;
 pub mod error;
-pub mod exchange;
+mod exchange;
 pub mod identity;
 pub mod merge;
 pub mod overflow;

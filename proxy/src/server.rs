@@ -1,6 +1,6 @@
 //! The HTTP front: accepts client connections (HTTP/1.1 and h2c) within
 //! the cap and timers of [`crate::conn`], refuses what the [`crate::access`]
-//! rules refuse, and routes: provider paths to the [`crate::exchange`],
+//! rules refuse, and routes: provider paths to the exchange (`exchange/`),
 //! the viewer to [`crate::ui`], admin paths and `/metrics` to
 //! [`crate::admin`], `OPTIONS *`, `/` and `/favicon.ico` answered here,
 //! other paths passed through untouched.

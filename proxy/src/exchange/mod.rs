@@ -22,8 +22,6 @@ pub(crate) mod recall;
 mod relay;
 pub(crate) mod retry;
 
-pub use retry::too_long_ceiling;
-
 use crate::app::App;
 use crate::error::{ProxyBody, ProxyError};
 use crate::identity::ReqKind;

@@ -48,12 +48,6 @@ pub(super) fn append(d: Dialect, sent: &[u8], extra: &[String]) -> Option<Bytes>
     Some(Bytes::from(parsed.render_with(&parts)))
 }
 
-/// Parse the ceiling out of a context-limit error body, if it is one
-/// (see [`overflow::context_limit`]).
-pub fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
-    overflow::context_limit(dialect, body).map(|l| l.ceiling)
-}
-
 /// How much of a 400/413 answer is read to tell a too-long error (they are
 /// small); a longer answer is relayed as it comes, whatever its size.
 pub(crate) const ERROR_PEEK: usize = 1 << 20;
@@ -174,6 +168,10 @@ pub(super) async fn overflow_in_stream_path(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn too_long_ceiling(dialect: Dialect, body: &[u8]) -> Option<Option<u64>> {
+        overflow::context_limit(dialect, body).map(|l| l.ceiling)
+    }
 
     #[test]
     fn too_long_errors_are_recognised() {

@@ -3,7 +3,7 @@
 //! after the client's tools, byte-identical from the session's first
 //! request to its last; when the model calls it, the proxy answers the call
 //! itself from the ledger and the client never sees it. The loop on the
-//! request path is the exchange's recall branch ([`crate::exchange::recall`]).
+//! request path is the exchange's recall branch (`exchange/recall.rs`).
 //!
 //! | module | holds |
 //! |---|---|
