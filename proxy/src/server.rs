@@ -12,7 +12,9 @@ use crate::dialect::{self, Collected};
 use crate::error::{full, BoxError, Envelope, ProxyBody, ProxyError};
 use crate::identity::{self, ReqKind};
 use crate::overflow::{self, Opening};
-use crate::sessions::{Prepared, Refusal, Reservation, SessionManager, StepError, Ticket};
+use crate::sessions::{
+    MeterHead, Prepared, Refusal, Reservation, SessionManager, StepError, Ticket,
+};
 use crate::tap::{Framing, TapBody, TapEnd, TapLimits};
 use crate::upstream::{self, UpBody, Upstream};
 use bytes::Bytes;
@@ -643,6 +645,27 @@ fn relay_head(head: &http::response::Parts) -> http::response::Builder {
     b
 }
 
+/// The meter headers of the answer to a recorded step: `x-oceancode-window`
+/// and `x-oceancode-line` (tokens), `x-oceancode-cut` (rows this request
+/// cut, 0 for none), `x-oceancode-session` (the ledger's session id). Only
+/// headers: the window's bytes, stub and state block carry no number that
+/// changes per request.
+fn meter_headers(
+    mut b: http::response::Builder,
+    session: &str,
+    m: MeterHead,
+) -> http::response::Builder {
+    if let Some(h) = b.headers_mut() {
+        h.insert("x-oceancode-window", HeaderValue::from(m.window));
+        h.insert("x-oceancode-line", HeaderValue::from(m.line));
+        h.insert("x-oceancode-cut", HeaderValue::from(m.cut_rows));
+        if let Ok(v) = HeaderValue::from_str(session) {
+            h.insert("x-oceancode-session", v);
+        }
+    }
+    b
+}
+
 async fn passthrough(
     app: &App,
     uri: http::Uri,
@@ -918,8 +941,10 @@ async fn too_long_path(
         }
     }
     let bytes = Bytes::from(read);
+    // Nothing was cut for the error relayed: the meter as prepared.
+    let (session, meter) = (ticket.session.id.clone(), ticket.meter);
     let relay = |bytes: Bytes| -> Result<Response<ProxyBody>, ProxyError> {
-        relay_head(&head)
+        meter_headers(relay_head(&head), &session, meter)
             .body(full(bytes))
             .map_err(|e| ProxyError::BadTarget(e.to_string()))
     };
@@ -1032,7 +1057,10 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
-    let relay = relay_head(&head);
+    let mut relay = relay_head(&head);
+    if let Some(t) = &ticket {
+        relay = meter_headers(relay, &t.session.id, t.meter);
+    }
     let status = head.status.as_u16();
     let framing = Framing::from_content_type(
         head.headers
