@@ -143,14 +143,16 @@ fn line(
     }
 }
 
-/// The live session whose `client_session` (or ledger id) is `cs`, the most
-/// recently active should several proxies hold one.
+/// The live session whose client session is Claude Code's `cs` (the proxy
+/// keys it `cc:<id>`), or whose ledger id is `cs`; the most recently active
+/// should several proxies hold one.
 fn by_client_session(proxies: &Proxies, cs: &str) -> Option<Value> {
+    let keyed = format!("cc:{cs}");
     proxies
         .live
         .iter()
         .flat_map(|p| &p.sessions)
-        .filter(|s| s["client_session"] == cs || s["id"] == cs)
+        .filter(|s| s["client_session"] == keyed.as_str() || s["id"] == cs)
         .max_by_key(|s| s["last_ms"].as_i64().unwrap_or(0))
         .cloned()
 }
@@ -243,7 +245,7 @@ mod tests {
 
     fn session() -> Value {
         json!({
-            "id": "s1", "client_session": "cc-uuid", "model": "unpriced-model", "last_ms": 5,
+            "id": "s1", "client_session": "cc:cc-uuid", "model": "unpriced-model", "last_ms": 5,
             "meter": {"gauge": 14_200, "line": 20_000, "cuts": 3, "last_cut_rows": 12, "window_rows": 40},
             "totals": {"input": 100, "output": 50, "cache_read": 870, "cache_write": 30},
             "limits": {"spent_usd": 0.42, "spend_cap_usd": 2.0},
