@@ -231,7 +231,7 @@ impl Target {
             format!("argument-hint: {hint}\n")
         };
         format!(
-            "---\ndescription: {desc}\n{hint}allowed-tools: Bash({}:*)\n---\n<!-- written by `oceancode-proxy setup claude-code`; `--remove` deletes it -->\n!`{} {words}`\n\nShow the output above to the user as it is, and do nothing else.\n",
+            "---\ndescription: {desc}\n{hint}allowed-tools: Bash({}:*)\n---\n!`{} {words}`\n\nShow the output above to the user as it is, and do nothing else.\n",
             sh(&self.exe),
             self.cli()
         )
