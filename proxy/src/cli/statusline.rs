@@ -164,11 +164,9 @@ fn fields(cfg: &Config, s: &Value) -> Vec<(&'static str, String)> {
     let (gauge, line) = (n(&m["gauge"]), n(&m["line"]));
     let t = &s["totals"];
     let input = n(&t["input"]) + n(&t["cache_read"]) + n(&t["cache_write"]);
-    let hit = if input == 0 {
-        0
-    } else {
-        (n(&t["cache_read"]) * 100 + input / 2) / input
-    };
+    let hit = (n(&t["cache_read"]) * 100 + input / 2)
+        .checked_div(input)
+        .unwrap_or(0);
     let limits = &s["limits"];
     // The proxy's own count (linked sessions too) when it keeps a budget,
     // else the session's usage at the configured price.
@@ -183,7 +181,7 @@ fn fields(cfg: &Config, s: &Value) -> Vec<(&'static str, String)> {
     });
     let cap = limits["spend_cap_usd"].as_f64();
     let last_cut = n(&m["last_cut_rows"]);
-    let pct = if line == 0 { 0 } else { gauge * 100 / line };
+    let pct = (gauge * 100).checked_div(line).unwrap_or(0);
     let text = |k: &str| s[k].as_str().unwrap_or("").to_string();
     vec![
         ("window", tokens(gauge)),
