@@ -16,6 +16,8 @@
 //! | `tideline` | `tideline`: show or change a running proxy's line |
 //! | `context` | `context`: export the window to context.txt, edit it without the file, the receipt; `evict` |
 //! | `ui` | `ui [--open]`: the session viewer's URL, the admin token handed over once |
+//! | `statusline` | `statusline`: one meter line for Claude Code's status line, tmux, a prompt |
+//! | `setup` | `setup claude-code`: install the status line, slash commands, allowed reads |
 //! | `proxies` | the running proxies of a data dir, and which one holds a session |
 
 mod admin_client;
@@ -29,7 +31,9 @@ mod proxies;
 mod recall;
 mod run;
 mod serve;
+mod setup;
 mod status;
+mod statusline;
 mod tideline;
 mod ui;
 
@@ -91,6 +95,13 @@ enum Command {
     /// The session viewer of the running proxy: print (or --open) its URL,
     /// which hands the admin token over once.
     Ui(ui::UiArgs),
+    /// One line of the session meter for Claude Code's `statusLine`, tmux or
+    /// a shell prompt (reads Claude Code's JSON on stdin; never fails).
+    Statusline(statusline::StatuslineArgs),
+    /// Install (or --remove) the status line, slash commands and allowed
+    /// reads in a client's settings.
+    #[command(subcommand)]
+    Setup(setup::SetupCmd),
 }
 
 /// Upstream URLs given on the command line (`serve`, `run`).
@@ -298,6 +309,17 @@ fn real_main(cli: Cli) -> Result<i32> {
         Command::Ui(a) => {
             let (cfg, dir) = reader(&cli)?;
             ui::run(&dir, &cfg, a)
+        }
+        Command::Statusline(a) => match reader(&cli) {
+            Ok((cfg, dir)) => statusline::run(&dir, &cfg, a),
+            Err(_) => {
+                out::outln!("oceancode: config error (run `oceancode-proxy status`)");
+                Ok(0)
+            }
+        },
+        Command::Setup(cmd) => {
+            let (cfg, dir) = reader(&cli)?;
+            setup::run(&dir, &cfg, cmd)
         }
     }
 }

@@ -91,6 +91,19 @@ impl Proxies {
         proxy: Option<&str>,
         flag: &AdminTokenFlag,
     ) -> Proxies {
+        Self::find_within(cfg, data_dir, proxy, flag, WAIT, true).await
+    }
+
+    /// [`Proxies::find`] with each answer awaited at most `wait`, and the
+    /// notes on stale or untrusted entries printed only with `notes`.
+    pub async fn find_within(
+        cfg: &Config,
+        data_dir: &Path,
+        proxy: Option<&str>,
+        flag: &AdminTokenFlag,
+        wait: Duration,
+        notes: bool,
+    ) -> Proxies {
         let token = token::for_client(flag.admin_token.as_deref(), data_dir);
         if let Some(url) = proxy {
             let client = AdminClient::new(url, token);
@@ -100,7 +113,7 @@ impl Proxies {
                 unreachable: Vec::new(),
                 explicit: true,
             };
-            match ask(client).await {
+            match ask(client, wait).await {
                 Ok(l) => found.live.push(l),
                 Err(why) => found.unreachable.push((url, why)),
             }
@@ -120,8 +133,8 @@ impl Proxies {
                 (Some(e), None) => {
                     let token = token.clone();
                     asks.push(async move {
-                        match prove(&e).await {
-                            Ok(()) => (ask(AdminClient::new(&e.url, token)).await, e, true),
+                        match prove(&e, wait).await {
+                            Ok(()) => (ask(AdminClient::new(&e.url, token), wait).await, e, true),
                             Err(why) => (Err(why), e, false),
                         }
                     });
@@ -141,7 +154,7 @@ impl Proxies {
                 Err(why) => untrusted.push(format!("{} {why}", e.describe())),
             }
         }
-        if !untrusted.is_empty() {
+        if !untrusted.is_empty() && notes {
             errln!(
                 "oceancode-proxy: note: not trusting {} entr{} in {} (the admin token is not sent there): {}",
                 untrusted.len(),
@@ -150,7 +163,7 @@ impl Proxies {
                 untrusted.join("; ")
             );
         }
-        if !stale.is_empty() {
+        if !stale.is_empty() && notes {
             errln!(
                 "oceancode-proxy: note: ignoring {} stale entr{} in {}: {}",
                 stale.len(),
@@ -164,7 +177,7 @@ impl Proxies {
             // No registered proxy: the configured address (a proxy with its
             // ledger off registers nowhere), if it serves this data dir.
             let url = format!("http://{}", cfg.listen);
-            match ask(AdminClient::new(&url, token)).await {
+            match ask(AdminClient::new(&url, token), wait).await {
                 Ok(l) => match l.data_dir.as_deref().filter(|d| !same_dir(d, data_dir)) {
                     Some(other) => unreachable.push((
                         url,
@@ -270,13 +283,13 @@ impl Proxies {
 /// Have the proxy at a registered entry's URL prove (without the admin
 /// token) that it holds the entry's instance secret; Err says why not
 /// ([`NO_ANSWER`] when nothing answered).
-async fn prove(e: &Entry) -> Result<(), String> {
+async fn prove(e: &Entry, wait: Duration) -> Result<(), String> {
     let Some(instance) = e.instance.as_deref() else {
         return Err("holds no instance secret".into());
     };
     let challenge = token::generate().map_err(|e| e.to_string())?;
     let path = format!("{}?challenge={challenge}", registry::INSTANCE_PATH);
-    match AdminClient::new(&e.url, None).get(&path, WAIT).await {
+    match AdminClient::new(&e.url, None).get(&path, wait).await {
         Ok(a) if a.json["proof"].as_str().is_some_and(|p| {
             token::matches(p, &registry::proof(instance, &challenge))
         }) =>
@@ -301,8 +314,8 @@ fn same_dir(theirs: &Path, ours: &Path) -> bool {
 }
 
 /// Ask a proxy for its sessions; Err says why it is not usable.
-async fn ask(client: AdminClient) -> Result<Live, String> {
-    match client.get("/_oceancode/sessions", WAIT).await {
+async fn ask(client: AdminClient, wait: Duration) -> Result<Live, String> {
+    match client.get("/_oceancode/sessions", wait).await {
         Ok(a) if a.status.is_success() => Ok(Live {
             sessions: a.json["sessions"].as_array().cloned().unwrap_or_default(),
             data_dir: a.json["data_dir"].as_str().map(std::path::PathBuf::from),

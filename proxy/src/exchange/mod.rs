@@ -25,7 +25,7 @@ pub(crate) mod retry;
 use crate::app::App;
 use crate::error::{ProxyBody, ProxyError};
 use crate::identity::ReqKind;
-use crate::sessions::{Prepared, Refusal, StepError, Ticket};
+use crate::sessions::{MeterHead, Prepared, Refusal, StepError, Ticket};
 use crate::upstream::{self, UpBody};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
@@ -234,6 +234,27 @@ pub(crate) fn relay_head(head: &http::response::Parts) -> http::response::Builde
     let mut b = Response::builder().status(head.status);
     if let Some(h) = b.headers_mut() {
         *h = upstream::end_to_end(&head.headers, &[]);
+    }
+    b
+}
+
+/// The meter headers of the answer to a recorded step: `x-oceancode-window`
+/// and `x-oceancode-line` (tokens), `x-oceancode-cut` (rows this request
+/// cut, 0 for none), `x-oceancode-session` (the ledger's session id). Only
+/// headers: the window's bytes, stub and state block carry no number that
+/// changes per request.
+pub(crate) fn meter_headers(
+    mut b: http::response::Builder,
+    session: &str,
+    m: MeterHead,
+) -> http::response::Builder {
+    if let Some(h) = b.headers_mut() {
+        h.insert("x-oceancode-window", HeaderValue::from(m.window));
+        h.insert("x-oceancode-line", HeaderValue::from(m.line));
+        h.insert("x-oceancode-cut", HeaderValue::from(m.cut_rows));
+        if let Ok(v) = HeaderValue::from_str(session) {
+            h.insert("x-oceancode-session", v);
+        }
     }
     b
 }

@@ -46,7 +46,10 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError> + std::fmt::Display,
 {
-    let relay = relay_head(&head);
+    let mut relay = relay_head(&head);
+    if let Some(t) = &ticket {
+        relay = super::meter_headers(relay, &t.session.id, t.meter);
+    }
     let status = head.status.as_u16();
     let framing = Framing::from_content_type(
         head.headers

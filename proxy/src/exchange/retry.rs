@@ -5,7 +5,7 @@
 //! ([`retry_after_cut`], which the recall loop uses too).
 
 use super::relay::tap_response;
-use super::{failed, relay_head, send};
+use super::{failed, meter_headers, relay_head, send};
 use crate::app::App;
 use crate::dialect::{self, Collected};
 use crate::error::{full, ProxyBody, ProxyError};
@@ -90,8 +90,10 @@ pub(super) async fn too_long_path(
         }
     }
     let bytes = Bytes::from(read);
+    // Nothing was cut for the error relayed: the meter as prepared.
+    let (session, meter) = (ticket.session.id.clone(), ticket.meter);
     let relay = |bytes: Bytes| -> Result<Response<ProxyBody>, ProxyError> {
-        relay_head(&head)
+        meter_headers(relay_head(&head), &session, meter)
             .body(full(bytes))
             .map_err(|e| ProxyError::BadTarget(e.to_string()))
     };

@@ -35,6 +35,8 @@ pub struct Meter {
     pub steps: u32,
     /// Cuts so far.
     pub cuts: u32,
+    /// Rows the last request cut out of the window (0: it cut none).
+    pub last_cut_rows: u64,
     /// Tool outputs the last window sent as pointers (`ledger.compress`).
     pub pruned_outputs: u32,
     /// Their estimated tokens.

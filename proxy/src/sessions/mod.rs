@@ -54,7 +54,7 @@ pub use hold::refuses_caller;
 pub use meter::{line_label, Meter};
 pub use parse::{estimate_tokens, DEFAULT_BYTES_PER_TOKEN, FULL_PARSES};
 pub use state::State;
-pub use step::{Prepared, Refusal, StepError, Ticket};
+pub use step::{MeterHead, Prepared, Refusal, StepError, Ticket};
 pub use view::{model_view, ModelView, Sent};
 
 use index::Index;

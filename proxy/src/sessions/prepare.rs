@@ -358,7 +358,15 @@ impl SessionManager {
         };
         super::context::refresh(&session, &out);
         let body_len = out.len();
-        let tail_seq = session.state.lock().active.last().copied().unwrap_or(0);
+        let (tail_seq, meter) = {
+            let st = session.state.lock();
+            let meter = super::MeterHead {
+                window: st.meter.gauge,
+                line: st.meter.line,
+                cut_rows: window.cut_rows,
+            };
+            (st.active.last().copied().unwrap_or(0), meter)
+        };
         let sent = window.sent;
         let mut ticket = Ticket::new(
             session,
@@ -373,6 +381,7 @@ impl SessionManager {
             self.recorder(),
         )
         .holding(id, held, new_sessions);
+        ticket.meter = meter;
         ticket.compress = window.compress;
         ticket.sent = sent.map(|s| *s);
         ticket.reservation = reservation;
@@ -587,6 +596,7 @@ impl SessionManager {
         window.sent = Some(Box::new(super::sent::record(st, &window, n, req.stateful)));
         super::context::remember(st, &mut window);
         if window.upto > st.recorded_cut {
+            window.cut_rows = st.rows_between(st.recorded_cut, window.upto);
             let gauge = cut_gauge.unwrap_or(st.meter.gauge);
             events.push(self.record_cut(st, window.upto, gauge, params.line));
             if window.pinned_tokens > 0 {
@@ -597,6 +607,7 @@ impl SessionManager {
             }
         }
         st.meter.window_rows = window.rows;
+        st.meter.last_cut_rows = window.cut_rows;
         st.meter.pinned_tokens = window.pinned_tokens;
         st.meter.state_tokens = window.state_tokens;
         self.metrics

@@ -592,6 +592,15 @@ impl State {
             .map_or(0, |&s| s - 1)
     }
 
+    /// Rows on the active line after seq `from` up to `upto` (what a cut
+    /// from `from` to `upto` takes out of the window).
+    pub(super) fn rows_between(&self, from: u64, upto: u64) -> u64 {
+        self.active
+            .iter()
+            .filter(|&&s| s > from && s <= upto)
+            .count() as u64
+    }
+
     pub(super) fn seed_rows(&self) -> Vec<(u64, u64)> {
         self.active
             .iter()

@@ -107,6 +107,18 @@ impl Prepared {
     }
 }
 
+/// The meter of one step as its answer's `x-oceancode-*` headers tell it
+/// (never inside the body: the window's bytes stay the cached prefix).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeterHead {
+    /// The window sent, estimated tokens (the gauge after this request's cut).
+    pub window: u64,
+    /// The line in force for it, tokens.
+    pub line: u64,
+    /// Rows this request cut out of the window (0: none).
+    pub cut_rows: u64,
+}
+
 /// What the request path needs to finish a step. Finishes exactly once:
 /// [`Ticket::complete`], [`Ticket::fail`], or on drop (a failed step,
 /// [`StepError::Cancelled`]).
@@ -119,6 +131,8 @@ pub struct Ticket {
     pub dialect: Dialect,
     /// Rows in the window sent.
     pub window_rows: usize,
+    /// Its meter, for the answer's headers.
+    pub meter: MeterHead,
     /// The original request body (kept for a too-long retry).
     pub(super) original: Bytes,
     /// Last seq before this step's new rows (the newest step is never cut).
@@ -208,6 +222,8 @@ impl SessionManager {
             .fetch_add(1, Ordering::Relaxed);
         let mut events = Vec::new();
         if w.upto > st.recorded_cut {
+            ticket.meter.cut_rows += st.rows_between(st.recorded_cut, w.upto);
+            st.meter.last_cut_rows = ticket.meter.cut_rows;
             let (gauge, line) = (st.meter.gauge, st.meter.line);
             events.push(self.record_cut(&mut st, w.upto, gauge, line));
         }
@@ -239,6 +255,7 @@ impl Ticket {
             step,
             dialect,
             window_rows,
+            meter: MeterHead::default(),
             original,
             boundary,
             body_len,

@@ -30,6 +30,9 @@ pub(super) struct Window {
     pub(super) media_out: Cost,
     /// The last row that left the window (what its stub names; 0 = none).
     pub(super) upto: u64,
+    /// Rows this request's cut took out of the window (set by the caller
+    /// that records the cut).
+    pub(super) cut_rows: u64,
     /// Estimated tokens of the standing parts kept with the stub.
     pub(super) pinned_tokens: u64,
     /// Where each message sent comes from (None = the request as it came).
@@ -62,6 +65,7 @@ impl Window {
             kept_out: 0,
             media_out: Cost::default(),
             upto: 0,
+            cut_rows: 0,
             pinned_tokens: 0,
             layout: None,
             stub: None,
@@ -321,6 +325,7 @@ pub(super) fn render(
         kept_out: kept_out.saturating_sub(pinned_tokens),
         media_out: media_out.plus(pruned_media),
         upto: plan.effective_upto_seq,
+        cut_rows: 0,
         pinned_tokens,
         state_tokens,
         state_budget,
