@@ -27,5 +27,6 @@ pub mod server;
 pub mod sessions;
 pub mod sse;
 pub mod tap;
+pub mod telemetry;
 pub mod ui;
 pub mod upstream;

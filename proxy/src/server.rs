@@ -271,6 +271,8 @@ pub struct App {
     /// The configured prices (`providers.<id>.models[].price`, else the
     /// built-in table): what `status`, the limits and the viewer price with.
     pub prices: Option<crate::sessions::Pricer>,
+    /// OpenTelemetry export (`telemetry.otlp`; off by default).
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 /// The most a client connection's read buffer holds (request heads
@@ -792,6 +794,9 @@ async fn provider_request(
         refused,
         reservation,
     } = prepared;
+    if let Some(t) = ticket.as_mut() {
+        t.traced(app.telemetry.start_step(t0));
+    }
     match refused {
         // A session past a bound of `limits.session`: nothing is forwarded.
         Some(Refusal::Limit(hit)) => return Err(ProxyError::LimitReached(hit)),
