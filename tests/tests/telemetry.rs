@@ -335,3 +335,72 @@ async fn a_down_or_silent_collector_costs_dropped_spans_never_delayed_requests()
         assert_eq!(metric(&h, "oceancode_otlp_spans_exported_total").await, 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_too_long_retry_is_a_child_span_and_a_relayed_error_has_its_type() {
+    let c = Collector::start().await;
+    let url = c.url.clone();
+    let h = Harness::start(fake(), |o| {
+        small_line(o);
+        o.telemetry = Some(options(&url, 1024, false));
+    })
+    .await;
+    let hdr = [("x-claude-code-session-id", "otel-retry")];
+    let mut history = vec![json!({"role":"user","content": ASK})];
+    let post = |history: &Vec<Value>| {
+        json!({"model":"claude-otel","max_tokens":1000,"messages":history}).to_string()
+    };
+    for i in 0..30 {
+        let got = h.post("/v1/messages", &hdr, post(&history)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        push_tool_step(&mut history, &got.json()["content"], &tool_output(i));
+    }
+    // "prompt is too long": every closed block cut, one retry.
+    h.fake.push_reply(oceancode_fakeup::Reply::too_long());
+    let got = h.post("/v1/messages", &hdr, post(&history)).await;
+    assert_eq!(got.status, 200, "retried: {}", got.text());
+    push_tool_step(&mut history, &got.json()["content"], &tool_output(99));
+    // Nothing left to cut: the error is relayed.
+    h.fake
+        .set_script(Script::always(oceancode_fakeup::Reply::too_long()));
+    let got = h.post("/v1/messages", &hdr, post(&history)).await;
+    assert_eq!(got.status, 400);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c
+        .spans()
+        .iter()
+        .filter(|s| s.parent_span_id.is_empty())
+        .count()
+        < 32
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spans = c.spans();
+    assert!(spans.len() >= 33, "32 steps and their retries");
+    let step = |n: i64| {
+        spans
+            .iter()
+            .find(|s| {
+                s.parent_span_id.is_empty() && attrs(s).get("oceancode.step") == Some(&json!(n))
+            })
+            .unwrap()
+    };
+    let retried = step(31);
+    let child: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == retried.span_id)
+        .collect();
+    assert_eq!(child.len(), 1);
+    let child = child[0];
+    assert_eq!(child.trace_id, retried.trace_id);
+    assert_eq!(child.parent_span_id, retried.span_id);
+    assert_eq!(attrs(child)["oceancode.retry.reason"], "too_long");
+    assert_eq!(attrs(child)["gen_ai.operation.name"], "chat");
+    assert!(child.start_time_unix_nano >= retried.start_time_unix_nano);
+    assert!(child.end_time_unix_nano <= retried.end_time_unix_nano);
+    assert_eq!(attrs(retried)["oceancode.cut.made"], true, "the retry cut");
+    let failed = attrs(step(32));
+    assert_eq!(failed["error.type"], "400");
+    assert_eq!(step(32).status.as_ref().unwrap().code, 2, "ERROR");
+}
