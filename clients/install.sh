@@ -86,6 +86,17 @@ import sys, importlib.metadata as md, anthropic, openai, pytest
 print(f"== clients: python {sys.version.split()[0]}, anthropic {anthropic.__version__}, openai {openai.__version__}, "
       f"mini-swe-agent {md.version('mini-swe-agent')} (litellm {md.version('litellm')}), pytest {pytest.__version__}")
 EOF2
+# Arize Phoenix (test_otel_phoenix.py: a real OTLP backend on loopback), in a
+# venv of its own: its many dependencies stay out of the SDKs' pinned set.
+PHOENIX_VENV=$DEPS/phoenix
+if [ -x "$PHOENIX_VENV/bin/python" ] || "$PY" -m venv "$PHOENIX_VENV" >/dev/null 2>&1; then
+	"$PHOENIX_VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$CL/requirements-phoenix.txt" ||
+		die "pip install -r clients/requirements-phoenix.txt failed"
+	export OCEANCODE_PHOENIX=$PHOENIX_VENV/bin/phoenix
+	say "arize-phoenix $("$PHOENIX_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("arize-phoenix"))')"
+else
+	say "python3 -m venv is unavailable: the Phoenix test will be skipped"
+fi
 version_of() { HOME=$DEPS/home "$OCEANCODE_NODE_BIN/$1" --version 2>/dev/null | head -1; }
 say "node $(node --version), claude-code $(version_of claude), $(version_of codex), opencode $(version_of opencode), qwen-code $(version_of qwen)"
 

@@ -66,6 +66,13 @@ pub mod vars {
     pub const MAX_TIME: &str = "OCEANCODE_MAX_TIME";
     /// `ledger.database`: `sqlite` or a `postgres://` URL.
     pub const DATABASE_URL: &str = "OCEANCODE_DATABASE_URL";
+    /// `telemetry.otlp.endpoint`: the OTLP/HTTP collector to export spans to.
+    pub const OTLP_ENDPOINT: &str = "OCEANCODE_OTLP_ENDPOINT";
+    /// The default `telemetry.otlp.headers_env`: `key=value,key2=value2`
+    /// headers sent to the collector (auth), never logged.
+    pub const OTLP_HEADERS: &str = "OCEANCODE_OTLP_HEADERS";
+    /// The GenAI conventions' content-capture switch (`true` exports message text).
+    pub const CAPTURE_CONTENT: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
     /// Context window override for every model (tokens; read by `models::context_window`).
     pub const CONTEXT_TOKENS: &str = "OCEANCODE_CONTEXT_TOKENS";
     /// XDG config home.
@@ -155,6 +162,33 @@ pub fn find_config_file(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf>
         return Some(expand_home(Path::new(&p), env));
     }
     default_config_path(env).filter(|p| p.is_file())
+}
+
+/// Checks an OTLP collector URL: `http`/`https` with a host, no
+/// credentials, query or fragment (auth goes in `telemetry.otlp.headers_env`).
+/// Unlike an upstream, plain `http` is allowed to any host: spans carry no
+/// secret, and collectors on a private network often speak plain HTTP.
+pub fn check_otlp_url(url: &str) -> Result<(), String> {
+    let shown = crate::redact::redact_url(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("{shown:?} must start with http:// or https://"));
+    };
+    if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+        return Err(format!("unsupported scheme {scheme:?}; use http or https"));
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{shown:?} is not a URL with a host"));
+    }
+    if authority.contains('@') {
+        return Err(format!(
+            "{shown:?}: credentials in the URL are not supported; put them in the headers variable"
+        ));
+    }
+    if rest.contains('?') || rest.contains('#') {
+        return Err(format!("{shown:?}: takes no query or fragment"));
+    }
+    Ok(())
 }
 
 /// Checks an upstream base URL: `http`/`https` with a host, optional port and
@@ -286,6 +320,8 @@ pub struct Config {
     pub writer: WriterConfig,
     /// The context file (`oceancode-proxy context`).
     pub context: ContextConfig,
+    /// OpenTelemetry export (off unless `telemetry.otlp.endpoint` is set).
+    pub telemetry: TelemetryConfig,
     /// Log filter (`tracing` env-filter syntax); `None` = `info`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
@@ -312,7 +348,47 @@ impl Default for Config {
             access: AccessConfig::default(),
             writer: WriterConfig::default(),
             context: ContextConfig::default(),
+            telemetry: TelemetryConfig::default(),
             log: None,
+        }
+    }
+}
+
+/// `telemetry`: what the proxy exports about its requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// OpenTelemetry GenAI spans over OTLP/HTTP (protobuf).
+    pub otlp: OtlpConfig,
+}
+
+/// `telemetry.otlp`: the collector spans go to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// The collector's base URL (`http://127.0.0.1:6006`; `/v1/traces` is
+    /// added unless it ends with it). `None`: nothing is exported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The environment variable holding the headers sent with each export
+    /// (`key=value,key2=value2`, e.g. `Authorization=Basic ...`): read at
+    /// start, never written to the config, a log or the ledger.
+    pub headers_env: String,
+    /// Export message content (`gen_ai.input.messages`,
+    /// `gen_ai.output.messages`); also on when
+    /// `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`.
+    pub capture_content: bool,
+    /// Most spans waiting for export; past it spans are dropped (counted).
+    pub max_queue: usize,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            endpoint: None,
+            headers_env: vars::OTLP_HEADERS.to_string(),
+            capture_content: false,
+            max_queue: 2048,
         }
     }
 }
@@ -954,6 +1030,8 @@ pub struct Overrides {
     pub recall_tool: bool,
     /// `--database` (`sqlite` or a `postgres://` URL).
     pub database: Option<String>,
+    /// `--otlp URL` (`telemetry.otlp.endpoint`).
+    pub otlp: Option<String>,
 }
 
 /// A loaded configuration.
@@ -1132,6 +1210,15 @@ impl Config {
         if let Some(v) = env_value(env, vars::LOG) {
             self.log = Some(v);
         }
+        if let Some(v) = env_value(env, vars::OTLP_ENDPOINT) {
+            check_otlp_url(&v).map_err(|m| ConfigError::env(vars::OTLP_ENDPOINT, &v, m))?;
+            self.telemetry.otlp.endpoint = Some(v);
+        }
+        if let Some(v) = env_value(env, vars::CAPTURE_CONTENT) {
+            if parse_switch(&v) == Some(true) {
+                self.telemetry.otlp.capture_content = true;
+            }
+        }
         if let Some(v) = env_value(env, vars::MAX_SPEND) {
             let usd = parse_usd(&v).map_err(|m| ConfigError::env(vars::MAX_SPEND, &v, m))?;
             self.limits.session.spend_usd = Some(usd);
@@ -1196,6 +1283,9 @@ impl Config {
         if o.allow_remote {
             self.access.allow_remote = true;
         }
+        if let Some(u) = &o.otlp {
+            self.telemetry.otlp.endpoint = Some(u.clone());
+        }
         let b = &mut self.limits.session;
         if let Some(v) = o.max_spend_usd {
             b.spend_usd = Some(v);
@@ -1242,6 +1332,22 @@ impl Config {
             for (i, m) in p.models.iter().enumerate() {
                 validate_model(&format!("providers.{id}.models[{i}]"), m)?;
             }
+        }
+        let otlp = &self.telemetry.otlp;
+        if let Some(u) = &otlp.endpoint {
+            check_otlp_url(u).map_err(|m| ConfigError::invalid("telemetry.otlp.endpoint", m))?;
+        }
+        if otlp.max_queue == 0 {
+            return Err(ConfigError::invalid(
+                "telemetry.otlp.max_queue",
+                "must be above 0",
+            ));
+        }
+        if otlp.headers_env.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                "telemetry.otlp.headers_env",
+                "must name an environment variable",
+            ));
         }
         if !(1..=16).contains(&self.ledger.recall_tool.max_rounds) {
             return Err(ConfigError::invalid(

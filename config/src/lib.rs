@@ -18,11 +18,12 @@ pub use command::{
     TIDELINE_USAGE,
 };
 pub use config::{
-    check_upstream_url, default_config_path, default_data_dir, find_config_file, is_postgres_url,
-    parse_switch, parse_usd, process_env, resolve_data_dir, vars, AccessConfig, CompressConfig,
-    Config, ContextConfig, LedgerConfig, LimitsConfig, Loaded, MergeConfig, ModelConfig, Overrides,
-    PriceConfig, ProviderConfig, RecallSearchScope, RecallToolConfig, RetentionConfig, StateConfig,
-    TidelineConfig, WriterConfig, MAX_STATE_TOKENS, MIN_STATE_TOKENS, SQLITE,
+    check_otlp_url, check_upstream_url, default_config_path, default_data_dir, find_config_file,
+    is_postgres_url, parse_switch, parse_usd, process_env, resolve_data_dir, vars, AccessConfig,
+    CompressConfig, Config, ContextConfig, LedgerConfig, LimitsConfig, Loaded, MergeConfig,
+    ModelConfig, OtlpConfig, Overrides, PriceConfig, ProviderConfig, RecallSearchScope,
+    RecallToolConfig, RetentionConfig, StateConfig, TelemetryConfig, TidelineConfig, WriterConfig,
+    MAX_STATE_TOKENS, MIN_STATE_TOKENS, SQLITE,
 };
 pub use error::ConfigError;
 pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};

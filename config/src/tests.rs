@@ -1606,3 +1606,62 @@ fn url_credentials_never_reach_an_error() {
         assert!(!err.contains("SECRET"), "{bad}: {err}");
     }
 }
+
+// ---------------------------------------------------------------- telemetry
+
+#[test]
+fn telemetry_is_off_by_default_and_layers_file_env_flag() {
+    let c = Config::default();
+    assert_eq!(c.telemetry.otlp.endpoint, None);
+    assert!(!c.telemetry.otlp.capture_content);
+    assert_eq!(c.telemetry.otlp.headers_env, "OCEANCODE_OTLP_HEADERS");
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.json",
+        r#"{"telemetry":{"otlp":{"endpoint":"http://collector:4318","headers_env":"MY_OTLP_AUTH","max_queue":64}}}"#,
+    );
+    let l = Config::load(Some(&file), &no_env).unwrap();
+    let o = &l.config.telemetry.otlp;
+    assert_eq!(o.endpoint.as_deref(), Some("http://collector:4318"));
+    assert_eq!(o.headers_env, "MY_OTLP_AUTH");
+    assert_eq!(o.max_queue, 64);
+    let env = env_of(&[
+        ("OCEANCODE_OTLP_ENDPOINT", "http://127.0.0.1:6006"),
+        ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true"),
+    ]);
+    let mut l = Config::load(Some(&file), &env).unwrap();
+    assert_eq!(
+        l.config.telemetry.otlp.endpoint.as_deref(),
+        Some("http://127.0.0.1:6006")
+    );
+    assert!(l.config.telemetry.otlp.capture_content);
+    l.config.apply(&Overrides {
+        otlp: Some("https://otel.example.com/api/public/otel".into()),
+        ..Overrides::default()
+    });
+    assert_eq!(
+        l.config.telemetry.otlp.endpoint.as_deref(),
+        Some("https://otel.example.com/api/public/otel")
+    );
+    l.config.validate().unwrap();
+}
+
+#[test]
+fn telemetry_refuses_bad_endpoints_without_echoing_credentials() {
+    let env = env_of(&[("OCEANCODE_OTLP_ENDPOINT", "ftp://x")]);
+    let err = Config::load(None, &env).unwrap_err().to_string();
+    assert!(err.contains("OCEANCODE_OTLP_ENDPOINT"), "{err}");
+    let err = parse(r#"{"telemetry":{"otlp":{"endpoint":"https://user:s3cret@h/otel"}}}"#)
+        .and_then(|l| l.config.validate().map(|_| l))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("telemetry.otlp.endpoint"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    let err = parse(r#"{"telemetry":{"otlp":{"max_queue":0}}}"#)
+        .and_then(|l| l.config.validate().map(|_| l))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("telemetry.otlp.max_queue"), "{err}");
+    assert!(parse(r#"{"telemetry":{"otlp":{"headers":"x"}}}"#).is_err());
+}

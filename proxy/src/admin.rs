@@ -444,6 +444,17 @@ fn metrics(app: &App) -> Response<ProxyBody> {
     ] {
         p.counter(name, help, v);
     }
+    let t = app.telemetry.metrics();
+    p.counter(
+        "oceancode_otlp_spans_exported_total",
+        "Spans the OTLP export sent (telemetry.otlp).",
+        load(&t.exported),
+    );
+    p.counter(
+        "oceancode_otlp_spans_dropped_total",
+        "Spans the OTLP export dropped: its queue was full, or the collector was down, slow or refusing.",
+        load(&t.dropped),
+    );
     if let Some(merge) = &app.merge {
         let ms = &merge.stats;
         for (name, help, v) in [

@@ -261,6 +261,8 @@ pub struct App {
     /// The configured prices (`providers.<id>.models[].price`, else the
     /// built-in table): what `status`, the limits and the viewer price with.
     pub prices: Option<crate::sessions::Pricer>,
+    /// OpenTelemetry export (`telemetry.otlp`; off by default).
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 impl App {

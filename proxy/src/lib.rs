@@ -30,6 +30,7 @@ pub mod server;
 pub mod sessions;
 pub mod sse;
 pub mod tap;
+pub mod telemetry;
 pub mod token;
 pub mod ui;
 pub mod upstream;

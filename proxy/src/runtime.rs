@@ -40,6 +40,8 @@ pub struct ProxyOptions {
     pub database: Option<String>,
     /// The live merge of `SESSION.md` (None: off; needs the ledger).
     pub merge: Option<crate::merge::MergeOptions>,
+    /// OpenTelemetry export (`telemetry.otlp`; None: off).
+    pub telemetry: Option<crate::telemetry::OtlpOptions>,
 }
 
 /// Why a proxy did not start.
@@ -64,6 +66,9 @@ pub enum StartError {
     /// The upstream client could not be built.
     #[error(transparent)]
     Upstream(#[from] crate::error::ProxyError),
+    /// The OpenTelemetry export could not start.
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     /// A non-loopback listen address without `--allow-remote`.
     #[error("refusing to listen on {addr}: it is not a loopback address, and the proxy relays API keys and serves the ledger to whoever connects; pass --allow-remote (or set access.allow_remote) to serve other machines (the admin API then needs the admin token from <data dir>/admin-token)")]
     Remote {
@@ -194,6 +199,8 @@ impl Running {
         if let Some(t) = self.task.take() {
             let _ = t.await;
         }
+        // The last requests' spans go out (or are dropped) first.
+        self.app.telemetry.flush(Duration::from_secs(5)).await;
         if let Some(store) = &self.app.store {
             let store = store.clone();
             let _ = tokio::task::spawn_blocking(move || store.shutdown()).await;
@@ -267,7 +274,20 @@ pub async fn start_on(
         )),
         _ => None,
     };
+    let telemetry = match &opts.telemetry {
+        Some(o) => {
+            let l = &opts.limits;
+            let bounds = crate::telemetry::Bounds {
+                steps: l.steps,
+                spend_usd: l.spend_usd,
+                time_s: l.time.map(|d| d.as_secs()),
+            };
+            crate::telemetry::Telemetry::start(o, bounds)?
+        }
+        None => crate::telemetry::Telemetry::off(),
+    };
     let app = Arc::new(App {
+        telemetry,
         merge,
         prices: opts.limits.pricer.clone(),
         bodies: crate::app::BodyBudget::new(opts.front.net.max_bodies_in_flight_bytes),

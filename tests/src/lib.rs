@@ -63,6 +63,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
         limits: oceancode_proxy::sessions::SessionLimits::default(),
         database: None,
         merge: None,
+        telemetry: None,
     }
 }
 

@@ -201,6 +201,10 @@ pub(super) fn parse_on_off(s: &str) -> Result<bool, String> {
     config::parse_switch(s).ok_or_else(|| format!("expected on or off, not {s:?}"))
 }
 
+fn parse_otlp(s: &str) -> std::result::Result<String, String> {
+    config::check_otlp_url(s).map(|()| s.to_string())
+}
+
 /// Resolve the config layers (file, env, these flags); warnings go to
 /// stderr except for `serve`, which logs them.
 fn load(
@@ -232,6 +236,11 @@ fn load(
             _ => false,
         },
         database: cli.database.clone(),
+        otlp: match &cli.command {
+            Command::Serve(a) => a.otlp.clone(),
+            Command::Run(a) => a.otlp.clone(),
+            _ => None,
+        },
     };
     let loaded = Config::resolve(cli.config.as_deref(), &config::process_env, &overrides)?;
     let _ = DATABASE.set(loaded.config.ledger.postgres_url().map(str::to_string));

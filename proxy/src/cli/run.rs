@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// Serve the in-band `oceancode_recall` tool (`ledger.recall_tool`).
     #[arg(long)]
     pub(super) recall_tool: bool,
+    /// Export OpenTelemetry GenAI spans to this OTLP/HTTP collector
+    /// (`telemetry.otlp.endpoint`, e.g. `http://127.0.0.1:6006`).
+    #[arg(long, value_name = "URL", value_parser = super::parse_otlp)]
+    pub(super) otlp: Option<String>,
     /// The command to run, after `--`.
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     cmd: Vec<String>,
@@ -44,7 +48,7 @@ pub fn run(cli: &Cli, a: &RunArgs) -> Result<i32> {
     let line = a.tideline.as_deref().map(parse_line).transpose()?.flatten();
     let loaded = load(cli, None, &a.upstreams, line, a.compress)?;
     init_tracing("warn");
-    let mut opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut opts = proxy_options(&loaded.config, SocketAddr::from(([127, 0, 0, 1], 0)))?;
     // The bounds hold for the whole run: one budget for every session it
     // sees, whatever names its agent declares.
     opts.limits.run_wide = true;

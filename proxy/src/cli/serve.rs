@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Serve the in-band `oceancode_recall` tool (`ledger.recall_tool`).
     #[arg(long)]
     pub(super) recall_tool: bool,
+    /// Export OpenTelemetry GenAI spans to this OTLP/HTTP collector
+    /// (`telemetry.otlp.endpoint`, e.g. `http://127.0.0.1:6006`).
+    #[arg(long, value_name = "URL", value_parser = super::parse_otlp)]
+    pub(super) otlp: Option<String>,
 }
 
 /// `serve`.
@@ -53,19 +57,24 @@ pub fn run(cli: &Cli, a: &ServeArgs) -> Result<i32> {
     if !loaded.config.ledger.enabled && line.is_some() {
         tracing::warn!("--tideline is ignored: the ledger is off (ledger.enabled: false)");
     }
-    let opts = proxy_options(&loaded.config, loaded.config.listen);
+    let opts = proxy_options(&loaded.config, loaded.config.listen)?;
     runtime_block(serve(opts, loaded.config.retention.days))
 }
 
 /// What a proxy on `listen` starts with, from the config.
-pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
+pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> Result<ProxyOptions> {
     let data_dir = cfg.resolved_data_dir(&config::process_env);
+    // The headers (credentials) come from this process's environment only.
+    let telemetry =
+        oceancode_proxy::telemetry::OtlpOptions::from_config(&cfg.telemetry.otlp, &|k| {
+            std::env::var(k).ok()
+        })?;
     let c = Arc::new(cfg.clone());
     let models: ModelResolver = Arc::new(move |model: &str, learned: Option<u64>| ModelLimits {
         context: config::context_window(model, &c, &config::process_env, learned),
         max_output: config::max_output(model, &c),
     });
-    ProxyOptions {
+    Ok(ProxyOptions {
         listen,
         front: FrontConfig {
             anthropic_upstream: cfg.anthropic_upstream().to_string(),
@@ -115,7 +124,8 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> ProxyOptions {
                 oceancode_proxy::merge::MergeOptions::from_config(cfg, &|k| std::env::var(k).ok())
             })
             .flatten(),
-    }
+        telemetry,
+    })
 }
 
 async fn shutdown_signal() {

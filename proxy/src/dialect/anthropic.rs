@@ -90,6 +90,7 @@ pub struct Collector {
     usage: Usage,
     saw_usage: bool,
     model: Option<String>,
+    response_id: Option<String>,
     message: Option<Map<String, Value>>,
     blocks: Vec<Option<Value>>,
     partial_json: Vec<String>,
@@ -205,6 +206,7 @@ impl ResponseCollector for Collector {
                         self.take_usage(u);
                     }
                     self.model = msg.get("model").and_then(Value::as_str).map(str::to_string);
+                    self.response_id = msg.get("id").and_then(Value::as_str).map(str::to_string);
                     if let Some(m) = msg.as_object().filter(|_| self.keep.take(data.len())) {
                         self.message = Some(m.clone());
                     }
@@ -336,6 +338,7 @@ impl ResponseCollector for Collector {
             self.edits = e;
         }
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+        self.response_id = v.get("id").and_then(Value::as_str).map(str::to_string);
         self.stop_reason = v
             .get("stop_reason")
             .and_then(Value::as_str)
@@ -369,6 +372,7 @@ impl ResponseCollector for Collector {
         Collected {
             usage: self.saw_usage.then_some(window),
             model: self.model,
+            response_id: self.response_id,
             rows,
             stop_reason: self.stop_reason,
             error: self.error,

@@ -313,6 +313,8 @@ pub struct Collected {
     pub usage: Option<Usage>,
     /// Model named by the response.
     pub model: Option<String>,
+    /// The response's id (`msg_…`, `chatcmpl-…`, `resp_…`).
+    pub response_id: Option<String>,
     /// The assistant's messages/items, as JSON in the request dialect's
     /// shape (what the client will echo back next time).
     pub rows: Vec<String>,

@@ -37,6 +37,7 @@ pub fn classify(v: &Value) -> MessageInfo {
 pub struct Collector {
     usage: Option<(Usage, u64)>,
     model: Option<String>,
+    response_id: Option<String>,
     role_seen: bool,
     content: Option<String>,
     refusal: Option<String>,
@@ -90,6 +91,9 @@ impl ResponseCollector for Collector {
         }
         if let Some(m) = v.get("model").and_then(Value::as_str) {
             self.model = Some(m.to_string());
+        }
+        if self.response_id.is_none() {
+            self.response_id = v.get("id").and_then(Value::as_str).map(str::to_string);
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             self.usage = usage_of(u).or(self.usage);
@@ -160,6 +164,7 @@ impl ResponseCollector for Collector {
             return;
         }
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+        self.response_id = v.get("id").and_then(Value::as_str).map(str::to_string);
         self.usage = v.get("usage").and_then(usage_of);
         if let Some(choice) = v
             .get("choices")
@@ -215,6 +220,7 @@ impl ResponseCollector for Collector {
         Collected {
             usage: self.usage.map(|(u, _)| u),
             model: self.model,
+            response_id: self.response_id,
             rows,
             stop_reason: self.finish,
             error: self.error,

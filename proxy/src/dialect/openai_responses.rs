@@ -52,6 +52,7 @@ pub fn classify(v: &Value) -> MessageInfo {
 pub struct Collector {
     usage: Option<(Usage, u64)>,
     model: Option<String>,
+    response_id: Option<String>,
     items: Vec<String>,
     status: Option<String>,
     error: Option<String>,
@@ -86,6 +87,9 @@ impl Collector {
         }
         if let Some(m) = r.get("model").and_then(Value::as_str) {
             self.model = Some(m.to_string());
+        }
+        if let Some(id) = r.get("id").and_then(Value::as_str) {
+            self.response_id = Some(id.to_string());
         }
         if let Some(s) = r.get("status").and_then(Value::as_str) {
             self.status = Some(s.to_string());
@@ -185,6 +189,7 @@ impl ResponseCollector for Collector {
         Collected {
             usage: self.usage.map(|(u, _)| u),
             model: self.model,
+            response_id: self.response_id,
             rows,
             stop_reason: self.status,
             error: self.error,

@@ -105,6 +105,9 @@ pub(crate) async fn provider_request(
         refused,
         reservation,
     } = prepared;
+    if let Some(t) = ticket.as_mut() {
+        t.traced(app.telemetry.start_step(t0));
+    }
     match refused {
         // A session past a bound of `limits.session`: nothing is forwarded.
         Some(Refusal::Limit(hit)) => return Err(ProxyError::LimitReached(hit)),

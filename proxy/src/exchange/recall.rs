@@ -310,6 +310,10 @@ pub(crate) async fn answer(
                 .plus(collected.detail.extra),
         );
         sent = next;
+        ticket.trace_child(crate::telemetry::Child::Recall {
+            round,
+            calls: found.recall.len() as u32,
+        });
         resp = match super::send(app, parts, &uri, &base, &sent).await {
             Ok(r) => r,
             Err(e) => return Err(lost(ticket, recalls, billed, sent.len(), e)),

@@ -54,6 +54,10 @@ pub struct Meter {
     pub failed_steps: u32,
     /// The latest of them.
     pub last_error: Option<LastError>,
+    /// The latest cut, for the span of the step that made it
+    /// (`crate::telemetry`).
+    #[serde(skip)]
+    pub last_cut: Option<crate::telemetry::CutNote>,
 }
 
 /// A failed step as the meter shows it.

@@ -681,6 +681,19 @@ impl SessionManager {
         self.metrics.cuts.fetch_add(1, Ordering::Relaxed);
         tracing::info!(session = %st.meta.id, upto_seq = upto, gauge, line, "cut: the rows up to seq {upto} leave the window");
         st.meter.cuts += 1;
+        let before = st.recorded_cut;
+        st.meter.last_cut = Some(crate::telemetry::CutNote {
+            step: st.step,
+            upto_seq: upto,
+            rows: st
+                .active
+                .iter()
+                .filter(|&&s| s > before && s <= upto)
+                .count() as u64,
+            gauge,
+            line,
+            at: std::time::SystemTime::now(),
+        });
         st.recorded_cut = upto;
         st.meter.cut_upto = upto;
         Event::Cut {

@@ -163,6 +163,8 @@ pub struct Ticket {
     /// The spend reserved when it was let through (`limits.session`),
     /// settled when it finishes.
     pub(super) reservation: Option<super::Reservation>,
+    /// Its spans, when OpenTelemetry export is on.
+    trace: Option<Box<crate::telemetry::StepTrace>>,
 }
 
 impl SessionManager {
@@ -230,6 +232,9 @@ impl SessionManager {
         st.emit(&self.sink, events);
         drop(st);
         let body = w.body.map(Bytes::from)?;
+        ticket.trace_child(crate::telemetry::Child::Retry {
+            too_long: ceiling.is_some(),
+        });
         ticket.body_len = body.len();
         ticket.media = media;
         Some(body)
@@ -270,6 +275,19 @@ impl Ticket {
             held: Vec::new(),
             created: Vec::new(),
             reservation: None,
+            trace: None,
+        }
+    }
+
+    /// Export this step's spans (`crate::telemetry`; None: export is off).
+    pub fn traced(&mut self, trace: Option<Box<crate::telemetry::StepTrace>>) {
+        self.trace = trace;
+    }
+
+    /// Another upstream call of this step begins (a child span).
+    pub fn trace_child(&mut self, child: crate::telemetry::Child) {
+        if let Some(t) = self.trace.as_mut() {
+            t.child(child);
         }
     }
 
@@ -426,6 +444,9 @@ impl Ticket {
         }
         st.step_done(self.step, now_ms());
         self.sent = super::sent::keep_stub_once(&mut st, self.step, self.sent.take());
+        if let Some(t) = self.trace.take() {
+            t.finish(&self.facts(&st, status, collected, error));
+        }
         let mut event = step_event(&st, self, status, collected, error);
         let mut internal_billed = Usage::default();
         if let (Some((recalls, billed)), Event::Step { detail, .. }) =
@@ -461,6 +482,43 @@ impl Ticket {
         drop(st);
         if let Some((r, model, Some(billed))) = charge {
             r.settle(&model, billed);
+        }
+    }
+}
+
+impl Ticket {
+    /// What the step's span tells (`crate::telemetry`).
+    fn facts<'a>(
+        &'a self,
+        st: &'a State,
+        status: u16,
+        collected: &'a dialect::Collected,
+        error: Option<StepError>,
+    ) -> crate::telemetry::StepFacts<'a> {
+        let m = &st.meter;
+        crate::telemetry::StepFacts {
+            session: &self.session.id,
+            step: self.step,
+            dialect: self.dialect,
+            request_model: &st.meta.model,
+            status,
+            collected,
+            error: error.map(StepError::as_str),
+            window_rows: self.window_rows,
+            active_rows: m.active_rows,
+            gauge: m.gauge,
+            line: m.line,
+            block: m.block,
+            context: m.context,
+            cut_upto: m.cut_upto,
+            cut: m.last_cut.filter(|c| c.step == self.step),
+            pointers: self.compress.as_ref().map_or(0, |c| c.outputs),
+            pointer_saved_tokens: self.compress.as_ref().map_or(0, |c| c.saved),
+            state_tokens: m.state_tokens,
+            context_edit: self.sent.as_ref().map_or(0, |s| s.edit),
+            provider_edits: collected.detail.edits.len(),
+            recalls: self.internal.as_ref().map_or(0, |(r, _)| r.len()),
+            request: &self.original,
         }
     }
 }
