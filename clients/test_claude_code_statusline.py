@@ -120,8 +120,10 @@ def test_claude_code_status_line_and_slash_command(make_stack, tmp_path):
     t = Tmux(tmp_path, [str(claude_bin()), "--allowedTools", "Bash,Read"], env, proj)
     try:
         wait_for(lambda: "oceancode" in t.text() or "❯" in t.text(), 60, "Claude Code's prompt", t.text)
-        time.sleep(0.5)  # noqa: the input box settles (no barrier: the next wait polls)
-        t.keys("Work through the numbered steps in this directory.", "Enter")
+        ask = "Work through the numbered steps in this directory."
+        t.keys(ask)
+        wait_for(lambda: ask in t.text(), 30, "the ask in the input box", t.text)
+        t.keys("Enter")
         seen = []
 
         def status(pred=lambda m: True):
@@ -145,7 +147,9 @@ def test_claude_code_status_line_and_slash_command(make_stack, tmp_path):
         to_png(tmp_path, pane, tmp_path / "claude-code-statusline.png")
         # A slash command of setup's, for this session.
         before = len(st.tap.model_requests())
-        t.keys("/oc-status", "Enter")
+        t.keys("/oc-status")
+        wait_for(lambda: "/oc-status" in t.text(), 30, "the command in the input box", t.text)
+        t.keys("Enter")
         wait_for(lambda: len(st.tap.model_requests(quiesce=False)) > before, 60,
                  "the request after /oc-status", t.text)
         req = json.dumps(st.tap.model_requests()[before:])
