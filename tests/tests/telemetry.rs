@@ -404,3 +404,69 @@ async fn the_too_long_retry_is_a_child_span_and_a_relayed_error_has_its_type() {
     assert_eq!(failed["error.type"], "400");
     assert_eq!(step(32).status.as_ref().unwrap().code, 2, "ERROR");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recall_tool_round_is_a_child_span() {
+    use oceancode_tests::recall::{assistant, path, user};
+    let d = oceancode_ledger::Dialect::Anthropic;
+    let c = Collector::start().await;
+    let url = c.url.clone();
+    let h = Harness::start(
+        FakeConfig {
+            script: Script::replies([
+                Reply::text("first answer about the parser"),
+                Reply::recall(json!({"match": "parser"})),
+            ])
+            .then(Reply::text("FINAL after recall")),
+            ..FakeConfig::default()
+        },
+        |o| {
+            o.front.recall = oceancode_proxy::recall_tool::RecallTool {
+                enabled: true,
+                max_rounds: 4,
+                ..Default::default()
+            };
+            o.telemetry = Some(options(&url, 1024, false));
+        },
+    )
+    .await;
+    let hdr = [("x-oceancode-session", "otel-recall")];
+    let body = |msgs: Vec<Value>| {
+        json!({"model":"claude-otel","max_tokens":1024,"messages":msgs}).to_string()
+    };
+    let got = h
+        .post(
+            path(d),
+            &hdr,
+            body(vec![user(d, "tell me about the parser")]),
+        )
+        .await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    h.settle().await;
+    let m2 = vec![
+        user(d, "tell me about the parser"),
+        assistant(d, "first answer about the parser"),
+        user(d, "what did you say before?"),
+    ];
+    let got = h.post(path(d), &hdr, body(m2)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert!(got.text().contains("FINAL after recall"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.spans().len() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spans = c.spans();
+    assert_eq!(spans.len(), 3, "two steps and one internal round");
+    let root = spans
+        .iter()
+        .find(|s| s.parent_span_id.is_empty() && attrs(s)["oceancode.step"] == 2)
+        .unwrap();
+    assert_eq!(attrs(root)["oceancode.recall.calls"], 1);
+    let child = spans.iter().find(|s| !s.parent_span_id.is_empty()).unwrap();
+    assert_eq!(child.parent_span_id, root.span_id);
+    assert_eq!(child.trace_id, root.trace_id);
+    let a = attrs(child);
+    assert_eq!(a["oceancode.call"], "recall");
+    assert_eq!(a["oceancode.recall.round"], 2);
+    assert_eq!(a["oceancode.recall.calls"], 1);
+}

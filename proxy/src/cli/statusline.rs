@@ -36,7 +36,7 @@ pub struct StatuslineArgs {
     token: AdminTokenFlag,
 }
 
-/// The default template: `oceancode 14k/20k · 3 cuts (cut 12 rows) · hit 87% · $0.42`.
+/// The default template: `oceancode 14k/20k · 3 cuts (cut 12 rows) · hit 87% · $0.4200`.
 pub const DEFAULT_FORMAT: &str =
     "oceancode {window}/{line} · {cuts} cuts{cut} · hit {hit}% · {spend}{cap}";
 
