@@ -41,6 +41,8 @@ pub struct FrontConfig {
     pub anthropic_upstream: String,
     /// OpenAI upstream base URL.
     pub openai_upstream: String,
+    /// Gemini upstream base URL.
+    pub gemini_upstream: String,
     /// Largest request body read for rewriting.
     pub max_body_bytes: u64,
     /// The data directory.
@@ -584,6 +586,7 @@ fn upstream_for(app: &App, d: Dialect) -> String {
     match d {
         Dialect::Anthropic => app.cfg.anthropic_upstream.clone(),
         Dialect::OpenaiChat | Dialect::OpenaiResponses => app.cfg.openai_upstream.clone(),
+        Dialect::Gemini => app.cfg.gemini_upstream.clone(),
     }
 }
 
@@ -769,7 +772,7 @@ async fn provider_request(
         )?
     } else {
         let sessions = app.sessions.clone();
-        let headers = parts.headers.clone();
+        let headers = crate::dialect::gemini::identity_headers(uri.path(), parts.headers.clone());
         let big = body.len() >= CPU_INLINE_MAX;
         let work =
             move || sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body);

@@ -39,6 +39,7 @@ fn ident(name: &str) -> Identity {
         client_key: Some(format!("name:{name}")),
         client: "unknown",
         context_1m: false,
+        model: None,
     }
 }
 
@@ -335,6 +336,7 @@ fn headerless() -> Identity {
         client_key: None,
         client: "unknown",
         context_1m: false,
+        model: None,
     }
 }
 
