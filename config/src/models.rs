@@ -152,11 +152,36 @@ const TABLE: &[Row] = &[
     // Google Gemini: 1,048,576-token window, 65,536 output; prices for prompts
     // ≤ 200k tokens; the cache read is the implicit-caching rate (10% of the
     // input); no cache write is billed per token.
-    row("gemini-3-pro-preview", GEMINI_CTX, 65_536, [2.0, 12.0, 0.20, 2.0]),
-    row("gemini-3-flash-preview", GEMINI_CTX, 65_536, [0.50, 3.0, 0.05, 0.50]),
-    row("gemini-2.5-pro", GEMINI_CTX, 65_536, [1.25, 10.0, 0.125, 1.25]),
-    row("gemini-2.5-flash", GEMINI_CTX, 65_536, [0.30, 2.50, 0.03, 0.30]),
-    row("gemini-2.5-flash-lite", GEMINI_CTX, 65_536, [0.10, 0.40, 0.01, 0.10]),
+    row(
+        "gemini-3-pro-preview",
+        GEMINI_CTX,
+        65_536,
+        [2.0, 12.0, 0.20, 2.0],
+    ),
+    row(
+        "gemini-3-flash-preview",
+        GEMINI_CTX,
+        65_536,
+        [0.50, 3.0, 0.05, 0.50],
+    ),
+    row(
+        "gemini-2.5-pro",
+        GEMINI_CTX,
+        65_536,
+        [1.25, 10.0, 0.125, 1.25],
+    ),
+    row(
+        "gemini-2.5-flash",
+        GEMINI_CTX,
+        65_536,
+        [0.30, 2.50, 0.03, 0.30],
+    ),
+    row(
+        "gemini-2.5-flash-lite",
+        GEMINI_CTX,
+        65_536,
+        [0.10, 0.40, 0.01, 0.10],
+    ),
     // OpenAI, older.
     row("gpt-4.1", GPT41_CTX, 32_768, [2.0, 8.0, 0.50, 2.0]),
     row("gpt-4.1-mini", GPT41_CTX, 32_768, [0.40, 1.60, 0.10, 0.40]),

@@ -282,7 +282,8 @@ pub(crate) fn analyze(
     a.total = a.seg_tokens.iter().sum();
     a.dropped_tokens = dropped;
     a.dropped_messages = dropped_messages;
-    a.messages = array(obj.get("messages").or_else(|| obj.get("contents"))).len() - dropped_messages;
+    a.messages =
+        array(obj.get("messages").or_else(|| obj.get("contents"))).len() - dropped_messages;
     a.first_message_seg = first_message_seg.unwrap_or(0);
     a.max_tokens = ["max_tokens", "max_output_tokens", "max_completion_tokens"]
         .iter()

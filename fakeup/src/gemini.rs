@@ -82,7 +82,11 @@ pub(crate) fn validate(obj: &Map<String, Value>) -> Result<(), Invalid> {
         if got.is_empty() {
             continue;
         }
-        let prev = if i > 0 { calls(&contents[i - 1]) } else { Vec::new() };
+        let prev = if i > 0 {
+            calls(&contents[i - 1])
+        } else {
+            Vec::new()
+        };
         if prev.is_empty() || s(&contents[i - 1], "role") != Some("model") {
             return err(format!(
                 "Please ensure that function response turn comes immediately after a function call turn. (contents[{i}])"
@@ -191,7 +195,10 @@ fn finish(stop: &Stop) -> &'static str {
 pub(crate) fn usage(u: &Usage) -> J {
     let mut fields = vec![("promptTokenCount", J::from(u.input_tokens))];
     if u.cache_read_input_tokens > 0 {
-        fields.push(("cachedContentTokenCount", J::from(u.cache_read_input_tokens)));
+        fields.push((
+            "cachedContentTokenCount",
+            J::from(u.cache_read_input_tokens),
+        ));
     }
     let answer = u.output_tokens.saturating_sub(u.reasoning_tokens);
     fields.push(("candidatesTokenCount", J::from(answer)));
@@ -228,10 +235,7 @@ fn call_part(p: &Plan, k: usize) -> J {
 }
 
 fn chunk(ctx: &Ctx, id: &str, parts: Vec<J>, last: Option<&Plan>) -> J {
-    let mut cand = vec![(
-        "content",
-        obj! { "parts": J::A(parts), "role": "model" },
-    )];
+    let mut cand = vec![("content", obj! { "parts": J::A(parts), "role": "model" })];
     if let Some(p) = last {
         cand.push(("finishReason", J::from(finish(&p.stop))));
     }
@@ -265,7 +269,12 @@ pub(crate) fn stream(p: &Plan, ctx: &Ctx) -> Vec<Bytes> {
     let mut out: Vec<Bytes> = pieces
         .into_iter()
         .enumerate()
-        .map(|(i, part)| sse(None, &chunk(ctx, &id, vec![part], (i + 1 == n).then_some(p))))
+        .map(|(i, part)| {
+            sse(
+                None,
+                &chunk(ctx, &id, vec![part], (i + 1 == n).then_some(p)),
+            )
+        })
         .collect();
     if out.is_empty() {
         out.push(sse(None, &chunk(ctx, &id, Vec::new(), Some(p))));
@@ -342,12 +351,16 @@ mod tests {
 
     #[test]
     fn pairs_calls_and_responses() {
-        let call = json!({"role":"model","parts":[{"functionCall":{"id":"a","name":"ls","args":{}}}]});
+        let call =
+            json!({"role":"model","parts":[{"functionCall":{"id":"a","name":"ls","args":{}}}]});
         let ans = json!({"role":"user","parts":[{"functionResponse":{"id":"a","name":"ls","response":{"output":"x"}}}]});
         let ask = json!({"role":"user","parts":[{"text":"go"}]});
         assert!(check(json!({"contents":[ask, call, ans]})).is_ok());
         let e = check(json!({"contents":[ask, ans]})).unwrap_err();
-        assert!(e.0.contains("immediately after a function call turn"), "{e:?}");
+        assert!(
+            e.0.contains("immediately after a function call turn"),
+            "{e:?}"
+        );
         let other = json!({"role":"user","parts":[{"functionResponse":{"id":"b","name":"ls","response":{}}}]});
         assert!(check(json!({"contents":[ask, call, other]})).is_err());
         assert!(check(json!({"contents":[ask, call, ask]})).is_err());

@@ -761,7 +761,9 @@ fn body_error(endpoint: Endpoint, message: &str) -> Outcome {
 
 fn invalid(shared: &Shared, dialect: Dialect, message: &str, param: Option<&str>) -> Outcome {
     match dialect {
-        Dialect::Gemini => Outcome::json(StatusCode::BAD_REQUEST, crate::gemini::error(400, message)),
+        Dialect::Gemini => {
+            Outcome::json(StatusCode::BAD_REQUEST, crate::gemini::error(400, message))
+        }
         Dialect::Anthropic => Outcome::json(
             StatusCode::BAD_REQUEST,
             render::anthropic::error("invalid_request_error", message, &request_id(shared)),
@@ -897,7 +899,12 @@ fn scripted_error(e: &crate::script::ErrorReply) -> Outcome {
 }
 
 /// Everything CPU-bound about a model request (runs on the blocking pool).
-fn process(shared: &Shared, endpoint: Endpoint, body: &[u8], path_model: Option<String>) -> Outcome {
+fn process(
+    shared: &Shared,
+    endpoint: Endpoint,
+    body: &[u8],
+    path_model: Option<String>,
+) -> Outcome {
     let Some(dialect) = endpoint.dialect() else {
         return internal_error(endpoint, "no dialect");
     };

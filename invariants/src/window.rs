@@ -744,8 +744,10 @@ impl Sim {
                 if !ids.is_empty() {
                     let answers: Vec<Value> = answered
                         .iter()
-                        .map(|id| json!({"functionResponse": {"id": id, "name": "shell",
-                                         "response": {"output": out_of(id)}}}))
+                        .map(|id| {
+                            json!({"functionResponse": {"id": id, "name": "shell",
+                                         "response": {"output": out_of(id)}}})
+                        })
                         .collect();
                     results.push(json!({"role": "user", "parts": answers}).to_string());
                 }

@@ -82,7 +82,10 @@ fn gemini(o: &Map<String, Value>, out: &mut Vec<Part>) {
             });
         } else if let Some(r) = p.get("functionResponse").and_then(Value::as_object) {
             let resp = r.get("response");
-            let text = match resp.and_then(|v| v.get("output")).or(resp.and_then(|v| v.get("error"))) {
+            let text = match resp
+                .and_then(|v| v.get("output"))
+                .or(resp.and_then(|v| v.get("error")))
+            {
                 Some(Value::String(s)) => s.clone(),
                 _ => resp.map(Value::to_string).unwrap_or_default(),
             };

@@ -173,7 +173,11 @@ impl Reader {
                 );
             } else if let Some(r) = p.get("functionResponse") {
                 self.is_result = true;
-                let id = if s(r, "id").is_empty() { s(r, "name") } else { s(r, "id") };
+                let id = if s(r, "id").is_empty() {
+                    s(r, "name")
+                } else {
+                    s(r, "id")
+                };
                 let mut path = at("functionResponse");
                 path.extend([Step::Key("response"), Step::Key("output")]);
                 let slot = r.pointer("/response/output").is_some_and(Value::is_string);

@@ -140,8 +140,8 @@ pub fn classify(v: &Value) -> MessageInfo {
     out.opens = calls;
     out.closes = answers;
     // A tool-result content that also carries words the user typed.
-    out.asks = kind == RowKind::ToolResult
-        && texts.iter().any(|t| !super::standing::is_context_block(t));
+    out.asks =
+        kind == RowKind::ToolResult && texts.iter().any(|t| !super::standing::is_context_block(t));
     if out.asks {
         out.first_line = text.and_then(|t| first_line(t, 80));
     }
@@ -216,14 +216,10 @@ impl Collector {
         if let Some(u) = v.get("usageMetadata") {
             self.usage = usage_of(u).or(self.usage);
         }
-        let Some(c) = v
-            .get("candidates")
-            .and_then(Value::as_array)
-            .and_then(|c| {
-                c.iter()
-                    .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-            })
-        else {
+        let Some(c) = v.get("candidates").and_then(Value::as_array).and_then(|c| {
+            c.iter()
+                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        }) else {
             return;
         };
         if let Some(f) = c.get("finishReason").and_then(Value::as_str) {
@@ -245,7 +241,8 @@ impl Collector {
 
     fn push(&mut self, p: &Map<String, Value>) {
         let thought = |m: &Map<String, Value>| m.get("thought").and_then(Value::as_bool);
-        if let (Some(t), Some(last)) = (p.get("text").and_then(Value::as_str), self.parts.last_mut())
+        if let (Some(t), Some(last)) =
+            (p.get("text").and_then(Value::as_str), self.parts.last_mut())
         {
             let same = last.contains_key("text")
                 && thought(last) == thought(p)
@@ -350,7 +347,9 @@ pub fn error_body(status: http::StatusCode, message: &str) -> Value {
 /// (N) exceeds the maximum number of tokens allowed (M)."; the ceiling is M.
 pub fn context_limit(v: &Value) -> Option<Option<u64>> {
     let msg = v.pointer("/error/message")?.as_str()?;
-    let rest = msg.split("exceeds the maximum number of tokens allowed").nth(1)?;
+    let rest = msg
+        .split("exceeds the maximum number of tokens allowed")
+        .nth(1)?;
     Some(
         rest.trim_start_matches([' ', '('])
             .split(|c: char| !c.is_ascii_digit())
@@ -374,8 +373,12 @@ pub fn calls_of(v: &Value) -> Vec<(String, String, String, String)> {
             let c = p.get("functionCall")?;
             Some((
                 call_id(c).unwrap_or_default(),
-                c.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
-                c.get("args").map_or_else(|| "{}".to_string(), Value::to_string),
+                c.get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                c.get("args")
+                    .map_or_else(|| "{}".to_string(), Value::to_string),
                 p.to_string(),
             ))
         })
@@ -423,7 +426,10 @@ pub fn strip_calls(v: &mut Value, name: &str) -> Option<bool> {
         .into_iter()
         .flatten()
     {
-        if let Some(ps) = c.pointer_mut("/content/parts").and_then(Value::as_array_mut) {
+        if let Some(ps) = c
+            .pointer_mut("/content/parts")
+            .and_then(Value::as_array_mut)
+        {
             let before = ps.len();
             ps.retain(|p| p.pointer("/functionCall/name").and_then(Value::as_str) != Some(name));
             changed |= ps.len() != before;
@@ -455,13 +461,21 @@ mod tests {
 
     #[test]
     fn classifies_calls_and_answers() {
-        let call = json!({"role":"model","parts":[{"functionCall":{"id":"c1","name":"ls","args":{}}}]});
+        let call =
+            json!({"role":"model","parts":[{"functionCall":{"id":"c1","name":"ls","args":{}}}]});
         let i = classify(&call);
-        assert_eq!((i.kind, i.opens.clone()), (RowKind::Assistant, vec!["c1".to_string()]));
+        assert_eq!(
+            (i.kind, i.opens.clone()),
+            (RowKind::Assistant, vec!["c1".to_string()])
+        );
         let ans = json!({"role":"user","parts":[{"functionResponse":{"id":"c1","name":"ls","response":{"output":"x"}}}]});
         let i = classify(&ans);
-        assert_eq!((i.kind, i.closes.clone(), i.starts_ok), (RowKind::ToolResult, vec!["c1".to_string()], false));
-        let no_id = json!({"role":"user","parts":[{"functionResponse":{"name":"ls","response":{}}}]});
+        assert_eq!(
+            (i.kind, i.closes.clone(), i.starts_ok),
+            (RowKind::ToolResult, vec!["c1".to_string()], false)
+        );
+        let no_id =
+            json!({"role":"user","parts":[{"functionResponse":{"name":"ls","response":{}}}]});
         assert_eq!(classify(&no_id).closes, vec!["ls".to_string()]);
         let first = json!({"role":"user","parts":[
             {"text":"<session_context>\nThis is the Gemini CLI. We are setting up the context for our chat.\n</session_context>"},
