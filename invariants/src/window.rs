@@ -229,7 +229,9 @@ pub fn check_recall(data: &[u8]) {
 /// Play a script, checking every body sent.
 pub fn run(script: &Script) -> Ran {
     let recall = script.dialect & 0x80 != 0;
+    // Bit 0x40 of the dialect byte: Gemini (the low bits choose among the others).
     let d = match script.dialect % 3 {
+        _ if script.dialect & 0x40 != 0 => Dialect::Gemini,
         0 => Dialect::Anthropic,
         1 => Dialect::OpenaiChat,
         _ => Dialect::OpenaiResponses,
