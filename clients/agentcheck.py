@@ -14,20 +14,20 @@ STUB_RX = re.compile(r"every row up to seq (\d+) left this window\. The verbatim
 def stub_of(dialect: str, body: dict) -> str | None:
     """The stub line of an upstream request, or None (Anthropic: first message;
     OpenAI: a user message among the leading ones)."""
-    msgs = body.get("messages") if dialect != "responses" else body.get("input")
+    msgs = conversation(dialect, body)
     if not isinstance(msgs, list):
         return None
     for m in msgs:
         text = message_text(m)
         if text.startswith(h.STUB_PREFIX):
             return text
-        if m.get("role") in ("assistant",) or m.get("type") in ("function_call", "function_call_output"):
+        if m.get("role") in ("assistant", "model") or m.get("type") in ("function_call", "function_call_output"):
             break
     return None
 
 
 def message_text(m: dict) -> str:
-    c = m.get("content")
+    c = m.get("content", m.get("parts"))
     if isinstance(c, str):
         return c
     if isinstance(c, list):
@@ -73,7 +73,8 @@ def check_stub_upstream(dialect: str, reqs: list[dict], session_dir: Path) -> di
 
 
 def conversation(dialect: str, body: dict) -> list:
-    return (body.get("input") if dialect == "responses" else body.get("messages")) or []
+    key = {"responses": "input", "gemini": "contents"}.get(dialect, "messages")
+    return body.get(key) or []
 
 
 def check_append_only(dialect: str, reqs: list[dict], stubs: list):
@@ -156,6 +157,15 @@ def unpointed(m: dict):
             return None
         m["content"] = PRUNED
         return seq, m, None
+    if isinstance(m.get("parts"), list):  # Gemini: functionResponse.response.output
+        seq, parts = None, []
+        for i, p in enumerate(m["parts"]):
+            r = p.get("functionResponse", {}).get("response") if isinstance(p, dict) else None
+            n = pointer_seq(r.get("output")) if isinstance(r, dict) else None
+            if n is not None:
+                seq, parts = n, parts + [i]
+                r["output"] = PRUNED
+        return (seq, m, ["gemini"] + parts) if seq is not None else None
     c = m.get("content")
     if not isinstance(c, list):
         return None
@@ -173,6 +183,10 @@ def unpointed(m: dict):
 def masked(raw: dict, parts) -> dict:
     """A ledger row with the tool outputs at `parts` masked like `unpointed`."""
     r = json.loads(json.dumps(raw))
+    if parts and parts[0] == "gemini":
+        for i in parts[1:]:
+            r["parts"][i]["functionResponse"]["response"]["output"] = PRUNED
+        return r
     if parts is None:
         r["output" if "output" in r else "content"] = PRUNED
     else:

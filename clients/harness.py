@@ -173,7 +173,9 @@ class TapProc(Proc):
         out = []
         for e in self.entries():
             path = e["path"].split("?")[0]
-            if path in ("/v1/messages", "/v1/chat/completions", "/v1/responses"):
+            gemini = path.startswith("/v1beta/models/") and path.endswith(
+                (":generateContent", ":streamGenerateContent"))
+            if gemini or path in ("/v1/messages", "/v1/chat/completions", "/v1/responses"):
                 try:
                     e["json"] = json.loads(e["body"])
                 except ValueError:
@@ -195,7 +197,8 @@ def start_tap(work: Path, upstream: str, name: str = "tap", end_delay_ms: int = 
 def start_proxy(work: Path, upstream: str, data_dir: Path, tideline: str | None = None,
                 extra_env: dict | None = None, name: str = "proxy", cwd: Path | None = None) -> Proc:
     cmd = [str(PROXY_BIN), "--data-dir", str(data_dir), "serve", "--listen", "127.0.0.1:0",
-           "--anthropic-upstream", upstream, "--openai-upstream", upstream]
+           "--anthropic-upstream", upstream, "--openai-upstream", upstream,
+           "--gemini-upstream", upstream]
     if tideline:
         cmd += ["--tideline", tideline]
     env = base_env(work / "home")

@@ -31,6 +31,7 @@ want_cc=$(want @anthropic-ai/claude-code)
 want_codex=$(want @openai/codex)
 want_opencode=$(want opencode-ai)
 want_qwen=$(want @qwen-code/qwen-code)
+want_gemini=$(want @google/gemini-cli)
 NODE_DIR=$DEPS/node
 export OCEANCODE_NODE_BIN=$NODE_DIR/node_modules/.bin
 # `<bin> --version` prints the pinned version (HOME: the clients' own, so
@@ -41,13 +42,14 @@ has_version() {
 }
 have_versions() {
 	has_version claude "$want_cc" && has_version codex "$want_codex" &&
-		has_version opencode "$want_opencode" && has_version qwen "$want_qwen"
+		has_version opencode "$want_opencode" && has_version qwen "$want_qwen" &&
+		has_version gemini "$want_gemini"
 }
 mkdir -p "$NODE_DIR" "$DEPS/home"
 if have_versions; then
-	say "npm clients already installed (claude-code $want_cc, codex $want_codex, opencode $want_opencode, qwen-code $want_qwen)"
+	say "npm clients already installed (claude-code $want_cc, codex $want_codex, opencode $want_opencode, qwen-code $want_qwen, gemini-cli $want_gemini)"
 else
-	say "install claude-code $want_cc, codex $want_codex, opencode-ai $want_opencode, qwen-code $want_qwen (npm, from the lock)"
+	say "install claude-code $want_cc, codex $want_codex, opencode-ai $want_opencode, qwen-code $want_qwen, gemini-cli $want_gemini (npm, from the lock)"
 	cp "$CL/package.json" "$CL/package-lock.json" "$NODE_DIR/"
 	# `npm install` from the lock rather than `npm ci`: the registry this
 	# machine reaches lacks some other platforms' optional packages (opencode's
@@ -62,7 +64,7 @@ else
 	if ! HOME=$DEPS/home timeout 60 "$OCEANCODE_NODE_BIN/claude" --version >/dev/null 2>&1; then
 		(cd "$NODE_DIR/node_modules/@anthropic-ai/claude-code" && node install.cjs)
 	fi
-	have_versions || die "the installed clients do not report claude-code $want_cc / codex $want_codex / opencode $want_opencode / qwen-code $want_qwen"
+	have_versions || die "the installed clients do not report claude-code $want_cc / codex $want_codex / opencode $want_opencode / qwen-code $want_qwen / gemini-cli $want_gemini"
 fi
 
 # ---------------------------------------------------------------- python SDKs

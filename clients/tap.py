@@ -40,7 +40,7 @@ HOP = {
     "upgrade",
     "host",
 }
-SECRET = {"authorization", "x-api-key", "cookie"}
+SECRET = {"authorization", "x-api-key", "x-goog-api-key", "cookie"}
 RESPONSE_CAP = 4 * 1024 * 1024
 
 

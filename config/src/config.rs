@@ -31,6 +31,10 @@ pub const OPENAI: &str = "openai";
 pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
 /// Default OpenAI upstream.
 pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com";
+/// Provider id of Google Gemini (Generative Language API).
+pub const GEMINI: &str = "gemini";
+/// Default Gemini upstream.
+pub const DEFAULT_GEMINI_UPSTREAM: &str = "https://generativelanguage.googleapis.com";
 /// Default log filter.
 pub const DEFAULT_LOG: &str = "info";
 
@@ -46,6 +50,8 @@ pub mod vars {
     pub const ANTHROPIC_UPSTREAM: &str = "OCEANCODE_ANTHROPIC_UPSTREAM";
     /// OpenAI upstream URL.
     pub const OPENAI_UPSTREAM: &str = "OCEANCODE_OPENAI_UPSTREAM";
+    /// Gemini upstream URL.
+    pub const GEMINI_UPSTREAM: &str = "OCEANCODE_GEMINI_UPSTREAM";
     /// Tideline (`40%`, `500k`, `0`).
     pub const TIDELINE: &str = "OCEANCODE_TIDELINE";
     /// Block size (`35%` of the line, or tokens).
@@ -1014,6 +1020,8 @@ pub struct Overrides {
     pub anthropic_upstream: Option<String>,
     /// `--openai-upstream`.
     pub openai_upstream: Option<String>,
+    /// `--gemini-upstream`.
+    pub gemini_upstream: Option<String>,
     /// `--tideline` (e.g. `run --tideline 50%`).
     pub tideline: Option<LineSpec>,
     /// `--compress on|off`.
@@ -1168,6 +1176,7 @@ impl Config {
         for (var, id) in [
             (vars::ANTHROPIC_UPSTREAM, ANTHROPIC),
             (vars::OPENAI_UPSTREAM, OPENAI),
+            (vars::GEMINI_UPSTREAM, GEMINI),
         ] {
             if let Some(v) = env_value(env, var) {
                 check_upstream_url(&v).map_err(|m| ConfigError::env(var, &v, m))?;
@@ -1271,6 +1280,12 @@ impl Config {
         if let Some(u) = &o.openai_upstream {
             self.providers
                 .entry(OPENAI.to_string())
+                .or_default()
+                .upstream = u.clone();
+        }
+        if let Some(u) = &o.gemini_upstream {
+            self.providers
+                .entry(GEMINI.to_string())
                 .or_default()
                 .upstream = u.clone();
         }
@@ -1550,6 +1565,11 @@ impl Config {
     /// The OpenAI upstream base URL.
     pub fn openai_upstream(&self) -> &str {
         self.upstream(OPENAI).unwrap_or(DEFAULT_OPENAI_UPSTREAM)
+    }
+
+    /// The Gemini upstream base URL.
+    pub fn gemini_upstream(&self) -> &str {
+        self.upstream(GEMINI).unwrap_or(DEFAULT_GEMINI_UPSTREAM)
     }
 
     /// The data dir: `data_dir` (set by file, `OCEANCODE_DATA_DIR` or `--data-dir`),

@@ -69,6 +69,8 @@ const K: u64 = 1_000;
 const M1: u64 = 1_000_000;
 /// GPT-6 generation window (OpenAI lists 1,050,000, max input 922,000).
 const GPT6_CTX: u64 = 1_050_000;
+/// Gemini window (2.5 and 3 generations).
+const GEMINI_CTX: u64 = 1_048_576;
 /// GPT-4.1 window.
 const GPT41_CTX: u64 = 1_047_576;
 
@@ -147,6 +149,39 @@ const TABLE: &[Row] = &[
     row("gpt-5.2", 400 * K, 128 * K, [1.75, 14.0, 0.175, 1.75]),
     row("gpt-5.2-codex", 400 * K, 128 * K, [1.75, 14.0, 0.175, 1.75]),
     row("gpt-5.3-codex", 400 * K, 128 * K, [1.75, 14.0, 0.175, 1.75]),
+    // Google Gemini: 1,048,576-token window, 65,536 output; prices for prompts
+    // ≤ 200k tokens; the cache read is the implicit-caching rate (10% of the
+    // input); no cache write is billed per token.
+    row(
+        "gemini-3-pro-preview",
+        GEMINI_CTX,
+        65_536,
+        [2.0, 12.0, 0.20, 2.0],
+    ),
+    row(
+        "gemini-3-flash-preview",
+        GEMINI_CTX,
+        65_536,
+        [0.50, 3.0, 0.05, 0.50],
+    ),
+    row(
+        "gemini-2.5-pro",
+        GEMINI_CTX,
+        65_536,
+        [1.25, 10.0, 0.125, 1.25],
+    ),
+    row(
+        "gemini-2.5-flash",
+        GEMINI_CTX,
+        65_536,
+        [0.30, 2.50, 0.03, 0.30],
+    ),
+    row(
+        "gemini-2.5-flash-lite",
+        GEMINI_CTX,
+        65_536,
+        [0.10, 0.40, 0.01, 0.10],
+    ),
     // OpenAI, older.
     row("gpt-4.1", GPT41_CTX, 32_768, [2.0, 8.0, 0.50, 2.0]),
     row("gpt-4.1-mini", GPT41_CTX, 32_768, [0.40, 1.60, 0.10, 0.40]),
@@ -241,6 +276,8 @@ fn family(base: &str) -> Option<ModelInfo> {
         (400 * K, 128 * K)
     } else if base == "o3" || base.starts_with("o3-") || base.starts_with("o4-mini") {
         (200 * K, 100 * K)
+    } else if base.starts_with("gemini-") {
+        (GEMINI_CTX, 65_536)
     } else {
         return None;
     };
@@ -253,7 +290,8 @@ fn family(base: &str) -> Option<ModelInfo> {
 
 /// What the built-in table knows of `model`: an exact row (after
 /// [`normalize`]), else a family fallback (`claude-*` 200k, `gpt-5*`/`gpt-6*`
-/// 400k, `gpt-4.1*` 1,047,576, `o3`/`o4-mini` 200k, `gpt-4o*` 128k; no price).
+/// 400k, `gpt-4.1*` 1,047,576, `o3`/`o4-mini` 200k, `gpt-4o*` 128k,
+/// `gemini-*` 1,048,576; no price).
 /// A Claude id with `[1m]` gets a 1M context. `None` = unknown.
 pub fn lookup(model: &str) -> Option<ModelInfo> {
     let n = normalize(model);

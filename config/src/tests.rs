@@ -1665,3 +1665,32 @@ fn telemetry_refuses_bad_endpoints_without_echoing_credentials() {
     assert!(err.contains("telemetry.otlp.max_queue"), "{err}");
     assert!(parse(r#"{"telemetry":{"otlp":{"headers":"x"}}}"#).is_err());
 }
+
+#[test]
+fn gemini_models_and_upstream() {
+    let pro = lookup("gemini-2.5-pro").expect("in the table");
+    assert_eq!((pro.context_window, pro.max_output), (1_048_576, 65_536));
+    let p = pro.price.expect("priced");
+    // Implicit caching: a cache read costs a tenth of the input.
+    assert_eq!((p.input, p.output, p.cache_read), (1.25, 10.0, 0.125));
+    assert!(lookup("models/gemini-2.5-flash").is_some_and(|i| i.price.is_some()));
+    let fam = lookup("gemini-9-ultra").expect("the family fallback");
+    assert_eq!((fam.context_window, fam.price), (1_048_576, None));
+
+    let mut c = Config::default();
+    assert_eq!(
+        c.gemini_upstream(),
+        "https://generativelanguage.googleapis.com"
+    );
+    c.apply(&Overrides {
+        gemini_upstream: Some("http://127.0.0.1:7003".into()),
+        ..Overrides::default()
+    });
+    assert_eq!(c.gemini_upstream(), "http://127.0.0.1:7003");
+    c.apply_env(&env_of(&[(
+        "OCEANCODE_GEMINI_UPSTREAM",
+        "http://127.0.0.1:7004",
+    )]))
+    .expect("a valid URL");
+    assert_eq!(c.gemini_upstream(), "http://127.0.0.1:7004");
+}

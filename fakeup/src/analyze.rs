@@ -22,6 +22,8 @@ pub enum Dialect {
     Chat,
     /// OpenAI Responses.
     Responses,
+    /// Google Gemini (`generateContent`).
+    Gemini,
 }
 
 impl Dialect {
@@ -31,6 +33,7 @@ impl Dialect {
             Dialect::Anthropic => "anthropic",
             Dialect::Chat => "chat",
             Dialect::Responses => "responses",
+            Dialect::Gemini => "gemini",
         }
     }
 }
@@ -48,6 +51,12 @@ pub enum Endpoint {
     Responses,
     /// `POST /v1/responses/compact` (remote compaction, V1)
     ResponsesCompact,
+    /// `POST /v1beta/models/{model}:generateContent`
+    GeminiGenerate,
+    /// `POST /v1beta/models/{model}:streamGenerateContent`
+    GeminiStream,
+    /// `POST /v1beta/models/{model}:countTokens`
+    GeminiCount,
     /// Anything else (404).
     Other,
 }
@@ -63,7 +72,12 @@ impl Endpoint {
             "/v1/chat/completions" => Endpoint::ChatCompletions,
             "/v1/responses" => Endpoint::Responses,
             "/v1/responses/compact" => Endpoint::ResponsesCompact,
-            _ => Endpoint::Other,
+            p => match crate::gemini::path_method(p).map(|(_, m)| m) {
+                Some("generateContent") => Endpoint::GeminiGenerate,
+                Some("streamGenerateContent") => Endpoint::GeminiStream,
+                Some("countTokens") => Endpoint::GeminiCount,
+                _ => Endpoint::Other,
+            },
         }
     }
 
@@ -73,6 +87,9 @@ impl Endpoint {
             Endpoint::Messages | Endpoint::CountTokens => Some(Dialect::Anthropic),
             Endpoint::ChatCompletions => Some(Dialect::Chat),
             Endpoint::Responses | Endpoint::ResponsesCompact => Some(Dialect::Responses),
+            Endpoint::GeminiGenerate | Endpoint::GeminiStream | Endpoint::GeminiCount => {
+                Some(Dialect::Gemini)
+            }
             Endpoint::Other => None,
         }
     }
@@ -157,6 +174,7 @@ pub(crate) fn analyze(
             Dialect::Anthropic => validate::anthropic(obj),
             Dialect::Chat => validate::chat(obj),
             Dialect::Responses => validate::responses(obj),
+            Dialect::Gemini => crate::gemini::validate(obj),
         }
         .map_err(|(message, param)| Reject::Invalid { message, param })?;
     }
@@ -228,6 +246,21 @@ pub(crate) fn analyze(
                 push(Seg::Message, m);
             }
         }
+        Dialect::Gemini => {
+            if let Some(si) = parts
+                .system_instruction
+                .as_ref()
+                .filter(|s| !matches!(s, Ov::Null))
+            {
+                push(Seg::Plain, si);
+            }
+            if let Some(t) = tools_seg {
+                push(Seg::Json, t);
+            }
+            for c in items(&parts.contents) {
+                push(Seg::Plain, c);
+            }
+        }
         Dialect::Responses => {
             if let Some(i) = parts
                 .instructions
@@ -249,11 +282,13 @@ pub(crate) fn analyze(
     a.total = a.seg_tokens.iter().sum();
     a.dropped_tokens = dropped;
     a.dropped_messages = dropped_messages;
-    a.messages = array(obj.get("messages")).len() - dropped_messages;
+    a.messages =
+        array(obj.get("messages").or_else(|| obj.get("contents"))).len() - dropped_messages;
     a.first_message_seg = first_message_seg.unwrap_or(0);
     a.max_tokens = ["max_tokens", "max_output_tokens", "max_completion_tokens"]
         .iter()
-        .find_map(|k| obj.get(*k).and_then(Value::as_u64));
+        .find_map(|k| obj.get(*k).and_then(Value::as_u64))
+        .or_else(|| crate::gemini::max_tokens(obj));
     if dialect == Dialect::Anthropic {
         a.context = crate::context::requested(obj);
         if a.context.clear_tool_uses.is_some() || a.context.clear_thinking.is_some() {
@@ -301,6 +336,10 @@ struct Parts {
     instructions: Option<Ov>,
     #[serde(default)]
     input: Option<Ov>,
+    #[serde(default, rename = "systemInstruction")]
+    system_instruction: Option<Ov>,
+    #[serde(default)]
+    contents: Option<Ov>,
 }
 
 fn segment(kind: Seg, v: &Ov, memo: &TokenMemo) -> (u64, u64) {
@@ -337,6 +376,7 @@ fn tool_results(dialect: Dialect, obj: &Map<String, Value>) -> (usize, usize) {
     let mut all = 0;
     let mut turn = 0;
     match dialect {
+        Dialect::Gemini => return crate::gemini::tool_results(obj),
         Dialect::Anthropic => {
             for m in array(obj.get("messages")) {
                 if m.get("role").and_then(Value::as_str) != Some("user") {
@@ -400,6 +440,7 @@ fn schema(dialect: Dialect, obj: &Map<String, Value>) -> Option<Value> {
             .or_else(|| json_schema(obj.get("output_format"))),
         Dialect::Chat => json_schema(obj.get("response_format")),
         Dialect::Responses => json_schema(obj.get("text").and_then(|t| t.get("format"))),
+        Dialect::Gemini => crate::gemini::schema(obj),
     }
 }
 

@@ -1,7 +1,9 @@
-//! `oceancode-fakeup`: a fake Anthropic / OpenAI model upstream for tests and benchmarks.
+//! `oceancode-fakeup`: a fake Anthropic / OpenAI / Gemini model upstream for tests and benchmarks.
 //!
 //! It serves `POST /v1/messages` (+ `/count_tokens`), `/v1/chat/completions`,
-//! `/v1/responses` and `/v1/responses/compact` on loopback only (HTTP/1.1 and h2c),
+//! `/v1/responses`, `/v1/responses/compact` and Gemini's
+//! `/v1beta/models/{model}:generateContent` (`:streamGenerateContent`, `:countTokens`)
+//! on loopback only (HTTP/1.1 and h2c),
 //! streaming SSE events shaped like the captured real traffic, one event per body frame.
 //! Usage is computed with tiktoken `o200k_base` from what it received, with a
 //! prompt-cache simulation; replies are scripted ([`Script`]); conversations are
@@ -22,6 +24,7 @@
 mod analyze;
 mod compaction;
 mod context;
+mod gemini;
 pub mod images;
 mod json;
 mod media;
@@ -58,6 +61,7 @@ pub fn validate_conversation(dialect: Dialect, body: &[u8]) -> Result<(), String
         Dialect::Anthropic => validate::anthropic(obj),
         Dialect::Chat => validate::chat(obj),
         Dialect::Responses => validate::responses(obj),
+        Dialect::Gemini => gemini::validate(obj),
     }
     .map_err(|(message, _)| message)
 }

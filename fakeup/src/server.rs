@@ -626,6 +626,7 @@ async fn handle(
         .path_and_query()
         .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
     let endpoint = Endpoint::route(&parts.method, parts.uri.path());
+    let path_model = crate::gemini::path_method(parts.uri.path()).map(|(m, _)| m.to_string());
     let (body, outcome) = match Limited::new(incoming, MAX_BODY).collect().await {
         Ok(c) => {
             let body = c.to_bytes();
@@ -633,7 +634,7 @@ async fn handle(
                 None => not_found(&parts.method, parts.uri.path()),
                 Some(_) => {
                     let (s, b) = (shared.clone(), body.clone());
-                    tokio::task::spawn_blocking(move || process(&s, endpoint, &b))
+                    tokio::task::spawn_blocking(move || process(&s, endpoint, &b, path_model))
                         .await
                         .unwrap_or_else(|e| {
                             internal_error(endpoint, &format!("fake upstream failed: {e}"))
@@ -721,6 +722,9 @@ fn dialect_error(
         Some(Dialect::Chat | Dialect::Responses) => {
             Outcome::json(status, render::chat::error(message, kind, param, None))
         }
+        Some(Dialect::Gemini) => {
+            Outcome::json(status, crate::gemini::error(status.as_u16(), message))
+        }
         _ => Outcome::json(
             status,
             render::anthropic::error(kind, message, "req_fake_error"),
@@ -757,6 +761,9 @@ fn body_error(endpoint: Endpoint, message: &str) -> Outcome {
 
 fn invalid(shared: &Shared, dialect: Dialect, message: &str, param: Option<&str>) -> Outcome {
     match dialect {
+        Dialect::Gemini => {
+            Outcome::json(StatusCode::BAD_REQUEST, crate::gemini::error(400, message))
+        }
         Dialect::Anthropic => Outcome::json(
             StatusCode::BAD_REQUEST,
             render::anthropic::error("invalid_request_error", message, &request_id(shared)),
@@ -774,6 +781,7 @@ fn default_max(dialect: Dialect) -> u64 {
         Dialect::Anthropic => 200_000,
         Dialect::Chat => 128_000,
         Dialect::Responses => 272_000,
+        Dialect::Gemini => 1_048_576,
     }
 }
 
@@ -801,6 +809,7 @@ fn too_long(shared: &Shared, dialect: Dialect, n: u64, max: u64) -> Outcome {
             Some("input"),
             Some("context_length_exceeded"),
         ),
+        Dialect::Gemini => crate::gemini::too_long(n, max),
     };
     let out = Outcome::json(StatusCode::BAD_REQUEST, body);
     match dialect {
@@ -890,12 +899,17 @@ fn scripted_error(e: &crate::script::ErrorReply) -> Outcome {
 }
 
 /// Everything CPU-bound about a model request (runs on the blocking pool).
-fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
+fn process(
+    shared: &Shared,
+    endpoint: Endpoint,
+    body: &[u8],
+    path_model: Option<String>,
+) -> Outcome {
     let Some(dialect) = endpoint.dialect() else {
         return internal_error(endpoint, "no dialect");
     };
     let settings = shared.settings.read().clone();
-    let a = match analyze(dialect, body, settings.validate, &shared.memo) {
+    let mut a = match analyze(dialect, body, settings.validate, &shared.memo) {
         Ok(a) => a,
         Err(Reject::BadJson(e)) => {
             return invalid(
@@ -909,6 +923,18 @@ fn process(shared: &Shared, endpoint: Endpoint, body: &[u8]) -> Outcome {
             return invalid(shared, dialect, &message, param.as_deref())
         }
     };
+    if dialect == Dialect::Gemini {
+        // The model and streaming are the path's.
+        a.model = path_model.unwrap_or_default();
+        a.stream = endpoint == Endpoint::GeminiStream;
+        a.include_usage = true;
+    }
+    if endpoint == Endpoint::GeminiCount {
+        let mut out = Outcome::json(StatusCode::OK, crate::gemini::count(a.total));
+        out.model = Some(a.model);
+        out.total = Some(a.total);
+        return out;
+    }
     if endpoint == Endpoint::CountTokens {
         let mut out = Outcome::json(StatusCode::OK, obj! { "input_tokens": a.total }.to_vec());
         out.usage = Some(Usage {
@@ -1083,10 +1109,11 @@ fn respond(
             Dialect::Anthropic => render::anthropic::stream(&plan, &ctx),
             Dialect::Chat => render::chat::stream(&plan, &ctx),
             Dialect::Responses => render::responses::stream(&plan, &ctx),
+            Dialect::Gemini => crate::gemini::stream(&plan, &ctx),
         };
         let opening = match dialect {
             Dialect::Anthropic => render::anthropic::OPENING_EVENTS,
-            Dialect::Chat => 0,
+            Dialect::Chat | Dialect::Gemini => 0,
             Dialect::Responses => render::responses::OPENING_EVENTS,
         };
         if let Some(f) = &reply.fail {
@@ -1095,6 +1122,7 @@ fn respond(
             events.push(match dialect {
                 Dialect::Anthropic => render::anthropic::stream_error(&f.code, &msg),
                 Dialect::Chat => render::chat::stream_error(&f.code, &msg),
+                Dialect::Gemini => crate::gemini::stream_error(&f.code, &msg),
                 Dialect::Responses => {
                     render::responses::failed(events.len() as u64, &ctx, &f.code, &msg)
                 }
@@ -1117,6 +1145,7 @@ fn respond(
             Dialect::Anthropic => render::anthropic::json(&plan, &ctx),
             Dialect::Chat => render::chat::json(&plan, &ctx),
             Dialect::Responses => render::responses::json(&plan, &ctx),
+            Dialect::Gemini => crate::gemini::json(&plan, &ctx),
         };
         let mut o = Outcome::json(StatusCode::OK, body);
         o.headers[0].1 = HeaderValue::from_static(json_ct);

@@ -101,7 +101,7 @@ impl PromptCache {
                 total_input_tokens: total,
                 ..Usage::default()
             },
-            Dialect::Chat | Dialect::Responses => Usage {
+            Dialect::Chat | Dialect::Responses | Dialect::Gemini => Usage {
                 input_tokens: total,
                 cache_read_input_tokens: read,
                 total_input_tokens: total,

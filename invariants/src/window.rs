@@ -229,7 +229,9 @@ pub fn check_recall(data: &[u8]) {
 /// Play a script, checking every body sent.
 pub fn run(script: &Script) -> Ran {
     let recall = script.dialect & 0x80 != 0;
+    // Bit 0x40 of the dialect byte: Gemini (the low bits choose among the others).
     let d = match script.dialect % 3 {
+        _ if script.dialect & 0x40 != 0 => Dialect::Gemini,
         0 => Dialect::Anthropic,
         1 => Dialect::OpenaiChat,
         _ => Dialect::OpenaiResponses,
@@ -276,6 +278,7 @@ pub fn run(script: &Script) -> Ran {
             client_key: Some("name:fuzz".into()),
             client: "unknown",
             context_1m: false,
+            model: None,
         },
         msgs: Vec::new(),
         prompts: Vec::new(),
@@ -288,7 +291,7 @@ pub fn run(script: &Script) -> Ran {
         rewound: false,
         last_window: None,
     };
-    if sim.system && d != Dialect::Anthropic {
+    if sim.system && !matches!(d, Dialect::Anthropic | Dialect::Gemini) {
         let sys = match d {
             Dialect::OpenaiChat => json!({"role": "system", "content": "You are a coding agent."}),
             _ => json!({"type": "message", "role": "developer",
@@ -370,6 +373,7 @@ impl Sim {
             Dialect::Anthropic | Dialect::OpenaiChat => json!({"role": "user", "content": text}),
             Dialect::OpenaiResponses => json!({"type": "message", "role": "user",
                 "content": [{"type": "input_text", "text": text}]}),
+            Dialect::Gemini => json!({"role": "user", "parts": [{"text": text}]}),
         }
     }
 
@@ -717,6 +721,32 @@ impl Sim {
                     );
                 }
             }
+            Dialect::Gemini => {
+                let mut parts = Vec::new();
+                if let Some(t) = thought {
+                    parts.push(json!({"text": t, "thought": true}));
+                }
+                if let Some(t) = said {
+                    parts.push(json!({"text": t}));
+                }
+                for id in &ids {
+                    parts.push(json!({"functionCall": {"id": id, "name": "shell", "args": {}}}));
+                }
+                if parts.is_empty() {
+                    parts.push(json!({"text": "done"}));
+                }
+                items.push(json!({"role": "model", "parts": parts}).to_string());
+                if !ids.is_empty() {
+                    let answers: Vec<Value> = answered
+                        .iter()
+                        .map(|id| {
+                            json!({"functionResponse": {"id": id, "name": "shell",
+                                         "response": {"output": out_of(id)}}})
+                        })
+                        .collect();
+                    results.push(json!({"role": "user", "parts": answers}).to_string());
+                }
+            }
         }
         (items, results)
     }
@@ -743,17 +773,20 @@ impl Sim {
             Dialect::OpenaiResponses => {
                 json!({"type": "function_call", "call_id": id, "name": recall_tool::NAME, "arguments": input})
             }
+            Dialect::Gemini => {
+                json!({"functionCall": {"id": id, "name": recall_tool::NAME, "args": {"match": "ask"}}})
+            }
         };
         // What the model answered: the client's items with the call added
         // (next to its calls), or the call alone (before the continuation).
         let answered: Vec<String> = if calls > 0 {
             let mut out = items.to_vec();
             match self.d {
-                Dialect::Anthropic | Dialect::OpenaiChat => {
-                    let key = if self.d == Dialect::Anthropic {
-                        "content"
-                    } else {
-                        "tool_calls"
+                Dialect::Anthropic | Dialect::OpenaiChat | Dialect::Gemini => {
+                    let key = match self.d {
+                        Dialect::Anthropic => "content",
+                        Dialect::Gemini => "parts",
+                        _ => "tool_calls",
                     };
                     let last = out.len() - 1;
                     let mut m: Value = serde_json::from_str(&out[last]).expect("an answer row");
@@ -770,6 +803,7 @@ impl Sim {
                     json!({"role": "assistant", "content": null, "tool_calls": [call]})
                 }
                 Dialect::OpenaiResponses => call,
+                Dialect::Gemini => json!({"role": "model", "parts": [call]}),
             }
             .to_string()]
         };
@@ -832,6 +866,16 @@ impl Sim {
             Dialect::OpenaiResponses => format!(
                 r#"{{"model":"fuzz-model","instructions":"Be brief.","input":{conv},"tools":[{{"type":"function","name":"shell"}}],"stream":true}}"#
             ),
+            Dialect::Gemini => {
+                let system = if self.system {
+                    r#""systemInstruction":{"parts":[{"text":"You are a coding agent."}]},"#
+                } else {
+                    ""
+                };
+                format!(
+                    r#"{{{system}"contents":{conv},"tools":[{{"functionDeclarations":[{{"name":"shell"}}]}}]}}"#
+                )
+            }
         };
         Bytes::from(s)
     }
@@ -1033,11 +1077,12 @@ fn fake(d: Dialect) -> FakeDialect {
         Dialect::Anthropic => FakeDialect::Anthropic,
         Dialect::OpenaiChat => FakeDialect::Chat,
         Dialect::OpenaiResponses => FakeDialect::Responses,
+        Dialect::Gemini => FakeDialect::Gemini,
     }
 }
 
 fn is_stub(v: &Value) -> bool {
-    let text = match v.get("content") {
+    let text = match v.get("content").or_else(|| v.get("parts")) {
         Some(Value::String(s)) => Some(s.as_str()),
         Some(Value::Array(parts)) => parts.first().and_then(|p| p["text"].as_str()),
         _ => None,

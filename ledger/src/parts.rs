@@ -49,8 +49,61 @@ pub fn parts(dialect: Dialect, raw: &str) -> Vec<Part> {
         Dialect::Anthropic => anthropic(&o, &mut out),
         Dialect::OpenaiChat => chat(&o, &mut out),
         Dialect::OpenaiResponses => responses(&o, &mut out),
+        Dialect::Gemini => gemini(&o, &mut out),
     }
     out
+}
+
+/// A Gemini content: `parts[]` of `text` (`thought: true` for thinking),
+/// `functionCall`, `functionResponse`, `inlineData` / `fileData`.
+fn gemini(o: &Map<String, Value>, out: &mut Vec<Part>) {
+    let Some(parts) = o.get("parts").and_then(Value::as_array) else {
+        return;
+    };
+    for p in parts {
+        let Some(p) = p.as_object() else {
+            out.push(Part::Other(p.to_string()));
+            continue;
+        };
+        if let Some(t) = str_of(p, "text") {
+            if p.get("thought").and_then(Value::as_bool) == Some(true) {
+                out.push(Part::Thinking(t.to_string()));
+            } else {
+                push_text(out, t);
+            }
+        } else if let Some(c) = p.get("functionCall").and_then(Value::as_object) {
+            out.push(Part::ToolCall {
+                id: string_of(c, "id"),
+                name: string_of(c, "name").unwrap_or_default(),
+                input: c
+                    .get("args")
+                    .cloned()
+                    .unwrap_or_else(|| Value::Object(Map::new())),
+            });
+        } else if let Some(r) = p.get("functionResponse").and_then(Value::as_object) {
+            let resp = r.get("response");
+            let text = match resp
+                .and_then(|v| v.get("output"))
+                .or(resp.and_then(|v| v.get("error")))
+            {
+                Some(Value::String(s)) => s.clone(),
+                _ => resp.map(Value::to_string).unwrap_or_default(),
+            };
+            out.push(Part::ToolResult {
+                id: string_of(r, "id"),
+                is_error: resp.and_then(|v| v.get("error")).is_some(),
+                text,
+            });
+        } else if let Some(d) = p.get("inlineData").and_then(Value::as_object) {
+            let kind = str_of(d, "mimeType").unwrap_or("file");
+            out.push(Part::Media(format!("[inline data: {kind}]")));
+        } else if let Some(d) = p.get("fileData").and_then(Value::as_object) {
+            let kind = str_of(d, "mimeType").unwrap_or("file");
+            out.push(Part::Media(format!("[file: {kind}]")));
+        } else {
+            out.push(Part::Other(Value::Object(p.clone()).to_string()));
+        }
+    }
 }
 
 /// Every text of a row joined by newlines (text, thinking, tool names and

@@ -377,7 +377,16 @@ pub fn first_line(dialect: Dialect, raw: &str) -> String {
 
 /// The plain text parts of a message (content string, or `text` /
 /// `input_text` / `output_text` parts), in order.
-pub fn message_texts(_dialect: Dialect, raw: &str) -> Vec<String> {
+pub fn message_texts(dialect: Dialect, raw: &str) -> Vec<String> {
+    if dialect == Dialect::Gemini {
+        return crate::parts::parts(dialect, raw)
+            .into_iter()
+            .filter_map(|p| match p {
+                crate::parts::Part::Text(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+    }
     let Some(o) = obj(raw) else {
         return Vec::new();
     };
@@ -450,12 +459,43 @@ fn row_blocks(dialect: Dialect, raw: &str) -> Vec<String> {
         Dialect::Anthropic => anthropic_blocks(&o),
         Dialect::OpenaiChat => chat_blocks(&o),
         Dialect::OpenaiResponses => responses_blocks(&o),
+        Dialect::Gemini => Some(gemini_blocks(raw)),
     });
     match blocks {
         Some(b) if b.is_empty() => vec!["*(empty)*".to_string()],
         Some(b) => b,
         None => vec![verbatim(raw)],
     }
+}
+
+/// A Gemini content's parts as blocks (read through [`crate::parts`]).
+fn gemini_blocks(raw: &str) -> Vec<String> {
+    use crate::parts::Part;
+    crate::parts::parts(Dialect::Gemini, raw)
+        .into_iter()
+        .map(|p| match p {
+            Part::Text(t) => t,
+            Part::Thinking(t) => quote("thinking", &t),
+            Part::ToolCall { id, name, input } => {
+                let mut s = tool_header("functionCall", Some(name), id);
+                s.push('\n');
+                s.push_str(&fence("json", &input.to_string()));
+                s
+            }
+            Part::ToolResult { id, is_error, text } => {
+                let mut s = tool_header("functionResponse", None, id);
+                if is_error {
+                    s.push_str(" · error");
+                }
+                s.push('\n');
+                s.push_str(&fence("", &text));
+                s
+            }
+            Part::Media(m) => format!("*{}*", one_line(&m)),
+            Part::Other(o) => fence("json", &o),
+        })
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// Unknown content: the raw bytes in a `json` fence (plain if not JSON).

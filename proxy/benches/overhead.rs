@@ -154,6 +154,7 @@ fn prepare_only(c: &mut Criterion) {
                     client_key: Some(format!("name:{tag}")),
                     client: "unknown",
                     context_1m: false,
+                    model: None,
                 };
                 let mut conv = base.retag(&tag);
                 let p = m.prepare(

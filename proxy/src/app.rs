@@ -22,6 +22,8 @@ pub struct FrontConfig {
     pub anthropic_upstream: String,
     /// OpenAI upstream base URL.
     pub openai_upstream: String,
+    /// Gemini upstream base URL.
+    pub gemini_upstream: String,
     /// Largest request body read for rewriting.
     pub max_body_bytes: u64,
     /// The data directory.
@@ -272,6 +274,7 @@ impl App {
         match d {
             Dialect::Anthropic => self.cfg.anthropic_upstream.clone(),
             Dialect::OpenaiChat | Dialect::OpenaiResponses => self.cfg.openai_upstream.clone(),
+            Dialect::Gemini => self.cfg.gemini_upstream.clone(),
         }
     }
 }

@@ -20,6 +20,8 @@ pub enum Envelope {
     Anthropic,
     /// `{"error":{"message":..,"type":..,"param":null,"code":..}}`
     OpenAi,
+    /// `{"error":{"code":..,"message":..,"status":..}}`
+    Gemini,
 }
 
 impl From<Dialect> for Envelope {
@@ -27,6 +29,7 @@ impl From<Dialect> for Envelope {
         match d {
             Dialect::Anthropic => Envelope::Anthropic,
             Dialect::OpenaiChat | Dialect::OpenaiResponses => Envelope::OpenAi,
+            Dialect::Gemini => Envelope::Gemini,
         }
     }
 }
@@ -194,6 +197,7 @@ pub fn error_response(
                 "code": openai_code,
             }
         }),
+        Envelope::Gemini => crate::dialect::gemini::error_body(status, message),
     };
     let mut resp = json_response(status, body.to_string());
     // Only the proxy's own errors carry the marker (never an answer of the

@@ -28,7 +28,7 @@ pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
         // Remote compaction (Codex, V1): the client's own compaction, forwarded
         // untouched; what it returns comes back in the next request (a branch).
         "/v1/responses/compact" => Some((Dialect::OpenaiResponses, ReqKind::Side)),
-        _ => None,
+        p => crate::dialect::gemini::route(p),
     }
 }
 
@@ -105,6 +105,8 @@ pub struct Identity {
     pub client: &'static str,
     /// The request asked for the 1M-token context (`anthropic-beta: context-1m-…`).
     pub context_1m: bool,
+    /// The model the path names, for a dialect whose body does not (Gemini).
+    pub model: Option<String>,
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -155,6 +157,8 @@ pub fn identify(
         "openai-sdk"
     } else if ua.starts_with("Anthropic/") {
         "anthropic-sdk"
+    } else if ua.starts_with("GeminiCLI") {
+        "gemini-cli"
     } else {
         "unknown"
     };
@@ -182,6 +186,7 @@ pub fn identify(
         client_key: key,
         client,
         context_1m,
+        model: crate::dialect::gemini::model_header(headers),
     })
 }
 
@@ -226,6 +231,9 @@ pub fn is_side_request(d: Dialect, body: &ParsedBody<'_>, client: &str) -> bool 
                     v.get("type").and_then(|t| t.as_str()) == Some("compaction_trigger")
                 })
         });
+    }
+    if d == Dialect::Gemini {
+        return crate::dialect::gemini::is_side_request(body);
     }
     if d != Dialect::Anthropic {
         return false;

@@ -42,6 +42,10 @@ fn last_number(s: &str) -> Option<u64> {
 pub fn context_limit(dialect: Dialect, body: &[u8]) -> Option<ContextLimit> {
     let v: Value = serde_json::from_slice(body).ok()?;
     match dialect {
+        Dialect::Gemini => crate::dialect::gemini::context_limit(&v).map(|ceiling| ContextLimit {
+            ceiling,
+            counts_max_tokens: false,
+        }),
         Dialect::Anthropic => {
             let msg = v.pointer("/error/message")?.as_str()?;
             if let Some(rest) = msg.strip_prefix("prompt is too long") {

@@ -499,6 +499,7 @@ opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 base = os.environ["ANTHROPIC_BASE_URL"]
 print("ANTHROPIC_BASE_URL=" + base)
 print("OPENAI_BASE_URL=" + os.environ["OPENAI_BASE_URL"])
+print("GOOGLE_GEMINI_BASE_URL=" + os.environ.get("GOOGLE_GEMINI_BASE_URL", "unset"))
 body = json.dumps({"model": "claude-test", "max_tokens": 256,
                    "messages": [{"role": "user", "content": "hello from the child"}]}).encode()
 req = urllib.request.Request(base + "/v1/messages", data=body, method="POST",
@@ -558,6 +559,8 @@ async fn run_wraps_a_child_and_reports_its_ledger() {
         "a free port, not the default"
     );
     assert_eq!(openai, format!("{anthropic}/v1"));
+    // Gemini CLI (`@google/genai`) appends `/v1beta/models/…` itself.
+    assert_eq!(line_value(&out, "GOOGLE_GEMINI_BASE_URL="), anthropic);
     assert_eq!(line_value(&out, "ANSWER="), "Done. FINAL_ANSWER_MARKER");
     assert_eq!(fake.request_count(), 1, "the child's request went upstream");
 

@@ -38,6 +38,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
         front: FrontConfig {
             anthropic_upstream: upstream.to_string(),
             openai_upstream: upstream.to_string(),
+            gemini_upstream: upstream.to_string(),
             max_body_bytes: 64 << 20,
             data_dir: data.to_path_buf(),
             idle_stream_timeout: Duration::from_secs(60),
@@ -524,6 +525,7 @@ pub mod recall {
             Dialect::Anthropic => "/v1/messages",
             Dialect::OpenaiChat => "/v1/chat/completions",
             Dialect::OpenaiResponses => "/v1/responses",
+            Dialect::Gemini => "/v1beta/models/gemini-2.5-flash:generateContent",
         }
     }
 
@@ -533,6 +535,7 @@ pub mod recall {
             Dialect::OpenaiResponses => {
                 json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
             }
+            Dialect::Gemini => json!({"role":"user","parts":[{"text":text}]}),
             _ => json!({"role":"user","content":text}),
         }
     }
@@ -547,6 +550,7 @@ pub mod recall {
             Dialect::OpenaiResponses => {
                 json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]})
             }
+            Dialect::Gemini => json!({"role":"model","parts":[{"text":text}]}),
         }
     }
 

@@ -40,6 +40,7 @@ fn client_tools(d: Dialect) -> Value {
         Dialect::OpenaiResponses => {
             json!([{"type":"function","name":"Bash","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}])
         }
+        Dialect::Gemini => unreachable!("these recall tests run the Anthropic and OpenAI dialects"),
     }
 }
 
@@ -58,6 +59,7 @@ fn body(d: Dialect, msgs: &[Value], stream: bool) -> Vec<u8> {
             b["instructions"] = json!("You are terse.");
             b.as_object_mut().unwrap().remove("max_tokens");
         }
+        Dialect::Gemini => unreachable!("these recall tests run the Anthropic and OpenAI dialects"),
     }
     b[conv_key(d)] = Value::Array(msgs.to_vec());
     serde_json::to_vec(&b).unwrap()
@@ -240,6 +242,9 @@ fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
             Dialect::Anthropic => "\"id\":\"toolu",
             Dialect::OpenaiChat => "\"id\":\"call",
             Dialect::OpenaiResponses => "\"call_id\":\"",
+            Dialect::Gemini => {
+                unreachable!("these recall tests run the Anthropic and OpenAI dialects")
+            }
         };
         let at = text.find(key).expect("a call id");
         let rest = &text[at + key.len()..];
@@ -274,6 +279,9 @@ fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
                 .as_str()
                 .unwrap()
                 .to_string(),
+            Dialect::Gemini => {
+                unreachable!("these recall tests run the Anthropic and OpenAI dialects")
+            }
         }
     };
     match d {
@@ -292,6 +300,7 @@ fn client_call(d: Dialect, stream: bool, text: &str) -> (String, Value, Value) {
             json!({"type":"function_call","call_id":id,"name":"Bash","arguments":"{\"command\":\"ls\"}"}),
             json!({"type":"function_call_output","call_id":id,"output":"a.txt"}),
         ),
+        Dialect::Gemini => unreachable!("these recall tests run the Anthropic and OpenAI dialects"),
     }
 }
 

@@ -108,6 +108,8 @@ struct Top<'a> {
     content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     output: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    parts: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -190,7 +192,49 @@ pub fn outputs(dialect: Dialect, raw: &str) -> Vec<Span> {
                 .into_iter()
                 .collect()
         }
+        Dialect::Gemini => gemini_outputs(raw, &top),
     }
+}
+
+/// Gemini: the `response.output` of each `functionResponse` part of a
+/// `user` content (Gemini CLI's shape; `response` itself must stay an object).
+fn gemini_outputs(raw: &str, top: &Top<'_>) -> Vec<Span> {
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(rename = "functionResponse", borrow, default)]
+        function_response: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Fr<'a> {
+        #[serde(borrow, default)]
+        response: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Resp<'a> {
+        #[serde(borrow, default)]
+        output: Option<&'a RawValue>,
+    }
+    if top.role.as_deref() != Some("user") {
+        return Vec::new();
+    }
+    let Some(parts) = top
+        .parts
+        .and_then(|p| serde_json::from_str::<Vec<&RawValue>>(p.get()).ok())
+    else {
+        return Vec::new();
+    };
+    parts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            let fr = serde_json::from_str::<Part<'_>>(p.get())
+                .ok()?
+                .function_response?;
+            let resp = serde_json::from_str::<Fr<'_>>(fr.get()).ok()?.response?;
+            let out = serde_json::from_str::<Resp<'_>>(resp.get()).ok()?.output?;
+            span(raw, u32::try_from(i).ok()?, out)
+        })
+        .collect()
 }
 
 /// Where a pruned output can be read verbatim.

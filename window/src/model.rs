@@ -15,6 +15,9 @@ pub enum Dialect {
     OpenaiChat,
     /// OpenAI Responses (`/v1/responses`).
     OpenaiResponses,
+    /// Google Gemini (`/v1beta/models/{model}:generateContent`,
+    /// `:streamGenerateContent`).
+    Gemini,
 }
 
 impl Dialect {
@@ -24,6 +27,7 @@ impl Dialect {
             Dialect::Anthropic => "anthropic",
             Dialect::OpenaiChat => "openai_chat",
             Dialect::OpenaiResponses => "openai_responses",
+            Dialect::Gemini => "gemini",
         }
     }
 
@@ -33,6 +37,7 @@ impl Dialect {
             "anthropic" => Some(Dialect::Anthropic),
             "openai_chat" => Some(Dialect::OpenaiChat),
             "openai_responses" => Some(Dialect::OpenaiResponses),
+            "gemini" => Some(Dialect::Gemini),
             _ => None,
         }
     }

@@ -104,6 +104,7 @@ async fn ask(
                 lm::Auth::Bearer(lm::Secret::new(k)),
             )
         }
+        Dialect::Gemini => bail!("--merge does not call Gemini yet: merge this session with an Anthropic or OpenAI model's session"),
     };
     Ok(lm::ask(up, base, provider, model, &auth, prompt).await?)
 }

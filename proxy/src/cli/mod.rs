@@ -113,6 +113,9 @@ struct UpstreamFlags {
     /// OpenAI upstream base URL.
     #[arg(long, value_name = "URL")]
     openai_upstream: Option<String>,
+    /// Gemini upstream base URL.
+    #[arg(long, value_name = "URL")]
+    gemini_upstream: Option<String>,
 }
 
 /// Per-session bounds given on the command line (`serve`, `run`): they
@@ -227,6 +230,7 @@ fn load(
         data_dir: cli.data_dir.clone(),
         anthropic_upstream: up.anthropic_upstream.clone(),
         openai_upstream: up.openai_upstream.clone(),
+        gemini_upstream: up.gemini_upstream.clone(),
         tideline,
         compress,
         allow_remote: matches!(&cli.command, Command::Serve(a) if a.allow_remote),

@@ -1,5 +1,5 @@
 //! `run -- CMD`: a private proxy on a free loopback port around one child
-//! command (its `*_BASE_URL`s point at it; a `claude` child also gets the
+//! command (its `*_BASE_URL`s point at it, `GOOGLE_GEMINI_BASE_URL` too; a `claude` child also gets the
 //! data dir as a directory it may read, `--add-dir=DIR`); exits with the
 //! child's code, or with [`LIMIT_EXIT`] when the run reached a bound of
 //! `--max-spend`, `--max-steps` or `--max-time` (`limits.session`: one
@@ -79,6 +79,7 @@ async fn run_child(opts: ProxyOptions, cmd: Vec<String>) -> Result<i32> {
         .args(args)
         .env("ANTHROPIC_BASE_URL", &url)
         .env("OPENAI_BASE_URL", format!("{url}/v1"))
+        .env("GOOGLE_GEMINI_BASE_URL", &url)
         .env("OCEANCODE_PROXY_URL", &url)
         .env(oceancode_proxy::token::ENV, &running.app.admin_token)
         .spawn()

@@ -79,6 +79,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> Result<ProxyOpt
         front: FrontConfig {
             anthropic_upstream: cfg.anthropic_upstream().to_string(),
             openai_upstream: cfg.openai_upstream().to_string(),
+            gemini_upstream: cfg.gemini_upstream().to_string(),
             max_body_bytes: cfg.limits.max_body_bytes,
             data_dir: data_dir.clone(),
             idle_stream_timeout: cfg.limits.idle_stream_timeout(),

@@ -149,6 +149,49 @@ impl Reader {
         self.marker(format!("[[{} · kept as is]]", word(what)), None, in_result);
     }
 
+    /// A Gemini content's `parts`: text slots, `functionCall` args (a JSON
+    /// object), a `functionResponse`'s `response.output` text; thoughts and
+    /// media kept as they are.
+    fn gemini(&mut self, v: &Value) {
+        let Some(Value::Array(parts)) = v.get("parts") else {
+            return;
+        };
+        for (i, p) in parts.iter().enumerate() {
+            let at = |k: &'static str| vec![Step::Key("parts"), Step::Index(i), Step::Key(k)];
+            if p.get("thought").and_then(Value::as_bool) == Some(true) {
+                self.placeholder("thought", false);
+            } else if p.get("text").is_some_and(Value::is_string) {
+                self.text(at("text"), false);
+            } else if let Some(c) = p.get("functionCall") {
+                let mut path = at("functionCall");
+                path.push(Step::Key("args"));
+                let slot = c.get("args").is_some_and(Value::is_object);
+                self.marker(
+                    format!("[[tool_use {} {}]]", word(s(c, "name")), word(s(c, "id"))),
+                    slot.then_some((SlotKind::JsonObject, path)),
+                    false,
+                );
+            } else if let Some(r) = p.get("functionResponse") {
+                self.is_result = true;
+                let id = if s(r, "id").is_empty() {
+                    s(r, "name")
+                } else {
+                    s(r, "id")
+                };
+                let mut path = at("functionResponse");
+                path.extend([Step::Key("response"), Step::Key("output")]);
+                let slot = r.pointer("/response/output").is_some_and(Value::is_string);
+                self.marker(
+                    format!("[[tool_result {}]]", word(id)),
+                    slot.then_some((SlotKind::Text, path)),
+                    true,
+                );
+            } else {
+                self.placeholder("part", false);
+            }
+        }
+    }
+
     /// A content array or string at `base` (a message's or a tool result's).
     fn content(&mut self, v: &Value, base: Vec<Step>, in_result: bool) {
         match get(v, &base) {
@@ -283,6 +326,16 @@ pub fn read(d: Dialect, raw: &str) -> Option<(Body, Value)> {
                 }
             }
             role
+        }
+        Dialect::Gemini => {
+            r.gemini(&v);
+            if role == "model" {
+                "assistant".into()
+            } else if r.is_result {
+                "tool".into()
+            } else {
+                "user".into()
+            }
         }
         Dialect::OpenaiResponses => match s(&v, "type") {
             "function_call" => {

@@ -118,6 +118,7 @@ pub fn note_raw(d: Dialect, text: &str) -> String {
             "type": "message", "role": "assistant",
             "content": [{"type": "output_text", "text": text}],
         }),
+        Dialect::Gemini => return crate::dialect::gemini::note_raw(text),
     };
     v.to_string()
 }

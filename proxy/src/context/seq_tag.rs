@@ -153,6 +153,9 @@ pub fn tag(d: Dialect, raw: &str, seq: u64) -> Option<String> {
                 tag_value(raw, raw, &o, "output", "input_text", &tag, &mut ins);
             }
         }
+        // Not tagged yet: a Gemini result's output sits inside
+        // `functionResponse.response`.
+        Dialect::Gemini => {}
     }
     if ins.is_empty() {
         return None;

@@ -4,6 +4,7 @@
 //! assistant's rows. One module per API; this module holds what they share.
 
 pub mod anthropic;
+pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
 pub mod splice;
@@ -418,6 +419,7 @@ pub fn collector_keeping(d: Dialect, limit: usize) -> Box<dyn ResponseCollector>
         Dialect::Anthropic => Box::new(anthropic::Collector::keeping(keep)),
         Dialect::OpenaiChat => Box::new(openai_chat::Collector::keeping(keep)),
         Dialect::OpenaiResponses => Box::new(openai_responses::Collector::keeping(keep)),
+        Dialect::Gemini => Box::new(gemini::Collector::keeping(keep)),
     }
 }
 
@@ -435,6 +437,9 @@ pub enum StreamCut {
 /// `event: error` (`overloaded_error` for a silent upstream, `api_error`
 /// otherwise), an OpenAI Chat error chunk, a Responses `error` event.
 pub fn stream_error_event(d: Dialect, cut: StreamCut, message: &str) -> String {
+    if d == Dialect::Gemini {
+        return gemini::stream_error_event(message);
+    }
     let data = match d {
         Dialect::Anthropic => serde_json::json!({
             "type": "error",
@@ -446,12 +451,12 @@ pub fn stream_error_event(d: Dialect, cut: StreamCut, message: &str) -> String {
         Dialect::OpenaiChat => serde_json::json!({
             "error": {"message": message, "type": "server_error", "param": null, "code": "stream_interrupted"},
         }),
-        Dialect::OpenaiResponses => serde_json::json!({
+        Dialect::OpenaiResponses | Dialect::Gemini => serde_json::json!({
             "type": "error", "code": "stream_interrupted", "message": message, "param": null,
         }),
     };
     match d {
-        Dialect::OpenaiChat => format!("data: {data}\n\n"),
+        Dialect::OpenaiChat | Dialect::Gemini => format!("data: {data}\n\n"),
         Dialect::Anthropic | Dialect::OpenaiResponses => format!("event: error\ndata: {data}\n\n"),
     }
 }
@@ -569,6 +574,7 @@ pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
         Dialect::Anthropic => anthropic::classify(v),
         Dialect::OpenaiChat => openai_chat::classify(v),
         Dialect::OpenaiResponses => openai_responses::classify(v),
+        Dialect::Gemini => gemini::classify(v),
     };
     if info.role == "user" && matches!(info.kind, RowKind::Prompt | RowKind::ToolResult) {
         info.standing = standing::parts_of(v);
@@ -586,6 +592,7 @@ pub fn stub_message(d: Dialect, text: &str) -> String {
         Dialect::OpenaiResponses => {
             serde_json::json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
         }
+        Dialect::Gemini => return gemini::stub_message_with(text, &[]),
     };
     v.to_string()
 }
@@ -600,6 +607,7 @@ pub fn stub_message_with(d: Dialect, text: &str, pinned: &[&str]) -> String {
         return stub_message(d, text);
     }
     let (head, ty) = match d {
+        Dialect::Gemini => return gemini::stub_message_with(text, pinned),
         Dialect::Anthropic | Dialect::OpenaiChat => (r#"{"role":"user","content":["#, "text"),
         Dialect::OpenaiResponses => (
             r#"{"type":"message","role":"user","content":["#,
@@ -622,9 +630,10 @@ pub fn stub_message_with(d: Dialect, text: &str, pinned: &[&str]) -> String {
 /// The raw elements of a message's `content` array (slices of `raw`);
 /// None when the content is not an array or the message is not JSON.
 pub fn content_parts(raw: &str) -> Option<Vec<&str>> {
+    // `content` (Anthropic, OpenAI) or `parts` (Gemini).
     #[derive(serde::Deserialize)]
     struct Msg<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, alias = "parts")]
         content: Vec<&'a RawValue>,
     }
     let m: Msg<'_> = serde_json::from_str(raw).ok()?;
@@ -636,6 +645,7 @@ pub fn conv_key(d: Dialect) -> &'static str {
     match d {
         Dialect::Anthropic | Dialect::OpenaiChat => "messages",
         Dialect::OpenaiResponses => "input",
+        Dialect::Gemini => gemini::CONV_KEY,
     }
 }
 

@@ -11,6 +11,7 @@
 //! | Claude Code | `<system-reminder>` "The following deferred tools are now available via ToolSearch" | tools (newest) |
 //! | Qwen Code | `<system-reminder>` "The following tools are reachable through `tool_search`" | tools (newest) |
 //! | Qwen Code, Gemini CLI | "This is the Qwen Code. We are setting up the context for our chat." (0.24: in a `<system-reminder>`) | environment (newest) |
+//! | Gemini CLI | `<session_context>` "This is the Gemini CLI. …" with GEMINI.md in `<loaded_context>`, the first part of its first `user` content | instructions |
 //! | Codex | `# AGENTS.md instructions for <dir>` + `<INSTRUCTIONS>…</INSTRUCTIONS>`, `<user_instructions>…` | instructions |
 //! | Codex | `<environment_context>…</environment_context>` | environment (newest) |
 //!
@@ -41,7 +42,7 @@ pub fn kind_of(text: &str) -> Option<StandingKind> {
         }
         return reminder_kind(body.trim_start());
     }
-    if is_agents_md(t) || wrapped_in(t, "user_instructions") {
+    if is_agents_md(t) || wrapped_in(t, "user_instructions") || wrapped_in(t, "session_context") {
         return Some(StandingKind::Instructions);
     }
     if wrapped_in(t, "environment_context") || t.starts_with(QWEN_ENV) || t.starts_with(GEMINI_ENV)
@@ -130,8 +131,11 @@ fn is_wrapped_block(t: &str) -> bool {
 /// The standing parts of a message's `content` array: text parts (`text`,
 /// `input_text`) whose text is standing instructions or context.
 pub fn parts_of(v: &Value) -> Vec<Standing> {
-    let Some(Value::Array(parts)) = v.get("content") else {
-        return Vec::new();
+    // Gemini's parts carry no `type`: a part with `text` is text.
+    let (parts, gemini) = match (v.get("content"), v.get("parts")) {
+        (Some(Value::Array(p)), _) => (p, false),
+        (None, Some(Value::Array(p))) => (p, true),
+        _ => return Vec::new(),
     };
     parts
         .iter()
@@ -140,7 +144,7 @@ pub fn parts_of(v: &Value) -> Vec<Standing> {
             matches!(
                 p.get("type").and_then(Value::as_str),
                 Some("text" | "input_text")
-            )
+            ) || (gemini && p.get("type").is_none() && p.get("thought").is_none())
         })
         .filter_map(|(i, p)| {
             let text = p.get("text")?.as_str()?;

@@ -82,7 +82,7 @@ pub(crate) async fn provider_request(
         )?
     } else {
         let sessions = app.sessions.clone();
-        let headers = parts.headers.clone();
+        let headers = crate::dialect::gemini::identity_headers(uri.path(), parts.headers.clone());
         let big = body.len() >= crate::cpu::INLINE_MAX;
         let work =
             move || sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body);

@@ -97,6 +97,15 @@ pub fn find(d: Dialect, rows: &[String]) -> Calls {
                     out.client += 1;
                 }
             }
+            Dialect::Gemini => {
+                for (id, name, input, raw) in crate::dialect::gemini::calls_of(&v) {
+                    if name == NAME {
+                        out.recall.push(Call { id, input, raw });
+                    } else {
+                        out.client += 1;
+                    }
+                }
+            }
         }
     }
     out
@@ -126,6 +135,10 @@ pub fn results(d: Dialect, calls: &[Call], texts: &[String]) -> Vec<String> {
                 json!({"type": "function_call_output", "call_id": c.id, "output": t}).to_string()
             })
             .collect(),
+        Dialect::Gemini => {
+            let ids: Vec<(&str, &str)> = calls.iter().map(|c| (c.id.as_str(), NAME)).collect();
+            vec![crate::dialect::gemini::results_content(&ids, texts)]
+        }
     }
 }
 
@@ -152,6 +165,10 @@ pub fn hidden_pair(d: Dialect, calls: &[Call], texts: &[String]) -> Vec<String> 
             vec![json!({"role": "assistant", "content": null, "tool_calls": raws}).to_string()]
         }
         Dialect::OpenaiResponses => calls.iter().map(|c| c.raw.clone()).collect(),
+        Dialect::Gemini => {
+            let raws: Vec<String> = calls.iter().map(|c| c.raw.clone()).collect();
+            vec![crate::dialect::gemini::model_content(&raws)]
+        }
     };
     out.extend(results(d, calls, texts));
     out

@@ -32,6 +32,7 @@ pub fn tool_json(d: Dialect) -> &'static str {
         Dialect::Anthropic => ANTHROPIC,
         Dialect::OpenaiChat => CHAT,
         Dialect::OpenaiResponses => RESPONSES,
+        Dialect::Gemini => crate::dialect::gemini::RECALL_TOOL,
     }
 }
 

@@ -116,6 +116,7 @@ impl Stripper {
             Dialect::Anthropic => self.anthropic(&mut v),
             Dialect::OpenaiChat => self.chat(&mut v),
             Dialect::OpenaiResponses => self.responses(&mut v),
+            Dialect::Gemini => crate::dialect::gemini::strip_calls(&mut v, NAME),
         };
         match changed {
             None => Keep::Drop,
@@ -334,6 +335,9 @@ fn strip_json(d: Dialect, v: &mut Value, client_calls: usize) {
         }
         Dialect::OpenaiResponses => {
             filter_output(v);
+        }
+        Dialect::Gemini => {
+            crate::dialect::gemini::strip_calls(v, NAME);
         }
     }
 }

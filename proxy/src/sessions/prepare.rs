@@ -60,6 +60,7 @@ impl<'a> Request<'a> {
         let sys = parsed
             .get("system")
             .or_else(|| parsed.get("instructions"))
+            .or_else(|| parsed.get("systemInstruction"))
             .unwrap_or("");
         let root = root_hashes(dialect, sys, &parsed.messages);
         let key = ident
@@ -81,7 +82,10 @@ impl<'a> Request<'a> {
                     .get_as::<Value>("previous_response_id")
                     .is_some_and(|v| !v.is_null()),
             synthetic,
-            model: parsed.model().unwrap_or_default(),
+            model: parsed
+                .model()
+                .or_else(|| ident.model.clone())
+                .unwrap_or_default(),
             max_tokens: max_tokens(parsed),
         }
     }

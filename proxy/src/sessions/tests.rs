@@ -23,6 +23,7 @@ fn ident(name: &str) -> Identity {
         client_key: Some(format!("name:{name}")),
         client: "unknown",
         context_1m: false,
+        model: None,
     }
 }
 
@@ -319,6 +320,7 @@ fn headerless() -> Identity {
         client_key: None,
         client: "unknown",
         context_1m: false,
+        model: None,
     }
 }
 

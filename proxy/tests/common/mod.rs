@@ -39,6 +39,7 @@ pub fn proxy_cmd(home: &Path) -> Command {
         "OCEANCODE_LOG",
         "ANTHROPIC_BASE_URL",
         "OPENAI_BASE_URL",
+        "GOOGLE_GEMINI_BASE_URL",
         "http_proxy",
         "https_proxy",
         "HTTP_PROXY",
