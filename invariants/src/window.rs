@@ -253,6 +253,7 @@ pub fn run(script: &Script) -> Ran {
             min_tokens: 1,
         },
         seq_tags: false,
+        cold_cut: true,
     };
     let rows: Rows = Arc::default();
     let sink_rows = rows.clone();

@@ -39,6 +39,7 @@ fn manager(line: LineSpec) -> SessionManager {
         state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
         compress: oceancode_config::CompressConfig::default(),
         seq_tags: false,
+        cold_cut: true,
     };
     SessionManager::new(settings, Arc::new(|_events| {}))
 }

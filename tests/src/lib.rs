@@ -72,6 +72,7 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
                 ..Default::default()
             },
             seq_tags: false,
+            cold_cut: true,
         },
         store: Some(StoreOptions::default()),
         limits: oceancode_proxy::sessions::SessionLimits::default(),

@@ -105,6 +105,8 @@ pub struct Collector {
     thinking: u64,
     edits: Vec<AppliedEdit>,
     compactions: u32,
+    /// The provider's cache-miss diagnosis, when the answer carries one.
+    cache_miss: Option<String>,
 }
 
 /// One usage object's token fields.
@@ -204,6 +206,7 @@ impl ResponseCollector for Collector {
                     if let Some(u) = msg.get("usage") {
                         self.take_usage(u);
                     }
+                    self.cache_miss = oceancode_ledger::cache::provider_reason(msg);
                     self.model = msg.get("model").and_then(Value::as_str).map(str::to_string);
                     if let Some(m) = msg.as_object().filter(|_| self.keep.take(data.len())) {
                         self.message = Some(m.clone());
@@ -335,6 +338,7 @@ impl ResponseCollector for Collector {
         if let Some(e) = applied_edits(&v) {
             self.edits = e;
         }
+        self.cache_miss = oceancode_ledger::cache::provider_reason(&v);
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         self.stop_reason = v
             .get("stop_reason")
@@ -379,6 +383,10 @@ impl ResponseCollector for Collector {
                 reasoning: self.thinking.min(self.usage.output),
                 compactions,
                 edits: self.edits,
+                cache: self.cache_miss.map(|p| oceancode_ledger::cache::CacheNote {
+                    provider: Some(p),
+                    ..Default::default()
+                }),
                 ..StepDetail::default()
             },
         }

@@ -149,6 +149,8 @@ pub struct Ticket {
     /// The spend reserved when it was let through (`limits.session`),
     /// settled when it finishes.
     pub(super) reservation: Option<super::Reservation>,
+    /// What the proxy saw change at the request (a miss's cause).
+    pub(super) cache: oceancode_ledger::cache::Changes,
 }
 
 impl SessionManager {
@@ -208,6 +210,7 @@ impl SessionManager {
             .fetch_add(1, Ordering::Relaxed);
         let mut events = Vec::new();
         if w.upto > st.recorded_cut {
+            ticket.cache.cut = true;
             let (gauge, line) = (st.meter.gauge, st.meter.line);
             events.push(self.record_cut(&mut st, w.upto, gauge, line));
         }
@@ -253,6 +256,7 @@ impl Ticket {
             held: Vec::new(),
             created: Vec::new(),
             reservation: None,
+            cache: Default::default(),
         }
     }
 
@@ -409,7 +413,11 @@ impl Ticket {
         }
         st.step_done(self.step, now_ms());
         self.sent = super::sent::keep_stub_once(&mut st, self.step, self.sent.take());
+        let note = self.cache_note(&mut st, collected, error.is_none());
         let mut event = step_event(&st, self, status, collected, error);
+        if let (Some(n), Event::Step { detail, .. }) = (note, &mut event) {
+            detail.cache = Some(n);
+        }
         let mut internal_billed = Usage::default();
         if let (Some((recalls, billed)), Event::Step { detail, .. }) =
             (self.internal.take(), &mut event)
@@ -445,6 +453,50 @@ impl Ticket {
         if let Some((r, model, Some(billed))) = charge {
             r.settle(&model, billed);
         }
+    }
+}
+
+impl Ticket {
+    /// The step's prompt cache note: cold on arrival, a free cut, and a
+    /// miss (the previous prompt not read from the cache) with its cause.
+    fn cache_note(
+        &self,
+        st: &mut State,
+        collected: &dialect::Collected,
+        ok: bool,
+    ) -> Option<oceancode_ledger::cache::CacheNote> {
+        use oceancode_ledger::cache;
+        let ch = &self.cache;
+        let provider = collected
+            .detail
+            .cache
+            .as_ref()
+            .and_then(|c| c.provider.clone());
+        let mut note = cache::CacheNote {
+            cold: ch.cold,
+            free_cut: ch.cut && ch.cold.is_some(),
+            changed: ch.client.clone(),
+            provider,
+            ..Default::default()
+        };
+        if let (true, Some(u)) = (ok, collected.usage) {
+            let missed = cache::miss_tokens(st.cache.prompt, u.cache_read)
+                .map(|m| m.min(u.input + u.cache_write))
+                .filter(|&m| m >= cache::MIN_MISS_TOKENS);
+            if let Some(m) = missed {
+                let cause = cache::cause(ch, note.provider.as_deref());
+                note.miss = Some(cause);
+                note.miss_tokens = m;
+                let i = cache::MissCause::ALL
+                    .iter()
+                    .position(|c| *c == cause)
+                    .unwrap_or(cache::MissCause::ALL.len() - 1);
+                self.recorder.metrics.cache_misses[i].fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(session = %self.session.id, step = self.step, cause = cause.label(), tokens = m, changed = ?note.changed, provider = ?note.provider, "cache miss");
+            }
+            st.cache.prompt = Some(u.input + u.cache_read + u.cache_write);
+        }
+        (!note.is_empty()).then_some(note)
     }
 }
 
