@@ -1606,3 +1606,14 @@ fn url_credentials_never_reach_an_error() {
         assert!(!err.contains("SECRET"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn cold_cut_is_on_by_default_and_turns_off() {
+    let l = Config::load(None, &env_of(&[])).unwrap();
+    assert!(l.config.ledger.tideline.cold_cut());
+    let c: LedgerConfig = serde_json::from_str(r#"{"tideline": {"cold_cut": false}}"#).unwrap();
+    assert!(!c.tideline.cold_cut());
+    let l = Config::load(None, &env_of(&[("OCEANCODE_COLD_CUT", "off")])).unwrap();
+    assert!(!l.config.ledger.tideline.cold_cut());
+    assert!(Config::load(None, &env_of(&[("OCEANCODE_COLD_CUT", "maybe")])).is_err());
+}
