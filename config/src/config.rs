@@ -60,6 +60,8 @@ pub mod vars {
     pub const RECALL_TOOL: &str = "OCEANCODE_RECALL_TOOL";
     /// `ledger.compress` on or off (`on`, `off`, `true`, `false`, `1`, `0`).
     pub const COMPRESS: &str = "OCEANCODE_COMPRESS";
+    /// `ledger.tideline.cold_cut` on or off.
+    pub const COLD_CUT: &str = "OCEANCODE_COLD_CUT";
     /// Retention in days (`0` = keep forever).
     pub const RETENTION_DAYS: &str = "OCEANCODE_RETENTION_DAYS";
     /// Log filter (`info`, `oceancode_proxy=debug`, ...).
@@ -596,6 +598,12 @@ pub struct TidelineConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub block: Option<BlockSpec>,
+    /// Cut at a request that finds the prompt cache cold (the gap since the
+    /// previous request is past the TTL the client asked for, a model
+    /// switch, a resumed session) when a cut is due within the next block;
+    /// default `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold_cut: Option<bool>,
     /// Removed key `ledger.tideline.low` (ignored, reported as a warning).
     #[doc(hidden)]
     #[serde(skip_serializing)]
@@ -627,6 +635,11 @@ impl TidelineConfig {
     /// The block size: `block` if set, else 70% of the line.
     pub fn block_spec(&self) -> BlockSpec {
         self.block.unwrap_or_default()
+    }
+
+    /// `cold_cut`, on unless set off.
+    pub fn cold_cut(&self) -> bool {
+        self.cold_cut.unwrap_or(true)
     }
 
     /// Sets the line (clears the other form so `line_spec()` returns `spec`).
@@ -1198,6 +1211,12 @@ impl Config {
         if let Some(v) = env_value(env, vars::RECALL_TOOL) {
             self.ledger.recall_tool.enabled = parse_switch(&v)
                 .ok_or_else(|| ConfigError::env(vars::RECALL_TOOL, &v, "expected on or off"))?;
+        }
+        if let Some(v) = env_value(env, vars::COLD_CUT) {
+            self.ledger.tideline.cold_cut = Some(
+                parse_switch(&v)
+                    .ok_or_else(|| ConfigError::env(vars::COLD_CUT, &v, "expected on or off"))?,
+            );
         }
         if let Some(v) = env_value(env, vars::COMPRESS) {
             self.ledger.compress.enabled = parse_switch(&v)

@@ -1694,3 +1694,14 @@ fn gemini_models_and_upstream() {
     .expect("a valid URL");
     assert_eq!(c.gemini_upstream(), "http://127.0.0.1:7004");
 }
+
+#[test]
+fn cold_cut_is_on_by_default_and_turns_off() {
+    let l = Config::load(None, &env_of(&[])).unwrap();
+    assert!(l.config.ledger.tideline.cold_cut());
+    let c: LedgerConfig = serde_json::from_str(r#"{"tideline": {"cold_cut": false}}"#).unwrap();
+    assert!(!c.tideline.cold_cut());
+    let l = Config::load(None, &env_of(&[("OCEANCODE_COLD_CUT", "off")])).unwrap();
+    assert!(!l.config.ledger.tideline.cold_cut());
+    assert!(Config::load(None, &env_of(&[("OCEANCODE_COLD_CUT", "maybe")])).is_err());
+}

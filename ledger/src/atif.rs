@@ -524,6 +524,11 @@ pub fn trajectory(
     if all_priced {
         final_metrics["total_cost_usd"] = json!(total_cost);
     }
+    // The same requests unmanaged (no cuts, the client's own cache
+    // pattern): an estimate from the ledger.
+    if let Some(u) = crate::status::unmanaged(&records, &cuts, pricer) {
+        final_metrics["extra"]["unmanaged_cost_usd_estimate"] = json!(u.cost_usd);
+    }
     let mut agent_extra = json!({
         "recorded_by": format!("oceancode-proxy {}", env!("CARGO_PKG_VERSION")),
         "dialect": dialect.as_str(),

@@ -94,6 +94,18 @@ pub fn markdown(
         Some(c) => writeln!(w, "cost_usd: {c:.6}")?,
         None => writeln!(w, "cost_usd: null")?,
     }
+    // The same requests with no cuts and the client's own cache pattern,
+    // estimated from the ledger (`status::unmanaged`).
+    let cache = crate::status::CacheSummary::of(&steps, &cuts, pricer);
+    if let Some(u) = cache.unmanaged_usd {
+        writeln!(w, "unmanaged_cost_usd_estimate: {u:.6}")?;
+    }
+    if cache.free_cuts > 0 {
+        writeln!(w, "free_cuts: {}", cache.free_cuts)?;
+    }
+    for m in &cache.misses {
+        writeln!(w, "cache_misses_{}: {}", m.cause, m.steps)?;
+    }
     if totals.reasoning > 0 {
         writeln!(w, "reasoning_tokens: {}", totals.reasoning)?;
     }

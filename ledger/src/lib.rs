@@ -7,7 +7,7 @@
 //! The session model, the pure tideline and the media pricing live in
 //! `oceancode-window` and are re-exported here under their old paths.
 
-pub use oceancode_window::{compress, media, model, tideline};
+pub use oceancode_window::{cache, compress, media, model, tideline};
 pub use oceancode_window::{
     AppliedEdit, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers, SentPiece,
     SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,

@@ -283,6 +283,180 @@ pub struct Status {
     /// tokens and cost, apart from the session's own spend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub merge: Option<MergeSpend>,
+    /// The prompt cache: free cuts, misses by cause, the last miss, and
+    /// the spend an unmanaged session would have had.
+    pub cache: CacheSummary,
+}
+
+/// What `status` says about the prompt cache, from the steps' records
+/// (`steps.detail.cache`) and the cuts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CacheSummary {
+    /// Cuts that landed on a request whose cache was already cold (free).
+    pub free_cuts: u32,
+    /// Misses by cause (`cut`, `context_edit`, `client_changed`,
+    /// `ttl_expired`, `model_switch`, `resumed`, `provider`, `unknown`).
+    pub misses: Vec<MissTotal>,
+    /// The latest miss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_miss: Option<LastMiss>,
+    /// The spend the same requests would have had unmanaged (an estimate:
+    /// [`unmanaged`]); None when a model has no price.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged_usd: Option<f64>,
+}
+
+/// Misses of one cause.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MissTotal {
+    /// The cause's label.
+    pub cause: String,
+    /// Steps.
+    pub steps: u32,
+    /// Tokens sent again.
+    pub tokens: u64,
+}
+
+/// The latest miss as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LastMiss {
+    /// Step number.
+    pub step: u32,
+    /// The cause's label.
+    pub cause: String,
+    /// Tokens sent again.
+    pub tokens: u64,
+    /// Where the client's request changed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed: Option<String>,
+    /// The provider's own diagnosis, when it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+}
+
+impl CacheSummary {
+    /// From the steps' records, in step order.
+    pub fn of(
+        steps: &[StepRecord],
+        cuts: &[CutRecord],
+        pricer: &dyn Fn(&str) -> Option<Price>,
+    ) -> CacheSummary {
+        let mut out = CacheSummary::default();
+        for s in steps {
+            let Some(c) = &s.detail.cache else { continue };
+            out.free_cuts += u32::from(c.free_cut);
+            let Some(cause) = c.miss else { continue };
+            let label = cause.label();
+            match out.misses.iter_mut().find(|m| m.cause == label) {
+                Some(m) => {
+                    m.steps += 1;
+                    m.tokens += c.miss_tokens;
+                }
+                None => out.misses.push(MissTotal {
+                    cause: label.to_string(),
+                    steps: 1,
+                    tokens: c.miss_tokens,
+                }),
+            }
+            out.last_miss = Some(LastMiss {
+                step: s.step,
+                cause: label.to_string(),
+                tokens: c.miss_tokens,
+                changed: c.changed.clone(),
+                provider: c.provider.clone(),
+            });
+        }
+        out.unmanaged_usd = unmanaged(steps, cuts, pricer).map(|u| u.cost_usd);
+        out
+    }
+}
+
+/// The same requests without the proxy, as estimated from the ledger.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Unmanaged {
+    /// Tokens, summed.
+    pub usage: Usage,
+    /// Spend at list price (USD).
+    pub cost_usd: f64,
+}
+
+/// An estimate of what the session's requests would have cost with no
+/// cuts: each step's prompt grows by what the cuts before it kept out
+/// (a cut's gauge before it minus the prompt its step sent), read from the
+/// cache as the client's own pattern reads it (the whole previous prompt
+/// when the step read anything and its miss was not the proxy's; only
+/// what it read when the client or the clock made it miss; no cache when
+/// the step used none), the rest written (or sent uncached where the
+/// provider reports no writes); output and what was billed beyond the
+/// window unchanged. None when a model has no price.
+pub fn unmanaged(
+    steps: &[StepRecord],
+    cuts: &[CutRecord],
+    pricer: &dyn Fn(&str) -> Option<Price>,
+) -> Option<Unmanaged> {
+    use crate::cache::MissCause;
+    let mut cuts: Vec<&CutRecord> = cuts.iter().collect();
+    cuts.sort_by_key(|c| c.ts_ms);
+    let mut next_cut = cuts.into_iter().peekable();
+    let mut kept_out = 0u64;
+    let mut prev: Option<u64> = None;
+    let mut out = Unmanaged::default();
+    for s in steps {
+        let u = s.usage;
+        let prompt = u.input + u.cache_read + u.cache_write;
+        let mut gauge = None;
+        while let Some(c) = next_cut.next_if(|c| c.ts_ms <= s.ts_ms) {
+            gauge = Some(gauge.unwrap_or(0).max(c.gauge));
+        }
+        if let Some(g) = gauge.filter(|_| prompt > 0) {
+            // The cut's gauge is the prompt this request had without it.
+            kept_out += g.saturating_sub(prompt);
+        }
+        let billed = if prompt == 0 {
+            u
+        } else {
+            let full = prompt + kept_out;
+            let proxy_miss = s
+                .detail
+                .cache
+                .as_ref()
+                .and_then(|c| c.miss)
+                .is_none_or(|m| matches!(m, MissCause::Cut | MissCause::ContextEdit));
+            let (read, input, write) = if u.cache_read + u.cache_write == 0 {
+                (0, full, 0)
+            } else {
+                let read = if proxy_miss {
+                    prev.unwrap_or(u.cache_read)
+                        .max(u.cache_read)
+                        .min(full.saturating_sub(u.input))
+                } else {
+                    u.cache_read
+                };
+                let rest = full.saturating_sub(read + u.input);
+                if u.cache_write == 0 {
+                    (read, u.input + rest, 0)
+                } else {
+                    (read, u.input, rest)
+                }
+            };
+            prev = Some(full);
+            Usage {
+                input,
+                output: u.output,
+                cache_read: read,
+                cache_write: write,
+            }
+        };
+        let b = billed.plus(s.detail.extra);
+        out.usage = out.usage.plus(b);
+        let p = pricer(&s.model);
+        match p {
+            Some(p) => out.cost_usd += p.cost_usd(b.input, b.output, b.cache_read, b.cache_write),
+            None if b.window_total() > 0 => return None,
+            None => {}
+        }
+    }
+    Some(out)
 }
 
 /// What the model merge of a session's `SESSION.md` used (live or
@@ -451,6 +625,7 @@ impl Status {
             last_error: FailedStep::latest(steps),
             pruned: steps.last().and_then(|s| s.detail.compress.clone()),
             merge: None,
+            cache: CacheSummary::of(steps, cuts, pricer),
         }
     }
 
@@ -606,6 +781,14 @@ impl Status {
             (None, _) => spend,
         };
         let _ = writeln!(out, "spend    {spend}");
+        if let (Some(u), Some(real)) = (self.cache.unmanaged_usd, t.cost_if_known()) {
+            let _ = writeln!(
+                out,
+                "         unmanaged (estimate: the same requests, no cuts, the client's own cache pattern) {} · managed {}",
+                usd(u),
+                usd(real)
+            );
+        }
         if let Some(m) = &self.merge {
             let _ = writeln!(out, "merge    {}", m.line());
         }
@@ -664,6 +847,41 @@ impl Status {
                 if p.outputs == 1 { "" } else { "s" },
                 tokens(p.tokens),
                 tokens(p.saved)
+            );
+        }
+        let c = &self.cache;
+        if c.free_cuts > 0 || !c.misses.is_empty() {
+            let by: Vec<String> = c
+                .misses
+                .iter()
+                .map(|m| format!("{} {}", m.cause, m.steps))
+                .collect();
+            let _ = writeln!(
+                out,
+                "misses   {} (tokens written again: {}) · {} of {} free (at a cold request)",
+                if by.is_empty() {
+                    "none".to_string()
+                } else {
+                    by.join(" · ")
+                },
+                tokens(c.misses.iter().map(|m| m.tokens).sum()),
+                counted(u64::from(c.free_cuts), "cut"),
+                self.cuts
+            );
+        }
+        if let Some(m) = &c.last_miss {
+            let mut why = m.cause.clone();
+            if let Some(w) = &m.changed {
+                let _ = write!(why, " ({w})");
+            }
+            if let Some(p) = &m.provider {
+                let _ = write!(why, ", provider: {p}");
+            }
+            let _ = writeln!(
+                out,
+                "         last miss: step {} · {why} · {} sent again",
+                m.step,
+                tokens(m.tokens)
             );
         }
         if self.behind {
@@ -745,6 +963,101 @@ mod tests {
             error: None,
             detail,
         }
+    }
+
+    fn cached(read: u64, write: u64) -> Usage {
+        Usage {
+            input: 10,
+            output: 500,
+            cache_read: read,
+            cache_write: write,
+        }
+    }
+
+    fn note(miss: Option<crate::cache::MissCause>, tokens: u64, free: bool) -> StepDetail {
+        StepDetail {
+            cache: Some(crate::cache::CacheNote {
+                miss,
+                miss_tokens: tokens,
+                free_cut: free,
+                cold: free.then_some(crate::cache::Cold::TtlExpired),
+                changed: None,
+                provider: None,
+            }),
+            ..StepDetail::default()
+        }
+    }
+
+    #[test]
+    fn misses_free_cuts_and_the_unmanaged_estimate() {
+        use crate::cache::MissCause;
+        let price = Price {
+            input: 3.0,
+            output: 15.0,
+            cache_read: 0.3,
+            cache_write: 3.75,
+        };
+        // 70k, 75k, a free cut to 25k (the gauge said 80k), 27k, then the
+        // client changed its tools: 28k written again.
+        let mut steps = vec![
+            step(1, cached(0, 70_000), StepDetail::default()),
+            step(2, cached(70_000, 5_000), StepDetail::default()),
+            step(
+                3,
+                cached(2_000, 23_000),
+                note(Some(MissCause::Cut), 23_000, true),
+            ),
+            step(4, cached(25_000, 2_000), StepDetail::default()),
+            step(
+                5,
+                cached(0, 28_000),
+                note(Some(MissCause::ClientChanged), 27_000, false),
+            ),
+        ];
+        for (i, s) in steps.iter_mut().enumerate() {
+            s.ts_ms = (i as i64 + 1) * 1_000;
+        }
+        if let Some(c) = steps[4].detail.cache.as_mut() {
+            c.changed = Some("tools".into());
+        }
+        let cuts = [CutRecord {
+            upto_seq: 6,
+            gauge: 80_010,
+            line: 80_000,
+            ts_ms: 2_500,
+        }];
+        let c = CacheSummary::of(&steps, &cuts, &|_| Some(price));
+        assert_eq!(c.free_cuts, 1);
+        assert_eq!(
+            c.misses,
+            vec![
+                MissTotal {
+                    cause: "cut".into(),
+                    steps: 1,
+                    tokens: 23_000
+                },
+                MissTotal {
+                    cause: "client_changed".into(),
+                    steps: 1,
+                    tokens: 27_000
+                },
+            ]
+        );
+        let last = c.last_miss.clone().expect("a last miss");
+        assert_eq!((last.step, last.changed.as_deref()), (5, Some("tools")));
+        // Unmanaged: 55k more from step 3 on, the cut's rewrite not paid,
+        // the client's own miss paid on the larger prompt.
+        let u = unmanaged(&steps, &cuts, &|_| Some(price)).expect("priced");
+        let (real, _) = totals(&steps, &|_| Some(price));
+        assert!(
+            u.cost_usd > real.cost_usd,
+            "{} vs {}",
+            u.cost_usd,
+            real.cost_usd
+        );
+        assert_eq!(u.usage.input_total(), real.input_total() + 3 * 55_000);
+        assert_eq!(u.usage.cache_write, 70_000 + 4_990 + 4_990 + 1_990 + 83_000);
+        assert_eq!(unmanaged(&steps, &cuts, &|_| None), None);
     }
 
     #[test]

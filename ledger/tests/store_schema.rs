@@ -333,6 +333,15 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
             pointers: Some(vec![(10, vec![(0, "[output → recall entry 10]".into())])]),
             pointers_step: 0,
         }),
+        // The prompt cache note (a free cut, a miss and its cause) too.
+        cache: Some(oceancode_ledger::cache::CacheNote {
+            cold: Some(oceancode_ledger::cache::Cold::TtlExpired),
+            free_cut: true,
+            miss: Some(oceancode_ledger::cache::MissCause::Cut),
+            miss_tokens: 42_000,
+            changed: None,
+            provider: Some("messages_changed".into()),
+        }),
     };
     let mut second = step("v5", 2, 200, None);
     if let Event::Step { detail: d, .. } = &mut second {

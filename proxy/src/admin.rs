@@ -432,6 +432,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         ("oceancode_decode_stopped_total", "Compressed answers whose copy decoded past limits.max_decoded_response_bytes (usage unknown).", load(&m.decode_stopped)),
         ("oceancode_recalls_total", "oceancode_recall calls the proxy answered itself (ledger.recall_tool).", load(&m.recalls)),
         ("oceancode_cuts_total", "Tideline cuts.", load(&s.cuts)),
+        ("oceancode_cold_cuts_total", "Tideline cuts made at a request whose prompt cache was already cold (TTL past, model switch, resumed session): free.", load(&s.cold_cuts)),
         ("oceancode_tokens_kept_out_total", "Estimated tokens kept out of upstream windows (summed per request).", load(&s.tokens_kept_out)),
         ("oceancode_rewritten_total", "Requests whose conversation was windowed.", load(&s.rewritten)),
         ("oceancode_compress_outputs_total", "Tool outputs ledger.compress made pointers (counted at the cut that chose them).", load(&s.compress_outputs)),
@@ -496,6 +497,18 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         "oceancode_prepare_seconds_total",
         "Time spent preparing provider requests (parse, match, tideline, render).",
         load(&m.prepare_us),
+    );
+    let misses: Vec<(&str, f64)> = oceancode_ledger::cache::MissCause::ALL
+        .iter()
+        .zip(&s.cache_misses)
+        .map(|(c, n)| (c.label(), load(n) as f64))
+        .collect();
+    p.labeled(
+        "oceancode_cache_miss_total",
+        "Steps that wrote (or sent uncached) more of the prompt than they appended, by cause.",
+        "counter",
+        "cause",
+        &misses,
     );
     let ir = load(&m.input_tokens);
     let cr = load(&m.cache_read_tokens);

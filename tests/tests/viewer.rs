@@ -363,9 +363,14 @@ async fn the_session_page_has_the_chart_the_cuts_and_both_views() {
         .await
         .text();
     assert_eq!(
-        full.matches("<circle class=\"pt\"").count(),
+        full.matches("<circle class=\"pt").count(),
         14,
         "one point per step"
+    );
+    // A step whose cut rewrote the cached prefix is marked as a miss.
+    assert!(
+        full.contains("<circle class=\"pt miss\"") && full.contains("cache miss: cut"),
+        "the cut's miss is marked"
     );
     assert_eq!(
         full.matches("<line class=\"cut\"").count(),

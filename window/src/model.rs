@@ -253,6 +253,10 @@ pub struct StepDetail {
     /// proxy kept it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sent: Option<SentWindow>,
+    /// The prompt cache at this step: cold on arrival, a free cut, a miss
+    /// and its cause ([`crate::cache::CacheNote`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheNote>,
 }
 
 /// The messages a step sent upstream, as references into the ledger: runs

@@ -356,6 +356,36 @@ impl Tideline {
         })
     }
 
+    /// A request that finds the prompt cache cold
+    /// ([`crate::cache::cold`]) rewrites the whole prefix anyway: when a cut
+    /// is due within the next block of growth (`gauge + block >= line`),
+    /// cut the oldest closed blocks now, as the next due cut would, while
+    /// that holds. Only closed blocks ending by `boundary_seq` go (never the
+    /// open block: what the window keeps is what a due cut keeps). Call
+    /// after [`Tideline::observe`] or [`Tideline::seed`] of the same
+    /// request. `None` when nothing is due or nothing can go.
+    pub fn cut_cold(&mut self, boundary_seq: u64, params: Params) -> Option<CutInfo> {
+        let block = params.block.max(1);
+        let gauge_before = self.gauge;
+        let carry = self.open_growth();
+        let mut blocks_cut = 0u32;
+        while self.gauge.saturating_add(block) >= params.line
+            && self.cut_oldest(boundary_seq).is_some()
+        {
+            blocks_cut += 1;
+        }
+        if blocks_cut == 0 {
+            return None;
+        }
+        self.reanchor = Some(carry);
+        Some(CutInfo {
+            upto_seq: self.cut_upto,
+            gauge_before,
+            gauge_after: self.gauge,
+            blocks_cut,
+        })
+    }
+
     /// "Prompt is too long" retry: close the open block at `boundary_seq` and cut
     /// every closed block. `None` when there is nothing to cut.
     pub fn cut_all_closed(&mut self, boundary_seq: u64) -> Option<CutInfo> {
@@ -959,6 +989,39 @@ mod tests {
         assert_eq!(c.upto_seq, 7);
         assert!(t.closed_blocks().is_empty());
         assert_eq!(t.open_block().first_seq, 8);
+    }
+
+    #[test]
+    fn a_cold_request_takes_the_cut_due_within_the_next_block() {
+        let p = Params {
+            line: 100_000,
+            block: 40_000,
+        };
+        let mut t = Tideline::new();
+        t.observe(obs(10_000, 10_000, 0, 1), p);
+        t.observe(obs(20_000, 0, 2, 3), p);
+        // Grows by a block: it closes at seq 10 (gauge 55k, under the line).
+        let d = t.observe(obs(55_000, 0, 10, 11), p);
+        assert_eq!(d.cut, None);
+        assert_eq!(t.closed_blocks().len(), 1);
+        // Warm, nothing due yet; 55k + 40k < 100k: a cold request cuts nothing either.
+        assert_eq!(t.clone().cut_cold(12, p), None);
+        let d = t.observe(obs(62_000, 0, 12, 13), p);
+        assert_eq!(d.cut, None);
+        // 62k + 40k >= 100k: the cut due within the next block happens now.
+        let mut cold = t.clone();
+        let c = cold.cut_cold(13, p).expect("a cold cut");
+        assert_eq!((c.upto_seq, c.blocks_cut), (10, 1));
+        assert_eq!(cold.cut_upto(), 10);
+        assert!(cold.gauge() < 62_000 - 40_000);
+        // Never the open block, nor a block past the boundary.
+        assert_eq!(cold.cut_cold(13, p), None);
+        assert_eq!(t.clone().cut_cold(9, p), None);
+        // Warm, the same request cut nothing: the cut waits for the line.
+        let d = t.observe(obs(99_000, 0, 14, 15), p);
+        assert_eq!(d.cut, None);
+        let d = t.observe(obs(101_000, 0, 15, 16), p);
+        assert_eq!(d.cut.map(|c| c.upto_seq), Some(10));
     }
 
     #[test]

@@ -26,10 +26,18 @@
 //!   plus an instruction as input, a ~5k summary as output) replaces the history
 //!   with the summary and the newest user row.
 //!
-//! Prompt cache (5-minute cache assumed warm, one breakpoint at the end of
-//! every request): `cache_read` = the longest prefix identical to the previous
-//! request's, `cache_write` = the rest, uncached input = 0. Prices come from
-//! `oceancode_config::price(model, &Config::default())`.
+//! Prompt cache (one breakpoint at the end of every request): `cache_read` =
+//! the longest prefix identical to the previous request's, `cache_write` = the
+//! rest, uncached input = 0. Prices come from
+//! `oceancode_config::price(model, &Config::default())`. The cache is warm
+//! unless idle gaps are scripted (`--idle-share`, `--slow-share`): a request
+//! whose gap since the previous one is past the TTL (`--ttl`) reads nothing.
+//! Gap model (its own random stream, so the rows are the same script): a
+//! new turn starts after the user was away past the TTL with probability
+//! `--idle-share` (log-uniform 1.2×TTL–1 h), else after 20 s–0.8×TTL; a
+//! tool step's result takes past the TTL with probability `--slow-share`
+//! (a long build or test run: 1.1×TTL–20 min), else 2–90 s. With gaps the
+//! tideline runs are shown with and without `ledger.tideline.cold_cut`.
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -140,6 +148,16 @@ struct Args {
     /// images by the provider's rule (for comparison).
     #[arg(long)]
     bytes_for_media: bool,
+    /// Share of new turns that start after the prompt cache expired (the
+    /// user was away longer than the TTL); 0 with `--slow-share 0`: always warm.
+    #[arg(long, default_value_t = 0.0)]
+    idle_share: f64,
+    /// Share of tool steps whose result takes longer than the TTL.
+    #[arg(long, default_value_t = 0.0)]
+    slow_share: f64,
+    /// Prompt cache TTL (seconds).
+    #[arg(long, default_value_t = 300)]
+    ttl: u64,
     /// Random seed of the script.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -212,6 +230,36 @@ struct Script {
     user: Vec<UserRow>,
     out: Vec<u64>,
     out_est: Vec<u64>,
+    /// The request finds the prompt cache cold (its gap is past the TTL).
+    cold: Vec<bool>,
+}
+
+/// The gap before each request (seconds), by the module's gap model.
+fn gaps(a: &Args, user: &[UserRow]) -> Vec<f64> {
+    let mut rng = Rng::new(a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed);
+    let ttl = a.ttl.max(1) as f64;
+    let log_uniform = |rng: &mut Rng, lo: f64, hi: f64| {
+        (lo.ln() + rng.unit() * (hi.max(lo * 1.01).ln() - lo.ln())).exp()
+    };
+    user.iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let roll = rng.unit();
+            if i == 0 {
+                0.0
+            } else if u.kind == RowKind::Prompt {
+                if roll < a.idle_share {
+                    log_uniform(&mut rng, 1.2 * ttl, 3600.0)
+                } else {
+                    log_uniform(&mut rng, 20.0, 0.8 * ttl)
+                }
+            } else if roll < a.slow_share {
+                log_uniform(&mut rng, 1.1 * ttl, 1200.0)
+            } else {
+                log_uniform(&mut rng, 2.0, 90.0)
+            }
+        })
+        .collect()
 }
 
 fn script(a: &Args) -> Script {
@@ -246,7 +294,14 @@ fn script(a: &Args) -> Script {
         out.push(o);
         out_est.push(noisy(&mut rng, o));
     }
-    Script { user, out, out_est }
+    let ttl = a.ttl as f64;
+    let cold = gaps(a, &user).into_iter().map(|g| g > ttl).collect();
+    Script {
+        user,
+        out,
+        out_est,
+        cold,
+    }
 }
 
 /// One segment of a request, for the prefix cache.
@@ -309,6 +364,8 @@ struct Totals {
     saved_sum: u64,
     /// The fewest bytes per o200k token of a block (the budget assumes 2.4).
     state_min_bytes_per_token: f64,
+    /// Cuts made at a request whose cache was cold (free).
+    cold_cuts: u64,
 }
 
 struct Cache {
@@ -316,11 +373,11 @@ struct Cache {
 }
 
 impl Cache {
-    /// (read, write) for a request made of `segs`.
-    fn charge(&mut self, segs: &[Seg]) -> (u64, u64) {
+    /// (read, write) for a request made of `segs` (`cold`: the cache expired).
+    fn charge(&mut self, segs: &[Seg], cold: bool) -> (u64, u64) {
         let mut read = 0;
         let mut i = 0;
-        while i < segs.len() && i < self.prev.len() && segs[i] == self.prev[i] {
+        while !cold && i < segs.len() && i < self.prev.len() && segs[i] == self.prev[i] {
             read += segs[i].tokens;
             i += 1;
         }
@@ -336,6 +393,8 @@ struct Ctx<'a> {
     price: Price,
     context: u64,
     max_output: Option<u64>,
+    /// `ledger.tideline.cold_cut`.
+    cold_cut: bool,
 }
 
 impl Totals {
@@ -461,7 +520,7 @@ fn run_client(c: &Ctx, mode: Client) -> Totals {
                 id: special_id(1_000_000 + summaries),
                 tokens: SUMMARY_INSTRUCTION,
             });
-            let (read, write) = cache.charge(&call);
+            let (read, write) = cache.charge(&call, c.s.cold[step]);
             t.bill(&c.price, 0, read, write, c.a.summary);
             summaries += 1;
             t.compactions += 1;
@@ -482,7 +541,8 @@ fn run_client(c: &Ctx, mode: Client) -> Totals {
             segs = render_client(c, mode, &hist);
         }
         let window = sum(&segs);
-        let (read, write) = cache.charge(&segs);
+        // After a summarization call the cache is warm again.
+        let (read, write) = cache.charge(&segs, c.s.cold[step] && !compact);
         let out = c.s.out[step];
         t.bill(&c.price, 0, read, write, out);
         t.main_request(step, window);
@@ -630,8 +690,15 @@ fn run_tideline(
                 params,
             )
         };
-        if decision.cut.is_some() {
+        let cold = c.s.cold[step];
+        let cut = decision.cut.or_else(|| {
+            (cold && c.cold_cut)
+                .then(|| tl.cut_cold(boundary, params))
+                .flatten()
+        });
+        if cut.is_some() {
             t.cuts += 1;
+            t.cold_cuts += u64::from(cold);
         }
         // render (sessions.rs `render`).
         let mut segs = vec![Seg {
@@ -759,7 +826,7 @@ fn run_tideline(
                 step + 1
             );
         }
-        let (read, write) = cache.charge(&segs);
+        let (read, write) = cache.charge(&segs, cold);
         let out = c.s.out[step];
         t.bill(&c.price, 0, read, write, out);
         t.main_request(step, window);
@@ -927,6 +994,7 @@ fn main() -> Result<()> {
         price,
         context,
         max_output: info.map(|i| i.max_output),
+        cold_cut: false,
     };
     let bpe = tiktoken_rs::o200k_base().map_err(|e| anyhow::anyhow!("{e}"))?;
     let main_c = Compress {
@@ -1159,12 +1227,72 @@ fn main() -> Result<()> {
         "- The floor: whatever manages the context, if every request carries the system prompt and tools and every row reaches the model once, the session pays at least each row's tokens written to the cache once, the assistant's tokens as output and the system prompt read from the cache on every later request: ${floor:.2} = {:.2}× of none here (reading the conversation back, which every strategy does, comes on top).\n",
         floor / none_cost
     );
+    if c.s.cold.iter().any(|&x| x) {
+        cold_cuts(&c, &bpe, none_cost, main_c)?;
+    }
     if let Some(spec) = &a.compress {
         sweep(&c, &bpe, spec, none_cost, &runs)?;
     }
     if let Some(spec) = &a.lines {
         line_sweep(&c, &bpe, spec, none_cost, floor, &runs)?;
     }
+    Ok(())
+}
+
+/// `ledger.tideline.cold_cut` off and on, at the main line, alone and with
+/// compress: how many cuts land on cold requests, and what the cache writes
+/// and the spend are.
+fn cold_cuts(c: &Ctx, bpe: &tiktoken_rs::CoreBPE, none_cost: f64, cp: Compress) -> Result<()> {
+    let a = c.a;
+    let cold = c.s.cold.iter().filter(|&&x| x).count();
+    println!(
+        "### Cold cuts ({} of {} requests find the cache cold: idle share {}, slow share {}, TTL {} s)\n",
+        cold, a.steps, a.idle_share, a.slow_share, a.ttl
+    );
+    let mut table = Table::new([
+        "strategy",
+        "cold_cut",
+        "cuts",
+        "on cold requests",
+        "cache write",
+        "cache read",
+        "cost",
+        "vs none",
+        "mean window",
+    ]);
+    for compress in [None, Some(cp)] {
+        for on in [false, true] {
+            let cc = Ctx {
+                a: c.a,
+                s: c.s,
+                price: c.price,
+                context: c.context,
+                max_output: c.max_output,
+                cold_cut: on,
+            };
+            let t = run_tideline(&cc, bpe, a.tideline, compress)?;
+            table.row([
+                format!(
+                    "tideline {}%{}",
+                    a.tideline,
+                    if compress.is_some() {
+                        " + compress"
+                    } else {
+                        ""
+                    }
+                ),
+                if on { "on" } else { "off" }.to_string(),
+                t.cuts.to_string(),
+                format!("{} ({})", t.cold_cuts, pct(t.cold_cuts, t.cuts)),
+                tok(t.cache_write),
+                tok(t.cache_read),
+                format!("${:.2}", t.cost),
+                format!("{:.2}×", t.cost / none_cost),
+                tok(t.window_sum / a.steps.max(1) as u64),
+            ]);
+        }
+    }
+    println!("{}", table.render());
     Ok(())
 }
 
@@ -1403,6 +1531,7 @@ fn sweep(
                 price: c.price,
                 context: c.context,
                 max_output: c.max_output,
+                cold_cut: c.cold_cut,
             };
             for &min in &mins {
                 let mut points = Vec::new();

@@ -102,6 +102,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> Result<ProxyOpt
                 .then_some(cfg.ledger.state.max_tokens),
             compress: cfg.ledger.compress,
             seq_tags: cfg.context.seq_tags,
+            cold_cut: cfg.ledger.tideline.cold_cut(),
         },
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {

@@ -106,6 +106,8 @@ pub struct Collector {
     thinking: u64,
     edits: Vec<AppliedEdit>,
     compactions: u32,
+    /// The provider's cache-miss diagnosis, when the answer carries one.
+    cache_miss: Option<String>,
 }
 
 /// One usage object's token fields.
@@ -205,6 +207,7 @@ impl ResponseCollector for Collector {
                     if let Some(u) = msg.get("usage") {
                         self.take_usage(u);
                     }
+                    self.cache_miss = oceancode_ledger::cache::provider_reason(msg);
                     self.model = msg.get("model").and_then(Value::as_str).map(str::to_string);
                     self.response_id = msg.get("id").and_then(Value::as_str).map(str::to_string);
                     if let Some(m) = msg.as_object().filter(|_| self.keep.take(data.len())) {
@@ -337,6 +340,7 @@ impl ResponseCollector for Collector {
         if let Some(e) = applied_edits(&v) {
             self.edits = e;
         }
+        self.cache_miss = oceancode_ledger::cache::provider_reason(&v);
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         self.response_id = v.get("id").and_then(Value::as_str).map(str::to_string);
         self.stop_reason = v
@@ -383,6 +387,10 @@ impl ResponseCollector for Collector {
                 reasoning: self.thinking.min(self.usage.output),
                 compactions,
                 edits: self.edits,
+                cache: self.cache_miss.map(|p| oceancode_ledger::cache::CacheNote {
+                    provider: Some(p),
+                    ..Default::default()
+                }),
                 ..StepDetail::default()
             },
         }

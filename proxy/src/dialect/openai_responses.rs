@@ -58,6 +58,8 @@ pub struct Collector {
     error: Option<String>,
     terminal: bool,
     keep: Keep,
+    /// The provider's cache-miss diagnosis, when the answer carries one.
+    cache_miss: Option<String>,
 }
 
 /// `usage`: `input_tokens` (cached and written tokens a part of it) and
@@ -90,6 +92,9 @@ impl Collector {
         }
         if let Some(id) = r.get("id").and_then(Value::as_str) {
             self.response_id = Some(id.to_string());
+        }
+        if let Some(c) = oceancode_ledger::cache::provider_reason(r) {
+            self.cache_miss = Some(c);
         }
         if let Some(s) = r.get("status").and_then(Value::as_str) {
             self.status = Some(s.to_string());
@@ -197,6 +202,10 @@ impl ResponseCollector for Collector {
             truncated: cut,
             detail: StepDetail {
                 reasoning: self.usage.map_or(0, |(_, r)| r),
+                cache: self.cache_miss.map(|p| oceancode_ledger::cache::CacheNote {
+                    provider: Some(p),
+                    ..Default::default()
+                }),
                 ..StepDetail::default()
             },
         }

@@ -129,6 +129,9 @@ pub struct Settings {
     /// `context.seq_tags`: every tool result sent upstream ends with its
     /// seq, `[seq N]`.
     pub seq_tags: bool,
+    /// `ledger.tideline.cold_cut`: a request that finds the prompt cache
+    /// cold takes the cut due within the next block.
+    pub cold_cut: bool,
 }
 
 impl Settings {
@@ -147,6 +150,7 @@ impl Settings {
             state_tokens: Some(oceancode_ledger::state_block::DEFAULT_MAX_TOKENS),
             compress: CompressConfig::default(),
             seq_tags: false,
+            cold_cut: true,
         }
     }
 
@@ -214,6 +218,11 @@ pub struct SessionMetrics {
     pub compress_outputs: AtomicU64,
     /// The saved estimate of the pointers sent, summed over requests.
     pub compress_saved_tokens: AtomicU64,
+    /// Cuts made at a request whose prompt cache was already cold (free).
+    pub cold_cuts: AtomicU64,
+    /// Cache misses by cause, in the order of
+    /// [`oceancode_ledger::cache::MissCause::ALL`].
+    pub cache_misses: [AtomicU64; 8],
 }
 
 /// A ledger session shared between requests.

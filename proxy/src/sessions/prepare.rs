@@ -13,6 +13,7 @@ use crate::dialect::{self, ParsedBody};
 use crate::identity::{self, Identity, NameError, ReqKind};
 use bytes::Bytes;
 use oceancode_config::LineSpec;
+use oceancode_ledger::cache::{self, Changes};
 use oceancode_ledger::media::Cost;
 use oceancode_ledger::tideline::{self, Observation, Params};
 use oceancode_ledger::{Dialect, Event, SessionMeta};
@@ -47,6 +48,8 @@ pub(super) struct Request<'a> {
     pub(super) synthetic: bool,
     pub(super) model: String,
     pub(super) max_tokens: Option<u64>,
+    /// The prompt cache lifetime the request asks for (ms).
+    pub(super) ttl_ms: u64,
 }
 
 impl<'a> Request<'a> {
@@ -87,6 +90,7 @@ impl<'a> Request<'a> {
                 .or_else(|| ident.model.clone())
                 .unwrap_or_default(),
             max_tokens: max_tokens(parsed),
+            ttl_ms: requested_ttl(parsed),
         }
     }
 
@@ -105,6 +109,7 @@ enum Run {
         boundary: u64,
         window: Box<Window>,
         media: Cost,
+        cache: Box<Changes>,
     },
     /// Another conversation: it left the session's live line after row `at`.
     Sibling { at: u64 },
@@ -124,6 +129,75 @@ fn unreadable(why: &str) -> Refusal {
     Refusal::Unreadable(format!(
         "{why}; a limit is in force (limits.session: --max-spend, --max-steps, --max-time), and a request the proxy cannot read cannot be counted: it is refused, not forwarded"
     ))
+}
+
+/// The prompt cache lifetime a request asks for: its cache markers sit in
+/// the tools, the system prompt and the newest messages (Anthropic), or in
+/// `prompt_cache_retention` (OpenAI); only those parts are scanned.
+fn requested_ttl(parsed: &ParsedBody<'_>) -> u64 {
+    use oceancode_ledger::cache::requested_ttl_ms;
+    let n = parsed.messages.len();
+    ["prompt_cache_retention", "tools", "system"]
+        .iter()
+        .filter_map(|k| parsed.get(k).map(|v| (*k, v)))
+        .map(|(k, v)| match k {
+            "prompt_cache_retention" => requested_ttl_ms(format!("{{\"{k}\":{v}}}").as_bytes()),
+            _ => requested_ttl_ms(v.as_bytes()),
+        })
+        .chain(
+            parsed.messages[n.saturating_sub(3)..]
+                .iter()
+                .map(|m| requested_ttl_ms(m.as_bytes())),
+        )
+        .max()
+        .unwrap_or(oceancode_ledger::cache::DEFAULT_TTL_MS)
+}
+
+/// Whether the request finds the session's prompt cache cold (and why);
+/// it becomes the previous request the next one compares with.
+fn cold_on_arrival(st: &mut State, req: &Request<'_>) -> Option<cache::Cold> {
+    let now = now_ms();
+    let previous = st.cache.previous.take();
+    let cold = cache::cold(&cache::Facts {
+        now_ms: now,
+        model: &req.model,
+        ttl_ms: req.ttl_ms,
+        previous: previous.as_ref().map(|(at_ms, model)| cache::Previous {
+            at_ms: *at_ms,
+            model,
+        }),
+        resumed: st.cache.resumed,
+    });
+    st.cache.previous = Some((now, req.model.clone()));
+    st.cache.resumed = false;
+    cold
+}
+
+/// Where the client's request first differs from its previous one, by the
+/// proxy's own comparison (tools, then system prompt, then the first
+/// earlier message that maps to another row: the normalized hashes, so a
+/// moved `cache_control` marker is no change). Call after the request was
+/// recorded (its messages are the active line's first rows).
+fn client_change(st: &mut State, req: &Request<'_>) -> Option<String> {
+    if req.stateful {
+        return None;
+    }
+    let shape = (req.shape.system, req.shape.tools);
+    let n = req.messages.len().min(st.active.len());
+    let seqs = st.active[..n].to_vec();
+    let prev_shape = st.cache.shape.replace(shape);
+    let prev = std::mem::replace(&mut st.cache.seqs, seqs);
+    let prev_shape = prev_shape?;
+    if prev_shape.1 != shape.1 {
+        return Some("tools".to_string());
+    }
+    if prev_shape.0 != shape.0 {
+        return Some("system".to_string());
+    }
+    prev.iter()
+        .zip(&st.cache.seqs)
+        .position(|(a, b)| a != b)
+        .map(|i| format!("message {}", i + 1))
 }
 
 /// The output the request asks for at most.
@@ -332,7 +406,7 @@ impl SessionManager {
         let mut may_split = true;
         // An edited context.txt is read before the session is locked.
         let mut peek = super::context::peek(&session);
-        let (step, boundary, window, media) = loop {
+        let (step, boundary, window, media, changes) = loop {
             held.push(session.clone());
             match self.run_on(&session, &req, parsed, may_split, id, peek.take()) {
                 Run::Done {
@@ -340,7 +414,8 @@ impl SessionManager {
                     boundary,
                     window,
                     media,
-                } => break (step, boundary, *window, media),
+                    cache,
+                } => break (step, boundary, *window, media, *cache),
                 Run::Sibling { at } => {
                     session = self.sibling(&session, &req, at);
                     new_sessions.push(session.clone());
@@ -389,6 +464,7 @@ impl SessionManager {
         ticket.compress = window.compress;
         ticket.sent = sent.map(|s| *s);
         ticket.reservation = reservation;
+        ticket.cache = changes;
         Ok(Prepared {
             body: out,
             ticket: Some(ticket),
@@ -433,19 +509,34 @@ impl SessionManager {
         }
         st.recall_tool = self.recall_tool;
         let events = &mut events;
+        let cold = cold_on_arrival(&mut st, req);
         let boundary = self.record(&mut st, req, events);
+        let client = client_change(&mut st, req);
         let step = st.step;
         st.step_opened(step);
-        let line = self.run_tideline(&mut st, req, boundary);
+        let cut_before = st.recorded_cut;
+        let line = self.run_tideline(&mut st, req, boundary, cold);
         record_line(&mut st, events);
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
+        let edit = window.sent.as_ref().map_or(0, |s| s.edit);
+        let changes = Changes {
+            cut: window.upto > cut_before,
+            edit: std::mem::replace(&mut st.cache.edit, edit) != edit,
+            client,
+            cold,
+        };
+        if changes.cut && cold.is_some() {
+            self.metrics.cold_cuts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(session = %st.meta.id, upto_seq = window.upto, cold = cold.map_or("", |c| c.label()), "the cut landed on a request whose prompt cache was cold: it cost no extra cache write");
+        }
         st.hold(ticket, std::mem::take(events), before);
         Run::Done {
             step,
             boundary,
             window: Box::new(window),
             media,
+            cache: Box::new(changes),
         }
     }
 
@@ -514,6 +605,7 @@ impl SessionManager {
         st: &mut State,
         req: &Request<'_>,
         boundary: u64,
+        cold: Option<cache::Cold>,
     ) -> (Params, Option<u64>) {
         let limits_model = if req.ident.context_1m && !req.model.contains("[1m]") {
             format!("{}[1m]", req.model)
@@ -555,8 +647,15 @@ impl SessionManager {
             } else {
                 st.tideline.observe(obs, params)
             };
-            st.meter.gauge = decision.gauge;
-            if let Some(cut) = decision.cut.filter(|c| c.upto_seq > cut_before) {
+            // The prompt cache is cold: the whole prefix is written anyway,
+            // so the cut due within the next block costs nothing now.
+            let cut = decision.cut.or_else(|| {
+                (self.settings.cold_cut && cold.is_some() && req.windowed(true))
+                    .then(|| st.tideline.cut_cold(boundary, params))
+                    .flatten()
+            });
+            st.meter.gauge = st.tideline.gauge();
+            if let Some(cut) = cut.filter(|c| c.upto_seq > cut_before) {
                 cut_gauge = Some(cut.gauge_before);
             }
         }

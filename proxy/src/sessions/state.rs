@@ -189,6 +189,26 @@ pub struct State {
     /// The compress pointers the recorded session last sent (a restored
     /// session), sent again while the window stays at their cut.
     pub(super) restored_pointers: Option<oceancode_ledger::store::SentPointers>,
+    /// The prompt cache as the session's previous request left it.
+    pub(super) cache: CacheState,
+}
+
+/// What the next request's prompt cache facts compare against (memory
+/// only: a session read back from the ledger starts `resumed`).
+#[derive(Debug, Default)]
+pub(super) struct CacheState {
+    /// Unix ms and model of the previous upstream request.
+    pub(super) previous: Option<(i64, String)>,
+    /// Read back from the ledger, no request since.
+    pub(super) resumed: bool,
+    /// The previous request's system and tools hashes.
+    pub(super) shape: Option<(u64, u64)>,
+    /// The seqs the previous request's messages mapped to.
+    pub(super) seqs: Vec<u64>,
+    /// The context edit the previous window carried.
+    pub(super) edit: u32,
+    /// The previous answered step's prompt (input + cache read + write).
+    pub(super) prompt: Option<u64>,
 }
 
 /// [`State::recorded_line`]: the line, its label, the override.
@@ -236,6 +256,7 @@ impl State {
             commands: CommandCalls::default(),
             cwd: None,
             restored_pointers: None,
+            cache: CacheState::default(),
         }
     }
 
@@ -746,6 +767,13 @@ impl State {
         st.meter.cut_upto = l.cut_upto;
         st.needs_seed = true;
         st.restored_pointers = l.pointers;
+        st.cache.resumed = true;
+        // The recorded last activity and model: a proxy restarted within the
+        // TTL finds the provider's cache warm.
+        st.cache.previous = (st.meta.last_ms > 0).then(|| (st.meta.last_ms, st.meta.model.clone()));
+        st.cache.prompt = st
+            .last_usage
+            .map(|u| u.input + u.cache_read + u.cache_write);
         // The session's own line override, as its last request recorded it
         // (another proxy may have served it before this one took it over).
         if let Some(o) = &l.line_override {

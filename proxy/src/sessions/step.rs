@@ -165,6 +165,8 @@ pub struct Ticket {
     pub(super) reservation: Option<super::Reservation>,
     /// Its spans, when OpenTelemetry export is on.
     trace: Option<Box<crate::telemetry::StepTrace>>,
+    /// What the proxy saw change at the request (a miss's cause).
+    pub(super) cache: oceancode_ledger::cache::Changes,
 }
 
 impl SessionManager {
@@ -226,6 +228,7 @@ impl SessionManager {
         if w.upto > st.recorded_cut {
             ticket.meter.cut_rows += st.rows_between(st.recorded_cut, w.upto);
             st.meter.last_cut_rows = ticket.meter.cut_rows;
+            ticket.cache.cut = true;
             let (gauge, line) = (st.meter.gauge, st.meter.line);
             events.push(self.record_cut(&mut st, w.upto, gauge, line));
         }
@@ -276,6 +279,7 @@ impl Ticket {
             created: Vec::new(),
             reservation: None,
             trace: None,
+            cache: Default::default(),
         }
     }
 
@@ -447,7 +451,11 @@ impl Ticket {
         if let Some(t) = self.trace.take() {
             t.finish(&self.facts(&st, status, collected, error));
         }
+        let note = self.cache_note(&mut st, collected, error.is_none());
         let mut event = step_event(&st, self, status, collected, error);
+        if let (Some(n), Event::Step { detail, .. }) = (note, &mut event) {
+            detail.cache = Some(n);
+        }
         let mut internal_billed = Usage::default();
         if let (Some((recalls, billed)), Event::Step { detail, .. }) =
             (self.internal.take(), &mut event)
@@ -520,6 +528,48 @@ impl Ticket {
             recalls: self.internal.as_ref().map_or(0, |(r, _)| r.len()),
             request: &self.original,
         }
+    }
+
+    /// The step's prompt cache note: cold on arrival, a free cut, and a
+    /// miss (the previous prompt not read from the cache) with its cause.
+    fn cache_note(
+        &self,
+        st: &mut State,
+        collected: &dialect::Collected,
+        ok: bool,
+    ) -> Option<oceancode_ledger::cache::CacheNote> {
+        use oceancode_ledger::cache;
+        let ch = &self.cache;
+        let provider = collected
+            .detail
+            .cache
+            .as_ref()
+            .and_then(|c| c.provider.clone());
+        let mut note = cache::CacheNote {
+            cold: ch.cold,
+            free_cut: ch.cut && ch.cold.is_some(),
+            changed: ch.client.clone(),
+            provider,
+            ..Default::default()
+        };
+        if let (true, Some(u)) = (ok, collected.usage) {
+            let missed = cache::miss_tokens(st.cache.prompt, u.cache_read)
+                .map(|m| m.min(u.input + u.cache_write))
+                .filter(|&m| m >= cache::MIN_MISS_TOKENS);
+            if let Some(m) = missed {
+                let cause = cache::cause(ch, note.provider.as_deref());
+                note.miss = Some(cause);
+                note.miss_tokens = m;
+                let i = cache::MissCause::ALL
+                    .iter()
+                    .position(|c| *c == cause)
+                    .unwrap_or(cache::MissCause::ALL.len() - 1);
+                self.recorder.metrics.cache_misses[i].fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(session = %self.session.id, step = self.step, cause = cause.label(), tokens = m, changed = ?note.changed, provider = ?note.provider, "cache miss");
+            }
+            st.cache.prompt = Some(u.input + u.cache_read + u.cache_write);
+        }
+        (!note.is_empty()).then_some(note)
     }
 }
 

@@ -838,3 +838,227 @@ fn compress_prunes_old_outputs_at_a_cut_only_and_keeps_them_until_the_next() {
     assert_eq!(meter.pruned_tokens > 0, pruned > 0);
     assert_eq!(meter.saved_tokens > 0, pruned > 0);
 }
+
+fn body_of(model: &str, messages: &[String]) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"model":"{model}","max_tokens":100,"messages":[{}]}}"#,
+        messages.join(",")
+    ))
+}
+
+fn usage_in(input: u64) -> Usage {
+    Usage {
+        input: 100,
+        output: 50,
+        cache_read: input - 100,
+        cache_write: 0,
+    }
+}
+
+fn cuts(events: &[Event]) -> Vec<u64> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Cut { upto_seq, .. } => Some(*upto_seq),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cache_notes(events: &[Event]) -> Vec<oceancode_ledger::cache::CacheNote> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Step { detail, .. } => detail.cache.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Line 80k, block 56k (40% of 200k, 70%): steps 1–4 grow the window to
+/// 73k, a block closed (73k + 56k is past the line, a cut is due within
+/// the next block) and nothing cut; `step5` prepares the fifth request.
+/// Returns the fifth request's events once answered.
+fn cold_scenario(
+    step5: impl FnOnce(&SessionManager, &[String]) -> Ticket,
+) -> (Vec<Event>, Vec<Event>) {
+    cold_scenario_with(true, step5)
+}
+
+fn cold_scenario_with(
+    cold_cut: bool,
+    step5: impl FnOnce(&SessionManager, &[String]) -> Ticket,
+) -> (Vec<Event>, Vec<Event>) {
+    let (m, seen) = manager();
+    let mut settings = m.settings.clone();
+    settings.cold_cut = cold_cut;
+    let sink = seen.clone();
+    let m = SessionManager::new(settings, Arc::new(move |ev| sink.lock().extend(ev)));
+    let id = ident("cold");
+    let mut msgs = vec![user("t1")];
+    let mut before = Vec::new();
+    for (i, input) in [10_000, 70_000, 72_000, 73_000].into_iter().enumerate() {
+        let mut t = m
+            .prepare(
+                Dialect::Anthropic,
+                ReqKind::Main,
+                &id,
+                body_of("claude-x", &msgs),
+            )
+            .ticket
+            .expect("ticket");
+        t.answered(200);
+        t.complete(
+            200,
+            true,
+            &text_answer(&format!("a{i}")).with_usage(usage_in(input)),
+        );
+        msgs.push(echo(&format!("a{i}")));
+        msgs.push(user(&format!("t{}", i + 2)));
+        before.extend(take(&seen));
+    }
+    let mut t = step5(&m, &msgs);
+    t.answered(200);
+    // A cut window: the system prompt read, the rest written again.
+    let cut = Usage {
+        input: 100,
+        output: 50,
+        cache_read: 2_000,
+        cache_write: 18_000,
+    };
+    t.complete(200, true, &text_answer("a5").with_usage(cut));
+    (before, take(&seen))
+}
+
+trait WithUsage {
+    fn with_usage(self, u: Usage) -> Self;
+}
+
+impl WithUsage for Collected {
+    fn with_usage(mut self, u: Usage) -> Self {
+        self.usage = Some(u);
+        self
+    }
+}
+
+#[test]
+fn a_request_after_a_model_switch_takes_the_cut_due_within_the_next_block() {
+    let (before, events) = cold_scenario(|m, msgs| {
+        m.prepare(
+            Dialect::Anthropic,
+            ReqKind::Main,
+            &ident("cold"),
+            body_of("claude-y", msgs),
+        )
+        .ticket
+        .expect("ticket")
+    });
+    assert!(cuts(&before).is_empty(), "nothing cut while warm");
+    assert_eq!(cuts(&events).len(), 1, "the cold request cuts: {events:?}");
+    let note = cache_notes(&events).pop().expect("a cache note");
+    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::ModelSwitch));
+    assert!(note.free_cut);
+}
+
+#[test]
+fn a_request_after_the_ttl_takes_the_cut_and_a_warm_one_does_not() {
+    let run = |gap_ms: i64| {
+        cold_scenario(|m, msgs| {
+            for s in m.sessions() {
+                let mut st = s.state.lock();
+                if let Some((at, _)) = st.cache.previous.as_mut() {
+                    *at -= gap_ms;
+                }
+            }
+            send_model(m, msgs)
+        })
+        .1
+    };
+    let warm = run(60_000);
+    assert!(cuts(&warm).is_empty(), "a minute later the cache is warm");
+    let cold = run(6 * 60_000);
+    assert_eq!(cuts(&cold).len(), 1, "six minutes later it is cold");
+    let note = cache_notes(&cold).pop().expect("a cache note");
+    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::TtlExpired));
+    // The cut rewrote the prefix: a miss, and its cause is the cut.
+    assert_eq!(note.miss, Some(oceancode_ledger::cache::MissCause::Cut));
+}
+
+#[test]
+fn cold_cut_off_waits_for_the_line() {
+    let (_, events) = cold_scenario_with(false, |m, msgs| {
+        m.prepare(
+            Dialect::Anthropic,
+            ReqKind::Main,
+            &ident("cold"),
+            body_of("claude-y", msgs),
+        )
+        .ticket
+        .expect("ticket")
+    });
+    assert!(cuts(&events).is_empty(), "off: no cut under the line");
+    let note = cache_notes(&events).pop().expect("a cache note");
+    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::ModelSwitch));
+    assert!(!note.free_cut);
+}
+
+fn send_model(m: &SessionManager, msgs: &[String]) -> Ticket {
+    send_model_id(m, &ident("cold"), msgs)
+}
+
+fn send_model_id(m: &SessionManager, id: &Identity, msgs: &[String]) -> Ticket {
+    m.prepare(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        id,
+        body_of("claude-x", msgs),
+    )
+    .ticket
+    .expect("ticket")
+}
+
+#[test]
+fn a_miss_names_where_the_client_changed_its_request() {
+    let (m, seen) = manager();
+    let id = ident("miss");
+    let tools = |t: &str| {
+        Bytes::from(format!(
+            r#"{{"model":"claude-x","max_tokens":100,"tools":[{{"name":"{t}","input_schema":{{}}}}],"messages":[{},{},{}]}}"#,
+            user("t1"),
+            echo("a0"),
+            user("t2")
+        ))
+    };
+    let mut t = send_model_id(&m, &id, &[user("t1")]);
+    t.answered(200);
+    t.complete(200, true, &text_answer("a0").with_usage(usage_in(30_000)));
+    take(&seen);
+    let mut t = m
+        .prepare(Dialect::Anthropic, ReqKind::Main, &id, tools("edit"))
+        .ticket
+        .expect("ticket");
+    t.answered(200);
+    // Only the system prompt was read: the rest was written again.
+    t.complete(
+        200,
+        true,
+        &text_answer("a1").with_usage(Usage {
+            input: 100,
+            output: 50,
+            cache_read: 2_000,
+            cache_write: 29_000,
+        }),
+    );
+    let note = cache_notes(&take(&seen)).pop().expect("a cache note");
+    assert_eq!(
+        note.miss,
+        Some(oceancode_ledger::cache::MissCause::ClientChanged)
+    );
+    assert_eq!(note.changed.as_deref(), Some("tools"));
+    assert_eq!(note.miss_tokens, 28_000);
+    let i = oceancode_ledger::cache::MissCause::ALL
+        .iter()
+        .position(|c| *c == oceancode_ledger::cache::MissCause::ClientChanged)
+        .expect("a cause");
+    assert_eq!(m.metrics.cache_misses[i].load(Ordering::Relaxed), 1);
+}

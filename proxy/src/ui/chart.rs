@@ -43,6 +43,15 @@ pub struct Point {
     pub spend: f64,
     /// The step failed.
     pub failed: bool,
+    /// The step wrote more of the prompt than it appended: why
+    /// (`steps.detail.cache`).
+    pub miss: Option<oceancode_ledger::cache::MissCause>,
+    /// The tokens it sent again.
+    pub miss_tokens: u64,
+    /// Why its cache was cold on arrival.
+    pub cold: Option<oceancode_ledger::cache::Cold>,
+    /// It cut the window at a cold request (a free cut).
+    pub free_cut: bool,
 }
 
 /// The chart's points: one per step, in order.
@@ -67,6 +76,10 @@ pub fn points(steps: &[StepRecord], price: &dyn Fn(&str) -> Option<Price>) -> Ve
                 cache_write: s.usage.cache_write,
                 spend,
                 failed: s.error.is_some(),
+                miss: s.detail.cache.as_ref().and_then(|c| c.miss),
+                miss_tokens: s.detail.cache.as_ref().map_or(0, |c| c.miss_tokens),
+                cold: s.detail.cache.as_ref().and_then(|c| c.cold),
+                free_cut: s.detail.cache.as_ref().is_some_and(|c| c.free_cut),
             }
         })
         .collect()
@@ -211,7 +224,11 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
             let cx = format!("{:.1}", x_of(i, n));
             let cy = format!("{:.1}", y_win(p.window));
             let step = p.step.to_string();
-            let class = if p.failed { "pt failed" } else { "pt" };
+            let class = match (p.failed, p.miss.is_some()) {
+                (true, _) => "pt failed",
+                (false, true) => "pt miss",
+                _ => "pt",
+            };
             h.open(
                 "circle",
                 &[
@@ -229,11 +246,17 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
     // Cut markers.
     for m in markers {
         let x = format!("{:.1}", x_of(m.at, n));
+        let free = points.get(m.at).is_some_and(|p| p.free_cut);
         let title = format!(
-            "cut: every row up to seq {} left the window (gauge {}, line {})",
+            "cut: every row up to seq {} left the window (gauge {}, line {}){}",
             m.cut.upto_seq,
             fmt_tokens(m.cut.gauge),
-            fmt_tokens(m.cut.line)
+            fmt_tokens(m.cut.line),
+            if free {
+                " · free: the prompt cache was already cold"
+            } else {
+                ""
+            }
         );
         let upto = m.cut.upto_seq.to_string();
         h.open(
@@ -247,7 +270,7 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
         h.void(
             "line",
             &[
-                ("class", "cut"),
+                ("class", if free { "cut free" } else { "cut" }),
                 ("x1", &x),
                 ("x2", &x),
                 ("y1", &WIN_TOP.to_string()),
@@ -372,7 +395,7 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
     );
     h.close("svg");
     h.open("figcaption", &[]);
-    h.raw("<span class=\"key kwin\"></span>window per step <span class=\"key kline\"></span>line <span class=\"key kcut\"></span>cut <span class=\"key kread\"></span>cache read <span class=\"key kwrite\"></span>cache write <span class=\"key kspend\"></span>spend");
+    h.raw("<span class=\"key kwin\"></span>window per step <span class=\"key kline\"></span>line <span class=\"key kcut\"></span>cut <span class=\"key kfree\"></span>free cut (cache already cold) <span class=\"key kmiss\"></span>cache miss (hover: its cause) <span class=\"key kread\"></span>cache read <span class=\"key kwrite\"></span>cache write <span class=\"key kspend\"></span>spend");
     h.el("span", &[("class", "tip"), ("id", "tip")], "");
     h.close("figcaption");
     // The numbers the hover shows (numbers only: nothing from content).
@@ -405,7 +428,7 @@ pub fn render(points: &[Point], markers: &[Marker], line: Option<u64>) -> Html {
 }
 
 fn tooltip(p: &Point) -> String {
-    format!(
+    let mut t = format!(
         "step {}: window {} (cache read {}, write {}) · spend ${:.4}{}",
         p.step,
         fmt_tokens(p.window),
@@ -413,7 +436,22 @@ fn tooltip(p: &Point) -> String {
         fmt_tokens(p.cache_write),
         p.spend,
         if p.failed { " · failed" } else { "" }
-    )
+    );
+    if let Some(c) = p.cold {
+        let _ = write!(t, " · cache cold on arrival: {}", c.label());
+    }
+    if let Some(m) = p.miss {
+        let _ = write!(
+            t,
+            " · cache miss: {} ({} sent again)",
+            m.label(),
+            fmt_tokens(p.miss_tokens)
+        );
+    }
+    if p.free_cut {
+        t.push_str(" · free cut");
+    }
+    t
 }
 
 fn panel(h: &mut Html, top: f64, height: f64, name: &str, max: &str) {
@@ -464,6 +502,7 @@ mod tests {
                 cache_write: 100,
                 spend: i as f64 * 0.01,
                 failed: false,
+                ..Point::default()
             })
             .collect()
     }
@@ -496,6 +535,32 @@ mod tests {
         assert_eq!(s.matches("<circle").count(), 0);
         assert!(s.matches("<rect class=\"cread\"").count() <= MAX_BARS);
         assert!(s.len() < 600_000, "{} bytes", s.len());
+    }
+
+    #[test]
+    fn a_free_cut_and_a_miss_say_so() {
+        let mut p = pts(3);
+        p[1].free_cut = true;
+        p[1].cold = Some(oceancode_ledger::cache::Cold::TtlExpired);
+        p[1].miss = Some(oceancode_ledger::cache::MissCause::Cut);
+        p[1].miss_tokens = 40_000;
+        let m = vec![Marker {
+            at: 1,
+            cut: CutRecord {
+                upto_seq: 4,
+                gauge: 9_000,
+                line: 8_000,
+                ts_ms: 0,
+            },
+            href: "#s4".into(),
+        }];
+        let s = render(&p, &m, Some(8_000)).finish();
+        assert!(s.contains("<line class=\"cut free\""), "{s}");
+        assert!(s.contains("free: the prompt cache was already cold"));
+        assert!(s.contains("cache miss: cut (40k sent again)"), "{s}");
+        assert!(s.contains("cache cold on arrival: ttl_expired"));
+        assert_eq!(s.matches("class=\"pt miss\"").count(), 1);
+        assert!(s.contains("free cut (cache already cold)"), "the legend");
     }
 
     #[test]

@@ -599,7 +599,40 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
         &format!("{} on the line, {} recorded", d.summary.rows, d.rows.len()),
     );
     fact(h, "steps", &d.steps.len().to_string());
-    fact(h, "cuts", &d.cuts.len().to_string());
+    let cache = oceancode_ledger::status::CacheSummary::of(&d.steps, &d.cuts, price);
+    if cache.free_cuts > 0 {
+        fact(
+            h,
+            "cuts",
+            &format!(
+                "{} ({} free: the prompt cache was already cold)",
+                d.cuts.len(),
+                cache.free_cuts
+            ),
+        );
+    } else {
+        fact(h, "cuts", &d.cuts.len().to_string());
+    }
+    if let Some(l) = &cache.last_miss {
+        let by: Vec<String> = cache
+            .misses
+            .iter()
+            .map(|m| format!("{} {}", m.cause, m.steps))
+            .collect();
+        let mut last = format!("step {} · {}", l.step, l.cause);
+        if let Some(w) = &l.changed {
+            last.push_str(&format!(" ({w})"));
+        }
+        fact(
+            h,
+            "cache misses",
+            &format!(
+                "{} · last: {last}, {} sent again",
+                by.join(" · "),
+                tokens(l.tokens)
+            ),
+        );
+    }
     fact(h, "window now", &tokens(window));
     if let Some(l) = &d.line {
         let line = tokens(l.line);
@@ -631,6 +664,16 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
         )
     };
     fact(h, "spend", &spend);
+    if let (Some(u), true) = (cache.unmanaged_usd, totals.unpriced.is_empty()) {
+        fact(
+            h,
+            "unmanaged (estimate)",
+            &format!(
+                "{} for the same requests with no cuts and the client's own cache pattern",
+                money(Some(u))
+            ),
+        );
+    }
     fact(h, "created", &when(m.created_ms));
     fact(h, "last activity", &when(m.last_ms));
     h.raw("</dl>");
