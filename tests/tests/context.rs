@@ -1249,6 +1249,16 @@ async fn a_note_goes_where_it_is_written_and_into_both_exports() {
         note
     );
     assert!(edit["message"].as_str().unwrap().contains(note), "{edit}");
+    // `recall search` (the CLI, the recall tool, the viewer) finds it.
+    let hits =
+        a.h.store()
+            .search(&["net".into(), "rest".into()], 10)
+            .unwrap();
+    assert_eq!(
+        hits.first().map(|h| h.line(false)),
+        Some("seq 5 · t01 · note 1 · Only [net]/ fails; the [rest] builds".to_string()),
+        "{hits:?}"
+    );
 }
 
 /// Issue 32.3 as Claude Code produced it: the client echoes an answer
