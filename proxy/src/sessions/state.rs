@@ -185,6 +185,8 @@ pub struct State {
     pub(super) hold: Option<super::hold::Hold>,
     /// Rows the latest request changed, as they were, to roll it back.
     pub(super) undo: Vec<Undo>,
+    /// A bound of `limits.session` refused a request of it (recorded once).
+    pub(super) stopped: bool,
     /// `ledger.compress`: the tool outputs the window sends as pointers.
     pub(super) compress: super::compress::Compressed,
     /// The hash of the stub message the last recorded window sent, and the
@@ -241,6 +243,7 @@ impl State {
             block_cache: BlockCache::default(),
             hold: None,
             undo: Vec::new(),
+            stopped: false,
             compress: Default::default(),
             sent_stub: None,
             sent_pointers: None,
