@@ -313,12 +313,15 @@ pub(crate) fn build(
         compaction: None,
         iterations: Vec::new(),
         edits: Vec::new(),
-        safeguards: a.safeguards.then(|| {
-            reply
-                .safeguard_outcome
-                .clone()
-                .unwrap_or_else(|| "not_flagged".into())
-        }),
+        safeguards: a
+            .safeguards
+            .then(|| {
+                reply
+                    .safeguard_outcome
+                    .clone()
+                    .unwrap_or_else(|| "not_flagged".into())
+            })
+            .filter(|o| o != "omit"),
     }
 }
 

@@ -128,7 +128,8 @@ pub struct Reply {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta_bytes: Option<usize>,
     /// Anthropic, a request with `safeguards`: the auto-mode verdict on this
-    /// reply's tool calls, `not_flagged` (default) or `flagged`.
+    /// reply's tool calls, `not_flagged` (default) or `flagged`; `omit`:
+    /// no `safeguard_results` (the client falls back to its own classifier).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub safeguard_outcome: Option<String>,
     /// Override reported usage numbers (fields left out keep the simulated values).

@@ -10,7 +10,9 @@
 //!   PostgreSQL full-text search over the rows' text). A search is bounded
 //!   before it runs ([`search_terms`]: distinct words, their number and
 //!   length) and while it runs ([`SEARCH_TIME`], [`SEARCH_MAX_SCAN`]); past a
-//!   bound it fails with [`TooBroad`] instead of holding a core.
+//!   bound it fails with [`TooBroad`] instead of holding a core. The
+//!   agent's notes in force (`[[note]]` in context.txt, each session's
+//!   latest edit set) are searched too and listed first ([`note_hits`]).
 //!
 //! They are methods of [`LedgerRead`](crate::store::LedgerRead) (the SQLite
 //! queries are in `store::reads`); this module holds the hit and its
@@ -289,6 +291,83 @@ fn token_spans(text: &str) -> Vec<(usize, usize)> {
     out
 }
 
+/// A note as an edit set's JSON holds it (what a search reads of it).
+#[derive(serde::Deserialize)]
+struct Note {
+    id: u32,
+    after: u64,
+    text: String,
+}
+
+/// The notes of an edit set's JSON.
+#[derive(serde::Deserialize, Default)]
+struct NoteSet {
+    #[serde(default)]
+    notes: Vec<Note>,
+}
+
+/// The notes of an edit set's JSON (none when it does not read).
+fn notes_of(set_json: &str) -> NoteSet {
+    serde_json::from_str(set_json).unwrap_or_default()
+}
+
+/// The seqs the notes of an edit set's JSON follow.
+pub fn note_seqs(set_json: &str) -> Vec<u64> {
+    notes_of(set_json).notes.iter().map(|n| n.after).collect()
+}
+
+/// Most sessions whose notes a search reads (the newest first).
+pub const SEARCH_MAX_NOTE_SETS: usize = 1_000;
+
+/// The notes in force of an edit set (`context_edits.set_json`, the
+/// session's latest) that hold every term, as [`RecallHit`]s: `seq` the
+/// row each follows (0 = before every row), `turn` that row's (from
+/// `turn_of`), `role` `note N`, the snippet as for a row. A term matches as
+/// the full-text search reads a row: its tokens in a row, case ignored.
+pub fn note_hits(
+    session: &str,
+    set_json: &str,
+    terms: &[String],
+    turn_of: &mut dyn FnMut(u64) -> u32,
+) -> Vec<RecallHit> {
+    let set = notes_of(set_json);
+    let phrases: Vec<Vec<String>> = terms
+        .iter()
+        .map(|t| {
+            token_spans(t)
+                .into_iter()
+                .map(|(a, b)| t[a..b].to_lowercase())
+                .collect::<Vec<_>>()
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    if phrases.is_empty() {
+        return Vec::new();
+    }
+    set.notes
+        .into_iter()
+        .rev()
+        .filter(|n| {
+            let words: Vec<String> = token_spans(&n.text)
+                .into_iter()
+                .map(|(a, b)| n.text[a..b].to_lowercase())
+                .collect();
+            phrases
+                .iter()
+                .all(|p| words.windows(p.len()).any(|w| w == p.as_slice()))
+        })
+        .map(|n| RecallHit {
+            session: session.to_string(),
+            seq: n.after,
+            turn: turn_of(n.after),
+            role: format!("note {}", n.id),
+            kind: RowKind::Other,
+            hidden: false,
+            body: clip_body(&snippet(&n.text, terms), BODY_MAX),
+        })
+        .collect()
+}
+
 /// An FTS5 query where every term must appear (each a quoted string); the
 /// terms as [`search_terms`] gives them.
 pub fn fts_query(terms: &[String]) -> Option<String> {
@@ -311,6 +390,35 @@ mod tests {
             Some("\"foo\" AND \"bar\" AND \"a\"\"b\"")
         );
         assert_eq!(fts_query(&[]), None);
+    }
+
+    #[test]
+    fn notes_holding_every_word_are_hits_after_their_row() {
+        let set = r#"{"deleted":[3],"notes":[{"id":1,"after":5,"text":"Only net/ fails; the rest builds.","raw":""},{"id":2,"after":9,"text":"Ask about net first.","raw":""}],"next_note":2}"#;
+        let t = |w: &[&str]| {
+            search_terms(&w.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+        };
+        let hits = note_hits("s1", set, &t(&["NET", "builds"]), &mut |seq| {
+            seq as u32 * 10
+        });
+        assert_eq!(hits.len(), 1);
+        assert_eq!(
+            (hits[0].seq, hits[0].turn, hits[0].role.as_str()),
+            (5, 50, "note 1")
+        );
+        assert_eq!(
+            hits[0].line(true),
+            "s1 · seq 5 · t50 · note 1 · Only [net]/ fails; the rest [builds]"
+        );
+        let both = note_hits("s1", set, &t(&["net"]), &mut |_| 1);
+        assert_eq!(
+            both.iter().map(|h| h.seq).collect::<Vec<_>>(),
+            [9, 5],
+            "newest first"
+        );
+        assert!(note_hits("s1", set, &t(&["rest", "ask"]), &mut |_| 1).is_empty());
+        assert!(note_hits("s1", "not json", &t(&["net"]), &mut |_| 1).is_empty());
+        assert_eq!(note_seqs(set), [5, 9]);
     }
 
     #[test]

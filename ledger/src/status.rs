@@ -49,6 +49,11 @@ pub struct Totals {
     pub failed_steps: u32,
 }
 
+/// How a step record's error starts when a bound of `limits.session`
+/// (`--max-spend`, `--max-steps`, `--max-time`) refused the request: the
+/// rest says which bound and what was used.
+pub const STOPPED: &str = "stopped: ";
+
 /// A failed step as `status` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FailedStep {
@@ -829,7 +834,19 @@ impl Status {
             counted(self.rows, "row"),
             counted(u64::from(self.cuts), "cut")
         );
-        if let Some(e) = &self.last_error {
+        if let Some(why) = self
+            .last_error
+            .as_ref()
+            .and_then(|e| Some((e, e.error.strip_prefix(STOPPED)?)))
+        {
+            let (e, why) = why;
+            let _ = writeln!(
+                out,
+                "stopped  {why} · the request after step {} was refused ({})",
+                e.step.saturating_sub(1),
+                crate::transcript::utc_iso(e.ts_ms)
+            );
+        } else if let Some(e) = &self.last_error {
             let _ = writeln!(
                 out,
                 "failed   {} step{} without a whole answer · latest {} ({})",

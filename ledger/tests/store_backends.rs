@@ -1280,3 +1280,83 @@ fn backends_refuse_a_too_broad_search() {
         );
     }
 }
+
+/// Issue 32.4: a note the agent wrote (`[[note]]`, in its session's latest
+/// edit set) is found by a search like a row: listed first, after the row
+/// it follows, within the search's scope; a note an edit removed is not.
+#[test]
+fn backends_search_finds_the_notes_in_force() {
+    use oceancode_ledger::recall::Scope;
+    let mut oracle = None;
+    for b in backends() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = b.open(tmp.path());
+        let n = b.name();
+        let mut s = related(&store, "noted", None, T0 + 1000);
+        s.prompt("fix the quasar build");
+        s.say("The quasar build fails in net/.");
+        s.end_step(1, 1, 0, 0);
+        s.settle();
+        let mut o = related(&store, "other", None, T0 + 2000);
+        o.prompt("nothing about it");
+        o.end_step(1, 1, 0, 0);
+        o.settle();
+        let note = |id: u32, after: u64, text: &str| json!({"id": id, "after": after, "text": text, "raw": "{}"});
+        for (k, notes) in [
+            (1, vec![note(1, 1, "An old drift note, removed since.")]),
+            (2, vec![note(2, 2, "Quasar drift: only net/ fails.")]),
+        ] {
+            store
+                .submit(Event::ContextEdit {
+                    session: "noted".into(),
+                    n: k,
+                    set: json!({"deleted": [], "rewritten": {}, "notes": notes, "next_note": 2})
+                        .to_string(),
+                    seqs: vec![],
+                    tokens_before: 100,
+                    tokens_after: 110,
+                    ts_ms: T0 + 3000 + i64::from(k),
+                })
+                .expect("edit");
+        }
+        store.settle_blocking().expect("settle");
+        let find = |words: &[&str], scope: Scope<'_>| -> Vec<String> {
+            let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+            store
+                .search_in(&words, 10, scope)
+                .expect("search")
+                .iter()
+                .map(|h| h.line(true))
+                .collect()
+        };
+        let drift = find(&["drift"], Scope::All);
+        assert_eq!(
+            drift,
+            ["noted · seq 2 · t01 · note 2 · Quasar [drift]: only net/ fails"],
+            "{n}"
+        );
+        let quasar = find(&["QUASAR"], Scope::Related("noted"));
+        assert_eq!(quasar.len(), 3, "{n}: {quasar:?}");
+        assert!(
+            quasar[0].contains("note 2"),
+            "{n}: the note first: {quasar:?}"
+        );
+        assert_eq!(
+            find(&["quasar", "drift"], Scope::Related("other")),
+            Vec::<String>::new(),
+            "{n}"
+        );
+        assert_eq!(find(&["quasar"], Scope::All).len(), 3, "{n}");
+        let one: Vec<String> = store
+            .search(&["quasar".into()], 1)
+            .expect("search")
+            .iter()
+            .map(|h| h.role.clone())
+            .collect();
+        assert_eq!(one, ["note 2"], "{n}: the limit holds");
+        match &oracle {
+            None => oracle = Some((drift, quasar)),
+            Some(o) => assert_eq!(o, &(drift, quasar), "{n}"),
+        }
+    }
+}

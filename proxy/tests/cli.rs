@@ -1061,6 +1061,13 @@ async fn run_exits_with_the_limit_code_and_names_the_limit_that_stopped_it() {
     assert!(out.contains("limits   steps 2 / 2 · elapsed "), "{out}");
     assert!(out.contains(" / 2h (live from the "), "{out}");
     assert!(out.contains("stopped: the run (every session) "), "{out}");
+    // Once the run is over, the ledger still says where it stopped.
+    let after = output(with_data(home, data, &["status", "limited"]));
+    let after = text(&after.stdout);
+    assert!(
+        after.contains("stopped  the run (every session) reached its step limit: 2 steps made of 2 steps (limits.session.steps, --max-steps) · the request after step 2 was refused"),
+        "{after}"
+    );
 
     // Without a limit reached, `run` keeps the child's code; a bad flag is refused.
     let flags = ["--anthropic-upstream", &url, "--max-steps", "5"];

@@ -1249,4 +1249,117 @@ async fn a_note_goes_where_it_is_written_and_into_both_exports() {
         note
     );
     assert!(edit["message"].as_str().unwrap().contains(note), "{edit}");
+    // `recall search` (the CLI, the recall tool, the viewer) finds it.
+    let hits =
+        a.h.store()
+            .search(&["net".into(), "rest".into()], 10)
+            .unwrap();
+    assert_eq!(
+        hits.first().map(|h| h.line(false)),
+        Some("seq 5 · t01 · note 1 · Only [net]/ fails; the [rest] builds".to_string()),
+        "{hits:?}"
+    );
+}
+
+/// Issue 32.3 as Claude Code produced it: the client echoes an answer
+/// without one of its tool calls (Claude Code leaves out a `tool_use` whose
+/// id it saw before, and never sends a result for it). The edit set's
+/// check must read the calls the client sent, not those of the answer as
+/// the upstream gave it: the edit holds on every later request, a plain
+/// answer and a new ask included, and the receipt says what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_holds_when_the_client_echoes_an_answer_without_one_of_its_calls() {
+    let two_calls = |text: &str| {
+        Reply::tool_call("Bash", json!({"command": "make test"}))
+            .with_text(text)
+            .with_tool_call("Read", json!({"file_path": "/tmp/seen"}))
+    };
+    let fake = FakeConfig::default().with_script(
+        Script::replies([
+            two_calls("Testing."),
+            two_calls("Testing again."),
+            two_calls("Testing once more."),
+            Reply::text("Done: the build is fixed."),
+        ])
+        .then(Reply::tool_call("Bash", json!({"command": "make lint"})).with_text("Linting.")),
+    );
+    let h = Harness::start(fake, |_| {}).await;
+    let mut a = Agent {
+        h,
+        history: vec![json!({"role":"user","content":"Fix the build, then run the tests."})],
+    };
+    // The answer as the client keeps it: its first call only, answered.
+    let echo_first_call = |a: &mut Agent, got: &oceancode_tests::Got, result: &str| {
+        let content = got.json()["content"].clone();
+        let mut seen = false;
+        let kept: Vec<Value> = content
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| {
+                let call = b["type"] == "tool_use";
+                let keep = !(call && seen);
+                seen |= call;
+                keep
+            })
+            .cloned()
+            .collect();
+        push_tool_step(&mut a.history, &Value::Array(kept), result);
+    };
+    let send = |a: &Agent| {
+        json!({
+            "model": "claude-test-200k",
+            "max_tokens": 4096,
+            "tools": [{"name":"Bash","description":"Run","input_schema":{"type":"object"}}],
+            "messages": a.history,
+        })
+        .to_string()
+    };
+    let headers = [("x-oceancode-session", SESSION)];
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    echo_first_call(&mut a, &got, &tool_lines(1, 300, 7)); // 2 call (+ one dropped), 3 the log
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    echo_first_call(&mut a, &got, "2 tests failed"); // 4 call (+ one dropped), 5
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    echo_first_call(&mut a, &got, "fixed"); // 6 call (+ one dropped), 7
+    a.h.settle().await;
+    let ans = a.context(json!({"session": SESSION, "drop": ["3"]})).await;
+    let receipt = ans["receipt"].as_str().unwrap();
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    let sent_before = a.h.fake.requests().len();
+    // The next steps: a plain answer, a new ask, a call and its result.
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await; // answer 8
+    assert_eq!(got.status, 200, "{}", got.text());
+    a.history
+        .push(json!({"role": "assistant", "content": got.json()["content"].clone()}));
+    a.history
+        .push(json!({"role": "user", "content": "Now run the linter."})); // 9
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await; // answer 10
+    assert_eq!(got.status, 200, "{}", got.text());
+    let content = got.json()["content"].clone();
+    push_tool_step(&mut a.history, &content, "lint clean"); // 10, 11
+    let got = a.h.post("/v1/messages", &headers, send(&a)).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    a.h.settle().await;
+    a.wait_for_writer().await;
+    let receipt = a
+        .context(json!({"session": SESSION, "receipt": true}))
+        .await;
+    let receipt = receipt["receipt"].as_str().unwrap_or_default().to_string();
+    let reqs = a.h.fake.requests();
+    assert_eq!(reqs.len(), sent_before + 3);
+    for (i, r) in reqs[sent_before..].iter().enumerate() {
+        assert_eq!(r.status, 200, "request {i}: the upstream found it valid");
+        let msgs = messages(r);
+        assert!(
+            !has_result(&msgs, "step 1 line 299"),
+            "request {i} after the edit still carries the log; receipt:\n{receipt}"
+        );
+        assert!(has_result(&msgs, "2 tests failed"), "request {i}");
+    }
+    assert!(receipt.starts_with("taken"), "{receipt}");
+    assert!(receipt.contains("deleted seq 2, 3"), "{receipt}");
 }

@@ -316,3 +316,27 @@ async fn the_fallback_classifier_requests_are_forwarded_and_never_recorded() {
         "no live session"
     );
 }
+
+/// A reply whose `safeguard_outcome` is `omit` answers without
+/// `safeguard_results` (a provider without the auto-mode contract: what
+/// makes Claude Code say "Auto mode can't check actions in this session"),
+/// in JSON and in SSE; the proxy relays the answer as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_can_leave_the_verdicts_out() {
+    for stream in [false, true] {
+        let mut reply = Reply::tool_call("Bash", json!({"command": "rm -rf build"}));
+        reply.safeguard_outcome = Some("omit".into());
+        let h = Harness::start(
+            FakeConfig::default().with_script(Script::always(reply)),
+            |_| {},
+        )
+        .await;
+        let msgs = vec![json!({"role": "user", "content": "Clean the build."})];
+        let got = h.post("/v1/messages", &HDR, body(&msgs, stream)).await;
+        assert_eq!(got.status, 200, "{}", got.text());
+        let a = read_answer(&got.text(), stream);
+        assert_eq!(call_ids(&a.content).len(), 1, "stream={stream}");
+        assert!(a.results.is_none(), "stream={stream}: {}", got.text());
+        assert!(!got.text().contains("safeguard_results"), "stream={stream}");
+    }
+}

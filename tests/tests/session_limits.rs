@@ -194,7 +194,16 @@ async fn the_spend_limit_counts_cache_reads_and_writes_at_list_price() {
             let store = h.store();
             let id = store.resolve_session(None).unwrap();
             let steps = store.steps(&id).unwrap();
-            assert_eq!(steps.len(), sent);
+            // The refused request left one trace: a step saying it stopped.
+            let stops = steps
+                .iter()
+                .filter(|s| {
+                    s.error
+                        .as_deref()
+                        .is_some_and(|e| e.starts_with(status::STOPPED))
+                })
+                .count();
+            assert_eq!((steps.len() - stops, stops), (sent, 1));
             let (t, _) = status::totals(&steps, &|_| Some(PRICE));
             if matches!(api, Api::Messages) {
                 assert!(
@@ -549,4 +558,99 @@ async fn the_limits_hold_with_the_ledger_off() {
     }
     assert_eq!(codes, [200, 200, 402]);
     assert_eq!(h.fake.request_count(), 2);
+}
+
+/// Issue 32.9: a session a bound stopped keeps a trace in the ledger once
+/// the proxy is gone (a `run --max-steps N` that ended): one failed step
+/// saying which bound and where, shown by `status`, however many requests
+/// were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_session_says_so_in_the_ledger_and_in_status() {
+    let h = harness(SessionLimits {
+        steps: Some(2),
+        ..SessionLimits::default()
+    })
+    .await;
+    let hdr = [("x-oceancode-session", "stopped")];
+    for turns in 1..=4 {
+        let got = h
+            .post("/v1/messages", &hdr, Api::Messages.body(turns, false))
+            .await;
+        assert_eq!(
+            got.status,
+            if turns <= 2 { 200 } else { 402 },
+            "{}",
+            got.text()
+        );
+    }
+    h.settle().await;
+    let store = h.store();
+    let id = store.latest_session().unwrap().unwrap();
+    let steps = store.steps(&id).unwrap();
+    let stops: Vec<_> = steps
+        .iter()
+        .filter(|s| {
+            s.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(status::STOPPED))
+        })
+        .map(|s| (s.step, s.status))
+        .collect();
+    assert_eq!(stops, [(3, 402)], "one trace, after step 2: {steps:?}");
+    let st = status::Status::new(
+        &store.session_meta(&id).unwrap().unwrap(),
+        &steps,
+        &store.cuts(&id).unwrap(),
+        2,
+        4,
+        80_000,
+        "40%".into(),
+        Some(200_000),
+        &|_| Some(PRICE),
+    );
+    let text = st.render();
+    assert!(
+        text.contains("stopped  session ")
+            && text.contains(
+                "reached its step limit: 2 steps made of 2 steps (limits.session.steps, --max-steps) · the request after step 2 was refused"
+            ),
+        "{text}"
+    );
+    // The viewer's session page says it too.
+    let get = |path: String, cookie: Option<String>| {
+        let h = &h;
+        async move {
+            let headers: Vec<(&str, &str)> =
+                cookie.iter().map(|c| ("cookie", c.as_str())).collect();
+            oceancode_tests::collect(
+                h.send(
+                    &h.url(),
+                    http::Method::GET,
+                    &path,
+                    &headers,
+                    bytes::Bytes::new(),
+                )
+                .await,
+            )
+            .await
+        }
+    };
+    let over = get(format!("/_oceancode/ui/?token={}", h.admin_token()), None).await;
+    let cookie = over.headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = get(format!("/_oceancode/ui/s/{id}"), Some(cookie)).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert!(
+        page.text().contains("<dt>stopped</dt><dd>session ")
+            && page
+                .text()
+                .contains("the request after step 2 was refused</dd>"),
+        "{}",
+        page.text()
+    );
 }

@@ -9,8 +9,8 @@ use super::sql::{self, read_row, stored_dialect, to_i64, ROW_COLS};
 use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use crate::recall::{
-    clip_body, fts_query, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
-    SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
+    clip_body, fts_query, note_hits, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
+    SEARCH_MAX_NOTE_SETS, SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::Ordering;
@@ -436,7 +436,14 @@ impl Store {
         };
         self.with_reader(|c| {
             let _watch = Watchdog::start(c, SEARCH_TIME);
-            search_rows(c, &query, &terms, limit, scope).map_err(|e| match e {
+            let found = || -> rusqlite::Result<Vec<RecallHit>> {
+                let mut hits = search_notes(c, &terms, scope)?;
+                hits.truncate(limit);
+                let rows = limit - hits.len();
+                hits.extend(search_rows(c, &query, &terms, rows, scope)?);
+                Ok(hits)
+            };
+            found().map_err(|e| match e {
                 rusqlite::Error::SqliteFailure(f, _)
                     if f.code == rusqlite::ErrorCode::OperationInterrupted =>
                 {
@@ -509,6 +516,65 @@ fn search_rows(
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(hits)
+}
+
+/// The notes in force (each session's latest edit set) holding every term,
+/// in the sessions `scope` names, newest session first (at most
+/// [`SEARCH_MAX_NOTE_SETS`] sessions with notes are read).
+fn search_notes(
+    c: &Connection,
+    terms: &[String],
+    scope: Scope<'_>,
+) -> rusqlite::Result<Vec<RecallHit>> {
+    let mut stmt = c.prepare(
+        "WITH me AS (
+           SELECT id, parent FROM sessions
+           WHERE id = ?1 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
+         fam(id) AS (
+           SELECT ?1
+           UNION SELECT parent FROM me WHERE parent IS NOT NULL
+           UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+           UNION SELECT s.id FROM sessions s JOIN me
+                 ON me.parent IS NOT NULL AND s.parent = me.parent)
+         SELECT e.session, e.set_json FROM context_edits e
+         JOIN sessions s ON s.id = e.session
+         WHERE e.n = (SELECT max(x.n) FROM context_edits x WHERE x.session = e.session)
+           AND instr(e.set_json, '\"notes\":[{') > 0
+           AND (?1 IS NULL OR e.session IN (SELECT id FROM fam))
+         ORDER BY s.last_ms DESC, s.rowid DESC
+         LIMIT ?2",
+    )?;
+    let sets = stmt
+        .query_map(
+            params![
+                scope.session(),
+                i64::try_from(SEARCH_MAX_NOTE_SETS).unwrap_or(i64::MAX)
+            ],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut turn = c.prepare("SELECT turn FROM rows WHERE session = ?1 AND seq = ?2")?;
+    let mut out = Vec::new();
+    for (session, set) in sets {
+        let mut failed = None;
+        let mut turn_of = |seq: u64| -> u32 {
+            match turn
+                .query_row(params![session, to_i64(seq)], |r| r.get::<_, i64>(0))
+                .optional()
+            {
+                Ok(t) => t.unwrap_or(0).max(0) as u32,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    0
+                }
+            }
+        };
+        out.extend(note_hits(&session, &set, terms, &mut turn_of));
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(out)
 }
 
 /// Interrupts the connection's running statement once `within` has

@@ -24,7 +24,7 @@
 use super::{now_ms, Session, SessionManager};
 pub use crate::error::{Limit, LimitHit};
 use oceancode_config::{format_duration, Price, SessionLimitsConfig};
-use oceancode_ledger::Usage;
+use oceancode_ledger::{status, Usage};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -477,6 +477,36 @@ impl SessionManager {
                 .or_insert(seeded.unwrap_or_default());
         }
         b.take(&key, started, est, true).map(Some)
+    }
+
+    /// The first request a bound refused on a recorded session leaves its
+    /// trace in the ledger, for `status` and the viewer once the proxy is
+    /// gone: a failed step whose error is [`status::STOPPED`] and why
+    /// (the client got the refusal: Anthropic 402, OpenAI 400).
+    pub(super) fn record_stop(&self, session: &Session, model: &str, hit: &LimitHit) {
+        let mut st = session.state.lock();
+        if st.stopped {
+            return;
+        }
+        st.stopped = true;
+        st.step += 1;
+        let code = if st.dialect == oceancode_ledger::Dialect::Anthropic {
+            402
+        } else {
+            400
+        };
+        let ev = oceancode_ledger::Event::Step {
+            session: st.meta.id.clone(),
+            step: st.step,
+            model: model.to_string(),
+            status: code,
+            usage: Usage::default(),
+            window_rows: 0,
+            ts_ms: now_ms(),
+            error: Some(format!("{}{}", status::STOPPED, hit.describe())),
+            detail: Box::default(),
+        };
+        st.emit(&self.sink, vec![ev]);
     }
 
     /// Let a request that records no step through (a title, a summary,

@@ -159,9 +159,11 @@ impl State {
             };
             counter.fetch_sub(n, Ordering::Relaxed);
         }
-        for (seq, raw, norm, echo) in std::mem::take(&mut self.undo).into_iter().rev() {
-            if let Some(r) = self.rows.get_mut((seq - 1) as usize) {
-                (r.raw_hash, r.norm_hash, r.echo) = (raw, norm, echo);
+        for u in std::mem::take(&mut self.undo).into_iter().rev() {
+            if let Some(r) = self.rows.get_mut((u.seq - 1) as usize) {
+                (r.raw_hash, r.norm_hash, r.echo) = (u.raw_hash, u.norm_hash, u.echo);
+                r.calls = u.calls;
+                r.starts_ok = u.starts_ok;
             }
         }
         let c = *h.before;

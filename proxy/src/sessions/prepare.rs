@@ -394,6 +394,8 @@ impl SessionManager {
                     // Refused before anything of it was recorded: it leaves
                     // the index as a rolled-back request's session does.
                     self.index.lock().forget_unrecorded(&session);
+                } else {
+                    self.record_stop(&session, &req.model, &hit);
                 }
                 return Ok(Prepared::refuse(Refusal::Limit(hit)));
             }

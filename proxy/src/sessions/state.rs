@@ -106,6 +106,18 @@ impl RowMem {
     }
 }
 
+/// What a request changes of a row it maps onto the line (its hashes, and
+/// the calls of an answer the client echoed), as it was before.
+#[derive(Debug, Clone)]
+pub(super) struct Undo {
+    pub(super) seq: u64,
+    pub(super) raw_hash: u64,
+    pub(super) norm_hash: u64,
+    pub(super) echo: u64,
+    pub(super) calls: Calls,
+    pub(super) starts_ok: bool,
+}
+
 /// The live state of one ledger session.
 pub struct State {
     pub(super) meta: SessionMeta,
@@ -171,9 +183,10 @@ pub struct State {
     /// The latest request's events, held until its answer's status is
     /// known ([`super::hold`]).
     pub(super) hold: Option<super::hold::Hold>,
-    /// Row hashes the latest request changed (seq, raw, normalized, echo
-    /// as they were), to roll it back.
-    pub(super) undo: Vec<(u64, u64, u64, u64)>,
+    /// Rows the latest request changed, as they were, to roll it back.
+    pub(super) undo: Vec<Undo>,
+    /// A bound of `limits.session` refused a request of it (recorded once).
+    pub(super) stopped: bool,
     /// `ledger.compress`: the tool outputs the window sends as pointers.
     pub(super) compress: super::compress::Compressed,
     /// The hash of the stub message the last recorded window sent, and the
@@ -250,6 +263,7 @@ impl State {
             block_cache: BlockCache::default(),
             hold: None,
             undo: Vec::new(),
+            stopped: false,
             compress: Default::default(),
             sent_stub: None,
             sent_pointers: None,
@@ -451,8 +465,14 @@ impl State {
     /// Keep row `idx`'s hashes as they are, to roll the request back.
     fn remember_hashes(&mut self, idx: usize) {
         let r = &self.rows[idx];
-        self.undo
-            .push((idx as u64 + 1, r.raw_hash, r.norm_hash, r.echo));
+        self.undo.push(Undo {
+            seq: idx as u64 + 1,
+            raw_hash: r.raw_hash,
+            norm_hash: r.norm_hash,
+            echo: r.echo,
+            calls: r.calls.clone(),
+            starts_ok: r.starts_ok,
+        });
     }
 
     /// Map the client's history onto the active line: record a branch when
@@ -527,6 +547,12 @@ impl State {
                 self.rows[idx].raw_hash = hashes[p];
                 self.rows[idx].norm_hash = parsed.norm;
                 self.rows[idx].echo = parsed.echo;
+                // The window sends the echo's bytes: its calls are what the
+                // edit set's closure and check read (a client may leave a
+                // call of the answer out: Claude Code drops a `tool_use`
+                // whose id it saw before, with the result it never ran).
+                self.rows[idx].calls = Calls::of(&parsed.info);
+                self.rows[idx].starts_ok = parsed.info.starts_ok;
                 // The ledger keeps the echo's bytes: its transcript lines too.
                 self.rows[idx].thread = RowThread::of(
                     self.dialect,

@@ -599,6 +599,23 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
         &format!("{} on the line, {} recorded", d.summary.rows, d.rows.len()),
     );
     fact(h, "steps", &d.steps.len().to_string());
+    if let Some((s, why)) = d.steps.iter().rev().find_map(|s| {
+        Some((
+            s,
+            s.error
+                .as_deref()?
+                .strip_prefix(oceancode_ledger::status::STOPPED)?,
+        ))
+    }) {
+        fact(
+            h,
+            "stopped",
+            &format!(
+                "{why} · the request after step {} was refused",
+                s.step.saturating_sub(1)
+            ),
+        );
+    }
     let cache = oceancode_ledger::status::CacheSummary::of(&d.steps, &d.cuts, price);
     if cache.free_cuts > 0 {
         fact(

@@ -7,7 +7,10 @@ use super::super::error::StoreError;
 use super::super::sql::stored_dialect;
 use super::sql::{big, read_row, ROW_COLS};
 use crate::model::{Row, RowKind, Usage};
-use crate::recall::{clip_body, snippet, RecallHit, TooBroad, BODY_MAX, SEARCH_TIME, SNIPPET_SCAN};
+use crate::recall::{
+    clip_body, note_hits, snippet, RecallHit, TooBroad, BODY_MAX, SEARCH_MAX_NOTE_SETS,
+    SEARCH_TIME, SNIPPET_SCAN,
+};
 use deadpool_postgres::Object;
 use tracing::warn;
 
@@ -269,10 +272,13 @@ pub(super) async fn search(
                 StoreError::Postgres(e)
             }
         })?;
+    let mut hits = search_notes(&tx, &terms, within.as_deref()).await?;
     tx.commit().await?;
-    Ok(rows
-        .iter()
-        .map(|r| RecallHit {
+    hits.truncate(limit);
+    let room = limit - hits.len();
+    Ok(hits
+        .into_iter()
+        .chain(rows.iter().take(room).map(|r| RecallHit {
             session: r.get(0),
             seq: r.get::<_, i64>(1).max(0) as u64,
             turn: r.get::<_, i64>(2).max(0) as u32,
@@ -280,8 +286,64 @@ pub(super) async fn search(
             kind: RowKind::parse(&r.get::<_, String>(4)).unwrap_or(RowKind::Other),
             hidden: r.get(5),
             body: clip_body(&snippet(&r.get::<_, String>(6), &terms), BODY_MAX),
-        })
+        }))
         .collect())
+}
+
+/// The notes in force (each session's latest edit set) holding every term,
+/// in the sessions `within` names (None: all), newest session first (at
+/// most [`SEARCH_MAX_NOTE_SETS`] sessions with notes are read).
+async fn search_notes(
+    tx: &deadpool_postgres::Transaction<'_>,
+    terms: &[String],
+    within: Option<&str>,
+) -> Result<Vec<RecallHit>, StoreError> {
+    let sets = tx
+        .query(
+            "WITH me AS (
+               SELECT id, parent FROM sessions
+               WHERE id = $1 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
+             fam AS (
+               SELECT $1::text AS id WHERE $1::text IS NOT NULL
+               UNION SELECT parent FROM me WHERE parent IS NOT NULL
+               UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+               UNION SELECT s.id FROM sessions s JOIN me
+                     ON me.parent IS NOT NULL AND s.parent = me.parent)
+             SELECT e.session, e.set_json FROM context_edits e
+             JOIN sessions s ON s.id = e.session
+             WHERE e.n = (SELECT max(x.n) FROM context_edits x WHERE x.session = e.session)
+               AND strpos(e.set_json, '\"notes\":[{') > 0
+               AND ($1::text IS NULL OR e.session IN (SELECT id FROM fam))
+             ORDER BY s.last_ms DESC, s.ord DESC
+             LIMIT $2",
+            &[
+                &within,
+                &i64::try_from(SEARCH_MAX_NOTE_SETS).unwrap_or(i64::MAX),
+            ],
+        )
+        .await?;
+    let mut out = Vec::new();
+    for r in &sets {
+        let session: String = r.get(0);
+        let set: String = r.get(1);
+        // The turns of the rows the notes follow, read first (the closure
+        // `note_hits` takes cannot wait).
+        let mut turns = std::collections::HashMap::new();
+        for after in crate::recall::note_seqs(&set) {
+            let t = tx
+                .query_opt(
+                    "SELECT turn FROM rows WHERE session = $1 AND seq = $2 LIMIT 1",
+                    &[&session, &big(after)],
+                )
+                .await?
+                .map_or(0, |r| r.get::<_, i64>(0).max(0) as u32);
+            turns.insert(after, t);
+        }
+        out.extend(note_hits(&session, &set, terms, &mut |seq| {
+            turns.get(&seq).copied().unwrap_or(0)
+        }));
+    }
+    Ok(out)
 }
 
 pub(super) async fn context_edits(
