@@ -28,7 +28,13 @@ pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
         // Remote compaction (Codex, V1): the client's own compaction, forwarded
         // untouched; what it returns comes back in the next request (a branch).
         "/v1/responses/compact" => Some((Dialect::OpenaiResponses, ReqKind::Side)),
-        p => crate::dialect::gemini::route(p),
+        // Gemini: `/v1beta/models/<model>:<method>`; `countTokens` is
+        // forwarded untouched.
+        p => match crate::dialect::gemini::path_method(p)?.1 {
+            "generateContent" | "streamGenerateContent" => Some((Dialect::Gemini, ReqKind::Main)),
+            "countTokens" => Some((Dialect::Gemini, ReqKind::Side)),
+            _ => None,
+        },
     }
 }
 

@@ -56,19 +56,6 @@ pub fn model_header(headers: &http::HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The proxy's route of a Gemini path: a turn (`generateContent`,
-/// `streamGenerateContent`), or a side request forwarded untouched
-/// (`countTokens`).
-pub fn route(path: &str) -> Option<(oceancode_ledger::Dialect, crate::identity::ReqKind)> {
-    use crate::identity::ReqKind;
-    let kind = match path_method(path)?.1 {
-        "generateContent" | "streamGenerateContent" => ReqKind::Main,
-        "countTokens" => ReqKind::Side,
-        _ => return None,
-    };
-    Some((oceancode_ledger::Dialect::Gemini, kind))
-}
-
 /// Gemini CLI's utility calls (its model router, next-speaker check, loop
 /// detection): no tools, a JSON answer asked for with
 /// `generationConfig.responseJsonSchema` / `responseSchema`. Forwarded
