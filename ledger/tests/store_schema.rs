@@ -413,7 +413,7 @@ fn an_unknown_stored_dialect_is_one_policy() {
     store.settle_blocking().expect("settle");
     let c = rusqlite::Connection::open(store.db_path()).expect("open");
     c.execute(
-        "UPDATE sessions SET dialect = 'gemini' WHERE id = 'odd'",
+        "UPDATE sessions SET dialect = 'palm2' WHERE id = 'odd'",
         [],
     )
     .expect("edit");
