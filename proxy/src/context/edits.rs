@@ -229,8 +229,8 @@ pub fn note_anchors(srcs: impl IntoIterator<Item = Src>) -> Vec<(u32, u64)> {
 
 /// Check a window the edit set produced: every result answers a call made
 /// before it, no ask comes while a call is open, an item bound to the next
-/// one has it, and (Anthropic) the first message that is not a system one
-/// is the user's.
+/// one has it, and (Anthropic, Gemini) the first message that is not a
+/// system one is the user's.
 pub fn check<'f>(
     d: Dialect,
     pieces: &[(Src, &str)],
@@ -250,7 +250,8 @@ pub fn check<'f>(
             }
         }
         let is_system = src.seq().is_some() && f.kind == RowKind::System;
-        if d == Dialect::Anthropic && first && !is_system && !matches!(src, Src::Tail) {
+        let user_first = matches!(d, Dialect::Anthropic | Dialect::Gemini);
+        if user_first && first && !is_system && !matches!(src, Src::Tail) {
             let assistant = matches!(src, Src::Note(_)) || f.kind == RowKind::Assistant;
             if assistant {
                 return Err(
