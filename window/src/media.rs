@@ -18,8 +18,13 @@
 //!   2048×2048, shortest side down to 768, then 170 per 512-px tile + 85.
 //! - An image whose size is unknown (a URL, a file id, an unreadable header)
 //!   costs the most an image can cost under the rule (a capped constant).
-//! - PDF: [`PDF_PAGE_TOKENS`] per page (a page's text plus its page image),
-//!   pages counted from the `/Type /Page` objects (bounded scan).
+//! - Gemini image (`inlineData` / `fileData` parts): [`GEMINI_TILE_TOKENS`]
+//!   when both sides are at most [`GEMINI_SMALL_EDGE`] px, else that many per
+//!   [`GEMINI_TILE`]×[`GEMINI_TILE`] tile, ⌈w/768⌉·⌈h/768⌉; a size unknown is
+//!   priced as four tiles.
+//! - PDF: [`PDF_PAGE_TOKENS`] per page (a page's text plus its page image;
+//!   Gemini: [`GEMINI_TILE_TOKENS`] per page), pages counted from the
+//!   `/Type /Page` objects (bounded scan).
 //! - A text document is text: it is left to the byte estimate (no binary
 //!   bytes, no tokens here); a base64 text file costs its decoded bytes / 4.
 
@@ -47,6 +52,15 @@ pub const OPENAI_TILE_TOKENS: u64 = 170;
 pub const OPENAI_MAX_TOKENS: u64 = OPENAI_BASE_TOKENS + 8 * OPENAI_TILE_TOKENS;
 /// Tokens of one PDF page (its extracted text plus its page image).
 pub const PDF_PAGE_TOKENS: u64 = 2_300;
+/// Gemini: tokens of a small image, of one tile of a larger one, and of
+/// one document page.
+pub const GEMINI_TILE_TOKENS: u64 = 258;
+/// Gemini: an image with both sides at most this (px) is one tile.
+pub const GEMINI_SMALL_EDGE: u32 = 384;
+/// Gemini: the side of a tile of a larger image (px).
+pub const GEMINI_TILE: u32 = 768;
+/// Gemini: an image of unknown size, priced as four tiles.
+pub const GEMINI_UNKNOWN_TOKENS: u64 = 4 * GEMINI_TILE_TOKENS;
 /// Decoded PDF bytes scanned for page objects (the rest is extrapolated).
 const PDF_SCAN_BYTES: usize = 16 << 20;
 /// Decoded bytes per base64 chunk.
@@ -83,6 +97,8 @@ pub enum Rule {
     Anthropic,
     /// OpenAI Chat / Responses parts.
     OpenAi(Detail),
+    /// Gemini `inlineData` / `fileData` parts.
+    Gemini,
 }
 
 /// One binary part of a message.
@@ -228,6 +244,8 @@ pub fn might_have_media(raw: &str) -> bool {
         "\"input_image\"",
         "\"input_file\"",
         "\"file\"",
+        "\"inlineData\"",
+        "\"fileData\"",
     ]
     .iter()
     .any(|m| raw.contains(m))
@@ -304,8 +322,27 @@ impl Rule {
             (Rule::OpenAi(d), Some((w, h))) => openai_image_tokens(w, h, d),
             (Rule::OpenAi(Detail::Low), None) => OPENAI_BASE_TOKENS,
             (Rule::OpenAi(_), None) => OPENAI_MAX_TOKENS,
+            (Rule::Gemini, Some((w, h))) => gemini_image_tokens(w, h),
+            (Rule::Gemini, None) => GEMINI_UNKNOWN_TOKENS,
         }
     }
+
+    /// Tokens of one PDF page under this rule.
+    pub fn page_tokens(self) -> u64 {
+        match self {
+            Rule::Gemini => GEMINI_TILE_TOKENS,
+            Rule::Anthropic | Rule::OpenAi(_) => PDF_PAGE_TOKENS,
+        }
+    }
+}
+
+/// Gemini's tokens for a `w`×`h` image: one tile when small, else one per
+/// 768-px tile.
+pub fn gemini_image_tokens(w: u32, h: u32) -> u64 {
+    if w <= GEMINI_SMALL_EDGE && h <= GEMINI_SMALL_EDGE {
+        return GEMINI_TILE_TOKENS;
+    }
+    u64::from(w.div_ceil(GEMINI_TILE)) * u64::from(h.div_ceil(GEMINI_TILE)) * GEMINI_TILE_TOKENS
 }
 
 // ---------------------------------------------------------------------------
@@ -624,8 +661,9 @@ fn walk<'a, N: Node<'a>>(n: &N, depth: u8, out: &mut Vec<Media>) {
     if classify(&o, depth, out) {
         return;
     }
-    // Containers: message / tool result `content`, Responses `output`.
-    for key in ["content", "output"] {
+    // Containers: message / tool result `content`, Responses `output`,
+    // Gemini `parts` (a content's, a `functionResponse`'s).
+    for key in ["content", "output", "parts", "functionResponse"] {
         if let Some(c) = o.get(key) {
             walk(&c, depth + 1, out);
         }
@@ -668,7 +706,7 @@ fn by_ref(kind: Kind, rule: Rule, what: &'static str, bytes: usize) -> Media {
     let tokens = match kind {
         Kind::Image => rule.image_tokens(None),
         // Pages unknown: priced as one.
-        Kind::Pdf => PDF_PAGE_TOKENS,
+        Kind::Pdf => rule.page_tokens(),
         Kind::Text | Kind::File => 0,
     };
     Media {
@@ -714,7 +752,7 @@ fn file_b64(
     }
     let (kind, pages, tokens) = if is_pdf {
         let p = pdf_pages_b64(payload);
-        (Kind::Pdf, Some(p), u64::from(p) * PDF_PAGE_TOKENS)
+        (Kind::Pdf, Some(p), u64::from(p) * rule.page_tokens())
     } else {
         (Kind::File, None, (payload.len() as u64 / 4 * 3).div_ceil(4))
     };
@@ -732,8 +770,41 @@ fn file_b64(
     }
 }
 
+/// A Gemini part holding binary content: `inlineData` (`mimeType`, base64
+/// `data`) or `fileData` (`mimeType`, `fileUri`).
+fn gemini_part<'a, O: Obj<'a>>(o: &O) -> Option<Media> {
+    let kind_of = |mt: Option<&str>| match mt {
+        Some(t) if t.starts_with("image/") => Kind::Image,
+        Some("application/pdf") => Kind::Pdf,
+        Some(t) if t.starts_with("text/") => Kind::Text,
+        _ => Kind::File,
+    };
+    if let Some(d) = o.get("inlineData").and_then(|v| v.obj()) {
+        let mt = d.str("mimeType");
+        let data = d.str("data").unwrap_or_default();
+        return Some(match kind_of(mt.as_deref()) {
+            Kind::Image => image(Rule::Gemini, Some(&data), mt.as_deref(), data.len()),
+            _ => file_b64(Rule::Gemini, &data, mt.as_deref(), None, data.len()),
+        });
+    }
+    let f = o.get("fileData").and_then(|v| v.obj())?;
+    let mt = f.str("mimeType");
+    let n = f.str("fileUri").map_or(0, |u| u.len());
+    Some(match kind_of(mt.as_deref()) {
+        Kind::Text => text_doc(mt),
+        k => Media {
+            media_type: mt.map(Cow::into_owned),
+            ..by_ref(k, Rule::Gemini, "file", n)
+        },
+    })
+}
+
 /// Push the binary part `o` is (true), or nothing (false: not binary).
 fn classify<'a, O: Obj<'a>>(o: &O, depth: u8, out: &mut Vec<Media>) -> bool {
+    if let Some(m) = gemini_part(o) {
+        out.push(m);
+        return true;
+    }
     let Some(ty) = o.str("type") else {
         return false;
     };

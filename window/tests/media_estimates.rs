@@ -317,3 +317,38 @@ fn the_text_ratio_leaves_binary_parts_out() {
         Some(3.0)
     );
 }
+
+/// Gemini (`inlineData` / `fileData` parts, in a content's `parts` or a
+/// `functionResponse`'s): 258 tokens for an image within 384×384, else 258
+/// per 768×768 tile; 258 per PDF page; a file by reference by its kind.
+#[test]
+fn gemini_parts_cost_their_tiles_and_pages() {
+    assert_eq!(media::gemini_image_tokens(384, 300), 258);
+    assert_eq!(media::gemini_image_tokens(385, 100), 258);
+    assert_eq!(media::gemini_image_tokens(1600, 900), 258 * 3 * 2);
+    assert_eq!(media::gemini_image_tokens(768, 768), 258);
+    let png = images::png(1920, 1080, 5_000);
+    let pdf = images::pdf(7);
+    let content = json!({"role": "user", "parts": [
+        {"text": "what is on these?"},
+        {"inlineData": {"mimeType": "image/png", "data": images::b64(&png)}},
+        {"inlineData": {"mimeType": "application/pdf", "data": images::b64(&pdf)}},
+        {"fileData": {"mimeType": "image/jpeg", "fileUri": "https://generativelanguage.googleapis.com/v1beta/files/abc"}},
+        {"functionResponse": {"name": "shot", "response": {"ok": true}, "parts": [
+            {"inlineData": {"mimeType": "image/png", "data": images::b64(&images::png(200, 100, 0))}}
+        ]}}
+    ]});
+    let found = media::scan(&content.to_string());
+    let got: Vec<(Kind, Rule, u64)> = found.iter().map(|m| (m.kind, m.rule, m.tokens)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Kind::Image, Rule::Gemini, 258 * 3 * 2),
+            (Kind::Pdf, Rule::Gemini, 7 * 258),
+            (Kind::Image, Rule::Gemini, media::GEMINI_UNKNOWN_TOKENS),
+            (Kind::Image, Rule::Gemini, 258),
+        ]
+    );
+    assert_eq!(found[0].size, Some((1920, 1080)));
+    assert_eq!(found[1].pages, Some(7));
+}
