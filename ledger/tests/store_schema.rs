@@ -412,11 +412,8 @@ fn an_unknown_stored_dialect_is_one_policy() {
         .expect("fine");
     store.settle_blocking().expect("settle");
     let c = rusqlite::Connection::open(store.db_path()).expect("open");
-    c.execute(
-        "UPDATE sessions SET dialect = 'palm2' WHERE id = 'odd'",
-        [],
-    )
-    .expect("edit");
+    c.execute("UPDATE sessions SET dialect = 'palm2' WHERE id = 'odd'", [])
+        .expect("edit");
     drop(c);
     let ids: Vec<String> = store
         .list_sessions()
