@@ -366,23 +366,8 @@ impl Tideline {
     /// request. `None` when nothing is due or nothing can go.
     pub fn cut_cold(&mut self, boundary_seq: u64, params: Params) -> Option<CutInfo> {
         let block = params.block.max(1);
-        let gauge_before = self.gauge;
-        let carry = self.open_growth();
-        let mut blocks_cut = 0u32;
-        while self.gauge.saturating_add(block) >= params.line
-            && self.cut_oldest(boundary_seq).is_some()
-        {
-            blocks_cut += 1;
-        }
-        if blocks_cut == 0 {
-            return None;
-        }
-        self.reanchor = Some(carry);
-        Some(CutInfo {
-            upto_seq: self.cut_upto,
-            gauge_before,
-            gauge_after: self.gauge,
-            blocks_cut,
+        self.cut_closed_while(boundary_seq, |t| {
+            t.gauge.saturating_add(block) >= params.line
         })
     }
 
@@ -390,10 +375,21 @@ impl Tideline {
     /// every closed block. `None` when there is nothing to cut.
     pub fn cut_all_closed(&mut self, boundary_seq: u64) -> Option<CutInfo> {
         self.close_open(boundary_seq);
+        self.cut_closed_while(boundary_seq, |_| true)
+    }
+
+    /// Cut the oldest closed blocks ending by `boundary_seq` while `more`
+    /// holds (checked before each); the open block's growth is carried
+    /// over. `None` when no block went.
+    fn cut_closed_while(
+        &mut self,
+        boundary_seq: u64,
+        more: impl Fn(&Self) -> bool,
+    ) -> Option<CutInfo> {
         let gauge_before = self.gauge;
         let carry = self.open_growth();
         let mut blocks_cut = 0u32;
-        while self.cut_oldest(boundary_seq).is_some() {
+        while more(self) && self.cut_oldest(boundary_seq).is_some() {
             blocks_cut += 1;
         }
         if blocks_cut == 0 {
