@@ -11,7 +11,7 @@
 //! of its own after an image; an empty result is the tag alone.
 //! Anthropic `tool_result` blocks (each of a message's), OpenAI Chat `tool`
 //! messages, Responses `function_call_output` and `custom_tool_call_output`
-//! items.
+//! items, Gemini `functionResponse` parts (in their `response.output`).
 
 use oceancode_ledger::Dialect;
 use serde_json::value::RawValue;
@@ -153,9 +153,32 @@ pub fn tag(d: Dialect, raw: &str, seq: u64) -> Option<String> {
                 tag_value(raw, raw, &o, "output", "input_text", &tag, &mut ins);
             }
         }
-        // Not tagged yet: a Gemini result's output sits inside
-        // `functionResponse.response`.
-        Dialect::Gemini => {}
+        Dialect::Gemini => {
+            // `{"role":"user","parts":[{"functionResponse":{…,"response":{"output":…}}}]}`:
+            // the tag goes into the response's `output` (its `error` when
+            // that is all it has).
+            let parts = o.get("parts")?.get();
+            if !parts.starts_with('[') {
+                return None;
+            }
+            let parts: Vec<&RawValue> = serde_json::from_str(parts).ok()?;
+            for p in parts {
+                let Some(fr) = obj(p.get()).and_then(|po| po.get("functionResponse").copied())
+                else {
+                    continue;
+                };
+                let Some(resp) = obj(fr.get()).and_then(|fo| fo.get("response").copied()) else {
+                    continue;
+                };
+                let Some(ro) = obj(resp.get()) else { continue };
+                let key = if ro.contains_key("error") && !ro.contains_key("output") {
+                    "error"
+                } else {
+                    "output"
+                };
+                tag_value(raw, resp.get(), &ro, key, "text", &tag, &mut ins);
+            }
+        }
     }
     if ins.is_empty() {
         return None;
@@ -250,6 +273,41 @@ mod tests {
                 Dialect::OpenaiResponses,
                 r#"{"type":"message","role":"user","content":[]}"#,
                 4
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn gemini_results_end_with_their_seq() {
+        let raw = r#"{"role":"user","parts":[{"functionResponse":{"id":"c1","name":"shell","response":{"output":"ok"}}},{"functionResponse":{"name":"read","response":{"error":"no such file"}}},{"functionResponse":{"name":"ls","response":{}}},{"text":"and then"}]}"#;
+        let t = tag(Dialect::Gemini, raw, 12).unwrap();
+        let got = v(&t);
+        let p = &got["parts"];
+        assert_eq!(
+            p[0]["functionResponse"]["response"]["output"],
+            "ok\n[seq 12]"
+        );
+        assert_eq!(p[0]["functionResponse"]["id"], "c1");
+        assert_eq!(
+            p[1]["functionResponse"]["response"]["error"],
+            "no such file\n[seq 12]"
+        );
+        assert_eq!(p[2]["functionResponse"]["response"]["output"], "[seq 12]");
+        assert_eq!(p[3]["text"], "and then");
+        assert_eq!(
+            tag(
+                Dialect::Gemini,
+                r#"{"role":"user","parts":[{"text":"hi"}]}"#,
+                1
+            ),
+            None
+        );
+        assert_eq!(
+            tag(
+                Dialect::Gemini,
+                r#"{"role":"model","parts":[{"functionCall":{"name":"ls","args":{}}}]}"#,
+                1
             ),
             None
         );
