@@ -206,16 +206,7 @@ pub fn snippet(text: &str, terms: &[String]) -> String {
         .iter()
         .map(|&(a, b)| text[a..b].to_lowercase())
         .collect();
-    let phrases: Vec<Vec<String>> = terms
-        .iter()
-        .map(|t| {
-            token_spans(t)
-                .into_iter()
-                .map(|(a, b)| t[a..b].to_lowercase())
-                .collect::<Vec<_>>()
-        })
-        .filter(|p| !p.is_empty())
-        .collect();
+    let phrases = phrases(terms);
     let match_at = |i: usize| -> Option<usize> {
         phrases
             .iter()
@@ -261,6 +252,24 @@ pub fn snippet(text: &str, terms: &[String]) -> String {
         out.push('…');
     }
     out
+}
+
+/// `text`'s tokens ([`token_spans`]), lowercased.
+fn lower_tokens(text: &str) -> Vec<String> {
+    token_spans(text)
+        .into_iter()
+        .map(|(a, b)| text[a..b].to_lowercase())
+        .collect()
+}
+
+/// Each search term as its lowercased tokens (a phrase), empty ones left
+/// out: what [`snippet`] and [`note_hits`] match a text's tokens against.
+fn phrases(terms: &[String]) -> Vec<Vec<String>> {
+    terms
+        .iter()
+        .map(|t| lower_tokens(t))
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 /// The byte spans of `text`'s tokens (runs of letters and digits), within
@@ -331,16 +340,7 @@ pub fn note_hits(
     turn_of: &mut dyn FnMut(u64) -> u32,
 ) -> Vec<RecallHit> {
     let set = notes_of(set_json);
-    let phrases: Vec<Vec<String>> = terms
-        .iter()
-        .map(|t| {
-            token_spans(t)
-                .into_iter()
-                .map(|(a, b)| t[a..b].to_lowercase())
-                .collect::<Vec<_>>()
-        })
-        .filter(|p| !p.is_empty())
-        .collect();
+    let phrases = phrases(terms);
     if phrases.is_empty() {
         return Vec::new();
     }
@@ -348,10 +348,7 @@ pub fn note_hits(
         .into_iter()
         .rev()
         .filter(|n| {
-            let words: Vec<String> = token_spans(&n.text)
-                .into_iter()
-                .map(|(a, b)| n.text[a..b].to_lowercase())
-                .collect();
+            let words = lower_tokens(&n.text);
             phrases
                 .iter()
                 .all(|p| words.windows(p.len()).any(|w| w == p.as_slice()))
