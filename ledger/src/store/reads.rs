@@ -455,6 +455,30 @@ impl Store {
     }
 }
 
+/// `WITH me AS (…), fam(id) AS (…)`: the sessions a search scoped to the
+/// session bound at `$p` reads (it, its parent, its children and its
+/// siblings; a fingerprint-keyed session, itself alone). One text for the
+/// row and the note search.
+macro_rules! family_cte {
+    ($p:literal) => {
+        concat!(
+            "WITH me AS (
+           SELECT id, parent FROM sessions
+           WHERE id = ",
+            $p,
+            " AND coalesce(client_session, '') NOT LIKE 'fp:%'),
+         fam(id) AS (
+           SELECT ",
+            $p,
+            "
+           UNION SELECT parent FROM me WHERE parent IS NOT NULL
+           UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+           UNION SELECT s.id FROM sessions s JOIN me
+                 ON me.parent IS NOT NULL AND s.parent = me.parent)"
+        )
+    };
+}
+
 /// The search's statement: the newest [`SEARCH_MAX_SCAN`] matches of the
 /// scope, the `limit` newest of those by session, their text's head (the
 /// snippet is made here, see [`snippet`]).
@@ -465,16 +489,9 @@ fn search_rows(
     limit: usize,
     scope: Scope<'_>,
 ) -> rusqlite::Result<Vec<RecallHit>> {
-    let mut stmt = c.prepare(
-        "WITH me AS (
-           SELECT id, parent FROM sessions
-           WHERE id = ?4 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
-         fam(id) AS (
-           SELECT ?4
-           UNION SELECT parent FROM me WHERE parent IS NOT NULL
-           UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
-           UNION SELECT s.id FROM sessions s JOIN me
-                 ON me.parent IS NOT NULL AND s.parent = me.parent),
+    let mut stmt = c.prepare(concat!(
+        family_cte!("?4"),
+        ",
          m AS (
            SELECT row_fts.rowid AS id FROM row_fts
            JOIN row_text t ON t.id = row_fts.rowid
@@ -491,8 +508,8 @@ fn search_rows(
          FROM hits h
          JOIN row_text t ON t.id = h.id
          JOIN rows r ON r.session = h.session AND r.seq = h.seq
-         ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC",
-    )?;
+         ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC"
+    ))?;
     let hits = stmt
         .query_map(
             params![
@@ -526,24 +543,17 @@ fn search_notes(
     terms: &[String],
     scope: Scope<'_>,
 ) -> rusqlite::Result<Vec<RecallHit>> {
-    let mut stmt = c.prepare(
-        "WITH me AS (
-           SELECT id, parent FROM sessions
-           WHERE id = ?1 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
-         fam(id) AS (
-           SELECT ?1
-           UNION SELECT parent FROM me WHERE parent IS NOT NULL
-           UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
-           UNION SELECT s.id FROM sessions s JOIN me
-                 ON me.parent IS NOT NULL AND s.parent = me.parent)
+    let mut stmt = c.prepare(concat!(
+        family_cte!("?1"),
+        "
          SELECT e.session, e.set_json FROM context_edits e
          JOIN sessions s ON s.id = e.session
          WHERE e.n = (SELECT max(x.n) FROM context_edits x WHERE x.session = e.session)
            AND instr(e.set_json, '\"notes\":[{') > 0
            AND (?1 IS NULL OR e.session IN (SELECT id FROM fam))
          ORDER BY s.last_ms DESC, s.rowid DESC
-         LIMIT ?2",
-    )?;
+         LIMIT ?2"
+    ))?;
     let sets = stmt
         .query_map(
             params![

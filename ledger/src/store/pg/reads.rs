@@ -211,6 +211,32 @@ pub(super) async fn recall_entry(
     .map(|r| read_row(&r)))
 }
 
+/// `me AS (…), fam AS (…)`: the sessions a search scoped to the session
+/// bound at `$p` reads (it, its parent, its children and its siblings; a
+/// fingerprint-keyed session, itself alone; none bound: no scope). One text
+/// for the row and the note search.
+macro_rules! family_ctes {
+    ($p:literal) => {
+        concat!(
+            "me AS (
+               SELECT id, parent FROM sessions
+               WHERE id = ",
+            $p,
+            " AND coalesce(client_session, '') NOT LIKE 'fp:%'),
+             fam AS (
+               SELECT ",
+            $p,
+            "::text AS id WHERE ",
+            $p,
+            "::text IS NOT NULL
+               UNION SELECT parent FROM me WHERE parent IS NOT NULL
+               UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
+               UNION SELECT s.id FROM sessions s JOIN me
+                     ON me.parent IS NOT NULL AND s.parent = me.parent)"
+        )
+    };
+}
+
 /// Every word must appear (`plainto_tsquery` ANDs the words' tokens, the
 /// `simple` configuration folds case and does not stem, like FTS5's
 /// default tokenizer); newest session first, then newest row. `terms` as
@@ -236,16 +262,11 @@ pub(super) async fn search(
     .await?;
     let rows = tx
         .query(
-            "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q),
-             me AS (
-               SELECT id, parent FROM sessions
-               WHERE id = $3 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
-             fam AS (
-               SELECT $3::text AS id WHERE $3::text IS NOT NULL
-               UNION SELECT parent FROM me WHERE parent IS NOT NULL
-               UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
-               UNION SELECT s.id FROM sessions s JOIN me
-                     ON me.parent IS NOT NULL AND s.parent = me.parent),
+            concat!(
+                "WITH q AS (SELECT plainto_tsquery('simple', $1) AS q),
+             ",
+                family_ctes!("$3"),
+                ",
              hits AS (
                SELECT t.session, t.seq, t.day, s.last_ms, s.ord
                FROM row_text t JOIN sessions s ON s.id = t.session, q
@@ -256,7 +277,8 @@ pub(super) async fn search(
              SELECT h.session, h.seq, r.turn, r.role, r.kind, r.hidden, left(t.text, $4)
              FROM hits h JOIN rows r ON r.session = h.session AND r.seq = h.seq AND r.day = h.day
              JOIN row_text t ON t.session = h.session AND t.seq = h.seq AND t.day = h.day
-             ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC",
+             ORDER BY h.last_ms DESC, h.ord DESC, h.seq DESC"
+            ),
             &[
                 &text,
                 &i64::try_from(limit).unwrap_or(i64::MAX),
@@ -300,22 +322,18 @@ async fn search_notes(
 ) -> Result<Vec<RecallHit>, StoreError> {
     let sets = tx
         .query(
-            "WITH me AS (
-               SELECT id, parent FROM sessions
-               WHERE id = $1 AND coalesce(client_session, '') NOT LIKE 'fp:%'),
-             fam AS (
-               SELECT $1::text AS id WHERE $1::text IS NOT NULL
-               UNION SELECT parent FROM me WHERE parent IS NOT NULL
-               UNION SELECT s.id FROM sessions s JOIN me ON s.parent = me.id
-               UNION SELECT s.id FROM sessions s JOIN me
-                     ON me.parent IS NOT NULL AND s.parent = me.parent)
+            concat!(
+                "WITH ",
+                family_ctes!("$1"),
+                "
              SELECT e.session, e.set_json FROM context_edits e
              JOIN sessions s ON s.id = e.session
              WHERE e.n = (SELECT max(x.n) FROM context_edits x WHERE x.session = e.session)
                AND strpos(e.set_json, '\"notes\":[{') > 0
                AND ($1::text IS NULL OR e.session IN (SELECT id FROM fam))
              ORDER BY s.last_ms DESC, s.ord DESC
-             LIMIT $2",
+             LIMIT $2"
+            ),
             &[
                 &within,
                 &i64::try_from(SEARCH_MAX_NOTE_SETS).unwrap_or(i64::MAX),
