@@ -1,4 +1,4 @@
-//! Writing `context.txt` behind the request: one thread, a job per session
+//! Writing `context.txt` behind the request: one thread, a job per file
 //! (a newer one replaces the one not yet written: coalesced), atomic
 //! replace, `0600`; and the receipt next to it. A file edited since the
 //! proxy last wrote it is never overwritten: the next request reads the
@@ -12,6 +12,7 @@ use bytes::Bytes;
 use oceancode_ledger::Dialect;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 /// One refresh of a session's file.
@@ -32,9 +33,33 @@ pub struct Job {
     pub receipt: Option<String>,
 }
 
+/// The jobs not yet written, one per file: keyed by the file's path, not
+/// by the session id, because one process can hold two sessions of one id
+/// in two data dirs (every test harness does), and a job must never
+/// replace another file's job.
+#[derive(Default)]
+struct Queue(HashMap<PathBuf, Job>);
+
+impl Queue {
+    /// Queue `job`, replacing the job of the same file not yet written.
+    fn push(&mut self, job: Job) {
+        self.0.insert(job.slot.path.clone(), job);
+    }
+
+    /// Take any one job.
+    fn take(&mut self) -> Option<Job> {
+        let k = self.0.keys().next().cloned()?;
+        self.0.remove(&k)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The writer's queue.
 struct Writer {
-    jobs: Mutex<HashMap<String, Job>>,
+    jobs: Mutex<Queue>,
     wake: Condvar,
     /// Jobs taken off the queue and not yet written.
     writing: std::sync::atomic::AtomicUsize,
@@ -44,7 +69,7 @@ fn writer() -> &'static Writer {
     static W: OnceLock<&'static Writer> = OnceLock::new();
     W.get_or_init(|| {
         let w: &'static Writer = Box::leak(Box::new(Writer {
-            jobs: Mutex::new(HashMap::new()),
+            jobs: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             writing: std::sync::atomic::AtomicUsize::new(0),
         }));
@@ -54,9 +79,9 @@ fn writer() -> &'static Writer {
                 let job = {
                     let mut jobs = w.jobs.lock();
                     loop {
-                        if let Some(k) = jobs.keys().next().cloned() {
+                        if let Some(job) = jobs.take() {
                             w.writing.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            break jobs.remove(&k);
+                            break Some(job);
                         }
                         w.wake.wait(&mut jobs);
                     }
@@ -75,10 +100,10 @@ fn writer() -> &'static Writer {
     })
 }
 
-/// Queue a refresh (it replaces the session's refresh not yet written).
+/// Queue a refresh (it replaces the file's refresh not yet written).
 pub fn submit(job: Job) {
     let w = writer();
-    w.jobs.lock().insert(job.slot.session.clone(), job);
+    w.jobs.lock().push(job);
     w.wake.notify_one();
 }
 
@@ -315,5 +340,52 @@ pub fn drain(timeout: std::time::Duration) {
     };
     while busy() && std::time::Instant::now() < until {
         std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(dir: &std::path::Path, nonce: &str) -> Job {
+        Job {
+            slot: Arc::new(Slot {
+                session: "e1".into(),
+                path: dir.join("context.txt"),
+                receipt: dir.join("context.receipt.txt"),
+                state: Mutex::new(SlotState::default()),
+            }),
+            dialect: Dialect::Anthropic,
+            nonce: nonce.into(),
+            body: Bytes::new(),
+            layout: Vec::new(),
+            notes: Vec::new(),
+            receipt: None,
+        }
+    }
+
+    /// Two data dirs each holding a session `e1` (two proxies in one
+    /// process, as in the tests): the second job must not replace the
+    /// first (it did when the queue was keyed by session id, and a
+    /// refused edit's receipt was then never written). A newer job of
+    /// the same file still replaces the older one.
+    #[test]
+    fn a_job_replaces_only_the_job_of_its_own_file() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut q = Queue::default();
+        q.push(job(a.path(), "n1"));
+        q.push(job(b.path(), "n2"));
+        q.push(job(a.path(), "n3"));
+        let mut taken: Vec<(PathBuf, String)> = std::iter::from_fn(|| q.take())
+            .map(|j| (j.slot.path.clone(), j.nonce))
+            .collect();
+        taken.sort();
+        let mut want = vec![
+            (a.path().join("context.txt"), "n3".to_string()),
+            (b.path().join("context.txt"), "n2".to_string()),
+        ];
+        want.sort();
+        assert_eq!(taken, want);
+        assert!(q.is_empty());
     }
 }
