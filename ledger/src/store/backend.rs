@@ -467,7 +467,7 @@ pub trait LedgerStore: LedgerWrite + LedgerRead {
     ) -> Result<RebuildReport, StoreError>;
     /// Remove every session idle for `days` days or more (`0` = keep all).
     fn sweep(&self, days: u32) -> Result<SweepReport, StoreError> {
-        self.sweep_at(days, super::sql::now_ms())
+        self.sweep_at(days, super::common::now_ms())
     }
     /// [`LedgerStore::sweep`] with an explicit "now" (Unix ms), for tests.
     fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError>;

@@ -16,7 +16,7 @@
 //! them (one WARN line).
 
 use super::backend::{Behind, BehindReason};
-use super::sql::now_ms;
+use super::common::now_ms;
 use crate::model::Event;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};

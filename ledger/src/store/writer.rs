@@ -16,7 +16,7 @@
 //! made again. An event refused because it does not continue what is
 //! committed marks its session behind (see [`super::backend`]).
 //!
-//! The engines differ only in [`Db`]: SQLite's is [`super::lite::Lite`],
+//! The engines differ only in [`Db`]: SQLite's is `lite::db::Lite`,
 //! PostgreSQL's `pg::writer::PgDb`.
 
 use super::backend::{BehindReason, LAG_WINDOW};

@@ -233,7 +233,7 @@ impl Batch<'_> {
             return Ok(None);
         };
         let day: i64 = r.get(0);
-        let dialect = super::super::sql::stored_dialect(session, &r.get::<_, String>(1))?;
+        let dialect = super::super::common::stored_dialect(session, &r.get::<_, String>(1))?;
         let k = self.known.entry(session.to_string()).or_default();
         k.day = Some(day);
         k.dialect = Some(dialect);

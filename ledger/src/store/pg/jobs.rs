@@ -3,11 +3,11 @@
 //! partitions dropped when every session in them is idle; the rest deleted
 //! session by session), vacuum, model-merged page notes, the page backlog.
 
+use super::super::common::now_ms;
 use super::super::error::StoreError;
 use super::super::files::rewrite_session_files;
 use super::super::page_io::{advance_page, new_page, write_page};
 use super::super::source::Source;
-use super::super::sql::now_ms;
 use super::schema::{partition_days, partition_names, NOW_MS};
 use super::sql::{read_row, session_meta, ROW_COLS};
 use super::text::{write as write_text, TextJob};

@@ -43,10 +43,10 @@ use super::backend::{
     Behind, BehindReason, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord,
     LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics,
 };
+use super::common::now_ms;
 use super::error::{io_err, StoreError};
 use super::health::{health_of, RESTORE_WAIT};
 use super::queue::{Admit, Cmd, Reply, Shared};
-use super::sql::now_ms;
 use super::StoreOptions;
 use crate::model::{Event, Row, SessionMeta};
 use crate::page::Note;

@@ -3,8 +3,8 @@
 //! full-text search (`tsvector` + GIN, every word must appear, as FTS5).
 
 use super::super::backend::{CutRecord, LineRecord, SessionSummary, StepRecord};
+use super::super::common::stored_dialect;
 use super::super::error::StoreError;
-use super::super::sql::stored_dialect;
 use super::sql::{big, read_row, ROW_COLS};
 use crate::model::{Row, RowKind, Usage};
 use crate::recall::{

@@ -5,7 +5,7 @@
 //! created ahead of time (see [`ensure_partitions`]).
 
 use super::super::error::StoreError;
-use super::super::schema::SCHEMA_VERSION;
+use super::super::lite::schema::SCHEMA_VERSION;
 use tokio_postgres::Client;
 use tracing::warn;
 

@@ -7,8 +7,8 @@ use super::super::backend::{
     kept_exchanges, pointers_at, pointers_of_step, LoadedSession, PointersAt, RECALLS_LIKE,
     SENT_LIKE,
 };
+use super::super::common::stored_dialect;
 use super::super::error::StoreError;
-use super::super::sql::stored_dialect;
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use std::sync::{Arc, LazyLock};
 use tokio_postgres::GenericClient;

@@ -12,8 +12,8 @@
 //! anything queued: a settle waits for it); `ledger rebuild` indexes a
 //! whole session again.
 
+use super::super::common::stored_dialect;
 use super::super::error::StoreError;
-use super::super::sql::stored_dialect;
 use super::schema::DAY_MS;
 use super::writer::transient;
 use crate::model::Dialect;

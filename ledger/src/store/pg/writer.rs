@@ -11,9 +11,9 @@
 //! session. Held leases are renewed every third of their length and
 //! released at idle eviction and at shutdown.
 
+use super::super::common::now_ms;
 use super::super::error::StoreError;
 use super::super::source::Source;
-use super::super::sql::now_ms;
 use super::super::writer::{Applied, Db, Known, Queued, Reopen};
 use super::apply::{Attempt, Batch, Mode, Stmts};
 use super::schema::{self, DAY_MS, NOW_MS};

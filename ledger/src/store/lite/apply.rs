@@ -2,9 +2,10 @@
 //! [`Event`], the gap-free check of `Rows`, and what a committed event
 //! changes in the writer's caches and files.
 
-use super::sql::{now_ms, session_exists, to_i64};
-use super::writer::{rows_gap, Effect, Known, Outcome};
+use super::sql::session_exists;
 use crate::model::{Event, SessionMeta};
+use crate::store::common::{now_ms, to_i64};
+use crate::store::writer::{rows_gap, Effect, Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -1,11 +1,6 @@
 //! The backend traits for the SQLite engine: each method is the inherent
 //! one of [`Store`] (kept so callers need no trait import).
 
-use super::backend::{
-    Behind, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord, LoadedSession,
-    SessionSummary, SettleFuture, StepRecord, StoreMetrics,
-};
-use super::error::StoreError;
 use super::Store;
 use crate::model::{Event, Row, SessionMeta};
 use crate::page::Note;
@@ -13,6 +8,11 @@ use crate::paths::DataDir;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::recall::RecallHit;
 use crate::retention::{SweepReport, VacuumReport};
+use crate::store::backend::{
+    Behind, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord, LoadedSession,
+    SessionSummary, SettleFuture, StepRecord, StoreMetrics,
+};
+use crate::store::error::StoreError;
 
 impl LedgerWrite for Store {
     fn submit(&self, ev: Event) -> Result<(), StoreError> {
@@ -90,7 +90,10 @@ impl LedgerRead for Store {
     fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
         Store::cuts(self, id)
     }
-    fn context_edits(&self, id: &str) -> Result<Vec<super::ContextEditRecord>, StoreError> {
+    fn context_edits(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::store::backend::ContextEditRecord>, StoreError> {
         Store::context_edits(self, id)
     }
     fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {

@@ -3,9 +3,9 @@
 //! directory together. Both run on the writer thread, so they see every
 //! write queued before them.
 
-use super::error::{io_err, StoreError};
 use crate::paths::DataDir;
 use crate::retention::{SweepReport, VacuumReport};
+use crate::store::error::{io_err, StoreError};
 use rusqlite::{Connection, TransactionBehavior};
 use std::path::Path;
 

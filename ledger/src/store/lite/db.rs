@@ -7,15 +7,15 @@
 //! resends. At open, the files a kill -9 left missing are written again.
 
 use super::apply::{apply_event, FtsJob};
-use super::backend::BehindReason;
-use super::error::{io_err, StoreError};
-use super::files::{fill_missing, Files};
-use super::queue::Shared;
 use super::schema;
-use super::source::Source;
 use super::sql::{session_dialect, TextBatch};
-use super::writer::{learn, Applied, Db, Known, Outcome, Queued, Reopen};
 use crate::paths::DataDir;
+use crate::store::backend::BehindReason;
+use crate::store::error::{io_err, StoreError};
+use crate::store::files::{fill_missing, Files};
+use crate::store::queue::Shared;
+use crate::store::source::Source;
+use crate::store::writer::{learn, Applied, Db, Known, Outcome, Queued, Reopen};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;

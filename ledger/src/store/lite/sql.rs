@@ -1,37 +1,18 @@
-//! SQL helpers shared by the writer, the readers, rebuild and retention (a
-//! leaf: it depends on nothing of the store but its error type): row
-//! decoding, a session's facts and rows, turn summaries, the bulk search-index
-//! writer, and the one policy for a stored dialect this build does not know.
+//! SQLite's SQL helpers, shared by its writer, readers, rebuild and
+//! retention: row decoding, a session's facts and rows, turn summaries and
+//! the bulk search-index writer.
 
-use super::backend::{
-    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
-};
-use super::error::StoreError;
 use crate::model::{Dialect, Row, RowKind, SessionMeta, Usage};
 use crate::parts;
+use crate::store::backend::{
+    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
+};
+use crate::store::common::stored_dialect;
+use crate::store::error::StoreError;
 use crate::transcript::{self, TurnSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// Unix milliseconds now.
-pub(crate) use crate::time::now_ms;
-
-/// A `u64` as SQLite's `INTEGER` (saturating).
-pub(crate) fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// The dialect stored for session `id`.
-///
-/// The one policy for a dialect this build does not know (a newer build
-/// wrote it, or the file was edited): the session is unreadable here — asked
-/// for by id it is [`StoreError::Corrupt`]; where sessions are enumerated
-/// (lists, indexing, healing) it is skipped with a warning.
-pub(crate) fn stored_dialect(id: &str, stored: &str) -> Result<Dialect, StoreError> {
-    Dialect::parse(stored)
-        .ok_or_else(|| StoreError::Corrupt(format!("session {id}: unknown dialect {stored:?}")))
-}
 
 /// A session's dialect (see [`stored_dialect`]).
 pub(crate) fn session_dialect(c: &Connection, id: &str) -> Result<Dialect, StoreError> {
@@ -223,7 +204,7 @@ fn kept_exchanges(c: &Connection, id: &str) -> Result<Vec<(u64, Vec<String>)>, S
     let details = stmt
         .query_map(params![id, RECALLS_LIKE], |r| r.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(super::backend::kept_exchanges(
+    Ok(crate::store::backend::kept_exchanges(
         details.iter().map(String::as_str),
     ))
 }

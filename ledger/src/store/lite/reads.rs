@@ -2,16 +2,17 @@
 //! that see committed state — session lists and lookups, rows, steps, cuts,
 //! whole sessions, and recall (log, entry, full-text search).
 
-use super::backend::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
-use super::error::StoreError;
 use super::schema::open_reader;
-use super::sql::{self, read_row, stored_dialect, to_i64, ROW_COLS};
+use super::sql::{self, read_row, ROW_COLS};
 use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use crate::recall::{
     clip_body, fts_query, note_hits, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
     SEARCH_MAX_NOTE_SETS, SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
 };
+use crate::store::backend::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
+use crate::store::common::{stored_dialect, to_i64};
+use crate::store::error::StoreError;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::Ordering;
 use tracing::warn;
@@ -234,7 +235,10 @@ impl Store {
     }
 
     /// A session's taken context edits in order.
-    pub fn context_edits(&self, id: &str) -> Result<Vec<super::ContextEditRecord>, StoreError> {
+    pub fn context_edits(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::store::backend::ContextEditRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
@@ -242,7 +246,7 @@ impl Store {
             )?;
             let edits = stmt
                 .query_map([id], |r| {
-                    Ok(super::ContextEditRecord {
+                    Ok(crate::store::backend::ContextEditRecord {
                         n: r.get::<_, i64>(0)?.max(0) as u32,
                         ts_ms: r.get(1)?,
                         seqs: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),

@@ -2,14 +2,15 @@
 //! (rebuild, the retention sweep, vacuum, model-merged page notes, the page
 //! backlog), each waited for by its caller.
 
-use super::error::StoreError;
-use super::page_io::{advance_page, new_page, write_page};
-use super::queue::Cmd;
-use super::sql::{now_ms, session_meta};
+use super::sql::session_meta;
 use super::{rebuild, retention, LiteWriter, Store};
 use crate::page::Note;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::retention::{SweepReport, VacuumReport};
+use crate::store::common::now_ms;
+use crate::store::error::StoreError;
+use crate::store::page_io::{advance_page, new_page, write_page};
+use crate::store::queue::Cmd;
 use rusqlite::params;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;

@@ -2,9 +2,10 @@
 //! connection the way the store uses it (WAL, `synchronous=NORMAL`, busy
 //! timeout), and the search-index backfill run at open.
 
-use super::error::{io_err, StoreError};
-use super::sql::{stored_dialect, TextBatch};
+use super::sql::TextBatch;
 use crate::paths;
+use crate::store::common::stored_dialect;
+use crate::store::error::{io_err, StoreError};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use std::path::Path;
 use std::time::Duration;

@@ -3,12 +3,12 @@
 //! again from the database alone with the live writer's renderers, so what
 //! it writes is byte for byte what the writer wrote.
 
-use super::error::StoreError;
-use super::files::write_session_files;
 use super::sql::{read_row, session_meta, TextBatch, ROW_COLS};
 use crate::model::Row;
 use crate::paths::DataDir;
 use crate::rebuild::{Progress, RebuildReport};
+use crate::store::error::StoreError;
+use crate::store::files::write_session_files;
 use rusqlite::{Connection, TransactionBehavior};
 use std::collections::BTreeMap;
 

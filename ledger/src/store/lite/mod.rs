@@ -1,0 +1,242 @@
+//! The SQLite engine of the ledger store, [`Store`]: it implements the
+//! backend traits ([`crate::store::LedgerWrite`], [`crate::store::LedgerRead`],
+//! [`crate::store::LedgerStore`]) with the shared writer of `store/writer.rs` over
+//! its `Db`, `db::Lite`.
+//!
+//! One thread (`oceancode-writer`) owns the write connection. The request
+//! path hands it [`Event`]s and never waits: admission bounds the queue in
+//! events and bytes ([`StoreOptions`]), and what does not fit is shed, its
+//! session marked *behind* (see [`crate::store::LedgerWrite`]). The
+//! writer takes whatever is queued (up to `batch_max`), applies it in ONE
+//! transaction (each event under its own savepoint, so a refused event does
+//! not sink its batch), commits — retrying with backoff while the database
+//! refuses — then rewrites the transcript files of the turns it touched
+//! (atomic replace), then `SESSION.md` when a turn came wholly past the
+//! tideline ([`crate::page`]). [`Store::settle`] is a barrier that resolves
+//! once everything queued before it is committed and its files are written.
+//! Rows are also indexed for search (`row_text` + FTS5 `row_fts`). Rebuild,
+//! the retention sweep, vacuum and model-merged page notes run as jobs on the
+//! same thread, in queue order.
+//!
+//! What is on disk is always a gap-free, in-order prefix of each session: an
+//! `Event::Rows` whose first `seq` is not exactly `max(seq) + 1` is refused
+//! and leaves its session behind. A crash loses only what was still queued.
+//!
+//! Events carry no HTTP headers, so no secret can reach the database.
+//!
+//! Readers use separate read-only connections and see committed state.
+//! [`Store::load_session`] settles first (it is the reload path and must see
+//! every queued write); [`Store::list_sessions`] and
+//! [`Store::latest_session`] do not (they may lag by the writer lag) — call
+//! [`Store::settle`] before them when that matters (export, recall,
+//! retention).
+//!
+//! The files of this module are mapped in `docs/ARCHITECTURE.md`.
+
+mod apply;
+mod db;
+mod health;
+mod impls;
+mod jobs;
+mod reads;
+mod rebuild;
+mod retention;
+pub(super) mod schema;
+mod source;
+mod sql;
+
+use super::backend::StoreMetrics;
+use super::error::{io_err, StoreError};
+use super::queue::{Admit, Cmd, Reply, Shared};
+use super::writer::Writer;
+use super::{metrics_of, StoreOptions};
+use crate::model::Event;
+use crate::paths::DataDir;
+use db::Lite;
+use parking_lot::{Mutex, RwLock};
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tracing::warn;
+
+/// The SQLite engine's writer.
+type LiteWriter = Writer<Lite>;
+
+/// Idle read connections kept for reuse.
+const READER_POOL: usize = 4;
+
+/// Handle to the ledger database. Cheap to clone; the writer stops when
+/// [`Store::shutdown`] is called or the last clone is dropped.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: DataDir,
+    db: PathBuf,
+    busy: Duration,
+    tx: RwLock<Option<Sender<Cmd<LiteWriter>>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    shared: Arc<Shared>,
+    /// Idle read connections, with the database generation they read.
+    readers: Mutex<Vec<(u64, Connection)>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            warn!("ledger writer shutdown on drop: {e}");
+        }
+    }
+}
+
+impl Inner {
+    fn shutdown(&self) -> Result<(), StoreError> {
+        // A batch the writer cannot commit is retried for a grace period
+        // only, so shutdown ends.
+        self.shared.stopping.store(true, Ordering::Release);
+        if let Some(tx) = self.tx.write().take() {
+            let _ = tx.send(Cmd::Shutdown);
+        }
+        let mut thread = self.thread.lock();
+        if let Some(handle) = thread.take() {
+            handle.join().map_err(|_| StoreError::Closed)?;
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Open (or create) the ledger under `data_dir`: creates the layout
+    /// (`0700` dirs, `0600` db), enables WAL (`synchronous=NORMAL`), migrates
+    /// the schema, writes again the transcript files a crash left missing
+    /// and starts the writer thread.
+    pub fn open(data_dir: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        let dir = DataDir::new(data_dir);
+        dir.ensure_root().map_err(io_err(data_dir))?;
+        let db = dir.db_path();
+        let conn = schema::open_writer(&db, opts.busy_timeout)?;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::new(opts.queue_capacity, opts.queue_bytes));
+        let lite = Lite::new(conn, dir.clone(), opts.busy_timeout, shared.clone());
+        let mut writer = Writer::new(lite, dir.clone(), rx, shared.clone(), opts.batch_max);
+        writer.db.heal_holes(&mut writer.files);
+        let handle = std::thread::Builder::new()
+            .name("oceancode-writer".into())
+            .spawn(move || writer.run())
+            .map_err(io_err(&db))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                dir,
+                db,
+                busy: opts.busy_timeout,
+                tx: RwLock::new(Some(tx)),
+                thread: Mutex::new(Some(handle)),
+                shared,
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Queue an event for the writer. Never blocks and never waits on the
+    /// disk: an event that does not fit the queue (`queue_capacity` events,
+    /// `queue_bytes` bytes) is shed, and so is every later event of its
+    /// session until [`Store::resync`]: the session is *behind* (counted in
+    /// [`StoreMetrics::shed`]; see [`crate::store::LedgerWrite`] for the protocol).
+    pub fn submit(&self, ev: Event) -> Result<(), StoreError> {
+        self.enqueue(ev, true)
+    }
+
+    /// Like [`Store::submit`], but an event that does not fit is handed
+    /// back ([`StoreError::QueueFull`]) and its session stays as it was.
+    pub fn try_submit(&self, ev: Event) -> Result<(), StoreError> {
+        self.enqueue(ev, false)
+    }
+
+    fn enqueue(&self, ev: Event, shed: bool) -> Result<(), StoreError> {
+        let shared = &self.inner.shared;
+        let guard = self.inner.tx.read();
+        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
+        let (id, at) = match shared.admit(&ev, shed) {
+            Admit::Queue { id, at } => (id, at),
+            Admit::Dropped => return Ok(()),
+            Admit::Full => return Err(StoreError::QueueFull(Box::new(ev))),
+        };
+        tx.send(Cmd::Event { ev, id, at }).map_err(|_| {
+            shared.forget(std::iter::once(id));
+            StoreError::Closed
+        })
+    }
+
+    fn send_cmd(&self, cmd: Cmd<LiteWriter>) -> Result<(), StoreError> {
+        let guard = self.inner.tx.read();
+        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
+        tx.send(cmd).map_err(|_| StoreError::Closed)
+    }
+
+    /// Barrier: resolves once everything queued before it is committed and
+    /// its transcript files are written (while commits fail, it waits for
+    /// them to succeed).
+    pub async fn settle(&self) -> Result<(), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.send_cmd(Cmd::Settle(Reply::Async(tx)))?;
+        rx.await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Blocking form of [`Store::settle`] (safe on any thread, blocks it).
+    pub fn settle_blocking(&self) -> Result<(), StoreError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
+        rx.recv().map_err(|_| StoreError::Closed)
+    }
+
+    /// [`Store::settle_blocking`] for at most `wait`: whether it settled.
+    pub fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
+        match rx.recv_timeout(wait) {
+            Ok(()) => Ok(true),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
+        }
+    }
+
+    /// Drain the queue, commit, write transcripts and join the writer (a
+    /// batch that cannot commit is retried for a few seconds more, then
+    /// given up with an ERROR line). Idempotent; later submits return
+    /// [`StoreError::Closed`].
+    pub fn shutdown(&self) -> Result<(), StoreError> {
+        self.inner.shutdown()
+    }
+
+    /// Age in ms of the oldest queued-but-uncommitted event (0 when idle).
+    pub fn writer_lag_ms(&self) -> u64 {
+        self.inner.shared.queue_state().2
+    }
+
+    /// A snapshot of the writer's counters and lag summary.
+    pub fn metrics(&self) -> StoreMetrics {
+        metrics_of(&self.inner.shared)
+    }
+
+    /// The data-dir layout.
+    pub fn data_dir(&self) -> &DataDir {
+        &self.inner.dir
+    }
+
+    /// `<data>/oceancode.db`.
+    pub fn db_path(&self) -> &Path {
+        &self.inner.db
+    }
+
+    /// `<data>/sessions/<sanitized id>`.
+    pub fn session_dir(&self, id: &str) -> PathBuf {
+        self.inner.dir.session_dir(id)
+    }
+}
