@@ -73,10 +73,38 @@ pub(super) struct Touch {
 
 /// What applying one event did.
 pub(super) enum Outcome {
-    /// Applied: its cache effect, the turns it touched, whether the index changes.
-    Applied(Option<Effect>, Vec<u32>, bool),
+    /// Applied, and what that changes beyond the database.
+    Applied(Change),
     /// Refused (nothing written), and why.
     Refused(String),
+}
+
+impl Outcome {
+    /// Applied; nothing to do beyond the database.
+    pub(super) fn quiet() -> Outcome {
+        Outcome::Applied(Change::default())
+    }
+
+    /// Applied: `effect` on the file caches, the transcripts of `turns`
+    /// and `index.md` to write again.
+    pub(super) fn changed(effect: Effect, turns: Vec<u32>) -> Outcome {
+        Outcome::Applied(Change {
+            effect: Some(effect),
+            turns,
+            reindex: true,
+        })
+    }
+}
+
+/// What an applied event changes beyond the database: the writer's files.
+#[derive(Default)]
+pub(super) struct Change {
+    /// Its effect on the file caches (None = none).
+    pub(super) effect: Option<Effect>,
+    /// The turns whose transcripts it touched.
+    pub(super) turns: Vec<u32>,
+    /// Whether `index.md` changes.
+    pub(super) reindex: bool,
 }
 
 /// What one successful attempt at a batch did.
@@ -103,17 +131,11 @@ impl Applied {
     }
 
     /// `ev` was applied: what it changes of its session.
-    pub(super) fn applied(
-        &mut self,
-        ev: &Event,
-        effect: Option<Effect>,
-        turns: Vec<u32>,
-        index: bool,
-    ) {
+    pub(super) fn applied(&mut self, ev: &Event, change: Change) {
         let t = self.touched.entry(ev.session().to_string()).or_default();
-        t.effects.extend(effect);
-        t.turns.extend(turns);
-        t.index |= index;
+        t.effects.extend(change.effect);
+        t.turns.extend(change.turns);
+        t.index |= change.reindex;
         t.page |= !matches!(
             ev,
             Event::Session(_) | Event::Step { .. } | Event::Line { .. } | Event::ContextEdit { .. }

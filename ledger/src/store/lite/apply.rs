@@ -5,7 +5,7 @@
 use super::sql::session_exists;
 use crate::model::{Event, SessionMeta};
 use crate::store::common::{now_ms, to_i64};
-use crate::store::writer::{rows_gap, Effect, Known, Outcome};
+use crate::store::writer::{rows_gap, Change, Effect, Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -35,10 +35,9 @@ fn hide(c: &Connection, session: &str, seqs: &[u64]) -> rusqlite::Result<Outcome
             turns.insert(t as u32);
         }
     }
-    Ok(Outcome::Applied(
-        Some(Effect::Invalidate),
+    Ok(Outcome::changed(
+        Effect::Invalidate,
         turns.into_iter().collect(),
-        true,
     ))
 }
 
@@ -87,11 +86,11 @@ pub(super) fn apply_event(
                 )?,
                 ..m.clone()
             };
-            Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))
+            Ok(Outcome::changed(Effect::Meta(meta), Vec::new()))
         }
         Event::Rows { session, rows } => {
             if rows.is_empty() {
-                return Ok(Outcome::Applied(None, Vec::new(), false));
+                return Ok(Outcome::quiet());
             }
             let expected = match k.and_then(|k| k.next_seq) {
                 Some(n) => n,
@@ -135,11 +134,7 @@ pub(super) fn apply_event(
                     turns.push(r.turn);
                 }
             }
-            Ok(Outcome::Applied(
-                Some(Effect::Append(rows.clone())),
-                turns,
-                true,
-            ))
+            Ok(Outcome::changed(Effect::Append(rows.clone()), turns))
         }
         Event::Confirm { session, seq, raw } => {
             let hit: Option<(i64, bool)> = c
@@ -161,15 +156,15 @@ pub(super) fn apply_event(
             });
             let turn = turn as u32;
             let turns = if hidden { Vec::new() } else { vec![turn] };
-            Ok(Outcome::Applied(
-                Some(Effect::Confirm {
+            Ok(Outcome::Applied(Change {
+                effect: Some(Effect::Confirm {
                     seq: *seq,
                     turn,
                     raw: raw.clone(),
                 }),
                 turns,
-                false,
-            ))
+                reindex: false,
+            }))
         }
         Event::Branch {
             session,
@@ -224,7 +219,7 @@ pub(super) fn apply_event(
             ])?;
             c.prepare_cached("UPDATE sessions SET last_ms = MAX(last_ms, ?2) WHERE id = ?1")?
                 .execute(params![session, ts_ms])?;
-            Ok(Outcome::Applied(None, Vec::new(), false))
+            Ok(Outcome::quiet())
         }
         Event::Cut {
             session,
@@ -246,7 +241,7 @@ pub(super) fn apply_event(
             ])?;
             c.prepare_cached("UPDATE sessions SET cut_upto = ?2 WHERE id = ?1")?
                 .execute(params![session, to_i64(*upto_seq)])?;
-            Ok(Outcome::Applied(None, Vec::new(), false))
+            Ok(Outcome::quiet())
         }
         Event::Line {
             session,
@@ -260,7 +255,7 @@ pub(super) fn apply_event(
                  WHERE id = ?1",
             )?
             .execute(params![session, to_i64(*line), spec, ts_ms, overridden])?;
-            Ok(Outcome::Applied(None, Vec::new(), false))
+            Ok(Outcome::quiet())
         }
         Event::ContextEdit {
             session,
@@ -285,7 +280,7 @@ pub(super) fn apply_event(
                 to_i64(*tokens_before),
                 to_i64(*tokens_after)
             ])?;
-            Ok(Outcome::Applied(None, Vec::new(), false))
+            Ok(Outcome::quiet())
         }
     }
 }

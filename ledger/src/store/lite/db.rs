@@ -206,10 +206,10 @@ impl Lite {
             let sp = tx.savepoint()?;
             let mark = self.fts_pending.len();
             let (reason, why) = match apply_event(&sp, ev, &mut self.fts_pending, &self.known) {
-                Ok(Outcome::Applied(effect, turns, index)) => {
+                Ok(Outcome::Applied(change)) => {
                     sp.commit()?;
                     learn(&mut self.known, ev);
-                    out.applied(ev, effect, turns, index);
+                    out.applied(ev, change);
                     continue;
                 }
                 Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),

@@ -16,7 +16,7 @@
 
 use super::super::backend::BehindReason;
 use super::super::error::StoreError;
-use super::super::writer::{learn, rows_gap, Applied, Effect, Known, Outcome, Queued};
+use super::super::writer::{learn, rows_gap, Applied, Change, Effect, Known, Outcome, Queued};
 use super::schema::{DAY_MS, NOW_MS};
 use super::sql::big;
 use super::text::TextJob;
@@ -177,7 +177,7 @@ impl Batch<'_> {
                 tx.batch_execute("SAVEPOINT ev").await?;
                 let r = self.apply_event(&tx, ev).await;
                 match &r {
-                    Ok(Outcome::Applied(..)) => tx.batch_execute("RELEASE SAVEPOINT ev").await?,
+                    Ok(Outcome::Applied(_)) => tx.batch_execute("RELEASE SAVEPOINT ev").await?,
                     _ => tx.batch_execute("ROLLBACK TO SAVEPOINT ev").await?,
                 }
                 r
@@ -185,9 +185,9 @@ impl Batch<'_> {
                 self.apply_event(&tx, ev).await
             };
             let (reason, why) = match outcome {
-                Ok(Outcome::Applied(effect, turns, index)) => {
+                Ok(Outcome::Applied(change)) => {
                     learn(self.known, ev);
-                    out.applied(ev, effect, turns, index);
+                    out.applied(ev, change);
                     continue;
                 }
                 Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),
@@ -262,10 +262,9 @@ impl Batch<'_> {
             .iter()
             .map(|r| r.get::<_, i64>(0).max(0) as u32)
             .collect();
-        Ok(Outcome::Applied(
-            Some(Effect::Invalidate),
+        Ok(Outcome::changed(
+            Effect::Invalidate,
             turns.into_iter().collect(),
-            true,
         ))
     }
 
@@ -283,10 +282,10 @@ impl Batch<'_> {
             return Ok(Outcome::Refused("unknown session".into()));
         };
         match ev {
-            Event::Session(_) => Ok(Outcome::Applied(None, Vec::new(), false)),
+            Event::Session(_) => Ok(Outcome::quiet()),
             Event::Rows { rows, .. } => {
                 if rows.is_empty() {
-                    return Ok(Outcome::Applied(None, Vec::new(), false));
+                    return Ok(Outcome::quiet());
                 }
                 let expected = match self.known.get(session).and_then(|k| k.next_seq) {
                     Some(n) => n,
@@ -343,11 +342,7 @@ impl Batch<'_> {
                         turns.push(r.turn);
                     }
                 }
-                Ok(Outcome::Applied(
-                    Some(Effect::Append(rows.clone())),
-                    turns,
-                    true,
-                ))
+                Ok(Outcome::changed(Effect::Append(rows.clone()), turns))
             }
             Event::Confirm { seq, raw, .. } => {
                 let (seq_, raw_) = (big(*seq), &**raw);
@@ -371,15 +366,15 @@ impl Batch<'_> {
                 });
                 let turn = r.get::<_, i64>(0).max(0) as u32;
                 let hidden: bool = r.get(1);
-                Ok(Outcome::Applied(
-                    Some(Effect::Confirm {
+                Ok(Outcome::Applied(Change {
+                    effect: Some(Effect::Confirm {
                         seq: *seq,
                         turn,
                         raw: raw.clone(),
                     }),
-                    if hidden { Vec::new() } else { vec![turn] },
-                    false,
-                ))
+                    turns: if hidden { Vec::new() } else { vec![turn] },
+                    reindex: false,
+                }))
             }
             Event::Branch {
                 at_seq,
@@ -460,7 +455,7 @@ impl Batch<'_> {
                         &last,
                     ),
                 )?;
-                Ok(Outcome::Applied(None, Vec::new(), false))
+                Ok(Outcome::quiet())
             }
             Event::Cut {
                 upto_seq,
@@ -481,7 +476,7 @@ impl Batch<'_> {
                     ),
                     self.exec(tx, "UPDATE sessions SET cut_upto = $2 WHERE id = $1", &mark),
                 )?;
-                Ok(Outcome::Applied(None, Vec::new(), false))
+                Ok(Outcome::quiet())
             }
             Event::ContextEdit {
                 n,
@@ -512,7 +507,7 @@ impl Batch<'_> {
                     ],
                 )
                 .await?;
-                Ok(Outcome::Applied(None, Vec::new(), false))
+                Ok(Outcome::quiet())
             }
             Event::Line {
                 line,
@@ -535,7 +530,7 @@ impl Batch<'_> {
                     ],
                 )
                 .await?;
-                Ok(Outcome::Applied(None, Vec::new(), false))
+                Ok(Outcome::quiet())
             }
         }
     }
@@ -592,7 +587,7 @@ impl Batch<'_> {
             parent: m.parent.as_deref().map(|p| text(p).into_owned()),
             ..m.clone()
         };
-        Ok(Outcome::Applied(Some(Effect::Meta(meta)), Vec::new(), true))
+        Ok(Outcome::changed(Effect::Meta(meta), Vec::new()))
     }
 }
 
