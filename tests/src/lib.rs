@@ -442,8 +442,8 @@ impl Harness {
         self.proxy()
             .app
             .store
-            .as_ref()
-            .and_then(|s| s.as_sqlite())
+            .as_deref()
+            .and_then(|s| (s as &dyn std::any::Any).downcast_ref())
             .expect("ledger on (SQLite)")
     }
 }

@@ -396,11 +396,6 @@ pub trait LedgerRead: Send + Sync {
     fn latest_session(&self) -> Result<Option<String>, StoreError>;
     /// `None` = the most recent; an exact id; else a unique id prefix.
     fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError>;
-    /// The SQLite engine behind this handle, if it is one (tests and
-    /// benches that look at its file).
-    fn as_sqlite(&self) -> Option<&super::Store> {
-        None
-    }
     /// Every session as a name may mean it ([`crate::resolve::Candidate`]).
     fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError>;
     /// A session's facts.
@@ -457,8 +452,10 @@ pub trait LedgerRead: Send + Sync {
 }
 
 /// A whole ledger backend: both sides and the maintenance jobs (run in
-/// queue order with the writes).
-pub trait LedgerStore: LedgerWrite + LedgerRead {
+/// queue order with the writes). `Any` lets a test or bench reach an
+/// engine's own handle (`(&*store as &dyn Any).downcast_ref::<Store>()`)
+/// without the traits naming any engine.
+pub trait LedgerStore: LedgerWrite + LedgerRead + std::any::Any {
     /// Rebuild a session's files and search index from the database.
     fn rebuild(
         &self,

@@ -72,9 +72,6 @@ impl LedgerRead for Store {
     fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
         Store::resolve_session(self, spec)
     }
-    fn as_sqlite(&self) -> Option<&Store> {
-        Some(self)
-    }
     fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
         Store::session_candidates(self)
     }
