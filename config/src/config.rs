@@ -81,7 +81,7 @@ pub mod vars {
     pub const OTLP_HEADERS: &str = "OCEANCODE_OTLP_HEADERS";
     /// The GenAI conventions' content-capture switch (`true` exports message text).
     pub const CAPTURE_CONTENT: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
-    /// Context window override for every model (tokens; read by `models::context_window`).
+    /// Context window override for every model (tokens; read by `model_facts::context_window`).
     pub const CONTEXT_TOKENS: &str = "OCEANCODE_CONTEXT_TOKENS";
     /// XDG config home.
     pub const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";

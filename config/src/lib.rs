@@ -8,6 +8,7 @@ pub mod budget;
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod model_facts;
 pub mod models;
 pub mod redact;
 pub mod tideline;
@@ -26,7 +27,8 @@ pub use config::{
     MAX_STATE_TOKENS, MIN_STATE_TOKENS, SQLITE,
 };
 pub use error::ConfigError;
-pub use models::{context_window, lookup, max_output, price, with_context_1m, ModelInfo, Price};
+pub use model_facts::{context_window, max_output, price};
+pub use models::{lookup, with_context_1m, ModelInfo, Price};
 pub use redact::{redact_url, redact_urls_in};
 pub use tideline::{
     Amount, AmountError, BlockSpec, LineSpec, MAX_CHECKED_WINDOW, MIN_FIXED_LINE, MIN_PERCENT,
