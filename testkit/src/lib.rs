@@ -1,0 +1,13 @@
+//! The test kit every crate's tests share (linkerd's `linkerd/app/test` is
+//! the model): [`eventually`] instead of hand-written poll loops, and a
+//! per-dialect [`Conversation`] builder instead of private request-body
+//! builders. It depends on no crate of the workspace but the session model
+//! (`oceancode-window`), so every crate's tests can use it.
+// A test kit: a failed wait or a malformed fixture should panic with its reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod conversation;
+mod eventually;
+
+pub use conversation::{assistant, conv_key, user, Conversation, Dialect};
+pub use eventually::{eventually, eventually_async, Outcome, POLL};
