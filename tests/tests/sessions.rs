@@ -4,6 +4,7 @@
 
 use oceancode_fakeup::FakeConfig;
 use oceancode_ledger::RowKind;
+use oceancode_testkit::eventually_async;
 use oceancode_tests::{captured, Harness};
 use std::os::unix::fs::PermissionsExt;
 
@@ -305,17 +306,20 @@ async fn an_answer_is_recorded_when_the_client_closes_right_after_the_terminal_e
     }
     drop(resp);
     // The tap finishes when the proxy notices the client went away.
-    let mut rows = 0;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        h.settle().await;
-        if let Some(id) = h.store().latest_session().unwrap() {
-            rows = h.store().load_session(&id).unwrap().unwrap().rows.len();
-            if rows == 2 {
-                break;
-            }
+    let hr = &h;
+    let rows = eventually_async(Duration::from_secs(2), "both rows", move || async move {
+        hr.settle().await;
+        let rows = match hr.store().latest_session().unwrap() {
+            Some(id) => hr.store().load_session(&id).unwrap().unwrap().rows.len(),
+            None => 0,
+        };
+        if rows == 2 {
+            Ok(rows)
+        } else {
+            Err(rows)
         }
-    }
+    })
+    .await;
     assert_eq!(rows, 2, "the prompt and the answer are both recorded");
     let s = h.admin("/_oceancode/sessions/latest").await;
     assert_eq!(s["totals"]["cache_write"], 12511, "usage kept: {s}");
