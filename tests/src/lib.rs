@@ -504,7 +504,6 @@ pub mod recall {
     use oceancode_ledger::Dialect;
     use oceancode_proxy::dialect::{conv_key, ParsedBody};
     use oceancode_proxy::recall_tool::RecallTool;
-    use serde_json::{json, Value};
 
     /// A proxy running the tool as `tool` says, in front of a fake
     /// answering with `script`.
@@ -529,30 +528,8 @@ pub mod recall {
         }
     }
 
-    /// A user message of the dialect.
-    pub fn user(d: Dialect, text: &str) -> Value {
-        match d {
-            Dialect::OpenaiResponses => {
-                json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
-            }
-            Dialect::Gemini => json!({"role":"user","parts":[{"text":text}]}),
-            _ => json!({"role":"user","content":text}),
-        }
-    }
-
-    /// An assistant text message of the dialect, as the client echoes it.
-    pub fn assistant(d: Dialect, text: &str) -> Value {
-        match d {
-            Dialect::Anthropic => {
-                json!({"role":"assistant","content":[{"type":"text","text":text}]})
-            }
-            Dialect::OpenaiChat => json!({"role":"assistant","content":text}),
-            Dialect::OpenaiResponses => {
-                json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]})
-            }
-            Dialect::Gemini => json!({"role":"model","parts":[{"text":text}]}),
-        }
-    }
+    /// A user / an assistant text message of the dialect (the kit's).
+    pub use oceancode_testkit::{assistant, user};
 
     /// The model requests (not count_tokens) of dialect `d` the fake received.
     pub fn model_requests(h: &Harness, d: Dialect) -> Vec<Recorded> {

@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use http::Method;
 use oceancode_fakeup::FakeConfig;
-use oceancode_testkit::eventually_async;
+use oceancode_testkit::{eventually_async, Conversation, Dialect};
 use oceancode_tests::{collect, Harness, Replay};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn anthropic_body(stream: bool, text: &str) -> String {
-    serde_json::json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 64,
-        "stream": stream,
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string()
+    Conversation::new(Dialect::Anthropic)
+        .model("claude-sonnet-4-5")
+        .max_tokens(64)
+        .stream(stream)
+        .user(text)
+        .body()
 }
 
 /// The address part of `http://addr`.

@@ -713,6 +713,7 @@ mod remote_compaction {
     use super::*;
     use oceancode_fakeup::{Reply, Script};
     use oceancode_proxy::sessions::ModelLimits;
+    use oceancode_testkit::{Conversation, Dialect};
     use serde_json::{json, Value};
     use std::sync::Arc;
 
@@ -732,16 +733,20 @@ mod remote_compaction {
     }
 
     pub fn body(input: &[Value], extra: Option<Value>) -> String {
-        let mut b = json!({"model": "gpt-5-codex", "instructions": "You are Codex.",
-            "tools": [{"type": "function", "name": "exec_command",
-                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
-            "input": input});
-        if let Some(e) = extra {
-            b.as_object_mut()
-                .unwrap()
-                .extend(e.as_object().unwrap().clone());
-        }
-        b.to_string()
+        let c = Conversation::new(Dialect::OpenaiResponses)
+            .model("gpt-5-codex")
+            .system("You are Codex.")
+            .tool(
+                "exec_command",
+                None,
+                json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            )
+            .messages(input.iter().cloned());
+        extra
+            .iter()
+            .flat_map(|e| e.as_object().unwrap().clone())
+            .fold(c, |c, (k, v)| c.member(&k, v))
+            .body()
     }
 
     /// Codex's instructions item; re-injected after a compaction with a new
