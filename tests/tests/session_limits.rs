@@ -251,7 +251,7 @@ async fn the_time_limit_refuses_requests_after_it_in_every_dialect() {
         assert_eq!(got.status, 200, "{}", got.text());
     }
     let before = h.fake.request_count();
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    h.clock.advance(Duration::from_millis(1600));
     for api in Api::ALL {
         let name = format!("time-{api:?}");
         let hdr = [("x-oceancode-session", name.as_str())];

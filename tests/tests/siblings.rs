@@ -392,7 +392,7 @@ async fn rewind_after(pause: Duration, live: Duration) -> (Harness, Vec<LoadedSe
     }
     let got = h.post("/v1/messages", &[], body(&history)).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    tokio::time::sleep(pause).await;
+    h.clock.advance(pause);
     history.truncate(2);
     history.push(json!({"role":"user","content":"question two EDITED"}));
     let got = h.post("/v1/messages", &[], body(&history)).await;
