@@ -1,11 +1,8 @@
 //! The store's behaviour on both backends (one parameterized suite): every
 //! case runs on SQLite and, when a PostgreSQL server is set
-//! (`OCEANCODE_TEST_DATABASE_URL`, see `pg_common`), on PostgreSQL, which
+//! (`OCEANCODE_TEST_DATABASE_URL`, see `oceancode_testkit::ledger`), on PostgreSQL, which
 //! must read back and render exactly what SQLite does.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
-
-mod page_common;
-mod pg_common;
 
 use oceancode_ledger::store::pg::PgStore;
 use oceancode_ledger::store::{
@@ -13,8 +10,7 @@ use oceancode_ledger::store::{
 };
 use oceancode_ledger::{Event, InternalRecall, RowKind, SentWindow, StepDetail};
 use oceancode_testkit::eventually;
-use page_common::*;
-use pg_common::*;
+use oceancode_testkit::ledger::*;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;

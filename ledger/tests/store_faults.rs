@@ -5,15 +5,13 @@
 //! heals it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{BehindReason, HealthStatus, Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, Usage};
 use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::*;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
-use store_common::*;
 
 /// The store's busy timeout in these tests.
 const BUSY: Duration = Duration::from_millis(200);

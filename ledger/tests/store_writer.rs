@@ -2,15 +2,13 @@
 //! reload, branches, metrics.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{
     BehindReason, HealthStatus, LoadedSession, SentPointers, Store, StoreError, StoreOptions,
 };
 use oceancode_ledger::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};
 use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::*;
 use std::time::Duration;
-use store_common::*;
 
 fn session(store: &Store, id: &str) {
     store
