@@ -1,7 +1,7 @@
 //! The test kit every crate's tests share (linkerd's `linkerd/app/test` is
 //! the model): [`eventually`] instead of hand-written poll loops, and a
 //! per-dialect [`Conversation`] builder instead of private request-body
-//! builders; with the feature `ledger`, the one ledger kit ([`ledger`]:
+//! builders; with the feature `ledger`, the one ledger kit (module `ledger`:
 //! rows, a scripted session, the store backends). Without that feature it
 //! depends on no crate of the workspace but the session model
 //! (`oceancode-window`), so the fake upstream's tests link no ledger.
