@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream, Reply, Script};
+use oceancode_testkit::eventually;
 use serde_json::{json, Value};
 
 async fn fake(cfg: FakeConfig) -> FakeHandle {
@@ -267,14 +268,9 @@ fn binary_prints_url_serves_and_stops_on_sigterm() {
         .status()
         .unwrap();
     assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = eventually(Duration::from_secs(10), "a stop on SIGTERM", || {
+        child.try_wait().unwrap()
+    });
     assert!(exit.success(), "{exit:?}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_oceancode-fakeup"))

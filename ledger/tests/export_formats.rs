@@ -2,11 +2,9 @@
 //! package when python3 has it), plus the 10,000-row timing run (ignored).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod page_common;
-
 use oceancode_config::Price;
 use oceancode_ledger::{atif, export};
-use page_common::*;
+use oceancode_testkit::ledger::*;
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::Instant;

@@ -2,9 +2,7 @@
 //! live files byte for byte.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod page_common;
-
-use page_common::*;
+use oceancode_testkit::ledger::*;
 use serde_json::json;
 
 #[test]

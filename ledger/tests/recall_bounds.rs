@@ -4,11 +4,7 @@
 //! engines the search answers within seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod page_common;
-mod pg_common;
-
-use page_common::*;
-use pg_common::*;
+use oceancode_testkit::ledger::*;
 use std::time::{Duration, Instant};
 
 #[test]

@@ -2,9 +2,7 @@
 //! search across sessions; rows hidden by a rewind are read too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod page_common;
-
-use page_common::*;
+use oceancode_testkit::ledger::*;
 use serde_json::json;
 
 #[test]

@@ -2,9 +2,7 @@
 //! `vacuum` compacts.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod page_common;
-
-use page_common::*;
+use oceancode_testkit::ledger::*;
 
 const DAY: i64 = 86_400_000;
 

@@ -1,19 +1,16 @@
 //! The store's behaviour on both backends (one parameterized suite): every
 //! case runs on SQLite and, when a PostgreSQL server is set
-//! (`OCEANCODE_TEST_DATABASE_URL`, see `pg_common`), on PostgreSQL, which
+//! (`OCEANCODE_TEST_DATABASE_URL`, see `oceancode_testkit::ledger`), on PostgreSQL, which
 //! must read back and render exactly what SQLite does.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
-
-mod page_common;
-mod pg_common;
 
 use oceancode_ledger::store::pg::PgStore;
 use oceancode_ledger::store::{
     BehindReason, LedgerStore, LedgerWrite, SentPointers, StoreError, StoreOptions,
 };
 use oceancode_ledger::{Event, InternalRecall, RowKind, SentWindow, StepDetail};
-use page_common::*;
-use pg_common::*;
+use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::*;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -631,14 +628,18 @@ fn postgres_an_index_waiting_when_the_connection_drops_is_written() {
     Sim::new(&store, "sess-next", T0);
     store.settle_blocking().expect("settle");
     // The deferred flush runs within a second of the row; poll for it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let text = std::fs::read_to_string(&index).expect("index");
-        if text.contains("| 1–2 |") || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let text = eventually(
+        Duration::from_secs(10),
+        "the index names rows 1–2",
+        || {
+            let text = std::fs::read_to_string(&index).expect("index");
+            if text.contains("| 1–2 |") {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    );
     assert!(text.contains("| 1–2 |"), "{text}");
 }
 
@@ -940,15 +941,10 @@ fn postgres_outage_degrades_and_heals() {
     s.say("during the outage");
     s.prompt("still during it");
     assert!(t.elapsed() < Duration::from_millis(200), "submit waited");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let health = loop {
+    let health = eventually(Duration::from_secs(10), "health degraded", || {
         let h = store.health();
-        if h.status == oceancode_ledger::store::HealthStatus::Degraded {
-            break h;
-        }
-        assert!(Instant::now() < deadline, "health never degraded");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        (h.status == oceancode_ledger::store::HealthStatus::Degraded).then_some(h)
+    });
     assert!(
         health.reasons.iter().any(|r| r.contains("commits failing")),
         "{:?}",

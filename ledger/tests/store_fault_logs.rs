@@ -4,15 +4,13 @@
 //! (Its own test binary: it installs the process's global subscriber.)
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, RowKind};
+use oceancode_testkit::ledger::*;
 use parking_lot::Mutex;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
-use store_common::*;
 
 #[derive(Clone, Default)]
 struct Buf(Arc<Mutex<Vec<u8>>>);

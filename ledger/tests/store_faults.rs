@@ -5,14 +5,13 @@
 //! heals it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{BehindReason, HealthStatus, Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, Usage};
+use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::*;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
-use store_common::*;
 
 /// The store's busy timeout in these tests.
 const BUSY: Duration = Duration::from_millis(200);
@@ -103,9 +102,16 @@ fn a_locked_database_loses_no_row() {
             store.submit(rows_event(id, vec![r(seq)])).expect("rows");
         }
     }
-    std::thread::sleep(Duration::from_millis(300));
-    // Health tells, with the reason and the lag.
-    let h = store.health();
+    // Health tells, with the reason and the lag, once the writer holds
+    // all 14 events it cannot commit.
+    let h = eventually(Duration::from_secs(5), "14 events queued", || {
+        let h = store.health();
+        if h.status == HealthStatus::Degraded && h.queued == 14 {
+            Ok(h)
+        } else {
+            Err(h)
+        }
+    });
     assert_eq!(h.status, HealthStatus::Degraded, "{h:?}");
     assert!(
         h.reasons.iter().any(|r| r.contains("commits failing")),
@@ -284,11 +290,11 @@ fn a_deleted_data_dir_is_reopened() {
     assert_eq!(store.health().status, HealthStatus::Ok);
     // An idle writer notices too (its check runs once a second).
     std::fs::remove_dir_all(&data).expect("delete again");
-    let t0 = std::time::Instant::now();
-    while !store.db_path().exists() {
-        assert!(t0.elapsed() < Duration::from_secs(5), "not noticed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        Duration::from_secs(5),
+        "the deleted data dir noticed",
+        || store.db_path().exists(),
+    );
     assert_eq!(store.metrics().reopens, 2);
 }
 

@@ -1,12 +1,10 @@
 //! Data-dir layout and permissions.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::paths::{self, sanitize_session_id, DataDir};
 use oceancode_ledger::{Dialect, Event, RowKind};
+use oceancode_testkit::ledger::*;
 use std::os::unix::fs::PermissionsExt;
-use store_common::*;
 
 #[test]
 fn store_paths_layout() {

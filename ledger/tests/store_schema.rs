@@ -5,11 +5,9 @@
 //! one policy for a stored dialect this build does not know.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{Store, StoreError, SCHEMA_VERSION};
 use oceancode_ledger::{AppliedEdit, Dialect, Event, RowKind, StepDetail, Usage};
-use store_common::*;
+use oceancode_testkit::ledger::*;
 
 fn step(session: &str, step: u32, status: u16, error: Option<&str>) -> Event {
     Event::Step {

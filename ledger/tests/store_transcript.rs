@@ -1,12 +1,10 @@
 //! Transcript rendering (pure) and the files the writer produces.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::transcript::{self, render_index, render_turn, summarize_turn, TurnSummary};
 use oceancode_ledger::{Dialect, Event, Row, RowKind};
+use oceancode_testkit::ledger::*;
 use std::collections::BTreeMap;
-use store_common::*;
 
 fn by_turn(rows: &[Row]) -> BTreeMap<u32, Vec<Row>> {
     let mut m: BTreeMap<u32, Vec<Row>> = BTreeMap::new();

@@ -2,14 +2,13 @@
 //! reload, branches, metrics.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
-mod store_common;
-
 use oceancode_ledger::store::{
     BehindReason, HealthStatus, LoadedSession, SentPointers, Store, StoreError, StoreOptions,
 };
 use oceancode_ledger::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};
+use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::*;
 use std::time::Duration;
-use store_common::*;
 
 fn session(store: &Store, id: &str) {
     store
@@ -512,7 +511,10 @@ fn store_lag_metric_and_full_queue() {
     let behind = store.behind("lag").expect("behind");
     assert_eq!(behind.reason, BehindReason::Shed);
     assert!(!behind.ready, "its earlier events are still queued");
-    std::thread::sleep(Duration::from_millis(100));
+    // The lag grows while the lock is held (past the 250 ms the end checks).
+    eventually(Duration::from_secs(5), "a writer lag of 250 ms", || {
+        store.writer_lag_ms() >= 250
+    });
     assert!(
         store.writer_lag_ms() >= 200,
         "lag {}",

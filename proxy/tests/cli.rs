@@ -12,10 +12,11 @@ use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{output, proxy_cmd, serve, Served};
+use common::{exited, output, proxy_cmd, serve, ChildGuard, Served};
+use oceancode_testkit::eventually_async;
 
 const USAGE: &str = "usage: oceancode-proxy tideline [--session S] [50% | 500k | now | default]";
 
@@ -30,16 +31,13 @@ fn sigterm_and_wait(s: &mut Served) {
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
         0
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            assert!(st.success(), "serve exits 0 on SIGTERM, got {st:?}");
-            s.guard.0 = None;
-            return;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let st = exited(
+        &mut s.guard,
+        Duration::from_secs(15),
+        "serve to stop on SIGTERM",
+    );
+    assert!(st.success(), "serve exits 0 on SIGTERM, got {st:?}");
+    s.guard.0 = None;
 }
 
 type Http = Client<HttpConnector, Full<Bytes>>;
@@ -1132,24 +1130,21 @@ async fn context_receipt_without_a_proxy_never_hangs_on_a_fifo() {
         .status()
         .expect("mkfifo");
     assert!(made.success());
-    let mut child = with_data(home, data, &["context", &id, "--receipt"])
+    let child = with_data(home, data, &["context", &id, "--receipt"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("`context --receipt` hung on a FIFO in the receipt's place");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    // Killed if it hangs (the guard's drop).
+    let mut guard = ChildGuard(Some(child));
+    let status = eventually_async(
+        std::time::Duration::from_secs(20),
+        "`context --receipt` not to hang on a FIFO in the receipt's place",
+        || std::future::ready(guard.child().try_wait().expect("wait")),
+    )
+    .await;
+    guard.0 = None;
     // No proxy and no readable receipt: the no-proxy error, at once.
     assert!(!status.success(), "{status:?}");
 }

@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{serve, Served};
+use common::{exited, serve, Served};
+use oceancode_testkit::eventually_async;
 
 const SESSIONS: usize = 8;
 /// Completed requests (over all clients) before the SIGKILL.
@@ -209,20 +210,17 @@ fn sigterm_and_wait(s: &mut Served) {
     let pid = child.id() as libc::pid_t;
     // SAFETY: plain kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(st) = child.try_wait().expect("try_wait") {
-            assert!(
-                st.success(),
-                "serve exits 0 on SIGTERM, got {st:?}; stderr:\n{}",
-                s.stderr.lock().unwrap()
-            );
-            s.guard.0 = None;
-            return;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let st = exited(
+        &mut s.guard,
+        Duration::from_secs(15),
+        "serve to stop on SIGTERM",
+    );
+    assert!(
+        st.success(),
+        "serve exits 0 on SIGTERM, got {st:?}; stderr:\n{}",
+        s.stderr.lock().unwrap()
+    );
+    s.guard.0 = None;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -272,16 +270,18 @@ async fn sigkill_mid_burst_leaves_gap_free_prefixes_and_a_resend_heals() {
             }
         }));
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while done.load(Ordering::SeqCst) < KILL_AFTER {
-        assert!(
-            Instant::now() < deadline,
-            "burst too slow: {} done; stderr:\n{}",
-            done.load(Ordering::SeqCst),
-            proxy.stderr.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    eventually_async(Duration::from_secs(10), "the burst", || {
+        let n = done.load(Ordering::SeqCst);
+        std::future::ready(if n >= KILL_AFTER {
+            Ok(())
+        } else {
+            Err(format!(
+                "burst too slow: {n} done; stderr:\n{}",
+                proxy.stderr.lock().unwrap()
+            ))
+        })
+    })
+    .await;
     proxy.guard.child().kill().expect("SIGKILL"); // std: SIGKILL on unix
     let status = proxy.guard.child().wait().expect("wait");
     proxy.guard.0 = None;

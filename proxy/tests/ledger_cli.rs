@@ -11,7 +11,11 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+use common::ChildGuard;
+use oceancode_testkit::eventually;
 
 const BIN: &str = env!("CARGO_BIN_EXE_oceancode-proxy");
 const T0: i64 = 1_700_000_000_000;
@@ -585,15 +589,17 @@ fn cli_metrics_prometheus_text() {
         .local_addr()
         .expect("addr")
         .port();
-    let mut child = cmd(tmp.path())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("serve");
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Killed when the test ends, passed or not.
+    let _child = ChildGuard(Some(
+        cmd(tmp.path())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve"),
+    ));
     let get = |auth: &str| -> Option<String> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
         write!(
@@ -606,21 +612,17 @@ fn cli_metrics_prometheus_text() {
         Some(text)
     };
     // The admin token is made at first start, in the data dir.
-    let token = loop {
-        match std::fs::read_to_string(data.join("admin-token")) {
-            Ok(t) if get("").is_some() => break t.trim().to_string(),
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                panic!("proxy did not listen or made no admin token");
-            }
-        }
-    };
+    let token = eventually(
+        Duration::from_secs(20),
+        "the proxy to listen and make its admin token",
+        || {
+            let t = std::fs::read_to_string(data.join("admin-token")).ok()?;
+            get("").map(|_| t.trim().to_string())
+        },
+    );
     let refused = get("").unwrap_or_default();
     assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
     let body = get(&format!("authorization: Bearer {token}\r\n")).unwrap_or_default();
-    let _ = child.kill();
-    let _ = child.wait();
     assert!(body.starts_with("HTTP/1.1 200"), "{body}");
     assert!(body.contains("text/plain; version=0.0.4"));
     let text = &body[body.find("\r\n\r\n").expect("body") + 4..];

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::{output, proxy_cmd, serve, ChildGuard};
+use oceancode_testkit::eventually;
 
 type Http = Client<HttpConnector, Full<Bytes>>;
 
@@ -138,19 +139,14 @@ fn cli(home: &Path, url: &str, data: &Path, args: &[&str]) -> (bool, String, Str
 /// Wait until the serving proxy committed `rows` rows of session
 /// `fleet-1` (its writer trails the answer by a batch): the session's id.
 fn committed(ledger: &PgStore, rows: u64) -> String {
-    let t = Instant::now();
-    loop {
-        if let Ok(id) = ledger.resolve_session(Some("fleet-1")) {
-            if ledger.session_summary(&id).unwrap().map_or(0, |s| s.rows) >= rows {
-                return id;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "{rows} rows never committed"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(
+        Duration::from_secs(10),
+        &format!("{rows} rows committed"),
+        || {
+            let id = ledger.resolve_session(Some("fleet-1")).ok()?;
+            (ledger.session_summary(&id).unwrap().map_or(0, |s| s.rows) >= rows).then_some(id)
+        },
+    )
 }
 
 fn nginx_bin() -> Option<String> {
@@ -233,11 +229,9 @@ http {{
         .spawn()
         .expect("spawn nginx");
     let guard = ChildGuard(Some(child));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nginx did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(Duration::from_secs(10), "nginx to start", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     (guard, format!("http://127.0.0.1:{port}"))
 }
 

@@ -21,7 +21,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{output, proxy_cmd, serve, ChildGuard};
+use common::{exited, output, proxy_cmd, serve, ChildGuard};
+use oceancode_testkit::eventually;
 
 const CONTEXT: (&str, &str) = ("OCEANCODE_CONTEXT_TOKENS", "100000");
 
@@ -326,14 +327,7 @@ async fn a_run_and_a_serve_on_one_data_dir_are_each_found() {
     assert_eq!(v["session"]["meter"]["cuts"], 0, "{v}");
 
     // The run ends: its entry goes, its session shows the line it ran with.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = run.child().try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "run did not end");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exited(&mut run, Duration::from_secs(20), "run to end");
     run.0 = None;
     assert!(status.success(), "{status:?}");
     assert_eq!(entries(&data).len(), 1, "the run's entry is removed");
@@ -695,18 +689,21 @@ async fn a_deleted_data_dir_gets_the_token_and_the_entry_back() {
     std::fs::remove_dir_all(&data).unwrap();
     // The next request reopens a fresh ledger in its place.
     chat(&c, &served.url, "/v1/messages", &hdr, "again", 2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(data.join("admin-token").exists() && entries(&data).len() == 1) {
-        assert!(
-            Instant::now() < deadline,
-            "the token file and the registry entry were not written again: {:?}",
-            std::fs::read_dir(&data).map(|d| d
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .collect::<Vec<_>>())
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the token file and the registry entry written again",
+        || {
+            if data.join("admin-token").exists() && entries(&data).len() == 1 {
+                Ok(())
+            } else {
+                Err(std::fs::read_dir(&data).map(|d| {
+                    d.filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .collect::<Vec<_>>()
+                }))
+            }
+        },
+    );
     assert_eq!(
         std::fs::read_to_string(data.join("admin-token")).unwrap(),
         token,

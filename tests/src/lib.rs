@@ -15,10 +15,11 @@ use oceancode_ledger::store::StoreOptions;
 use oceancode_proxy::access::AccessRules;
 use oceancode_proxy::app::{FrontConfig, NetLimits};
 use oceancode_proxy::runtime::{self, ProxyOptions, Running};
-use oceancode_proxy::sessions::Settings;
+use oceancode_proxy::sessions::{Clock, Settings};
 use oceancode_proxy::upstream::UpstreamOptions;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
@@ -68,10 +69,31 @@ pub fn options(upstream: &str, data: &Path) -> ProxyOptions {
     }
 }
 
+/// The sessions' clock of a [`Harness`]: the wall clock plus what
+/// [`TestClock::advance`] moved it on, so a test of the live window or the
+/// time limit lets time pass without waiting for it.
+#[derive(Clone, Default)]
+pub struct TestClock(Arc<AtomicI64>);
+
+impl TestClock {
+    /// The clock for [`Settings::clock`].
+    pub fn clock(&self) -> Clock {
+        let ahead = self.0.clone();
+        Clock::from_fn(move || oceancode_ledger::time::now_ms() + ahead.load(Ordering::SeqCst))
+    }
+
+    /// Move the clock on by `d`.
+    pub fn advance(&self, d: Duration) {
+        self.0.fetch_add(d.as_millis() as i64, Ordering::SeqCst);
+    }
+}
+
 /// A proxy in front of a fake upstream.
 pub struct Harness {
     /// The fake upstream.
     pub fake: FakeHandle,
+    /// The clock the proxy's sessions read (unless a test's options replace it).
+    pub clock: TestClock,
     /// The proxy.
     pub proxy: Option<Running>,
     /// The ledger's data dir.
@@ -111,11 +133,14 @@ impl Harness {
     pub async fn start(fake: FakeConfig, tweak: impl FnOnce(&mut ProxyOptions)) -> Harness {
         let fake = FakeUpstream::start(fake).await.expect("fake upstream");
         let data = tempfile::tempdir().expect("tempdir");
+        let clock = TestClock::default();
         let mut opts = options(&fake.url(), data.path());
+        opts.sessions.clock = clock.clock();
         tweak(&mut opts);
         let proxy = runtime::start(opts).await.expect("proxy starts");
         Harness {
             fake,
+            clock,
             proxy: Some(proxy),
             data,
             client: client(),
@@ -237,6 +262,7 @@ impl Harness {
     pub async fn restart(&mut self, tweak: impl FnOnce(&mut ProxyOptions)) {
         self.stop().await;
         let mut opts = options(&self.fake.url(), self.data.path());
+        opts.sessions.clock = self.clock.clock();
         tweak(&mut opts);
         self.proxy = Some(runtime::start(opts).await.expect("proxy restarts"));
     }
@@ -504,7 +530,6 @@ pub mod recall {
     use oceancode_ledger::Dialect;
     use oceancode_proxy::dialect::{conv_key, ParsedBody};
     use oceancode_proxy::recall_tool::RecallTool;
-    use serde_json::{json, Value};
 
     /// A proxy running the tool as `tool` says, in front of a fake
     /// answering with `script`.
@@ -529,30 +554,8 @@ pub mod recall {
         }
     }
 
-    /// A user message of the dialect.
-    pub fn user(d: Dialect, text: &str) -> Value {
-        match d {
-            Dialect::OpenaiResponses => {
-                json!({"type":"message","role":"user","content":[{"type":"input_text","text":text}]})
-            }
-            Dialect::Gemini => json!({"role":"user","parts":[{"text":text}]}),
-            _ => json!({"role":"user","content":text}),
-        }
-    }
-
-    /// An assistant text message of the dialect, as the client echoes it.
-    pub fn assistant(d: Dialect, text: &str) -> Value {
-        match d {
-            Dialect::Anthropic => {
-                json!({"role":"assistant","content":[{"type":"text","text":text}]})
-            }
-            Dialect::OpenaiChat => json!({"role":"assistant","content":text}),
-            Dialect::OpenaiResponses => {
-                json!({"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]})
-            }
-            Dialect::Gemini => json!({"role":"model","parts":[{"text":text}]}),
-        }
-    }
+    /// A user / an assistant text message of the dialect (the kit's).
+    pub use oceancode_testkit::{assistant, user};
 
     /// The model requests (not count_tokens) of dialect `d` the fake received.
     pub fn model_requests(h: &Harness, d: Dialect) -> Vec<Recorded> {

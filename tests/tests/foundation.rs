@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use http::Method;
 use oceancode_fakeup::{FakeConfig, Reply, Script};
+use oceancode_testkit::{Conversation, Dialect};
 use oceancode_tests::{collect, fixture, Harness, Replay};
 use std::time::{Duration, Instant};
 
@@ -12,14 +13,13 @@ const SECRET_KEY: &str = "sk-ant-test-SECRET-9f8e7d";
 const SECRET_BEARER: &str = "Bearer oauth-SECRET-token-1234";
 
 fn anthropic_body(stream: bool, text: &str) -> String {
-    serde_json::json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "stream": stream,
-        "system": "You are terse.",
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string()
+    Conversation::new(Dialect::Anthropic)
+        .model("claude-sonnet-4-5")
+        .max_tokens(1024)
+        .stream(stream)
+        .system("You are terse.")
+        .user(text)
+        .body()
 }
 
 fn sse_chunks(text: &str, pause: Duration) -> Vec<(Duration, Bytes)> {

@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use http::Method;
 use oceancode_fakeup::FakeConfig;
+use oceancode_testkit::{eventually_async, Conversation, Dialect};
 use oceancode_tests::{collect, Harness, Replay};
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,13 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn anthropic_body(stream: bool, text: &str) -> String {
-    serde_json::json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 64,
-        "stream": stream,
-        "messages": [{"role": "user", "content": text}],
-    })
-    .to_string()
+    Conversation::new(Dialect::Anthropic)
+        .model("claude-sonnet-4-5")
+        .max_tokens(64)
+        .stream(stream)
+        .user(text)
+        .body()
 }
 
 /// The address part of `http://addr`.
@@ -499,11 +499,11 @@ async fn bodies_in_flight_share_a_budget_and_grow_with_what_arrives() {
     let addr = addr_of(&h.url());
     let budget = || h.proxy().app.bodies.in_use();
     let settle_at = |want: u64| async move {
-        let t0 = Instant::now();
-        while budget() != want && t0.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        budget()
+        eventually_async(Duration::from_secs(5), "the budget in use", || {
+            let got = budget();
+            std::future::ready(if got == want { Ok(got) } else { Err(got) })
+        })
+        .await
     };
     // Heads that announce 2 MiB and send one byte reserve one growth step each.
     let mut held = Vec::new();
@@ -735,14 +735,12 @@ async fn connections_past_the_cap_wait_for_a_request_to_end() {
         .map(|_| tokio::spawn(raw_async(addr.clone(), req.clone())))
         .collect();
     // Both are in flight once the upstream saw them.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while h.fake.request_count() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the two requests reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the two requests reached the upstream",
+        || std::future::ready(h.fake.request_count() >= 2),
+    )
+    .await;
     // A health check is answered at once all the same (a reserved place).
     let token = h.proxy().app.admin_token.clone();
     let health = raw_async(
@@ -787,11 +785,12 @@ async fn idle_sockets_at_the_cap_give_way_to_a_health_check() {
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while h.proxy().app.metrics.connections.load(Ordering::Relaxed) < 64 {
-        assert!(Instant::now() < deadline, "the idle sockets fill the slots");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the idle sockets fill the slots",
+        || std::future::ready(h.proxy().app.metrics.connections.load(Ordering::Relaxed) >= 64),
+    )
+    .await;
     let t0 = Instant::now();
     let token = h.proxy().app.admin_token.clone();
     let got = raw_async(
@@ -865,10 +864,12 @@ async fn idle_upstream_connections_are_closed_after_the_pool_timeout() {
         assert_eq!(t.await.unwrap().unwrap(), 200);
     }
     assert!(open.load(Ordering::SeqCst) >= 1);
-    let t0 = Instant::now();
-    while open.load(Ordering::SeqCst) > 0 && t0.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the pool let its idle connections go",
+        || std::future::ready(open.load(Ordering::SeqCst) == 0),
+    )
+    .await;
     assert_eq!(
         open.load(Ordering::SeqCst),
         0,

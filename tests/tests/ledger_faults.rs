@@ -9,6 +9,7 @@
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_ledger::store::StoreOptions;
+use oceancode_testkit::eventually_async;
 use oceancode_tests::{push_tool_step, Harness};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -95,8 +96,24 @@ async fn a_stalled_ledger_holds_no_request_and_every_session_heals() {
             slowest = slowest.max(c.step(&h, n).await);
         }
     }
-    tokio::time::sleep(Duration::from_millis(1_000).saturating_sub(held.elapsed())).await;
-    let health = h.admin("/_oceancode/health").await;
+    // Health tells once the writer's commits have failed for a while.
+    let hr = &h;
+    let health = eventually_async(
+        Duration::from_secs(10),
+        "health degraded",
+        move || async move {
+            let health = hr.admin("/_oceancode/health").await;
+            let failing = health["ledger"]["reasons"]
+                .to_string()
+                .contains("commits failing");
+            if health["status"] == "degraded" && failing {
+                Ok(health)
+            } else {
+                Err(health)
+            }
+        },
+    )
+    .await;
     lock.execute_batch("COMMIT").expect("unlock");
     let held = held.elapsed();
     assert!(

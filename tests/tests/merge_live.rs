@@ -9,10 +9,11 @@
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_proxy::merge::{Auth, MergeOptions, Provider, Secret};
 use oceancode_proxy::sessions::ModelLimits;
+use oceancode_testkit::eventually_async;
 use oceancode_tests::{tool_lines, Harness};
 use serde_json::json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const STEPS: usize = 60;
 const MERGE_KEY: &str = "sk-merge-own-key";
@@ -98,11 +99,7 @@ fn split(reqs: Vec<Recorded>) -> (Vec<Recorded>, Vec<Recorded>) {
 
 /// Wait (bounded) until `done` holds.
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(Duration::from_secs(30), what, || std::future::ready(done())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,8 @@
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail, RECALL_TOOL};
 use oceancode_ledger::Dialect;
-use oceancode_proxy::dialect::conv_key;
 use oceancode_proxy::recall_tool::{tool_json, RecallTool};
+use oceancode_testkit::Conversation;
 use oceancode_tests::recall::{self, assistant, model_requests, path, split, user};
 use oceancode_tests::Harness;
 use serde_json::{json, Value};
@@ -45,24 +45,24 @@ fn client_tools(d: Dialect) -> Value {
 }
 
 fn body(d: Dialect, msgs: &[Value], stream: bool) -> Vec<u8> {
-    let mut b = json!({"model":"claude-sonnet-4-5","max_tokens":1024,"stream":stream,"tools":client_tools(d)});
-    match d {
-        Dialect::Anthropic => b["system"] = json!("You are terse."),
-        Dialect::OpenaiChat => {
-            b["model"] = json!("gpt-4.1");
-            if stream {
-                b["stream_options"] = json!({"include_usage": true});
-            }
-        }
-        Dialect::OpenaiResponses => {
-            b["model"] = json!("gpt-4.1");
-            b["instructions"] = json!("You are terse.");
-            b.as_object_mut().unwrap().remove("max_tokens");
-        }
+    let c = Conversation::new(d)
+        .stream(stream)
+        .tools_raw(client_tools(d))
+        .messages(msgs.iter().cloned());
+    let c = match d {
+        Dialect::Anthropic => c
+            .model("claude-sonnet-4-5")
+            .max_tokens(1024)
+            .system("You are terse."),
+        Dialect::OpenaiChat if stream => c
+            .model("gpt-4.1")
+            .max_tokens(1024)
+            .member("stream_options", json!({"include_usage": true})),
+        Dialect::OpenaiChat => c.model("gpt-4.1").max_tokens(1024),
+        Dialect::OpenaiResponses => c.model("gpt-4.1").system("You are terse."),
         Dialect::Gemini => unreachable!("these recall tests run the Anthropic and OpenAI dialects"),
-    }
-    b[conv_key(d)] = Value::Array(msgs.to_vec());
-    serde_json::to_vec(&b).unwrap()
+    };
+    c.body().into_bytes()
 }
 
 const HDR: [(&str, &str); 1] = [("x-oceancode-session", "recall-test")];

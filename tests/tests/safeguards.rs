@@ -15,6 +15,7 @@ use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, RECALL_TOOL};
 use oceancode_proxy::dialect::ParsedBody;
 use oceancode_proxy::recall_tool::RecallTool;
 use oceancode_proxy::sessions::ModelLimits;
+use oceancode_testkit::{Conversation, Dialect};
 use oceancode_tests::{tool_output, Harness};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -27,15 +28,18 @@ const SAFEGUARDS: &str = r#"[ {"type": "dangerous_tool_use", "classifier_context
 const UNKNOWN: &str = r#"{"k": [1, 2.50, "x"], "nested": {"a": null}}"#;
 
 fn body(msgs: &[Value], stream: bool) -> String {
-    let head = json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 1024,
-        "stream": stream,
-        "system": "You are terse.",
-        "tools": [{"name":"Bash","description":"run","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],
-        "messages": msgs,
-    })
-    .to_string();
+    let head = Conversation::new(Dialect::Anthropic)
+        .model("claude-sonnet-4-5")
+        .max_tokens(1024)
+        .stream(stream)
+        .system("You are terse.")
+        .tool(
+            "Bash",
+            Some("run"),
+            json!({"type":"object","properties":{"command":{"type":"string"}}}),
+        )
+        .messages(msgs.iter().cloned())
+        .body();
     // The two members as raw bytes, where a client puts them.
     format!(
         "{},\"safeguards\":{SAFEGUARDS},\"x_future_member\":{UNKNOWN}}}",

@@ -11,6 +11,7 @@ use oceancode_config::Price;
 use oceancode_fakeup::{FakeConfig, Reply, Script, UsageOverride};
 use oceancode_ledger::status;
 use oceancode_proxy::sessions::SessionLimits;
+use oceancode_testkit::{Conversation, Dialect};
 use oceancode_tests::{Got, Harness};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -45,30 +46,27 @@ impl Api {
     /// client would resend it.
     fn body(self, turns: usize, stream: bool) -> String {
         let mut msgs = Vec::new();
+        // The shapes all three APIs take (answers as plain strings).
         for t in 0..turns {
             if t > 0 {
                 msgs.push(json!({"role": "assistant", "content": format!("answer {t}")}));
             }
             msgs.push(json!({"role": "user", "content": format!("ask {t}: list the files of the project and explain each one in detail")}));
         }
-        match self {
-            Api::Messages => json!({
-                "model": "claude-sonnet-4-5", "max_tokens": 256, "stream": stream,
-                "system": [{"type": "text", "text": "You are a careful agent. ".repeat(40), "cache_control": {"type": "ephemeral"}}],
-                "messages": msgs,
-            }),
-            Api::Chat => {
-                msgs.insert(0, json!({"role": "system", "content": "You are a careful agent."}));
-                // Streamed, Chat Completions tells the usage only when asked.
-                json!({"model": "gpt-4o", "stream": stream, "messages": msgs, "max_tokens": 256,
-                       "stream_options": stream.then(|| json!({"include_usage": true}))})
-            }
-            Api::Responses => json!({
-                "model": "gpt-5", "stream": stream, "instructions": "You are a careful agent.",
-                "input": msgs, "max_output_tokens": 256,
-            }),
-        }
-        .to_string()
+        let c = match self {
+            Api::Messages => Conversation::new(Dialect::Anthropic)
+                .model("claude-sonnet-4-5")
+                .system_raw(json!([{"type": "text", "text": "You are a careful agent. ".repeat(40), "cache_control": {"type": "ephemeral"}}])),
+            // Streamed, Chat Completions tells the usage only when asked.
+            Api::Chat => Conversation::new(Dialect::OpenaiChat)
+                .model("gpt-4o")
+                .system("You are a careful agent.")
+                .member("stream_options", json!(stream.then(|| json!({"include_usage": true})))),
+            Api::Responses => Conversation::new(Dialect::OpenaiResponses)
+                .model("gpt-5")
+                .system("You are a careful agent."),
+        };
+        c.max_tokens(256).stream(stream).messages(msgs).body()
     }
 }
 
@@ -253,7 +251,7 @@ async fn the_time_limit_refuses_requests_after_it_in_every_dialect() {
         assert_eq!(got.status, 200, "{}", got.text());
     }
     let before = h.fake.request_count();
-    tokio::time::sleep(Duration::from_millis(1600)).await;
+    h.clock.advance(Duration::from_millis(1600));
     for api in Api::ALL {
         let name = format!("time-{api:?}");
         let hdr = [("x-oceancode-session", name.as_str())];
@@ -319,14 +317,14 @@ async fn a_sub_agent_is_charged_to_its_parent_and_count_tokens_is_never_refused(
 
 /// A request of about `bytes` bytes asking for at most 100 output tokens.
 fn sized_body(bytes: usize, extra: Value) -> String {
-    let mut v = json!({"model": "claude-sonnet-4-5", "max_tokens": 100,
-                       "messages": [{"role": "user", "content": ""}]});
-    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
-        o.extend(e.clone());
-    }
-    let pad = bytes.saturating_sub(v.to_string().len());
-    v["messages"][0]["content"] = json!("x".repeat(pad));
-    v.to_string()
+    let c = extra.as_object().into_iter().flatten().fold(
+        Conversation::new(Dialect::Anthropic)
+            .model("claude-sonnet-4-5")
+            .max_tokens(100),
+        |c, (k, v)| c.member(k, v.clone()),
+    );
+    let pad = bytes.saturating_sub(c.clone().user("").body().len());
+    c.user(&"x".repeat(pad)).body()
 }
 
 /// The fake bills every answer $0.30 at [`PRICE`] (500 tokens in, 100

@@ -4,6 +4,7 @@
 
 use oceancode_fakeup::FakeConfig;
 use oceancode_ledger::RowKind;
+use oceancode_testkit::eventually_async;
 use oceancode_tests::{captured, Harness};
 use std::os::unix::fs::PermissionsExt;
 
@@ -305,17 +306,20 @@ async fn an_answer_is_recorded_when_the_client_closes_right_after_the_terminal_e
     }
     drop(resp);
     // The tap finishes when the proxy notices the client went away.
-    let mut rows = 0;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        h.settle().await;
-        if let Some(id) = h.store().latest_session().unwrap() {
-            rows = h.store().load_session(&id).unwrap().unwrap().rows.len();
-            if rows == 2 {
-                break;
-            }
+    let hr = &h;
+    let rows = eventually_async(Duration::from_secs(2), "both rows", move || async move {
+        hr.settle().await;
+        let rows = match hr.store().latest_session().unwrap() {
+            Some(id) => hr.store().load_session(&id).unwrap().unwrap().rows.len(),
+            None => 0,
+        };
+        if rows == 2 {
+            Ok(rows)
+        } else {
+            Err(rows)
         }
-    }
+    })
+    .await;
     assert_eq!(rows, 2, "the prompt and the answer are both recorded");
     let s = h.admin("/_oceancode/sessions/latest").await;
     assert_eq!(s["totals"]["cache_write"], 12511, "usage kept: {s}");
@@ -709,6 +713,7 @@ mod remote_compaction {
     use super::*;
     use oceancode_fakeup::{Reply, Script};
     use oceancode_proxy::sessions::ModelLimits;
+    use oceancode_testkit::{Conversation, Dialect};
     use serde_json::{json, Value};
     use std::sync::Arc;
 
@@ -728,16 +733,20 @@ mod remote_compaction {
     }
 
     pub fn body(input: &[Value], extra: Option<Value>) -> String {
-        let mut b = json!({"model": "gpt-5-codex", "instructions": "You are Codex.",
-            "tools": [{"type": "function", "name": "exec_command",
-                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}],
-            "input": input});
-        if let Some(e) = extra {
-            b.as_object_mut()
-                .unwrap()
-                .extend(e.as_object().unwrap().clone());
-        }
-        b.to_string()
+        let c = Conversation::new(Dialect::OpenaiResponses)
+            .model("gpt-5-codex")
+            .system("You are Codex.")
+            .tool(
+                "exec_command",
+                None,
+                json!({"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            )
+            .messages(input.iter().cloned());
+        extra
+            .iter()
+            .flat_map(|e| e.as_object().unwrap().clone())
+            .fold(c, |c, (k, v)| c.member(&k, v))
+            .body()
     }
 
     /// Codex's instructions item; re-injected after a compaction with a new

@@ -8,6 +8,7 @@
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
 use oceancode_ledger::store::LoadedSession;
 use oceancode_proxy::sessions::ModelLimits;
+use oceancode_testkit::{Conversation, Dialect};
 use oceancode_tests::{push_tool_step, stub_seq, Harness};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,15 +61,17 @@ async fn harness(live: Option<Duration>) -> Harness {
 }
 
 fn body(history: &[Value]) -> String {
-    json!({
-        "model": "claude-test-200k",
-        "max_tokens": 8192,
-        "system": SYSTEM,
-        "tools": [{"name":"Bash","description":"Run a shell command",
-            "input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}],
-        "messages": history,
-    })
-    .to_string()
+    Conversation::new(Dialect::Anthropic)
+        .model("claude-test-200k")
+        .max_tokens(8192)
+        .system(SYSTEM)
+        .tool(
+            "Bash",
+            Some("Run a shell command"),
+            json!({"type":"object","properties":{"command":{"type":"string"}}}),
+        )
+        .messages(history.iter().cloned())
+        .body()
 }
 
 /// One step of agent `a`, with no session header: send its history, take
@@ -373,8 +376,12 @@ async fn rewind_after(pause: Duration, live: Duration) -> (Harness, Vec<LoadedSe
     let fake = FakeConfig::default().with_script(Script::always(Reply::text("an answer")));
     let h = Harness::start(fake, |o| o.sessions.live_window = live).await;
     let body = |msgs: &[Value]| {
-        json!({"model":"claude-sonnet-4-5","max_tokens":100,"system":SYSTEM,"messages":msgs})
-            .to_string()
+        Conversation::new(Dialect::Anthropic)
+            .model("claude-sonnet-4-5")
+            .max_tokens(100)
+            .system(SYSTEM)
+            .messages(msgs.iter().cloned())
+            .body()
     };
     let mut history = opening();
     for q in ["question two", "question three"] {
@@ -385,7 +392,7 @@ async fn rewind_after(pause: Duration, live: Duration) -> (Harness, Vec<LoadedSe
     }
     let got = h.post("/v1/messages", &[], body(&history)).await;
     assert_eq!(got.status, 200, "{}", got.text());
-    tokio::time::sleep(pause).await;
+    h.clock.advance(pause);
     history.truncate(2);
     history.push(json!({"role":"user","content":"question two EDITED"}));
     let got = h.post("/v1/messages", &[], body(&history)).await;

@@ -10,6 +10,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_proxy::telemetry::OtlpOptions;
+use oceancode_testkit::eventually_async;
 use oceancode_tests::{push_tool_step, tool_output, Harness};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
@@ -27,6 +28,17 @@ const ASK: &str = "Fix the flaky parser test in crates/zebra-otel-marker.";
 struct Collector {
     url: String,
     bodies: Arc<Mutex<Vec<Bytes>>>,
+}
+
+/// How long the exporter may take to deliver what the tests wait for.
+const SPANS_WITHIN: Duration = Duration::from_secs(20);
+
+/// Until the collector holds at least `n` spans.
+async fn wait_spans(c: &Collector, n: usize) {
+    eventually_async(SPANS_WITHIN, &format!("{n} spans"), || {
+        std::future::ready(c.spans().len() >= n)
+    })
+    .await;
 }
 
 impl Collector {
@@ -180,10 +192,7 @@ async fn a_session_exports_genai_spans_with_its_cuts_and_no_secret_or_text() {
         .as_str()
         .unwrap()
         .to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.spans().len() < STEPS && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_spans(&c, STEPS).await;
     let spans = c.spans();
     assert_eq!(spans.len(), STEPS, "one span per step");
     let mut steps_seen = Vec::new();
@@ -265,10 +274,7 @@ async fn content_capture_exports_messages_but_never_the_key() {
     })
     .await;
     agent(&h, 2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.spans().len() < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_spans(&c, 2).await;
     let spans = c.spans();
     assert_eq!(spans.len(), 2);
     let a = attrs(&spans[0]);
@@ -322,15 +328,13 @@ async fn a_down_or_silent_collector_costs_dropped_spans_never_delayed_requests()
             *slowest < Duration::from_secs(3),
             "down={down}: slowest request {slowest:?}"
         );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut dropped = 0;
-        while Instant::now() < deadline {
-            dropped = metric(&h, "oceancode_otlp_spans_dropped_total").await;
-            if dropped >= 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Drops are counted.
+        let hr = &h;
+        let dropped = eventually_async(SPANS_WITHIN, "drops are counted", move || async move {
+            let n = metric(hr, "oceancode_otlp_spans_dropped_total").await;
+            (n >= 1).then_some(n)
+        })
+        .await;
         assert!(dropped >= 1, "down={down}: drops are counted");
         assert_eq!(metric(&h, "oceancode_otlp_spans_exported_total").await, 0);
     }
@@ -365,17 +369,15 @@ async fn the_too_long_retry_is_a_child_span_and_a_relayed_error_has_its_type() {
         .set_script(Script::always(oceancode_fakeup::Reply::too_long()));
     let got = h.post("/v1/messages", &hdr, post(&history)).await;
     assert_eq!(got.status, 400);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c
-        .spans()
-        .iter()
-        .filter(|s| s.parent_span_id.is_empty())
-        .count()
-        < 32
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(SPANS_WITHIN, "32 step spans", || {
+        let roots = c
+            .spans()
+            .iter()
+            .filter(|s| s.parent_span_id.is_empty())
+            .count();
+        std::future::ready(roots >= 32)
+    })
+    .await;
     let spans = c.spans();
     assert!(spans.len() >= 33, "32 steps and their retries");
     let step = |n: i64| {
@@ -451,10 +453,7 @@ async fn a_recall_tool_round_is_a_child_span() {
     let got = h.post(path(d), &hdr, body(m2)).await;
     assert_eq!(got.status, 200, "{}", got.text());
     assert!(got.text().contains("FINAL after recall"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.spans().len() < 3 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_spans(&c, 3).await;
     let spans = c.spans();
     assert_eq!(spans.len(), 3, "two steps and one internal round");
     let root = spans

@@ -103,6 +103,7 @@ pub(super) fn proxy_options(cfg: &Config, listen: SocketAddr) -> Result<ProxyOpt
             compress: cfg.ledger.compress,
             seq_tags: cfg.context.seq_tags,
             cold_cut: cfg.ledger.tideline.cold_cut(),
+            clock: oceancode_proxy::sessions::Clock::wall(),
         },
         // `ledger.enabled: false`: nothing is recorded, nothing on disk.
         store: cfg.ledger.enabled.then_some(StoreOptions {

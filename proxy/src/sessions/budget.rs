@@ -21,7 +21,7 @@
 //! first request (the run's first under `run`). After a restart the root's
 //! own recorded spend and steps are read back once ([`SpendSeed`]).
 
-use super::{now_ms, Session, SessionManager};
+use super::{Clock, Session, SessionManager};
 pub use crate::error::{Limit, LimitHit};
 use oceancode_config::{format_duration, Price, SessionLimitsConfig};
 use oceancode_ledger::{status, Usage};
@@ -160,6 +160,8 @@ pub struct Budget {
     hits: Mutex<Vec<LimitHit>>,
     /// Models without a price, warned about once.
     unpriced: Mutex<HashSet<String>>,
+    /// What time limits are read from.
+    clock: Clock,
 }
 
 /// Spend reserved for one request let through: settled to what its answer
@@ -230,7 +232,14 @@ impl Budget {
             spent: Mutex::new(HashMap::new()),
             hits: Mutex::new(Vec::new()),
             unpriced: Mutex::new(HashSet::new()),
+            clock: Clock::wall(),
         }
+    }
+
+    /// The budget reading the time from `clock`.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The bounds in force.
@@ -246,7 +255,7 @@ impl Budget {
     /// When the first request came (now, for the first).
     fn first_request_ms(&self) -> i64 {
         use std::sync::atomic::Ordering;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         match self
             .first_ms
             .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
@@ -290,7 +299,7 @@ impl Budget {
             .filter(|_| self.limits.spend_usd.is_some())
             .and_then(|e| self.cost_warned(&e.model, e.usage))
             .unwrap_or(0.0);
-        let elapsed = u64::try_from(now_ms().saturating_sub(started_ms)).unwrap_or(0);
+        let elapsed = u64::try_from(self.clock.now_ms().saturating_sub(started_ms)).unwrap_or(0);
         let mut spent = self.spent.lock();
         let s = spent.entry(key.to_string()).or_default();
         let refused = {
@@ -502,7 +511,7 @@ impl SessionManager {
             status: code,
             usage: Usage::default(),
             window_rows: 0,
-            ts_ms: now_ms(),
+            ts_ms: self.now_ms(),
             error: Some(format!("{}{}", status::STOPPED, hit.describe())),
             detail: Box::default(),
         };
@@ -530,7 +539,7 @@ impl SessionManager {
             let session = client_key.and_then(|k| self.candidates(k).into_iter().next());
             match (session, client_key) {
                 (Some(s), _) => self.budget_root(&s),
-                (None, Some(k)) => (k.to_string(), now_ms()),
+                (None, Some(k)) => (k.to_string(), self.now_ms()),
                 (None, None) => (UNATTRIBUTED.to_string(), b.first_request_ms()),
             }
         };
@@ -550,7 +559,7 @@ impl SessionManager {
         let hit = b.hits.lock().iter().find(|h| h.session == root).cloned();
         let l = &b.limits;
         Some(BudgetView {
-            elapsed_ms: u64::try_from(now_ms().saturating_sub(created)).unwrap_or(0),
+            elapsed_ms: u64::try_from(self.now_ms().saturating_sub(created)).unwrap_or(0),
             charged_to: root,
             spent_usd: s.usd,
             reserved_usd: s.reserved,
@@ -566,7 +575,10 @@ impl SessionManager {
 
     /// Apply `limits` (none set: no budget is kept).
     pub fn with_budget(mut self, limits: SessionLimits, seed: Option<SpendSeed>) -> Self {
-        self.budget = limits.any().then(|| Arc::new(Budget::new(limits, seed)));
+        let clock = self.settings.clock.clone();
+        self.budget = limits
+            .any()
+            .then(|| Arc::new(Budget::new(limits, seed).with_clock(clock)));
         self
     }
 }
@@ -575,6 +587,7 @@ impl SessionManager {
 mod tests {
     #![allow(clippy::unwrap_used)] // a test: failures panic
     use super::*;
+    use oceancode_ledger::time::now_ms;
 
     fn budget(spend: Option<f64>, steps: Option<u32>, time: Option<Duration>) -> Arc<Budget> {
         let price = Price {

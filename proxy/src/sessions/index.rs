@@ -5,7 +5,7 @@
 
 use super::prepare::Request;
 use super::state::State;
-use super::{now_ms, Session, SessionManager};
+use super::{Session, SessionManager};
 use oceancode_ledger::SessionMeta;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -68,7 +68,7 @@ impl SessionManager {
         if self.restorer.is_none() {
             return Vec::new();
         }
-        let now = now_ms();
+        let now = self.now_ms();
         let mut idx = self.index.lock();
         let idle_keys: Vec<String> = idx
             .by_key
@@ -245,7 +245,7 @@ impl SessionManager {
     ) -> Arc<Session> {
         let id = self.new_id(req.ident.client);
         let inherited = parent.and_then(|p| p.state.lock().override_line);
-        let now = now_ms();
+        let now = self.now_ms();
         tracing::info!(
             session = %id,
             client = %req.ident.client,
@@ -274,7 +274,7 @@ impl SessionManager {
 
     fn new_id(&self, client: &str) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        let ms = now_ms();
+        let ms = self.now_ms();
         let tag = match client {
             "claude-code" => "cc",
             "codex" => "codex",

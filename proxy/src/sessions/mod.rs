@@ -132,6 +132,38 @@ pub struct Settings {
     /// `ledger.tideline.cold_cut`: a request that finds the prompt cache
     /// cold takes the cut due within the next block.
     pub cold_cut: bool,
+    /// What the sessions read the time from (the wall clock; a test's own).
+    pub clock: Clock,
+}
+
+/// The time the session logic reads (Unix ms): when a session began and
+/// was last answered, so the live window, the time limit, the prompt
+/// cache's warmth and its events' timestamps. The wall clock, except in
+/// tests that move time on without waiting for it.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> i64 + Send + Sync>);
+
+impl Clock {
+    /// The wall clock.
+    pub fn wall() -> Clock {
+        Clock(Arc::new(now_ms))
+    }
+
+    /// A clock reading `now` (Unix ms).
+    pub fn from_fn(now: impl Fn() -> i64 + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(now))
+    }
+
+    /// Unix milliseconds now.
+    pub fn now_ms(&self) -> i64 {
+        (self.0)()
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::wall()
+    }
 }
 
 impl Settings {
@@ -151,6 +183,7 @@ impl Settings {
             compress: CompressConfig::default(),
             seq_tags: false,
             cold_cut: true,
+            clock: Clock::wall(),
         }
     }
 
@@ -274,6 +307,11 @@ impl SessionManager {
             budget: None,
             recall_tool: false,
         }
+    }
+
+    /// Unix milliseconds now, by [`Settings::clock`].
+    fn now_ms(&self) -> i64 {
+        self.settings.clock.now_ms()
     }
 
     /// Inject the in-band recall tool (`ledger.recall_tool`) into every

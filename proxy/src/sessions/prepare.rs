@@ -8,7 +8,7 @@ use super::parse::root_hashes;
 use super::state::State;
 use super::step::{Prepared, Refusal, Ticket};
 use super::window::{self, Window};
-use super::{now_ms, Session, SessionManager};
+use super::{Session, SessionManager};
 use crate::dialect::{self, ParsedBody};
 use crate::identity::{self, Identity, NameError, ReqKind};
 use bytes::Bytes;
@@ -155,8 +155,7 @@ fn requested_ttl(parsed: &ParsedBody<'_>) -> u64 {
 
 /// Whether the request finds the session's prompt cache cold (and why);
 /// it becomes the previous request the next one compares with.
-fn cold_on_arrival(st: &mut State, req: &Request<'_>) -> Option<cache::Cold> {
-    let now = now_ms();
+fn cold_on_arrival(st: &mut State, req: &Request<'_>, now: i64) -> Option<cache::Cold> {
     let previous = st.cache.previous.take();
     let cold = cache::cold(&cache::Facts {
         now_ms: now,
@@ -511,14 +510,14 @@ impl SessionManager {
         }
         st.recall_tool = self.recall_tool;
         let events = &mut events;
-        let cold = cold_on_arrival(&mut st, req);
+        let cold = cold_on_arrival(&mut st, req, self.now_ms());
         let boundary = self.record(&mut st, req, events);
         let client = client_change(&mut st, req);
         let step = st.step;
         st.step_opened(step);
         let cut_before = st.recorded_cut;
         let line = self.run_tideline(&mut st, req, boundary, cold);
-        record_line(&mut st, events);
+        record_line(&mut st, events, self.now_ms());
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         let edit = window.sent.as_ref().map_or(0, |s| s.edit);
@@ -553,7 +552,7 @@ impl SessionManager {
         if req.ident.client_key.is_some()
             || req.stateful
             || st.dialect != req.dialect
-            || !st.live(now_ms(), window)
+            || !st.live(self.now_ms(), window)
         {
             return None;
         }
@@ -565,7 +564,7 @@ impl SessionManager {
     /// Returns the last seq before this step's new rows.
     fn record(&self, st: &mut State, req: &Request<'_>, events: &mut Vec<Event>) -> u64 {
         st.meta.model.clone_from(&req.model);
-        st.meta.last_ms = now_ms();
+        st.meta.last_ms = self.now_ms();
         let same = st.recorded_meta.as_ref().is_some_and(|r| {
             SessionMeta {
                 last_ms: st.meta.last_ms,
@@ -806,7 +805,7 @@ impl SessionManager {
             upto_seq: upto,
             gauge,
             line,
-            ts_ms: now_ms(),
+            ts_ms: self.now_ms(),
         }
     }
 
@@ -844,7 +843,7 @@ impl SessionManager {
 /// ceiling): what `status` shows once no running proxy holds the session,
 /// and the override a restarted proxy (or the one taking the session over)
 /// keeps.
-fn record_line(st: &mut State, events: &mut Vec<Event>) {
+fn record_line(st: &mut State, events: &mut Vec<Event>, now_ms: i64) {
     let Some(spec) = st.meter.spec else { return };
     let overridden = st
         .override_line
@@ -858,7 +857,7 @@ fn record_line(st: &mut State, events: &mut Vec<Event>) {
         line: now.0,
         spec: now.1.clone(),
         overridden: now.2.clone(),
-        ts_ms: now_ms(),
+        ts_ms: now_ms,
     });
     st.recorded_line = Some(now);
 }

@@ -7,7 +7,7 @@ use super::hold::refuses_caller;
 use super::index::Index;
 use super::meter::LastError;
 use super::state::State;
-use super::{now_ms, window, EventSink, Session, SessionManager, SessionMetrics};
+use super::{window, Clock, EventSink, Session, SessionManager, SessionMetrics};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
 use oceancode_ledger::media::Cost;
@@ -62,6 +62,7 @@ pub(super) struct Recorder {
     sink: EventSink,
     metrics: Arc<SessionMetrics>,
     index: Arc<Mutex<Index>>,
+    clock: Clock,
 }
 
 /// The body to forward and the step to finish.
@@ -175,6 +176,7 @@ impl SessionManager {
             sink: self.sink.clone(),
             metrics: self.metrics.clone(),
             index: self.index.clone(),
+            clock: self.settings.clock.clone(),
         }
     }
 
@@ -446,7 +448,7 @@ impl Ticket {
                 });
             }
         }
-        st.step_done(self.step, now_ms());
+        st.step_done(self.step, self.recorder.clock.now_ms());
         self.sent = super::sent::keep_stub_once(&mut st, self.step, self.sent.take());
         if let Some(t) = self.trace.take() {
             t.finish(&self.facts(&st, status, collected, error));
@@ -590,7 +592,7 @@ fn step_event(
         status,
         usage: collected.usage.unwrap_or_default(),
         window_rows: t.window_rows as u32,
-        ts_ms: now_ms(),
+        ts_ms: t.recorder.clock.now_ms(),
         error: error.map(|e| e.as_str().to_string()),
         detail: Box::new(oceancode_ledger::StepDetail {
             compress: t.compress.clone(),

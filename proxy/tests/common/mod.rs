@@ -2,11 +2,12 @@
 //! binary with a clean environment, and a `serve` process on port 0.
 #![allow(dead_code)]
 
+use oceancode_testkit::eventually;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Kills (SIGKILL) and reaps the child when dropped.
 pub struct ChildGuard(pub Option<Child>);
@@ -76,20 +77,23 @@ pub fn output(mut cmd: Command) -> Output {
         let _ = err.read_to_end(&mut v);
         v
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(st) = guard.child().try_wait().expect("try_wait") {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "command timed out: {cmd:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = exited(
+        &mut guard,
+        Duration::from_secs(20),
+        &format!("{cmd:?} to end"),
+    );
     guard.0 = None;
     Output {
         status,
         stdout: o.join().expect("stdout reader"),
         stderr: e.join().expect("stderr reader"),
     }
+}
+
+/// The child's exit status once it ended (it is still owned by `guard`);
+/// panics naming `what` after `within`.
+pub fn exited(guard: &mut ChildGuard, within: Duration, what: &str) -> ExitStatus {
+    eventually(within, what, || guard.child().try_wait().expect("try_wait"))
 }
 
 /// A `serve` process and what it printed on stderr.

@@ -1,20 +1,117 @@
-//! A scripted session (Anthropic shape) driven through the store, shared by
-//! the page, export, recall and retention tests.
-#![allow(dead_code)]
+//! The ledger's test kit (feature `ledger`): what the store, page,
+//! recall, export and CLI tests build sessions with. Rows and session
+//! metas ([`row`], [`text_row`], [`meta`], fixture transcripts), a scripted
+//! session driven through any backend ([`Sim`], [`scripted`]), and the
+//! backends the shared store suite runs on ([`backends`]: SQLite always,
+//! PostgreSQL when `OCEANCODE_TEST_DATABASE_URL` names a server (`.ci/run`
+//! starts a throwaway cluster and exports it; `.ci/pg.sh start DIR` does so
+//! by hand). Each PostgreSQL test gets a database of its own. Without the
+//! variable the PostgreSQL half is skipped with a line saying so, except
+//! under CI (`CI` set), where it fails).
 
 use oceancode_ledger::store::pg::PgStore;
 use oceancode_ledger::store::{LedgerStore, Store, StoreOptions};
 use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-pub const T0: i64 = 1_796_000_000_000;
+// Rows and sessions.
+
+pub fn meta(id: &str, dialect: Dialect) -> SessionMeta {
+    SessionMeta {
+        id: id.to_string(),
+        client: "claude-code".into(),
+        client_session: Some(format!("cs-{id}")),
+        dialect,
+        model: "claude-opus-5-5".into(),
+        parent: None,
+        parent_seq: None,
+        created_ms: 1_796_000_000_000,
+        last_ms: 1_796_000_000_000,
+    }
+}
+
+/// The role of a raw message (`role`, else `type`).
+pub fn role_of(raw: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(raw).expect("fixture json");
+    v.get("role")
+        .or_else(|| v.get("type"))
+        .and_then(|r| r.as_str())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+pub fn row(seq: u64, turn: u32, kind: RowKind, raw: &str) -> Row {
+    Row {
+        seq,
+        role: role_of(raw),
+        kind,
+        raw: Arc::from(raw),
+        tokens: (raw.len() / 4) as u32,
+        turn,
+        step: turn,
+        branch: 0,
+        from_response: false,
+    }
+}
+
+/// A user prompt / assistant answer in Anthropic shape.
+pub fn text_row(seq: u64, turn: u32, kind: RowKind, text: &str) -> Row {
+    let role = if kind == RowKind::Assistant {
+        "assistant"
+    } else {
+        "user"
+    };
+    let raw = serde_json::json!({ "role": role, "content": text }).to_string();
+    row(seq, turn, kind, &raw)
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/transcript")
+}
+
+/// Rows of `fixtures/transcript/<name>.tsv` (`kind \t turn \t raw`), seq from 1.
+pub fn fixture_rows(name: &str) -> Vec<Row> {
+    let text =
+        std::fs::read_to_string(fixtures_dir().join(format!("{name}.tsv"))).expect("fixture");
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let mut parts = line.splitn(3, '\t');
+            let kind = RowKind::parse(parts.next().expect("kind")).expect("kind name");
+            let turn: u32 = parts.next().expect("turn").parse().expect("turn number");
+            row(i as u64 + 1, turn, kind, parts.next().expect("raw"))
+        })
+        .collect()
+}
 
 pub fn open(dir: &Path) -> Store {
     Store::open(dir, StoreOptions::default()).expect("open store")
 }
+
+pub fn rows_event(session: &str, rows: Vec<Row>) -> Event {
+    Event::Rows {
+        session: session.to_string(),
+        rows,
+    }
+}
+
+pub fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+// A scripted session (Anthropic shape), shared by the page, export,
+// recall and retention tests.
+
+pub const T0: i64 = 1_796_000_000_000;
 
 /// A ledger of either backend, as the scripted session holds it.
 pub trait AnyLedger {
@@ -192,7 +289,6 @@ impl Sim {
     }
 
     /// End a step without an answer: `status` and why.
-    #[allow(dead_code)] // not every test binary uses it
     pub fn fail_step(&mut self, status: u16, error: &str) {
         self.ts += 1_000;
         self.store
@@ -344,4 +440,108 @@ pub fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     }
     walk(dir, dir, &mut out);
     out
+}
+
+// The backends of the shared store suite.
+
+pub const URL_VAR: &str = "OCEANCODE_TEST_DATABASE_URL";
+
+/// The server's URL, if the PostgreSQL half runs.
+pub fn server_url() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            if std::env::var_os("CI").is_some() {
+                panic!("{URL_VAR} is not set under CI: the PostgreSQL store tests must run");
+            }
+            eprintln!(
+                "SKIPPED: the PostgreSQL half of this test ({URL_VAR} is not set; `.ci/pg.sh start DIR` starts a server)"
+            );
+            None
+        }
+    }
+}
+
+/// `url` with another database name.
+pub fn with_db(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    format!("{base}/{db}{query}")
+}
+
+/// Run SQL on the server's own database.
+pub fn admin(url: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+        tokio::spawn(conn);
+        c.batch_execute(sql).await.expect("admin sql");
+    });
+}
+
+/// A fresh, empty database on the test server: its URL.
+pub fn fresh_db() -> Option<String> {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let url = server_url()?;
+    let name = format!(
+        "oc_test_{}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    );
+    admin(&url, &format!("CREATE DATABASE {name}"));
+    Some(with_db(&url, &name))
+}
+
+/// One backend of the parameterized suite.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    Sqlite,
+    Postgres(String),
+}
+
+impl Backend {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    pub fn open(&self, dir: &Path) -> Arc<dyn LedgerStore> {
+        self.open_with(dir, StoreOptions::default())
+    }
+
+    pub fn open_with(&self, dir: &Path, opts: StoreOptions) -> Arc<dyn LedgerStore> {
+        match self {
+            Backend::Sqlite => Arc::new(Store::open(dir, opts).expect("open sqlite store")),
+            Backend::Postgres(url) => {
+                Arc::new(PgStore::open(url, dir, opts).expect("open postgres store"))
+            }
+        }
+    }
+}
+
+/// SQLite, then PostgreSQL (a database of its own) when a server is set.
+pub fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend::Sqlite];
+    if let Some(url) = fresh_db() {
+        v.push(Backend::Postgres(url));
+    }
+    v
 }
