@@ -3,19 +3,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_ledger::{Dialect, Event, RowKind, SessionMeta};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
 use common::ChildGuard;
 use oceancode_testkit::eventually;
+use oceancode_testkit::ledger::Sim;
 
 const BIN: &str = env!("CARGO_BIN_EXE_oceancode-proxy");
 const T0: i64 = 1_700_000_000_000;
@@ -57,143 +57,76 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).expect("utf-8")
 }
 
-struct Builder {
-    store: Store,
-    id: String,
-    seq: u64,
-    turn: u32,
-    step: u32,
-    ts: i64,
+/// A session of the ledger kit as `ledger` commands find it (no client
+/// session, created at `ts`).
+fn session(store: &Store, id: &str, ts: i64) -> Sim {
+    Sim::with_meta(
+        store,
+        SessionMeta {
+            id: id.into(),
+            client: "claude-code".into(),
+            client_session: None,
+            dialect: Dialect::Anthropic,
+            model: "claude-opus-5-5".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: ts,
+            last_ms: ts,
+        },
+    )
 }
 
-impl Builder {
-    fn new(store: &Store, id: &str, ts: i64) -> Builder {
-        store
-            .submit(Event::Session(SessionMeta {
-                id: id.into(),
-                client: "claude-code".into(),
-                client_session: None,
-                dialect: Dialect::Anthropic,
-                model: "claude-opus-5-5".into(),
-                parent: None,
-                parent_seq: None,
-                created_ms: ts,
-                last_ms: ts,
-            }))
-            .expect("session");
-        Builder {
-            store: store.clone(),
-            id: id.into(),
-            seq: 0,
-            turn: 0,
-            step: 1,
-            ts,
-        }
-    }
-
-    fn row(&mut self, kind: RowKind, raw: Value) -> u64 {
-        self.seq += 1;
-        if kind == RowKind::Prompt {
-            self.turn += 1;
-        }
-        let raw = raw.to_string();
-        let role = if kind == RowKind::Assistant {
-            "assistant"
-        } else {
-            "user"
-        };
-        self.store
-            .submit(Event::Rows {
-                session: self.id.clone(),
-                rows: vec![Row {
-                    seq: self.seq,
-                    role: role.into(),
-                    kind,
-                    tokens: (raw.len() / 4) as u32,
-                    raw: Arc::from(raw.as_str()),
-                    turn: self.turn.max(1),
-                    step: self.step,
-                    branch: 0,
-                    from_response: false,
-                }],
-            })
-            .expect("rows");
-        self.seq
-    }
-
-    fn turn(&mut self, ask: &str, command: &str, output: &str, answer: &str) {
-        self.row(RowKind::Prompt, json!({"role": "user", "content": ask}));
-        let id = format!("tu{}", self.seq);
-        self.row(
-            RowKind::Assistant,
-            json!({"role": "assistant", "content": [
-                {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": command}}]}),
-        );
-        self.row(
-            RowKind::ToolResult,
-            json!({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": id, "content": output}]}),
-        );
-        self.row(
-            RowKind::Assistant,
-            json!({"role": "assistant", "content": [{"type": "text", "text": answer}]}),
-        );
-        self.ts += 1_000;
-        self.store
-            .submit(Event::Step {
-                session: self.id.clone(),
-                step: self.step,
-                model: "claude-opus-5-5".into(),
-                status: 200,
-                usage: Usage {
-                    input: 100,
-                    output: 400,
-                    cache_read: 30_000,
-                    cache_write: 2_000,
-                },
-                window_rows: self.seq as u32,
-                ts_ms: self.ts,
-                error: None,
-                detail: Default::default(),
-            })
-            .expect("step");
-        self.step += 1;
-    }
-
-    fn cut(&mut self, upto_seq: u64) {
-        self.store
-            .submit(Event::Cut {
-                session: self.id.clone(),
-                upto_seq,
-                gauge: 90_000,
-                line: 80_000,
-                ts_ms: self.ts + 1,
-            })
-            .expect("cut");
-    }
+/// One turn: an ask, a Bash call, its output and an answer, then the step.
+fn turn(s: &mut Sim, ask: &str, command: &str, output: &str, answer: &str) {
+    s.row(RowKind::Prompt, json!({"role": "user", "content": ask}));
+    let id = format!("tu{}", s.seq);
+    s.row(
+        RowKind::Assistant,
+        json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": command}}]}),
+    );
+    s.row(
+        RowKind::ToolResult,
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": id, "content": output}]}),
+    );
+    s.row(
+        RowKind::Assistant,
+        json!({"role": "assistant", "content": [{"type": "text", "text": answer}]}),
+    );
+    s.end_step(100, 400, 30_000, 2_000);
 }
 
 /// A data dir with two sessions; the newest (`cli-main`) has three turns,
 /// two of them past the tideline.
 fn populate(data: &Path) {
     let store = Store::open(data, StoreOptions::default()).expect("store");
-    let mut old = Builder::new(&store, "cli-older", T0);
-    old.turn("tune the gearbox", "make gearbox", "ok", "Gearbox tuned.");
-    let mut s = Builder::new(&store, "cli-main", T0 + 10_000);
-    s.turn(
+    let mut old = session(&store, "cli-older", T0);
+    turn(
+        &mut old,
+        "tune the gearbox",
+        "make gearbox",
+        "ok",
+        "Gearbox tuned.",
+    );
+    let mut s = session(&store, "cli-main", T0 + 10_000);
+    turn(
+        &mut s,
         "fix the flaky network test",
         "cargo test net",
         "Exit code 1\nnet::retry failed",
         "Found it: a race.",
     );
-    s.turn(
+    turn(
+        &mut s,
         "apply the fix",
         "cargo test net",
         "ok",
         "The network test passes.",
     );
-    s.cut(s.seq);
-    s.turn(
+    s.cut_at(s.seq, s.ts + 1);
+    turn(
+        &mut s,
         "write the release notes",
         "git log",
         "abc123 fix",
@@ -668,8 +601,8 @@ fn cli_list_and_status_show_a_siblings_link() {
     let tmp = tempfile::tempdir().expect("tmp");
     let data = tmp.path().join("data");
     let store = Store::open(&data, StoreOptions::default()).expect("store");
-    let mut root = Builder::new(&store, "cli-first", T0);
-    root.turn("fix the tests", "cargo test", "ok", "Fixed.");
+    let mut root = session(&store, "cli-first", T0);
+    turn(&mut root, "fix the tests", "cargo test", "ok", "Fixed.");
     for (id, seq, ts) in [("cli-sibling", Some(1), T0 + 5), ("cli-sub", None, T0 + 9)] {
         store
             .submit(Event::Session(SessionMeta {

@@ -162,6 +162,24 @@ impl Sim {
         sim
     }
 
+    /// A session of `meta` (submitted now), its clock at `meta.last_ms`
+    /// ([`Sim::meta`] would submit the kit's own meta instead).
+    pub fn with_meta(store: &impl AnyLedger, meta: SessionMeta) -> Sim {
+        let sim = Sim {
+            store: store.ledger(),
+            id: meta.id.clone(),
+            seq: 0,
+            turn: 0,
+            step: 1,
+            ts: meta.last_ms,
+            model: meta.model.clone(),
+        };
+        sim.store
+            .submit(Event::Session(meta))
+            .expect("submit session");
+        sim
+    }
+
     pub fn meta(&self) {
         self.store
             .submit(Event::Session(SessionMeta {
@@ -202,6 +220,17 @@ impl Sim {
             })
             .expect("submit rows");
         self.seq
+    }
+
+    /// A row of `kind` as given (its role: `system`, `assistant` for
+    /// answers, else `user`).
+    pub fn row(&mut self, kind: RowKind, raw: Value) -> u64 {
+        let role = match kind {
+            RowKind::System => "system",
+            RowKind::Assistant => "assistant",
+            _ => "user",
+        };
+        self.push(kind, role, raw)
     }
 
     pub fn system(&mut self, text: &str) -> u64 {
@@ -309,13 +338,19 @@ impl Sim {
 
     pub fn cut(&mut self, upto_seq: u64) {
         self.ts += 10;
+        self.cut_at(upto_seq, self.ts);
+    }
+
+    /// A cut up to `upto_seq` recorded at `ts_ms` (the session's clock
+    /// does not move).
+    pub fn cut_at(&mut self, upto_seq: u64, ts_ms: i64) {
         self.store
             .submit(Event::Cut {
                 session: self.id.clone(),
                 upto_seq,
                 gauge: 90_000,
                 line: 80_000,
-                ts_ms: self.ts,
+                ts_ms,
             })
             .expect("submit cut");
     }
