@@ -241,11 +241,13 @@ pub fn run(script: &Script) -> Ran {
         block: BlockSpec::PercentOfLine(10.0 + f64::from(script.block % 80)),
         state_tokens: Some(2_000),
         // ledger.compress on for half the scripts, with a zone of a few of
-        // the script's (small) outputs and every output large enough.
+        // the script's (small) outputs and every output large enough; half
+        // of those mask first (`free`, issue 34).
         compress: oceancode_config::CompressConfig {
             enabled: script.block >= 128,
             protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
             min_tokens: 1,
+            free: (script.block % 2 == 1).then_some(BlockSpec::PercentOfLine(50.0)),
         },
         ..Settings::for_tests("/nonexistent/oceancode-fuzz")
     };

@@ -517,7 +517,7 @@ impl SessionManager {
         let step = st.step;
         st.step_opened(step);
         let cut_before = st.recorded_cut;
-        let line = self.run_tideline(&mut st, req, boundary, cold);
+        let line = self.run_tideline(&mut st, req, parsed, boundary, cold);
         record_line(&mut st, events);
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
@@ -606,6 +606,7 @@ impl SessionManager {
         &self,
         st: &mut State,
         req: &Request<'_>,
+        parsed: &ParsedBody<'_>,
         boundary: u64,
         cold: Option<cache::Cold>,
     ) -> (Params, Option<u64>) {
@@ -642,13 +643,38 @@ impl SessionManager {
                 boundary_seq: boundary,
                 last_seq,
             };
-            let decision = if st.needs_seed || measured.is_none() {
-                st.needs_seed = false;
-                let rows = st.seed_rows();
-                st.tideline.seed(&rows, obs, params)
-            } else {
-                st.tideline.observe(obs, params)
+            let seed = (st.needs_seed || measured.is_none()).then(|| st.seed_rows());
+            st.needs_seed = false;
+            // ledger.compress with `free`: masking is the first tier of a cut.
+            let c = &self.settings.compress;
+            let cp = c.first().then(|| oceancode_ledger::compress::Params {
+                protect: c.protect_tokens(params.line),
+                min_tokens: c.min_tokens,
+            });
+            let mut tl = std::mem::take(&mut st.tideline);
+            let decision = {
+                let st: &State = st;
+                match cp {
+                    Some(cp) => {
+                        let mut all = super::compress::eligible(st, parsed, cp);
+                        let mask = tideline::Mask {
+                            saved: st.compress.saved,
+                            free: c.free_tokens(params.line),
+                            all: &mut all,
+                        };
+                        match &seed {
+                            Some(rows) => tl.seed_masked(rows, obs, params, mask),
+                            None => tl.observe_masked(obs, params, mask),
+                        }
+                    }
+                    None => match &seed {
+                        Some(rows) => tl.seed(rows, obs, params),
+                        None => tl.observe(obs, params),
+                    },
+                }
             };
+            st.tideline = tl;
+            st.compress.due = decision.masked;
             // The prompt cache is cold: the whole prefix is written anyway,
             // so the cut due within the next block costs nothing now.
             let cut = decision.cut.or_else(|| {

@@ -758,6 +758,7 @@ fn manager_compress() -> (SessionManager, Recorded) {
         enabled: true,
         protect: Some(BlockSpec::Tokens(0)),
         min_tokens: 1,
+        free: None,
     };
     let s = seen.clone();
     (
