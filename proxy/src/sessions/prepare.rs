@@ -439,14 +439,18 @@ impl SessionManager {
         };
         super::context::refresh(&session, &out);
         let body_len = out.len();
-        let (tail_seq, meter) = {
+        let (tail_seq, meter, window_event) = {
             let st = session.state.lock();
             let meter = super::MeterHead {
                 window: st.meter.gauge,
                 line: st.meter.line,
                 cut_rows: window.cut_rows,
             };
-            (st.active.last().copied().unwrap_or(0), meter)
+            (
+                st.active.last().copied().unwrap_or(0),
+                meter,
+                st.cache.events,
+            )
         };
         let sent = window.sent;
         let mut ticket = Ticket::new(
@@ -463,6 +467,7 @@ impl SessionManager {
         )
         .holding(id, held, new_sessions);
         ticket.meter = meter;
+        ticket.window_event = window_event;
         ticket.compress = window.compress;
         ticket.sent = sent.map(|s| *s);
         ticket.reservation = reservation;
@@ -519,15 +524,22 @@ impl SessionManager {
         let cut_before = st.recorded_cut;
         let line = self.run_tideline(&mut st, req, parsed, boundary, cold);
         record_line(&mut st, events);
+        let pointers_before = st.compress.generation;
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         let edit = window.sent.as_ref().map_or(0, |s| s.edit);
         let changes = Changes {
             cut: window.upto > cut_before,
-            edit: std::mem::replace(&mut st.cache.edit, edit) != edit,
+            // A new pruned set (a masking event) rewrites the window from
+            // its first new pointer, as an edit does.
+            edit: std::mem::replace(&mut st.cache.edit, edit) != edit
+                || st.compress.generation != pointers_before,
             client,
             cold,
         };
+        if changes.cut || changes.edit {
+            st.cache.events += 1;
+        }
         if changes.cut && cold.is_some() {
             self.metrics.cold_cuts.fetch_add(1, Ordering::Relaxed);
             tracing::info!(session = %st.meta.id, upto_seq = window.upto, cold = cold.map_or("", |c| c.label()), "the cut landed on a request whose prompt cache was cold: it cost no extra cache write");
