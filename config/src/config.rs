@@ -685,7 +685,10 @@ impl Default for StateConfig {
 
 /// `ledger.compress`: at a cut, tool output older than the protected zone
 /// becomes one pointer line to its transcript lines (see
-/// `oceancode_window::compress`). Written `true`/`false` or as the object.
+/// `oceancode_window::compress`); with `free`, masking is the first tier of
+/// a cut instead: when the window reaches the line, that happens first and
+/// whole blocks are cut only for what it cannot free
+/// (`Tideline::observe_masked`). Written `true`/`false` or as the object.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct CompressConfig {
     /// On (default) or off.
@@ -696,6 +699,11 @@ pub struct CompressConfig {
     pub protect: Option<BlockSpec>,
     /// Smaller outputs are never pruned (tokens; default 500).
     pub min_tokens: u64,
+    /// Masking first: how far under the line an event (masking, then cuts)
+    /// brings the window, tokens or a share of the line. None (the
+    /// default) = compress at cuts only.
+    #[serde(serialize_with = "ser_block", skip_serializing_if = "Option::is_none")]
+    pub free: Option<BlockSpec>,
 }
 
 /// `ledger.compress.protect` default, percent of the line.
@@ -709,6 +717,7 @@ impl Default for CompressConfig {
             enabled: true,
             protect: None,
             min_tokens: COMPRESS_MIN_TOKENS,
+            free: None,
         }
     }
 }
@@ -724,6 +733,21 @@ impl CompressConfig {
             BlockSpec::PercentOfLine(p) => (line as f64 * p.clamp(0.0, 100.0) / 100.0) as u64,
         }
     }
+
+    /// Masking first (`free` set, compress on).
+    pub fn first(&self) -> bool {
+        self.enabled && self.free.is_some()
+    }
+
+    /// How far under a line of `line` tokens an event brings the window
+    /// (0 when `free` is not set).
+    pub fn free_tokens(&self, line: u64) -> u64 {
+        match self.free {
+            None => 0,
+            Some(BlockSpec::Tokens(t)) => t.min(line),
+            Some(BlockSpec::PercentOfLine(p)) => (line as f64 * p.clamp(0.0, 100.0) / 100.0) as u64,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -733,6 +757,8 @@ struct CompressFields {
     #[serde(deserialize_with = "de_block")]
     protect: Option<BlockSpec>,
     min_tokens: u64,
+    #[serde(deserialize_with = "de_block")]
+    free: Option<BlockSpec>,
 }
 
 impl Default for CompressFields {
@@ -742,6 +768,7 @@ impl Default for CompressFields {
             enabled: d.enabled,
             protect: d.protect,
             min_tokens: d.min_tokens,
+            free: d.free,
         }
     }
 }
@@ -763,6 +790,7 @@ impl<'de> Deserialize<'de> for CompressConfig {
                 enabled: f.enabled,
                 protect: f.protect,
                 min_tokens: f.min_tokens,
+                free: f.free,
             },
         })
     }
@@ -1438,12 +1466,17 @@ impl Config {
                 ),
             ));
         }
-        if let Some(BlockSpec::PercentOfLine(p)) = self.ledger.compress.protect {
-            if !(0.0..=100.0).contains(&p) {
-                return Err(ConfigError::invalid(
-                    "ledger.compress.protect",
-                    format!("{p}% is out of range (0 to 100)"),
-                ));
+        for (key, spec) in [
+            ("ledger.compress.protect", self.ledger.compress.protect),
+            ("ledger.compress.free", self.ledger.compress.free),
+        ] {
+            if let Some(BlockSpec::PercentOfLine(p)) = spec {
+                if !(0.0..=100.0).contains(&p) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("{p}% is out of range (0 to 100)"),
+                    ));
+                }
             }
         }
         if let Some(m) = &self.ledger.merge.model {

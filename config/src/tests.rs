@@ -1479,6 +1479,14 @@ fn compress_config_forms_env_and_flags() {
     assert_eq!(c.compress.min_tokens, 1000);
     let c: LedgerConfig = serde_json::from_str(r#"{"compress": {"protect": "12k"}}"#).unwrap();
     assert_eq!(c.compress.protect_tokens(80_000), 12_000);
+    // Masking first only with `free` (issue 34).
+    assert!(!d.ledger.compress.first());
+    assert!(!c.compress.first());
+    let c: LedgerConfig = serde_json::from_str(r#"{"compress": {"free": "50%"}}"#).unwrap();
+    assert!(c.compress.first());
+    assert_eq!(c.compress.free_tokens(80_000), 40_000);
+    let c: LedgerConfig = serde_json::from_str(r#"{"compress": {"free": "90k"}}"#).unwrap();
+    assert_eq!(c.compress.free_tokens(80_000), 80_000, "at most the line");
     assert!(serde_json::from_str::<LedgerConfig>(r#"{"compress": {"protekt": 1}}"#).is_err());
     let l = Config::load(None, &env_of(&[("OCEANCODE_COMPRESS", "off")])).unwrap();
     assert!(!l.config.ledger.compress.enabled);

@@ -14,7 +14,11 @@
 //! * every call in it answered later in it and every result preceded by its
 //!   call (by the dialect's own classification);
 //! * a rewritten body has exactly one stub, first in Anthropic, after the
-//!   kept system rows in OpenAI; an unchanged body none;
+//!   kept system rows in OpenAI; an unchanged body none, nor one that only
+//!   masking rewrote (tool outputs as pointers before any cut);
+//! * between two window events (the ticket's `window_event`) a window only
+//!   appends to the one before; an event that keeps the stub (masking)
+//!   only turns more tool outputs into pointers;
 //! * it ends with the request's newest messages as they came (at least the
 //!   newest one); the rows kept from before them are the request's own,
 //!   byte for byte, each once: system rows and at most one ask (pinned);
@@ -241,11 +245,13 @@ pub fn run(script: &Script) -> Ran {
         block: BlockSpec::PercentOfLine(10.0 + f64::from(script.block % 80)),
         state_tokens: Some(2_000),
         // ledger.compress on for half the scripts, with a zone of a few of
-        // the script's (small) outputs and every output large enough.
+        // the script's (small) outputs and every output large enough; half
+        // of those mask first (`free`, issue 34).
         compress: oceancode_config::CompressConfig {
             enabled: script.block >= 128,
             protect: Some(BlockSpec::Tokens(u64::from(script.line % 16) * 4)),
             min_tokens: 1,
+            free: (script.block % 2 == 1).then_some(BlockSpec::PercentOfLine(50.0)),
         },
         ..Settings::for_tests("/nonexistent/oceancode-fuzz")
     };
@@ -332,8 +338,9 @@ struct Sim {
     expect_stub: bool,
     /// The client went back since its last request.
     rewound: bool,
-    /// The last main request's window: its stub and its messages.
-    last_window: Option<(String, Vec<String>)>,
+    /// The last main request's window: its stub, its event generation
+    /// (`Ticket::window_event`) and its messages.
+    last_window: Option<(Option<String>, u64, Vec<String>)>,
     /// The recall tool is on: what the proxy keeps of it.
     recall: Option<Recall>,
 }
@@ -895,24 +902,27 @@ impl Sim {
             self.edit_mode(true),
             self.recall.as_mut(),
         );
-        self.between_cuts(&p.body);
+        let t = p.ticket.expect("a main request has a ticket");
+        self.between_cuts(&p.body, t.window_event);
         self.ran.requests += 1;
         if self.edited {
             self.ran.edited_requests += 1;
         }
         self.expect_stub = false;
         self.rewound = false;
-        let t = p.ticket.expect("a main request has a ticket");
         self.session = Some(t.session.id.clone());
         self.pending = Some((t, p.body.len()));
     }
 }
 
 impl Sim {
-    /// Between cuts (the same stub, no rewind) a window only appends to
-    /// the one before: the stub, the pinned parts and compress pointers are
-    /// byte-stable.
-    fn between_cuts(&mut self, out: &[u8]) {
+    /// Between window events (the proxy's event generation, `event`, is
+    /// the same; no rewind) a window only appends to the one before: the
+    /// stub, the pinned parts and compress pointers are byte-stable. At an
+    /// event that keeps the stub (masking without a cut) every message of
+    /// the window before is still there, the same or with more of its tool
+    /// outputs as pointers (a pointer never turns back into its output).
+    fn between_cuts(&mut self, out: &[u8], event: u64) {
         let po = ParsedBody::parse(out, dialect::conv_key(self.d)).expect("the window parses");
         let msgs: Vec<String> = po.messages.iter().map(|m| m.to_string()).collect();
         let stub = msgs
@@ -920,19 +930,27 @@ impl Sim {
             .find(|m| serde_json::from_str::<Value>(m).is_ok_and(|v| is_stub(&v)))
             .cloned();
         let last = self.last_window.take();
-        if let (Some(stub), Some((last_stub, last_msgs))) = (&stub, last) {
-            if !self.rewound && *stub == last_stub && last_msgs.len() <= msgs.len() {
+        if let Some((last_stub, last_event, last_msgs)) = last {
+            if !self.rewound && stub == last_stub && last_msgs.len() <= msgs.len() {
                 for (i, m) in last_msgs.iter().enumerate() {
-                    assert_eq!(
-                        m,
-                        &msgs[i],
-                        "between cuts window message {i} changed\n{}",
-                        outline(self.d, out)
-                    );
+                    if event == last_event {
+                        assert_eq!(
+                            m,
+                            &msgs[i],
+                            "between events window message {i} changed\n{}",
+                            outline(self.d, out)
+                        );
+                    } else {
+                        assert!(
+                            same_or_pruned(self.d, &msgs[i], m),
+                            "at a masking event window message {i} changed beyond pointers\n{}",
+                            outline(self.d, out)
+                        );
+                    }
                 }
             }
         }
-        self.last_window = stub.map(|s| (s, msgs));
+        self.last_window = Some((stub, event, msgs));
     }
 }
 
@@ -1245,9 +1263,18 @@ pub fn check_window_with(
     } else {
         out == sent
     };
+    // Masking before any cut: the request's own messages, some tool
+    // outputs sent as pointers, and no stub.
+    let masked_only = stubs.is_empty()
+        && po.messages.len() == ps.messages.len()
+        && po
+            .messages
+            .iter()
+            .zip(&ps.messages)
+            .all(|(o, s)| same_or_pruned(d, o, s));
     if unchanged {
         assert!(stubs.is_empty(), "an unchanged request has no stub");
-    } else if edits != Edits::None {
+    } else if edits != Edits::None || masked_only {
         assert!(stubs.len() <= 1, "one stub at most\n{}", show());
     } else {
         assert_eq!(

@@ -431,3 +431,108 @@ async fn a_restarted_proxy_sends_the_same_pointers_until_the_next_cut() {
     );
     assert!(b.len() > a.len(), "the restarted request only appends");
 }
+
+/// Masking first (issue 34: `ledger.compress.free`, here half the line;
+/// the default block and protected zone): a Claude Code shaped session (a
+/// ~14k system prompt and tools, the simulator's tool outputs) at a 20k and
+/// a 40k line. Every request is valid; the events (requests that are not
+/// the previous one with rows appended: masking or a cut) send pointers,
+/// where compress at cuts sends none at these lines, and their windows hold
+/// ≥ 2× the agent's own past messages compress at cuts keeps. What it costs
+/// is printed (the fake's usage at Sonnet's prices): more, see
+/// docs/benchmarks.md. (At a 200k model's 40% line the default block, 56k,
+/// is all a cut can take, and masking alone does not reach `line − free`:
+/// every event there cuts that block, as at cuts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masking_first_keeps_the_agents_trail_at_events() {
+    let mut failed = Vec::new();
+    for (line, steps) in [
+        (oceancode_config::LineSpec::Tokens(20_000), 60),
+        (oceancode_config::LineSpec::Tokens(40_000), 80),
+    ] {
+        let run = |free: Option<f64>| async move {
+            let h = Harness::start(fake(), |o| {
+                o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+                    context: Some(CONTEXT),
+                    max_output: Some(64_000),
+                });
+                o.sessions.line = line;
+                o.sessions.compress = CompressConfig {
+                    free: free.map(oceancode_config::BlockSpec::PercentOfLine),
+                    ..CompressConfig::default()
+                };
+            })
+            .await;
+            let mut agent = Agent::new();
+            agent.system = format!(
+                "You are Claude Code.\n{}",
+                oceancode_tests::tool_lines(9_999, 440, 7)
+            );
+            for _ in 0..steps {
+                agent.step(&h).await;
+            }
+            h.settle().await;
+            let reqs = model_requests(&h);
+            assert!(reqs.iter().all(|r| r.status == 200), "every request valid");
+            shape(&reqs)
+        };
+        let masked = run(Some(50.0)).await;
+        let at_cuts = run(None).await;
+        println!(
+            "line {line:?}: mask first {masked:?}; at cuts (the default) {at_cuts:?}; cost {:.2}×",
+            masked.cost / at_cuts.cost
+        );
+        if masked.events < 3
+            || masked.with_pointers == 0
+            || at_cuts.events < 2
+            || masked.trail_per_event < 2.0 * at_cuts.trail_per_event
+        {
+            failed.push(format!("{line:?}: {masked:?} vs {at_cuts:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+/// What a session's upstream requests show (see the test above).
+#[derive(Debug)]
+struct Shape {
+    /// Requests that are not the previous one with rows appended.
+    events: usize,
+    /// Of them, those that send pointers.
+    with_pointers: usize,
+    /// Mean assistant messages in an event's request.
+    trail_per_event: f64,
+    /// Dollars at $3 / $15 / $0.30 / $3.75 per MTok (input / output /
+    /// cache read / cache write).
+    cost: f64,
+}
+
+fn shape(reqs: &[Recorded]) -> Shape {
+    let mut prev: Option<Vec<Value>> = None;
+    let (mut events, mut with_pointers, mut trail) = (0usize, 0usize, 0usize);
+    let mut cost = 0.0;
+    for r in reqs {
+        let msgs = upstream_messages(r);
+        let appends = prev
+            .as_ref()
+            .is_some_and(|p| msgs.len() >= p.len() && msgs[..p.len()] == p[..]);
+        if prev.is_some() && !appends {
+            events += 1;
+            with_pointers += usize::from(sends_pointers(r));
+            trail += msgs.iter().filter(|m| m["role"] == "assistant").count();
+        }
+        let u = r.usage.as_ref().unwrap();
+        cost += (u.input_tokens as f64 * 3.0
+            + u.output_tokens as f64 * 15.0
+            + u.cache_read_input_tokens as f64 * 0.30
+            + u.cache_creation_input_tokens as f64 * 3.75)
+            / 1e6;
+        prev = Some(msgs);
+    }
+    Shape {
+        events,
+        with_pointers,
+        trail_per_event: trail as f64 / events.max(1) as f64,
+        cost,
+    }
+}

@@ -166,6 +166,38 @@ pub struct Decision {
     pub gauge: u64,
     /// The line in force.
     pub line: u64,
+    /// With a [`Mask`] tier: this observation was an event that masks more
+    /// tool output than the window sent before (with or without a cut).
+    #[serde(default)]
+    pub masked: bool,
+}
+
+/// Masking as the first tier of a cut (`ledger.compress`), for
+/// [`Tideline::observe_masked`] / [`Tideline::seed_masked`].
+///
+/// The gauge stays the *uncompressed* window (the caller adds what its
+/// pointers save), so blocks keep their sizes; the line is compared with
+/// the real window, `gauge − saved`. When that reaches the line, the event
+/// first masks every eligible tool output of the window (`all`), and cuts
+/// whole blocks, oldest first, only while the real window would still be
+/// over `line − free`.
+pub struct Mask<'a> {
+    /// What the pointers of the window as last sent save.
+    pub saved: u64,
+    /// An event brings the real window down to `line − free` when it can.
+    pub free: u64,
+    /// What masking every eligible tool output of the rows after `upto`
+    /// (the window if every row up to `upto` left) would save.
+    pub all: &'a mut dyn FnMut(u64) -> u64,
+}
+
+impl std::fmt::Debug for Mask<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mask")
+            .field("saved", &self.saved)
+            .field("free", &self.free)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A block that stopped growing and can be cut.
@@ -261,6 +293,23 @@ impl Tideline {
     /// or over the line the oldest closed block is cut. Rows after `boundary_seq`
     /// (this request's own rows) are never cut here, nor is the open block.
     pub fn observe(&mut self, obs: Observation, params: Params) -> Decision {
+        self.observe_inner(obs, params, None)
+    }
+
+    /// [`Tideline::observe`] with masking as the first tier (see [`Mask`]):
+    /// nothing happens while the real window is under the line; at or over
+    /// it, masking comes first and whole blocks leave only for what it
+    /// cannot free.
+    pub fn observe_masked(&mut self, obs: Observation, params: Params, mask: Mask<'_>) -> Decision {
+        self.observe_inner(obs, params, Some(mask))
+    }
+
+    fn observe_inner(
+        &mut self,
+        obs: Observation,
+        params: Params,
+        mask: Option<Mask<'_>>,
+    ) -> Decision {
         let boundary = obs.boundary_seq.min(obs.last_seq);
         let added = obs.added.min(obs.gauge);
         let settled = obs.gauge - added;
@@ -280,7 +329,7 @@ impl Tideline {
             self.open.opened_at = settled.saturating_sub(carry);
         }
         self.open.opened_at = self.open.opened_at.min(settled);
-        self.step(obs.gauge, added, boundary, params, force_reanchor)
+        self.step(obs.gauge, added, boundary, params, force_reanchor, mask)
     }
 
     /// Rebuild the blocks from row estimates when the history has no measured
@@ -293,6 +342,27 @@ impl Tideline {
     /// `obs.gauge` is the whole request's estimate (system prompt and tools
     /// included); it is raised to the rows' sum if lower.
     pub fn seed(&mut self, rows: &[(u64, u64)], obs: Observation, params: Params) -> Decision {
+        self.seed_inner(rows, obs, params, None)
+    }
+
+    /// [`Tideline::seed`] with masking as the first tier (see [`Mask`]).
+    pub fn seed_masked(
+        &mut self,
+        rows: &[(u64, u64)],
+        obs: Observation,
+        params: Params,
+        mask: Mask<'_>,
+    ) -> Decision {
+        self.seed_inner(rows, obs, params, Some(mask))
+    }
+
+    fn seed_inner(
+        &mut self,
+        rows: &[(u64, u64)],
+        obs: Observation,
+        params: Params,
+        mask: Option<Mask<'_>>,
+    ) -> Decision {
         let block = params.block.max(1);
         let boundary = obs.boundary_seq.min(obs.last_seq);
         let live = rows.iter().filter(|(seq, _)| *seq > self.cut_upto);
@@ -332,7 +402,7 @@ impl Tideline {
         self.anchored = true;
         self.reanchor = None;
         let added = total - upto_boundary;
-        self.step(gauge, added, boundary, params, true)
+        self.step(gauge, added, boundary, params, true, mask)
     }
 
     /// `/tideline now`: cut the oldest closed block; if there is none, close the
@@ -423,7 +493,8 @@ impl Tideline {
         true
     }
 
-    /// Close-if-grown, then the cut loop. `gauge`/`added` are in the current frame.
+    /// Close-if-grown, then the cut loop (with a [`Mask`]: the masking
+    /// tier first). `gauge`/`added` are in the current frame.
     fn step(
         &mut self,
         gauge: u64,
@@ -431,6 +502,7 @@ impl Tideline {
         boundary: u64,
         params: Params,
         force_reanchor: bool,
+        mask: Option<Mask<'_>>,
     ) -> Decision {
         self.gauge = gauge;
         self.added = added;
@@ -440,8 +512,24 @@ impl Tideline {
         let carry = self.open_growth();
         let gauge_before = self.gauge;
         let mut blocks_cut = 0u32;
-        while self.gauge >= params.line && self.cut_oldest(boundary).is_some() {
-            blocks_cut += 1;
+        let mut masked = false;
+        match mask {
+            None => {
+                while self.gauge >= params.line && self.cut_oldest(boundary).is_some() {
+                    blocks_cut += 1;
+                }
+            }
+            Some(m) if self.gauge.saturating_sub(m.saved) >= params.line => {
+                let target = params.line.saturating_sub(m.free);
+                let mut all = (m.all)(self.cut_upto);
+                while self.gauge.saturating_sub(all) > target && self.cut_oldest(boundary).is_some()
+                {
+                    blocks_cut += 1;
+                    all = (m.all)(self.cut_upto);
+                }
+                masked = blocks_cut > 0 || all > m.saved;
+            }
+            Some(_) => {}
         }
         if blocks_cut > 0 || force_reanchor {
             self.reanchor = Some(carry);
@@ -455,6 +543,7 @@ impl Tideline {
             }),
             gauge: self.gauge,
             line: params.line,
+            masked,
         }
     }
 
@@ -1030,6 +1119,72 @@ mod tests {
         assert!(t.closed_blocks().is_empty());
         assert_eq!(t.open_block().first_seq, 5);
         assert_eq!(t.cut_all_closed(4), None);
+    }
+
+    /// Masking first: under the line nothing happens; at it, masking
+    /// alone when it frees enough, else blocks leave (oldest first) only
+    /// until the masked window is under `line − free`.
+    #[test]
+    fn masking_comes_before_cutting() {
+        let p = Params {
+            line: 100,
+            block: 30,
+        };
+        // Rows 1..=8 of 10 tokens, a 20-token base; blocks of 30 close at
+        // rows 3 and 6.
+        let rows: Vec<(u64, u64)> = (1..=8).map(|s| (s, 10)).collect();
+        let seeded = |t: &mut Tideline| {
+            t.seed(&rows, obs(0, 10, 7, 8), Params { line: 1_000, ..p });
+            assert_eq!(t.closed_blocks(), &[cb(1, 3, 30), cb(4, 6, 30)]);
+        };
+        // What masking would save: 5 tokens for each row after `upto`
+        // before row 7 (the running round), as a caller's `choose` would.
+        let calls = std::cell::RefCell::new(Vec::new());
+        let mut all = |upto: u64| {
+            calls.borrow_mut().push(upto);
+            (upto + 1..7).count() as u64 * 5
+        };
+        // The real window (gauge − saved) under the line: no event, and
+        // masking is not even measured.
+        let mut t = Tideline::new();
+        seeded(&mut t);
+        let m = Mask {
+            saved: 30,
+            free: 20,
+            all: &mut all,
+        };
+        let d = t.observe_masked(obs(120, 10, 8, 9), p, m);
+        assert_eq!((d.cut, d.masked), (None, false));
+        assert!(calls.borrow().is_empty());
+        // At the line, masking alone frees enough (120 − 30 ≤ 100 − 20).
+        let m = Mask {
+            saved: 10,
+            free: 20,
+            all: &mut all,
+        };
+        let d = t.observe_masked(obs(110, 10, 8, 9), p, m);
+        assert_eq!((d.cut, d.masked), (None, true));
+        assert_eq!(t.cut_upto(), 0);
+        assert_eq!(*calls.borrow(), [0]);
+        // It cannot: the oldest block leaves (masking the rest then saves
+        // 15: 130 − 30 − 15 ≤ 90), not both.
+        let mut t = Tideline::new();
+        seeded(&mut t);
+        calls.borrow_mut().clear();
+        let m = Mask {
+            saved: 0,
+            free: 10,
+            all: &mut all,
+        };
+        let d = t.observe_masked(obs(130, 10, 8, 9), p, m);
+        let c = d.cut.expect("a cut");
+        assert_eq!((c.upto_seq, c.blocks_cut, d.masked), (3, 1, true));
+        assert_eq!(*calls.borrow(), [0, 3]);
+        // Without the tier the same observation cuts both blocks.
+        let mut t = Tideline::new();
+        seeded(&mut t);
+        let d = t.observe(obs(130, 10, 8, 9), p);
+        assert_eq!(d.cut.map(|c| c.blocks_cut), Some(2));
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //!   line; never the newest row) and at least `--min-tokens` become a
 //!   pointer (`oceancode_window::compress::choose`, the proxy's estimates);
 //!   the gauge adds their saved estimate, so cuts fall where they would.
+//! * `tideline + mask first` (`--free`, `ledger.compress.free`): masking as
+//!   the first tier of a cut (`Tideline::observe_masked`): at the line the
+//!   window's eligible outputs become pointers first, blocks leave only
+//!   while the window would stay over `line − free`. The table's *agent
+//!   trail* counts the agent's own messages in the window.
 //! * `summarize 83%`: Claude Code style auto-compact: when the next request
 //!   would reach 83% of the context, one summarization call (the whole context
 //!   plus an instruction as input, a ~5k summary as output) replaces the history
@@ -49,7 +54,8 @@ use oceancode_ledger::facts::{CallFacts, ResultFacts, RowFacts};
 use oceancode_ledger::state_block::{self, Ask, StateFacts, StateInput};
 use oceancode_ledger::transcript::RowLines;
 use oceancode_window::tideline::{
-    block_tokens, effective_line, plan_window, stub_text, Observation, Params, RowInfo, Tideline,
+    block_tokens, effective_line, plan_window, stub_text, Mask, Observation, Params, RowInfo,
+    Tideline,
 };
 use oceancode_window::{compress, media, RowKind};
 use std::collections::BTreeMap;
@@ -103,6 +109,10 @@ struct Args {
     /// compress: the smallest tool output pruned (`ledger.compress.min_tokens`).
     #[arg(long, default_value_t = 500)]
     min_tokens: u64,
+    /// compress, masking first: an event brings the window down to the line
+    /// minus this (percent of the line; `ledger.compress.free`).
+    #[arg(long, default_value_t = 50.0)]
+    free: f64,
     /// Sweep compress settings: `PROTECTS/MINS[/BLOCKS]`, comma-separated
     /// percents of the line, token counts and block sizes in percent of the
     /// line (`0,5,10,25,50/200,500,2000/70,35`); each at the main and the
@@ -333,6 +343,9 @@ struct Compress {
     protect: f64,
     /// Smallest output pruned (tokens).
     min_tokens: u64,
+    /// Masking as the first tier of a cut, bringing the real window to
+    /// `line − free` (percent of the line); None = at cuts only (before).
+    free: Option<f64>,
 }
 
 #[derive(Default, Clone)]
@@ -366,6 +379,14 @@ struct Totals {
     state_min_bytes_per_token: f64,
     /// Cuts made at a request whose cache was cold (free).
     cold_cuts: u64,
+    /// Σ over requests of the agent's own past messages (assistant rows) in the window.
+    trail_sum: u64,
+    /// Σ over cuts of the agent's own past messages in the window sent at the cut.
+    trail_cut_sum: u64,
+    /// Cuts whose window sends pointers.
+    cuts_with_pointers: u64,
+    /// Events that masked without a cut.
+    masks: u64,
 }
 
 struct Cache {
@@ -552,6 +573,11 @@ fn run_client(c: &Ctx, mode: Client) -> Totals {
         }
         t.verbatim_end = verbatim;
         t.recoverable_end = verbatim;
+        t.trail_sum += segs
+            .iter()
+            .filter(|s| s.id & 3 == 0 && s.id != SYS_ID)
+            .filter(|s| kinds.get(&(s.id >> 2)) == Some(&RowKind::Assistant))
+            .count() as u64;
         let aid = next_id;
         next_id += 1;
         kinds.insert(aid, RowKind::Assistant);
@@ -608,6 +634,9 @@ fn run_tideline(
         protect: (calc.line as f64 * cp.protect / 100.0) as u64,
         min_tokens: cp.min_tokens,
     });
+    let free = compress
+        .and_then(|cp| cp.free)
+        .map(|f| (calc.line as f64 * f / 100.0) as u64);
     // What a pointer costs (the same for every row but the digits).
     let pointer = compress::pointer_text(
         1234,
@@ -661,51 +690,6 @@ fn run_tideline(
         active.push(seq);
         pending_est += u.est;
         let last_seq = seq;
-        let decision = if needs_seed || last_window.is_none() {
-            needs_seed = false;
-            let seed: Vec<(u64, u64)> = active
-                .iter()
-                .map(|&s| (s, rows[(s - 1) as usize].est))
-                .collect();
-            tl.seed(
-                &seed,
-                Observation {
-                    gauge: 0,
-                    added: pending_est,
-                    boundary_seq: boundary,
-                    last_seq,
-                },
-                params,
-            )
-        } else {
-            tl.observe(
-                Observation {
-                    // The gauge adds the saved estimate: it measures the
-                    // uncompressed window, so cuts fall where they would.
-                    gauge: last_window.unwrap_or(0) + pending_est + pruned.values().sum::<u64>(),
-                    added: pending_est,
-                    boundary_seq: boundary,
-                    last_seq,
-                },
-                params,
-            )
-        };
-        let cold = c.s.cold[step];
-        let cut = decision.cut.or_else(|| {
-            (cold && c.cold_cut)
-                .then(|| tl.cut_cold(boundary, params))
-                .flatten()
-        });
-        if cut.is_some() {
-            t.cuts += 1;
-            t.cold_cuts += u64::from(cold);
-        }
-        // render (sessions.rs `render`).
-        let mut segs = vec![Seg {
-            id: SYS_ID,
-            tokens: a.system,
-        }];
-        let cut_upto = tl.cut_upto();
         let infos: Vec<RowInfo> = active
             .iter()
             .map(|&s| {
@@ -717,7 +701,88 @@ fn run_tideline(
                 }
             })
             .collect();
+        // The pruned set of a window that starts after `upto`: the retained
+        // tool results before the running round (the newest row), by the
+        // proxy's estimates (`compress::choose`), seq → saved estimate.
+        let choose = |upto: u64, cp: compress::Params| -> BTreeMap<u64, u64> {
+            let plan = plan_window(&infos, upto);
+            let retained = &active[plan.start..active.len().saturating_sub(1)];
+            let cands: Vec<compress::Candidate> = retained
+                .iter()
+                .map(|&s| rows[(s - 1) as usize])
+                .filter(|r| r.kind == RowKind::ToolResult)
+                .map(|r| compress::Candidate {
+                    seq: r.seq,
+                    part: 0,
+                    tokens: r.est,
+                })
+                .collect();
+            compress::choose(&cands, cp)
+                .into_iter()
+                .map(|(s, _)| {
+                    let est = rows[(s - 1) as usize].est;
+                    (s, est.saturating_sub(pointer_tokens))
+                })
+                .collect()
+        };
+        let saved_now: u64 = pruned.values().sum();
+        let obs = Observation {
+            // The gauge adds the saved estimate: it measures the
+            // uncompressed window (blocks keep their sizes).
+            gauge: last_window.map_or(0, |w| w + pending_est + saved_now),
+            added: pending_est,
+            boundary_seq: boundary,
+            last_seq,
+        };
+        let mut all =
+            |upto: u64| -> u64 { cparams.map_or(0, |cp| choose(upto, cp).values().sum()) };
+        let mask = free.map(|free| Mask {
+            saved: saved_now,
+            free,
+            all: &mut all,
+        });
+        let decision = if needs_seed || last_window.is_none() {
+            needs_seed = false;
+            let seed: Vec<(u64, u64)> = active
+                .iter()
+                .map(|&s| (s, rows[(s - 1) as usize].est))
+                .collect();
+            match mask {
+                Some(m) => tl.seed_masked(&seed, obs, params, m),
+                None => tl.seed(&seed, obs, params),
+            }
+        } else {
+            match mask {
+                Some(m) => tl.observe_masked(obs, params, m),
+                None => tl.observe(obs, params),
+            }
+        };
+        let cold = c.s.cold[step];
+        let cut = decision.cut.or_else(|| {
+            (cold && c.cold_cut)
+                .then(|| tl.cut_cold(boundary, params))
+                .flatten()
+        });
+        if cut.is_some() {
+            t.cuts += 1;
+            t.cold_cuts += u64::from(cold);
+        } else if decision.masked {
+            t.masks += 1;
+        }
+        // render (sessions.rs `render`).
+        let mut segs = vec![Seg {
+            id: SYS_ID,
+            tokens: a.system,
+        }];
+        let cut_upto = tl.cut_upto();
         let plan = plan_window(&infos, cut_upto);
+        if free.is_some() && (decision.masked || cut.is_some()) {
+            // Masking first: the set is chosen again at every event, cut or
+            // not (outputs only ever join it while they stay in the window).
+            if let Some(cp) = cparams {
+                pruned = choose(cut_upto, cp);
+            }
+        }
         let start = if cut_upto == 0 || plan.start == 0 || plan.effective_upto_seq == 0 {
             0
         } else {
@@ -774,27 +839,10 @@ fn run_tideline(
             }
             if plan.effective_upto_seq != last_cut {
                 last_cut = plan.effective_upto_seq;
-                // compress, at the cut only: the retained tool results before
-                // the running round (the newest row), by the proxy's estimates.
-                if let Some(cp) = cparams {
-                    let retained = &active[plan.start..active.len().saturating_sub(1)];
-                    let cands: Vec<compress::Candidate> = retained
-                        .iter()
-                        .map(|&s| rows[(s - 1) as usize])
-                        .filter(|r| r.kind == RowKind::ToolResult)
-                        .map(|r| compress::Candidate {
-                            seq: r.seq,
-                            part: 0,
-                            tokens: r.est,
-                        })
-                        .collect();
-                    pruned = compress::choose(&cands, cp)
-                        .into_iter()
-                        .map(|(s, _)| {
-                            let est = rows[(s - 1) as usize].est;
-                            (s, est.saturating_sub(pointer_tokens))
-                        })
-                        .collect();
+                // compress before (at the cut only): the retained tool
+                // results before the running round.
+                if let (Some(cp), None) = (cparams, free) {
+                    pruned = choose(plan.effective_upto_seq, cp);
                 }
             }
             plan.start
@@ -814,6 +862,20 @@ fn run_tideline(
             });
         }
         t.saved_sum += pruned.values().sum::<u64>();
+        let trail = segs
+            .iter()
+            .filter(|s| s.id & 3 == 0 && s.id != SYS_ID)
+            .filter(|s| {
+                rows.get(((s.id >> 2) - 1) as usize).map(|r| r.kind) == Some(RowKind::Assistant)
+            })
+            .count() as u64;
+        t.trail_sum += trail;
+        if cut.is_some() {
+            t.trail_cut_sum += trail;
+            if segs.iter().any(|s| s.id != SYS_ID && s.id & 3 == 3) {
+                t.cuts_with_pointers += 1;
+            }
+        }
         let window = sum(&segs);
         if window > c.context {
             t.overflows += 1;
@@ -997,16 +1059,25 @@ fn main() -> Result<()> {
         cold_cut: false,
     };
     let bpe = tiktoken_rs::o200k_base().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let main_c = Compress {
+    let before_c = Compress {
         protect: a.protect,
         min_tokens: a.min_tokens,
+        free: None,
+    };
+    let main_c = Compress {
+        free: Some(a.free),
+        ..before_c
     };
     let tl_label = |p: f64| format!("oceancode-proxy tideline {p}%");
-    let c_label = |p: f64, cp: Compress| {
-        format!(
-            "tideline {p}% + compress (protect {}%, min {})",
+    let c_label = |p: f64, cp: Compress| match cp.free {
+        None => format!(
+            "tideline {p}% + compress at cuts (before; protect {}%, min {})",
             cp.protect, cp.min_tokens
-        )
+        ),
+        Some(f) => format!(
+            "tideline {p}% + mask first (protect {}%, min {}, free {f}%)",
+            cp.protect, cp.min_tokens
+        ),
     };
     let mut runs: Vec<Run> = vec![
         Run::new("none", "#888888", true, false, run_client(&c, Client::None)),
@@ -1016,6 +1087,13 @@ fn main() -> Result<()> {
             false,
             true,
             run_tideline(&c, &bpe, a.tideline, None)?,
+        ),
+        Run::new(
+            &c_label(a.tideline, before_c),
+            "#8c564b",
+            true,
+            true,
+            run_tideline(&c, &bpe, a.tideline, Some(before_c))?,
         ),
         Run::new(
             &c_label(a.tideline, main_c),
@@ -1032,6 +1110,13 @@ fn main() -> Result<()> {
             true,
             true,
             run_tideline(&c, &bpe, a.low_line, None)?,
+        ));
+        runs.push(Run::new(
+            &c_label(a.low_line, before_c),
+            "#bcbd22",
+            true,
+            true,
+            run_tideline(&c, &bpe, a.low_line, Some(before_c))?,
         ));
         runs.push(Run::new(
             &c_label(a.low_line, main_c),
@@ -1106,13 +1191,17 @@ fn main() -> Result<()> {
         "compactions / cuts",
         "tool results in window (end / avg)",
         "pruned (mean saved)",
+        "agent trail (mean / at cuts)",
+        "cuts with pointers",
         "recoverable (end)",
     ]);
     let none_cost = runs[0].totals.cost;
     for run in &runs {
         let t = &run.totals;
         let input = t.input_uncached + t.cache_read + t.cache_write;
-        let events = if run.cuts {
+        let events = if run.cuts && t.masks > 0 {
+            format!("{} cuts + {} masks", t.cuts, t.masks)
+        } else if run.cuts {
             format!("{} cuts", t.cuts)
         } else {
             format!("{} compactions", t.compactions)
@@ -1136,6 +1225,20 @@ fn main() -> Result<()> {
             ),
             if t.saved_sum > 0 {
                 tok(t.saved_sum / a.steps.max(1) as u64)
+            } else {
+                "–".into()
+            },
+            format!(
+                "{:.1} / {}",
+                t.trail_sum as f64 / a.steps.max(1) as f64,
+                if t.cuts > 0 {
+                    format!("{:.1}", t.trail_cut_sum as f64 / t.cuts as f64)
+                } else {
+                    "–".into()
+                }
+            ),
+            if run.cuts {
+                pct(t.cuts_with_pointers, t.cuts)
             } else {
                 "–".into()
             },
@@ -1326,9 +1429,14 @@ fn line_sweep(
 ) -> Result<()> {
     let a = c.a;
     let lines: Vec<f64> = parse_list(spec)?;
-    let cp = Compress {
+    let before = Compress {
         protect: a.protect,
         min_tokens: a.min_tokens,
+        free: None,
+    };
+    let cp = Compress {
+        free: Some(a.free),
+        ..before
     };
     println!(
         "### Cost vs line ({}; block {}% of the line; compress protect {}%, min {})\n",
@@ -1348,7 +1456,7 @@ fn line_sweep(
     ]);
     let (mut alone, mut with) = (Vec::new(), Vec::new());
     for &line in &lines {
-        for compress in [None, Some(cp)] {
+        for compress in [None, Some(before), Some(cp)] {
             let t = run_tideline(c, bpe, line, compress)?;
             let ratio = t.cost / none_cost;
             table.row([
@@ -1360,7 +1468,12 @@ fn line_sweep(
                     Some(a.max_tokens),
                 )
                 .line),
-                if compress.is_some() { "on" } else { "off" }.to_string(),
+                match compress.map(|c| c.free.is_some()) {
+                    None => "off",
+                    Some(false) => "at cuts",
+                    Some(true) => "mask first",
+                }
+                .to_string(),
                 tok(t.cache_read),
                 tok(t.cache_write),
                 format!("${:.2}", t.cost),
@@ -1369,10 +1482,10 @@ fn line_sweep(
                 tok(t.window_sum / a.steps.max(1) as u64),
                 t.cuts.to_string(),
             ]);
-            if compress.is_some() {
-                with.push((line, ratio));
-            } else {
-                alone.push((line, ratio));
+            match compress.map(|c| c.free.is_some()) {
+                None => alone.push((line, ratio)),
+                Some(true) => with.push((line, ratio)),
+                Some(false) => {}
             }
         }
     }
@@ -1386,7 +1499,7 @@ fn line_sweep(
                 points: alone,
             },
             Series {
-                label: format!("tideline + compress (protect {}%)", a.protect),
+                label: format!("tideline + mask first (protect {}%)", a.protect),
                 color: "#9467bd".into(),
                 dashed: false,
                 points: with,
@@ -1499,6 +1612,20 @@ fn sweep(
     if blocks.is_empty() {
         blocks.push(a.block);
     }
+    // Masking first at each `free` (percent of the line); `-` = at cuts only.
+    let frees: Vec<Option<f64>> = match parts.next() {
+        None | Some("") => vec![Some(a.free)],
+        Some(list) => list
+            .split(',')
+            .map(|v| match v.trim() {
+                "-" => Ok(None),
+                v => v
+                    .parse::<f64>()
+                    .map(Some)
+                    .map_err(|_| anyhow::anyhow!("not a number: {v:?}")),
+            })
+            .collect::<Result<_>>()?,
+    };
     let mut lines = vec![a.tideline];
     if a.low_line > 0.0 {
         lines.push(a.low_line);
@@ -1509,6 +1636,7 @@ fn sweep(
         "block",
         "protect",
         "min_tokens",
+        "free",
         "input sent",
         "cache read",
         "cache write",
@@ -1517,6 +1645,8 @@ fn sweep(
         "max window",
         "mean window",
         "cuts",
+        "masks",
+        "agent trail",
         "pruned (mean saved)",
     ]);
     let colors = [
@@ -1533,12 +1663,13 @@ fn sweep(
                 max_output: c.max_output,
                 cold_cut: c.cold_cut,
             };
-            for &min in &mins {
+            for (&min, &free) in mins.iter().flat_map(|m| frees.iter().map(move |f| (m, f))) {
                 let mut points = Vec::new();
                 for &protect in &protects {
                     let cp = Compress {
                         protect,
                         min_tokens: min,
+                        free,
                     };
                     let t = run_tideline(&cb, bpe, line, Some(cp))?;
                     let input = t.input_uncached + t.cache_read + t.cache_write;
@@ -1548,6 +1679,7 @@ fn sweep(
                         format!("{block}%"),
                         format!("{protect}%"),
                         min.to_string(),
+                        free.map_or("at cuts".into(), |f| format!("{f}%")),
                         tok(input),
                         tok(t.cache_read),
                         tok(t.cache_write),
@@ -1556,13 +1688,18 @@ fn sweep(
                         tok(t.max_window),
                         tok(t.window_sum / a.steps.max(1) as u64),
                         t.cuts.to_string(),
+                        t.masks.to_string(),
+                        format!("{:.1}", t.trail_sum as f64 / a.steps.max(1) as f64),
                         tok(t.saved_sum / a.steps.max(1) as u64),
                     ]);
                     points.push((protect, ratio));
                 }
                 let color = colors[series.len() % colors.len()];
                 series.push(Series {
-                    label: format!("tideline {line}%, block {block}%, min {min}"),
+                    label: format!(
+                        "tideline {line}%, block {block}%, min {min}, free {}",
+                        free.map_or("at cuts".into(), |f| format!("{f}%"))
+                    ),
                     color: color.to_string(),
                     dashed: line != a.tideline,
                     points,

@@ -1,14 +1,18 @@
-//! `ledger.compress` on the request path: at a cut, tool output in the
-//! retained window older than the protected zone becomes one pointer line
-//! to the verbatim record (the choice and the splicing are pure, in
-//! `oceancode_window::compress`).
+//! `ledger.compress` on the request path: masking as the first tier of a
+//! cut. When the window reaches the line, tool output older than the
+//! protected zone becomes one pointer line to the verbatim record, and the
+//! tideline cuts whole blocks only for what that cannot free
+//! ([`eligible`] tells it what masking would save; the choice and the
+//! splicing are pure, in `oceancode_window::compress`).
 //!
-//! The pruned set is chosen when the window's start moves (a cut) and kept
-//! in the session's state with the pointer text, so between cuts every
-//! request carries the very same bytes (the prompt cache hits) and the set
-//! only changes when the window is rewritten anyway. The running round (the
-//! results after the newest assistant message) is never pruned, and the
-//! ledger keeps every original: this is rendering only.
+//! The pruned set is chosen at an event only (masking, or a cut: the
+//! window's start moved) and kept in the session's state with the pointer
+//! text, so between events every request carries the very same bytes (the
+//! prompt cache hits). An output, once a pointer, stays one while it is in
+//! the window, so an event that only masks rewrites the window from its
+//! first newly masked output on. The running round (the results after the
+//! newest assistant message) is never pruned, and the ledger keeps every
+//! original: this is rendering only.
 //!
 //! A pointer names the row's lines in its transcript file, placed from
 //! memory as the ledger's writer renders them (the state block's rule, no
@@ -59,6 +63,10 @@ pub(super) struct Compressed {
     pub(super) outputs: u32,
     /// Rows the latest choice added (reported once with its step).
     pub(super) newly: Vec<u64>,
+    /// Choices made so far (a request rolled back after one drops the set).
+    pub(super) generation: u64,
+    /// The tideline's masking tier asked for a new choice at this request.
+    pub(super) due: bool,
 }
 
 impl Compressed {
@@ -77,33 +85,103 @@ impl Compressed {
     }
 }
 
-/// At a cut (the window's start moved since the set was chosen), choose
-/// the pruned set again for the window `parsed` renders to; otherwise keep
-/// it. Returns the number of outputs newly pruned.
+/// The end of the rows compress may prune (index on the active line): the
+/// running round, everything after the newest assistant message, never is.
+fn running_round(st: &State, start: usize) -> usize {
+    (start..st.active.len())
+        .rev()
+        .find(|&i| st.row(st.active[i]).kind == RowKind::Assistant)
+        .unwrap_or(start)
+}
+
+/// A tool output of the active line: the row's index, its seq, its span.
+type Output = (usize, u64, wc::Span);
+
+/// The masking tier's measure for the tideline: what pointers for every
+/// output [`wc::choose`] picks would save in the window that starts after
+/// `upto` (the rows `parsed` maps onto the active line). The outputs are
+/// read from the messages once, on the first call.
+pub(super) fn eligible<'p>(
+    st: &'p State,
+    parsed: &'p ParsedBody<'_>,
+    params: wc::Params,
+) -> impl FnMut(u64) -> u64 + 'p {
+    // A pointer of typical length (what each pruned output still costs).
+    let typical = wc::pointer_text(
+        u64::from(u32::MAX),
+        99_999,
+        &Location::Lines {
+            file: "transcript/0000.md".into(),
+            first: 99_999,
+            last: 99_999,
+        },
+    );
+    let mut outputs: Option<(Vec<tideline::RowInfo>, Vec<Output>)> = None;
+    move |upto| {
+        if st.active.len() > parsed.messages.len() {
+            return 0;
+        }
+        let (infos, spans) = outputs.get_or_insert_with(|| {
+            let end = running_round(st, 0);
+            let spans = (0..end)
+                .flat_map(|i| {
+                    let seq = st.active[i];
+                    wc::outputs(st.dialect, parsed.messages[i])
+                        .into_iter()
+                        .map(move |s| (i, seq, s))
+                })
+                .collect();
+            (st.row_infos(), spans)
+        });
+        let start = tideline::plan_window(infos, upto).start;
+        let in_window: Vec<&Output> = spans.iter().filter(|(i, _, _)| *i >= start).collect();
+        let candidates: Vec<Candidate> = in_window
+            .iter()
+            .map(|(_, seq, s)| Candidate {
+                seq: *seq,
+                part: s.part,
+                tokens: s.tokens(),
+            })
+            .collect();
+        let chosen: std::collections::HashSet<(u64, u32)> =
+            wc::choose(&candidates, params).into_iter().collect();
+        in_window
+            .iter()
+            .filter(|(_, seq, s)| chosen.contains(&(*seq, s.part)))
+            .map(|(_, _, s)| wc::saved_tokens(s, &typical))
+            .sum()
+    }
+}
+
+/// At an event (the masking tier asked for it, or the window's start moved
+/// since the set was chosen), choose the pruned set again for the window
+/// `parsed` renders to; otherwise keep it. Returns the number of outputs
+/// newly pruned.
 pub(super) fn refresh(
     st: &mut State,
     parsed: &ParsedBody<'_>,
     params: Option<wc::Params>,
     locate: Option<&Locator>,
 ) -> u32 {
+    let due = std::mem::take(&mut st.compress.due);
     let Some(params) = params else {
         st.compress = Compressed::default();
         return 0;
     };
+    if st.active.len() > parsed.messages.len() {
+        return 0;
+    }
     let cut_upto = st.tideline.cut_upto();
-    if cut_upto == 0 || st.active.len() > parsed.messages.len() {
-        return 0;
-    }
     let plan = tideline::plan_window(&st.row_infos(), cut_upto);
-    if plan.start == 0 || plan.effective_upto_seq == 0 || plan.effective_upto_seq == st.compress.at
-    {
+    // Between events the set stays (before any cut, what masking chose).
+    if !due && (plan.effective_upto_seq == 0 || plan.effective_upto_seq == st.compress.at) {
         return 0;
     }
-    // The running round: everything after the newest assistant message.
-    let end = (plan.start..st.active.len())
-        .rev()
-        .find(|&i| st.row(st.active[i]).kind == RowKind::Assistant)
-        .unwrap_or(plan.start);
+    if due {
+        // A new choice: the window is rewritten from its first new pointer.
+        st.restored_pointers = None;
+    }
+    let end = running_round(st, plan.start);
     let mut spans: HashMap<(u64, u32), wc::Span> = HashMap::new();
     let mut candidates = Vec::new();
     for i in plan.start..end {
@@ -120,6 +198,7 @@ pub(super) fn refresh(
     let mut before: std::collections::BTreeSet<u64> = st.compress.rows.keys().copied().collect();
     let mut next = Compressed {
         at: plan.effective_upto_seq,
+        generation: st.compress.generation + 1,
         ..Compressed::default()
     };
     // A restarted proxy at the cut its predecessor last sent: the very same

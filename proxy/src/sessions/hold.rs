@@ -56,7 +56,7 @@ pub(super) struct Checkpoint {
     pending_est: u64,
     recorded_line: Option<super::state::RecordedLine>,
     meter: Meter,
-    compress_at: u64,
+    compress_generation: u64,
 }
 
 /// One request's events on a session, and the state before it.
@@ -88,7 +88,7 @@ impl State {
             pending_est: self.pending_est,
             recorded_line: self.recorded_line.clone(),
             meter: self.meter,
-            compress_at: self.compress.at,
+            compress_generation: self.compress.generation,
         })
     }
 
@@ -185,11 +185,14 @@ impl State {
         self.last_usage = c.last_usage;
         self.pending_est = c.pending_est;
         self.recorded_line = c.recorded_line;
-        if self.compress.at != c.compress_at {
-            // The request chose a pruned set at its cut: the next request
-            // that cuts there chooses it again (the same inputs, the same
+        if self.compress.generation != c.compress_generation {
+            // The request chose a pruned set at its event: the next request
+            // that makes it chooses it again (the same inputs, the same
             // set), and reports it with its own step.
-            self.compress = Default::default();
+            self.compress = super::compress::Compressed {
+                generation: self.compress.generation,
+                ..Default::default()
+            };
         }
         self.meter = Meter {
             failed_steps: self.meter.failed_steps,

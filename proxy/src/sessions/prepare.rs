@@ -438,14 +438,18 @@ impl SessionManager {
         };
         super::context::refresh(&session, &out);
         let body_len = out.len();
-        let (tail_seq, meter) = {
+        let (tail_seq, meter, window_event) = {
             let st = session.state.lock();
             let meter = super::MeterHead {
                 window: st.meter.gauge,
                 line: st.meter.line,
                 cut_rows: window.cut_rows,
             };
-            (st.active.last().copied().unwrap_or(0), meter)
+            (
+                st.active.last().copied().unwrap_or(0),
+                meter,
+                st.cache.events,
+            )
         };
         let sent = window.sent;
         let mut ticket = Ticket::new(
@@ -462,6 +466,7 @@ impl SessionManager {
         )
         .holding(id, held, new_sessions);
         ticket.meter = meter;
+        ticket.window_event = window_event;
         ticket.compress = window.compress;
         ticket.sent = sent.map(|s| *s);
         ticket.reservation = reservation;
@@ -516,17 +521,24 @@ impl SessionManager {
         let step = st.step;
         st.step_opened(step);
         let cut_before = st.recorded_cut;
-        let line = self.run_tideline(&mut st, req, boundary, cold);
+        let line = self.run_tideline(&mut st, req, parsed, boundary, cold);
         record_line(&mut st, events, self.now_ms());
+        let pointers_before = st.compress.generation;
         let window = self.window(&mut st, req, parsed, line, events, peek);
         let media = st.sent_media(parsed.messages.len(), window.media_out);
         let edit = window.sent.as_ref().map_or(0, |s| s.edit);
         let changes = Changes {
             cut: window.upto > cut_before,
-            edit: std::mem::replace(&mut st.cache.edit, edit) != edit,
+            // A new pruned set (a masking event) rewrites the window from
+            // its first new pointer, as an edit does.
+            edit: std::mem::replace(&mut st.cache.edit, edit) != edit
+                || st.compress.generation != pointers_before,
             client,
             cold,
         };
+        if changes.cut || changes.edit {
+            st.cache.events += 1;
+        }
         if changes.cut && cold.is_some() {
             self.metrics.cold_cuts.fetch_add(1, Ordering::Relaxed);
             tracing::info!(session = %st.meta.id, upto_seq = window.upto, cold = cold.map_or("", |c| c.label()), "the cut landed on a request whose prompt cache was cold: it cost no extra cache write");
@@ -605,6 +617,7 @@ impl SessionManager {
         &self,
         st: &mut State,
         req: &Request<'_>,
+        parsed: &ParsedBody<'_>,
         boundary: u64,
         cold: Option<cache::Cold>,
     ) -> (Params, Option<u64>) {
@@ -641,13 +654,38 @@ impl SessionManager {
                 boundary_seq: boundary,
                 last_seq,
             };
-            let decision = if st.needs_seed || measured.is_none() {
-                st.needs_seed = false;
-                let rows = st.seed_rows();
-                st.tideline.seed(&rows, obs, params)
-            } else {
-                st.tideline.observe(obs, params)
+            let seed = (st.needs_seed || measured.is_none()).then(|| st.seed_rows());
+            st.needs_seed = false;
+            // ledger.compress with `free`: masking is the first tier of a cut.
+            let c = &self.settings.compress;
+            let cp = c.first().then(|| oceancode_ledger::compress::Params {
+                protect: c.protect_tokens(params.line),
+                min_tokens: c.min_tokens,
+            });
+            let mut tl = std::mem::take(&mut st.tideline);
+            let decision = {
+                let st: &State = st;
+                match cp {
+                    Some(cp) => {
+                        let mut all = super::compress::eligible(st, parsed, cp);
+                        let mask = tideline::Mask {
+                            saved: st.compress.saved,
+                            free: c.free_tokens(params.line),
+                            all: &mut all,
+                        };
+                        match &seed {
+                            Some(rows) => tl.seed_masked(rows, obs, params, mask),
+                            None => tl.observe_masked(obs, params, mask),
+                        }
+                    }
+                    None => match &seed {
+                        Some(rows) => tl.seed(rows, obs, params),
+                        None => tl.observe(obs, params),
+                    },
+                }
             };
+            st.tideline = tl;
+            st.compress.due = decision.masked;
             // The prompt cache is cold: the whole prefix is written anyway,
             // so the cut due within the next block costs nothing now.
             let cut = decision.cut.or_else(|| {

@@ -222,6 +222,10 @@ pub(super) struct CacheState {
     pub(super) edit: u32,
     /// The previous answered step's prompt (input + cache read + write).
     pub(super) prompt: Option<u64>,
+    /// Window events so far: requests whose window may differ from the one
+    /// before it in more than what the client appended (a cut, a masking
+    /// choice, a context edit). Between two events the window only appends.
+    pub(super) events: u64,
 }
 
 /// [`State::recorded_line`]: the line, its label, the override.

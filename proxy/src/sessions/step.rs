@@ -134,6 +134,10 @@ pub struct Ticket {
     pub window_rows: usize,
     /// Its meter, for the answer's headers.
     pub meter: MeterHead,
+    /// The session's window events up to this request (a cut, a masking
+    /// choice, a context edit): a window may differ from the one before it
+    /// in more than what the client appended only when this advanced.
+    pub window_event: u64,
     /// The original request body (kept for a too-long retry).
     pub(super) original: Bytes,
     /// Last seq before this step's new rows (the newest step is never cut).
@@ -266,6 +270,7 @@ impl Ticket {
             dialect,
             window_rows,
             meter: MeterHead::default(),
+            window_event: 0,
             original,
             boundary,
             body_len,

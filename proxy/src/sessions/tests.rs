@@ -758,6 +758,7 @@ fn manager_compress() -> (SessionManager, Recorded) {
         enabled: true,
         protect: Some(BlockSpec::Tokens(0)),
         min_tokens: 1,
+        free: None,
     };
     let s = seen.clone();
     (
@@ -1061,4 +1062,80 @@ fn a_miss_names_where_the_client_changed_its_request() {
         .position(|c| *c == oceancode_ledger::cache::MissCause::ClientChanged)
         .expect("a cause");
     assert_eq!(m.metrics.cache_misses[i].load(Ordering::Relaxed), 1);
+}
+
+/// Masking first (`ledger.compress.free`): when the window reaches the
+/// line and masking alone brings it under `line − free`, the request masks
+/// without a cut: no stub, pointers, a new window event whose cache miss
+/// would be the pointers' (`edit`); the next request only appends, at the
+/// same event.
+#[test]
+fn a_masking_only_event_is_a_window_event_and_the_next_request_appends() {
+    let (m, seen) = manager();
+    let mut settings = m.settings().clone();
+    settings.compress = oceancode_config::CompressConfig {
+        enabled: true,
+        protect: Some(BlockSpec::Tokens(0)),
+        min_tokens: 1,
+        free: Some(BlockSpec::PercentOfLine(10.0)),
+    };
+    let m = SessionManager::new(settings, Arc::new(move |ev| seen.lock().extend(ev)));
+    let call = |i: usize| {
+        format!(
+            r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{"command":"ls {i}"}}}}]}}"#
+        )
+    };
+    let result = |i: usize| {
+        format!(
+            r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"output {i} {}"}}]}}"#,
+            "x".repeat(40_000)
+        )
+    };
+    let mut history: Vec<String> = vec![HELLO.to_string()];
+    let mut sent: Vec<(String, u64, bool, bool)> = Vec::new();
+    for i in 0..12 {
+        let refs: Vec<&str> = history.iter().map(String::as_str).collect();
+        let p = m.prepare(
+            Dialect::Anthropic,
+            ReqKind::Main,
+            &ident("mask"),
+            body(&refs),
+        );
+        let out = String::from_utf8(p.body.to_vec()).unwrap();
+        let t = p.ticket.unwrap();
+        sent.push((out.clone(), t.window_event, t.cache.cut, t.cache.edit));
+        // Each output is ~10k tokens, and the usage is the body sent: the
+        // ninth request is over the 80k line, and masking the outputs
+        // before the newest brings it under 72k (`line − free`).
+        let mut collected = answer(Usage {
+            input: out.len() as u64 / 4,
+            ..USAGE
+        });
+        collected.rows = vec![call(i)];
+        t.complete(200, true, &collected);
+        history.push(call(i));
+        history.push(result(i));
+    }
+    let pointers = |s: &str| s.matches("[pruned tool output: seq ").count();
+    let first = sent
+        .iter()
+        .position(|(s, ..)| pointers(s) > 0)
+        .expect("masking fired");
+    let (out, event, cut, edit) = &sent[first];
+    assert!(
+        !out.contains("past the tideline"),
+        "request {first}: no cut"
+    );
+    assert!(
+        !cut && *edit,
+        "a masking event, labelled as the pointers' change"
+    );
+    assert_eq!(*event, sent[first - 1].1 + 1, "a new window event");
+    let (next, next_event, ..) = &sent[first + 1];
+    assert_eq!(next_event, event, "no event at the next request");
+    assert!(
+        next.starts_with(out.trim_end_matches("]}")),
+        "request {}: it appends",
+        first + 1
+    );
 }

@@ -224,18 +224,12 @@ pub(super) fn render(
     // Nothing to rewrite: no edit set, no recall exchange to put back.
     let unedited = st.context.set.is_empty() && !puts_back(st) && !st.context.seq_tags;
     if cut_upto == 0 || st.active.len() > n {
-        if unedited {
-            return Window::unchanged(n);
-        }
-        return finish(st, parsed, as_sent(st, parsed), None, Window::unchanged(n));
+        return uncut(st, parsed, unedited);
     }
     let infos = st.row_infos();
     let mut plan = tideline::plan_window(&infos, cut_upto);
     if plan.start == 0 || plan.effective_upto_seq == 0 {
-        if unedited {
-            return Window::unchanged(n);
-        }
-        return finish(st, parsed, as_sent(st, parsed), None, Window::unchanged(n));
+        return uncut(st, parsed, unedited);
     }
     // Starting at a compaction block: what precedes it the provider drops
     // (a pinned ask, kept system rows or standing parts would be dropped too).
@@ -337,6 +331,39 @@ pub(super) fn render(
         ..Window::unchanged(n)
     };
     finish(st, parsed, parts, Some(stub_msg), w)
+}
+
+/// A window nothing was cut from: the request as it came, but for the
+/// pruned outputs sent as pointers (masking comes before any cut) and the
+/// session's edits.
+fn uncut(st: &State, parsed: &ParsedBody<'_>, unedited: bool) -> Window {
+    let n = parsed.messages.len();
+    let (pruned, media) = if st.active.len() > n {
+        Default::default()
+    } else {
+        super::compress::rewritten(st, parsed, 0)
+    };
+    if pruned.is_empty() {
+        if unedited {
+            return Window::unchanged(n);
+        }
+        return finish(st, parsed, as_sent(st, parsed), None, Window::unchanged(n));
+    }
+    let pieces = as_sent(st, parsed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (src, raw))| (src, pruned.get(&i).map_or(raw, String::as_str)))
+        .collect();
+    let w = Window {
+        media_out: media,
+        saved: st.compress.saved,
+        pruned_rows: pruned
+            .keys()
+            .filter_map(|&i| st.active.get(i).copied())
+            .collect(),
+        ..Window::unchanged(n)
+    };
+    finish(st, parsed, pieces, None, w)
 }
 
 /// The raw standing parts [`tideline::plan_pins`] keeps, from this request's
