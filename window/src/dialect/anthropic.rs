@@ -194,6 +194,31 @@ impl DialectSpec for Anthropic {
     fn recall_tool(&self) -> &'static str {
         RECALL_TOOL
     }
+
+    fn request_body(&self, model: &str, messages: &[String]) -> String {
+        format!(
+            r#"{{"model":{},"max_tokens":1024,"messages":[{}]}}"#,
+            json!(model),
+            messages.join(",")
+        )
+    }
+
+    fn assistant_message(&self, text: &str) -> String {
+        json!({"role": "assistant", "content": [{"type": "text", "text": text}]}).to_string()
+    }
+
+    fn tool_call_message(&self, id: &str, name: &str, args: &Value) -> String {
+        json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": name, "input": args}]})
+            .to_string()
+    }
+
+    fn tool_result_message(&self, id: &str, _name: &str, output: &str, is_error: bool) -> String {
+        let mut block = json!({"type": "tool_result", "tool_use_id": id, "content": output});
+        if is_error {
+            block["is_error"] = json!(true);
+        }
+        json!({"role": "user", "content": [block]}).to_string()
+    }
 }
 
 /// A user message of `head`, a `ty` text part with `text`, then `pinned`

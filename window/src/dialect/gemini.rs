@@ -222,4 +222,28 @@ impl DialectSpec for Gemini {
     fn recall_tool(&self) -> &'static str {
         RECALL_TOOL
     }
+
+    /// The model is in the path ([`DialectSpec::main_path`]), not the body.
+    fn request_body(&self, _model: &str, messages: &[String]) -> String {
+        format!(r#"{{"contents":[{}]}}"#, messages.join(","))
+    }
+
+    fn assistant_message(&self, text: &str) -> String {
+        json!({"role": "model", "parts": [{"text": text}]}).to_string()
+    }
+
+    fn tool_call_message(&self, id: &str, name: &str, args: &Value) -> String {
+        json!({"role": "model", "parts": [{"functionCall": {"id": id, "name": name, "args": args}}]})
+            .to_string()
+    }
+
+    fn tool_result_message(&self, id: &str, name: &str, output: &str, is_error: bool) -> String {
+        let response = if is_error {
+            json!({ "error": output })
+        } else {
+            json!({ "output": output })
+        };
+        json!({"role": "user", "parts": [{"functionResponse": {"id": id, "name": name, "response": response}}]})
+            .to_string()
+    }
 }

@@ -199,6 +199,28 @@ pub trait DialectSpec: Send + Sync {
     /// element of `tools`, constant bytes (the tools prefix of every request
     /// stays in the provider's prompt cache).
     fn recall_tool(&self) -> &'static str;
+
+    // Building a conversation (the conformance suite, test kits).
+
+    /// A minimal valid request body for `model` with `messages` (raw JSON
+    /// elements, in order) as its conversation.
+    fn request_body(&self, model: &str, messages: &[String]) -> String;
+
+    /// A user message asking `text` (what a client sends as a prompt).
+    fn user_message(&self, text: &str) -> String {
+        self.stub_message(text, &[])
+    }
+
+    /// A model message of plain text `text`.
+    fn assistant_message(&self, text: &str) -> String;
+
+    /// A model message making one tool call `id` to `name` with the JSON
+    /// object `args`.
+    fn tool_call_message(&self, id: &str, name: &str, args: &Value) -> String;
+
+    /// The message answering call `id` (to `name`) with `output`; an error
+    /// result when `is_error` (where the dialect can say so).
+    fn tool_result_message(&self, id: &str, name: &str, output: &str, is_error: bool) -> String;
 }
 
 /// Map OpenAI-style usage to [`Usage`]. OpenAI's `prompt_tokens` /

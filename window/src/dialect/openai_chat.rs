@@ -178,4 +178,27 @@ impl DialectSpec for OpenaiChat {
     fn recall_tool(&self) -> &'static str {
         RECALL_TOOL
     }
+
+    fn request_body(&self, model: &str, messages: &[String]) -> String {
+        format!(
+            r#"{{"model":{},"messages":[{}]}}"#,
+            json!(model),
+            messages.join(",")
+        )
+    }
+
+    fn assistant_message(&self, text: &str) -> String {
+        json!({"role": "assistant", "content": text}).to_string()
+    }
+
+    fn tool_call_message(&self, id: &str, name: &str, args: &Value) -> String {
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}}
+        ]})
+        .to_string()
+    }
+
+    fn tool_result_message(&self, id: &str, _name: &str, output: &str, _is_error: bool) -> String {
+        json!({"role": "tool", "tool_call_id": id, "content": output}).to_string()
+    }
 }

@@ -138,4 +138,26 @@ impl DialectSpec for OpenaiResponses {
     fn recall_tool(&self) -> &'static str {
         RECALL_TOOL
     }
+
+    fn request_body(&self, model: &str, messages: &[String]) -> String {
+        format!(
+            r#"{{"model":{},"input":[{}]}}"#,
+            json!(model),
+            messages.join(",")
+        )
+    }
+
+    fn assistant_message(&self, text: &str) -> String {
+        json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
+            .to_string()
+    }
+
+    fn tool_call_message(&self, id: &str, name: &str, args: &Value) -> String {
+        json!({"type": "function_call", "call_id": id, "name": name, "arguments": args.to_string()})
+            .to_string()
+    }
+
+    fn tool_result_message(&self, id: &str, _name: &str, output: &str, _is_error: bool) -> String {
+        json!({"type": "function_call_output", "call_id": id, "output": output}).to_string()
+    }
 }
