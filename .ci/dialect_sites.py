@@ -4,9 +4,15 @@
 the production files (src/ of each crate, tests and benches excluded) that
 name it, and how many `match` arms over `Dialect` exist outside window/src/dialect/.
 
-Usage: python3 .ci/dialect_sites.py [--files] [--all]
+Usage: python3 .ci/dialect_sites.py [--files] [--all] [--sites] [--rev REV]
   --files  list the files per name
   --all    count tests/benches too
+  --sites  the places a new `Dialect` variant must be added by hand: each
+           `match` over the window crate's `Dialect` (a line with a
+           `Dialect::Anthropic ... =>` arm; every exhaustive match names it)
+           and each `== / != Dialect::` or `matches!(.., Dialect::..)` test,
+           outside test modules; fakeup (its own `Dialect` enum) apart
+  --rev    read the files of a commit instead of the work tree
 """
 import re
 import subprocess
@@ -23,9 +29,20 @@ LITERALS = ("tool_use", "tool_result", "tool_use_id", "function_call", "function
             "input_tokens", "prompt_tokens", "promptTokenCount", "usageMetadata")
 
 
+REV = sys.argv[sys.argv.index("--rev") + 1] if "--rev" in sys.argv else None
+
+
+def read(p):
+    if REV:
+        return subprocess.run(["git", "show", "%s:%s" % (REV, p)], cwd=ROOT, capture_output=True,
+                              text=True).stdout
+    return (ROOT / p).read_text(encoding="utf-8", errors="replace")
+
+
 def files(all_):
-    out = subprocess.run(["git", "ls-files", "*.rs"], cwd=ROOT, capture_output=True,
-                         text=True, check=True).stdout.split()
+    cmd = ["git", "ls-tree", "-r", "--name-only", REV] if REV else ["git", "ls-files"]
+    out = [p for p in subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                     check=True).stdout.split() if p.endswith(".rs")]
     keep = []
     for p in out:
         if p.split("/")[0] not in CRATES:
@@ -37,13 +54,34 @@ def files(all_):
     return keep
 
 
+ARM = re.compile(r"^\s*(?:\w+::)*Dialect::Anthropic\b[^\n]*=>", re.M)
+TEST = re.compile(r"[=!]= (?:\w+::)*Dialect::|matches!\([^)]*Dialect::")
+
+
+def sites():
+    total, per = 0, []
+    for p in files(False):
+        if p.startswith("fakeup/"):
+            continue
+        text = read(p).split("#[cfg(test)]")[0]
+        n = len(ARM.findall(text)) + len(TEST.findall(text))
+        if n:
+            per.append((n, p))
+            total += n
+    for n, p in sorted(per, reverse=True):
+        print("%4d  %s" % (n, p))
+    print("hand-written dialect sites: %d in %d files" % (total, len(per)))
+
+
 def main():
+    if "--sites" in sys.argv:
+        return sites()
     all_ = "--all" in sys.argv
     show = "--files" in sys.argv
     hits = defaultdict(set)
     uses = defaultdict(int)
     for p in files(all_):
-        text = (ROOT / p).read_text(encoding="utf-8", errors="replace")
+        text = read(p)
         crate = p.split("/")[0]
         for v in VARIANTS:
             n = len(re.findall(r"\bDialect::%s\b" % v, text))

@@ -14,7 +14,9 @@ use super::{first_line, info, Collected, Keep, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, StepDetail, Usage};
 use serde_json::{json, Map, Value};
 
-pub use oceancode_window::dialect::gemini::{call_id, path_method, Gemini, CONV_KEY, RECALL_TOOL};
+pub use oceancode_window::dialect::gemini::{
+    call_id, calls_of, model_content, path_method, results_content, Gemini, CONV_KEY, RECALL_TOOL,
+};
 use oceancode_window::dialect::DialectSpec;
 
 /// The model a Gemini path names (`gemini-2.5-pro`), if it is a Gemini route.
@@ -262,51 +264,6 @@ impl ResponseCollector for Collector {
             detail,
         }
     }
-}
-
-/// The `functionCall` parts of a `model` content: `(id, name, args, part)`.
-pub fn calls_of(v: &Value) -> Vec<(String, String, String, String)> {
-    parts(v)
-        .iter()
-        .filter_map(|p| {
-            let c = p.get("functionCall")?;
-            Some((
-                call_id(c).unwrap_or_default(),
-                c.get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                c.get("args")
-                    .map_or_else(|| "{}".to_string(), Value::to_string),
-                p.to_string(),
-            ))
-        })
-        .collect()
-}
-
-/// One `user` content answering `calls` (`(id, name)`) with `texts`.
-pub fn results_content(calls: &[(&str, &str)], texts: &[String]) -> String {
-    let parts: Vec<Value> = calls
-        .iter()
-        .zip(texts)
-        .map(|((id, name), t)| {
-            let mut r = json!({"name": name, "response": {"output": t}});
-            if !id.is_empty() && id != name {
-                r["id"] = Value::from(*id);
-            }
-            json!({ "functionResponse": r })
-        })
-        .collect();
-    json!({"role": "user", "parts": parts}).to_string()
-}
-
-/// A `model` content of the given raw parts.
-pub fn model_content(raw_parts: &[String]) -> String {
-    let parts: Vec<Value> = raw_parts
-        .iter()
-        .filter_map(|p| serde_json::from_str(p).ok())
-        .collect();
-    json!({"role": "model", "parts": parts}).to_string()
 }
 
 /// The assistant's note as a `model` content.

@@ -4,8 +4,8 @@
 //! (`server_tool_use`, `*_tool_result`) answer within the assistant message.
 
 use super::{
-    ids_of, recall_description, recall_parameters, u64_of, ContextLimit, DialectSpec, Provider,
-    Route, StreamCut, ToolResult,
+    ids_of, recall_description, recall_parameters, str_of, u64_of, values, CallPart, ContextLimit,
+    DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
 use crate::compress::{span, Block, Span};
 use crate::model::{Dialect, Usage};
@@ -134,6 +134,35 @@ impl DialectSpec for Anthropic {
                 span(raw, u32::try_from(i).ok()?, block.content?)
             })
             .collect()
+    }
+
+    /// The `tool_use` blocks (server tools are not the model's calls to answer).
+    fn call_parts(&self, raw: &str) -> Vec<CallPart> {
+        let Ok(v) = serde_json::from_str::<Value>(raw) else {
+            return Vec::new();
+        };
+        of_type(&v, "tool_use")
+            .map(|b| CallPart {
+                id: str_of(b, "id"),
+                name: str_of(b, "name"),
+                input: b.get("input").map_or("{}".into(), Value::to_string),
+                raw: b.to_string(),
+            })
+            .collect()
+    }
+
+    /// One user message of `tool_result` blocks.
+    fn results_messages(&self, calls: &[(&str, &str)], texts: &[String]) -> Vec<String> {
+        let blocks: Vec<Value> = calls
+            .iter()
+            .zip(texts)
+            .map(|((id, _), t)| json!({"type": "tool_result", "tool_use_id": id, "content": t}))
+            .collect();
+        vec![json!({"role": "user", "content": blocks}).to_string()]
+    }
+
+    fn calls_messages(&self, raws: &[String]) -> Vec<String> {
+        vec![json!({"role": "assistant", "content": values(raws)}).to_string()]
     }
 
     fn stub_message(&self, text: &str, pinned: &[&str]) -> String {

@@ -4,8 +4,8 @@
 //! `functionResponse` part (by `id`, else by name).
 
 use super::{
-    openai_usage, recall_description, recall_parameters, ContextLimit, DialectSpec, Provider,
-    Route, StreamCut, ToolResult,
+    openai_usage, recall_description, recall_parameters, values, CallPart, ContextLimit,
+    DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
 use crate::compress::{span, Span};
 use crate::model::{Dialect, Usage};
@@ -52,6 +52,47 @@ pub fn call_id(c: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .or_else(|| c.get("name").and_then(Value::as_str))
         .map(str::to_string)
+}
+
+/// The `functionCall` parts of a `model` content: `(id, name, args, part)`.
+pub fn calls_of(v: &Value) -> Vec<(String, String, String, String)> {
+    parts(v)
+        .iter()
+        .filter_map(|p| {
+            let c = p.get("functionCall")?;
+            Some((
+                call_id(c).unwrap_or_default(),
+                c.get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                c.get("args")
+                    .map_or_else(|| "{}".to_string(), Value::to_string),
+                p.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// One `user` content answering `calls` (`(id, name)`) with `texts`.
+pub fn results_content(calls: &[(&str, &str)], texts: &[String]) -> String {
+    let parts: Vec<Value> = calls
+        .iter()
+        .zip(texts)
+        .map(|((id, name), t)| {
+            let mut r = json!({"name": name, "response": {"output": t}});
+            if !id.is_empty() && id != name {
+                r["id"] = Value::from(*id);
+            }
+            json!({ "functionResponse": r })
+        })
+        .collect();
+    json!({"role": "user", "parts": parts}).to_string()
+}
+
+/// A `model` content of the given raw parts.
+pub fn model_content(raw_parts: &[String]) -> String {
+    json!({"role": "model", "parts": values(raw_parts)}).to_string()
 }
 
 /// Gemini's error body: `{"error": {"code", "message", "status"}}`.
@@ -161,6 +202,32 @@ impl DialectSpec for Gemini {
                 span(raw, u32::try_from(i).ok()?, out)
             })
             .collect()
+    }
+
+    /// The `functionCall` parts (the raw part is the whole part).
+    fn call_parts(&self, raw: &str) -> Vec<CallPart> {
+        let Ok(v) = serde_json::from_str::<Value>(raw) else {
+            return Vec::new();
+        };
+        calls_of(&v)
+            .into_iter()
+            .map(|(id, name, input, raw)| CallPart {
+                id,
+                name,
+                input,
+                raw,
+            })
+            .collect()
+    }
+
+    /// One `user` content of `functionResponse` parts.
+    fn results_messages(&self, calls: &[(&str, &str)], texts: &[String]) -> Vec<String> {
+        vec![results_content(calls, texts)]
+    }
+
+    /// One `model` content of the parts.
+    fn calls_messages(&self, raws: &[String]) -> Vec<String> {
+        vec![model_content(raws)]
     }
 
     fn stub_message(&self, text: &str, pinned: &[&str]) -> String {

@@ -117,6 +117,34 @@ pub struct ToolResult {
     pub is_error: bool,
 }
 
+/// One tool call of a model message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPart {
+    /// The call's id (`tool_use.id`, `tool_calls[].id`, `call_id`, a
+    /// `functionCall`'s id or name); empty when absent.
+    pub id: String,
+    /// The tool's name; empty when absent (and for a Responses call that
+    /// is not a `function_call`).
+    pub name: String,
+    /// Its input, JSON text (`{}` when absent).
+    pub input: String,
+    /// The call as it came (a content block, a `tool_calls` entry, an
+    /// output item, a part), raw JSON.
+    pub raw: String,
+}
+
+/// A string member of `v`, or the empty string.
+pub(crate) fn str_of(v: &Value, k: &str) -> String {
+    v.get(k).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+/// The raw values of `raws` that parse.
+pub(crate) fn values(raws: &[String]) -> Vec<Value> {
+    raws.iter()
+        .filter_map(|r| serde_json::from_str(r).ok())
+        .collect()
+}
+
 /// The pure facts of one provider dialect. Every method is a function of
 /// its arguments; defaults are what most dialects share.
 pub trait DialectSpec: Send + Sync {
@@ -199,6 +227,20 @@ pub trait DialectSpec: Send + Sync {
     /// element of `tools`, constant bytes (the tools prefix of every request
     /// stays in the provider's prompt cache).
     fn recall_tool(&self) -> &'static str;
+
+    /// Every tool call model message `raw` makes, in order, with its name
+    /// and input (the recall tool tells its own calls from the client's by
+    /// name). A message that does not parse has none.
+    fn call_parts(&self, raw: &str) -> Vec<CallPart>;
+
+    /// The messages answering `calls` (`(id, name)`) with `texts`,
+    /// pairwise: one message or one per call, as the dialect answers
+    /// parallel calls.
+    fn results_messages(&self, calls: &[(&str, &str)], texts: &[String]) -> Vec<String>;
+
+    /// The model messages making the calls whose raw parts
+    /// ([`CallPart::raw`]) are `raws`, in order, and nothing else.
+    fn calls_messages(&self, raws: &[String]) -> Vec<String>;
 
     // Building a conversation (the conformance suite, test kits).
 

@@ -4,8 +4,8 @@
 //! (shared with Responses) live here.
 
 use super::{
-    ids_of, openai_usage_with_writes, recall_description, recall_parameters, u64_of, ContextLimit,
-    DialectSpec, Provider, Route, StreamCut, ToolResult,
+    ids_of, openai_usage_with_writes, recall_description, recall_parameters, str_of, u64_of,
+    values, CallPart, ContextLimit, DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
 use crate::compress::{span, Span};
 use crate::model::{Dialect, Usage};
@@ -143,6 +143,47 @@ impl DialectSpec for OpenaiChat {
             .and_then(|c| span(raw, 0, c))
             .into_iter()
             .collect()
+    }
+
+    /// The `tool_calls` entries (`function.name`, `function.arguments`).
+    fn call_parts(&self, raw: &str) -> Vec<CallPart> {
+        let Ok(v) = serde_json::from_str::<Value>(raw) else {
+            return Vec::new();
+        };
+        v.get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| CallPart {
+                id: str_of(c, "id"),
+                name: c
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                input: c
+                    .pointer("/function/arguments")
+                    .and_then(Value::as_str)
+                    .unwrap_or("{}")
+                    .to_string(),
+                raw: c.to_string(),
+            })
+            .collect()
+    }
+
+    /// One `tool` message per call.
+    fn results_messages(&self, calls: &[(&str, &str)], texts: &[String]) -> Vec<String> {
+        calls
+            .iter()
+            .zip(texts)
+            .map(|((id, _), t)| {
+                json!({"role": "tool", "tool_call_id": id, "content": t}).to_string()
+            })
+            .collect()
+    }
+
+    fn calls_messages(&self, raws: &[String]) -> Vec<String> {
+        vec![json!({"role": "assistant", "content": null, "tool_calls": values(raws)}).to_string()]
     }
 
     fn stub_message(&self, text: &str, pinned: &[&str]) -> String {

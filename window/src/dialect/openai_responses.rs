@@ -4,8 +4,8 @@
 //! (`/v1/responses/compact`) is a side request.
 
 use super::{
-    ids_of, recall_description, recall_parameters, ContextLimit, DialectSpec, Provider, Route,
-    StreamCut, ToolResult,
+    ids_of, recall_description, recall_parameters, str_of, CallPart, ContextLimit, DialectSpec,
+    Provider, Route, StreamCut, ToolResult,
 };
 use crate::compress::{span, Span};
 use crate::model::{Dialect, Usage};
@@ -97,6 +97,48 @@ impl DialectSpec for OpenaiResponses {
             .and_then(|c| span(raw, 0, c))
             .into_iter()
             .collect()
+    }
+
+    /// The item itself when it is a `*_call` (its `call_id`; a
+    /// `function_call`'s name and `arguments`).
+    fn call_parts(&self, raw: &str) -> Vec<CallPart> {
+        let Ok(v) = serde_json::from_str::<Value>(raw) else {
+            return Vec::new();
+        };
+        let ty = item_type(&v);
+        if !ty.ends_with("_call") {
+            return Vec::new();
+        }
+        vec![CallPart {
+            id: str_of(&v, "call_id"),
+            name: if ty == "function_call" {
+                str_of(&v, "name")
+            } else {
+                String::new()
+            },
+            input: v
+                .get("arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("{}")
+                .to_string(),
+            raw: raw.to_string(),
+        }]
+    }
+
+    /// One `function_call_output` item per call.
+    fn results_messages(&self, calls: &[(&str, &str)], texts: &[String]) -> Vec<String> {
+        calls
+            .iter()
+            .zip(texts)
+            .map(|((id, _), t)| {
+                json!({"type": "function_call_output", "call_id": id, "output": t}).to_string()
+            })
+            .collect()
+    }
+
+    /// The call items themselves.
+    fn calls_messages(&self, raws: &[String]) -> Vec<String> {
+        raws.to_vec()
     }
 
     fn stub_message(&self, text: &str, pinned: &[&str]) -> String {
