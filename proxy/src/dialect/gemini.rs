@@ -268,7 +268,7 @@ impl ResponseCollector for Collector {
 
 /// The assistant's note as a `model` content.
 pub fn note_raw(text: &str) -> String {
-    json!({"role": "model", "parts": [{"text": text}]}).to_string()
+    Gemini.assistant_message(text)
 }
 
 /// A chunk (or a whole answer) without its `functionCall` parts named

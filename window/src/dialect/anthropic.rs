@@ -85,6 +85,14 @@ impl DialectSpec for Anthropic {
         Provider::Anthropic
     }
 
+    fn stub_first(&self) -> bool {
+        true
+    }
+
+    fn user_first(&self) -> bool {
+        true
+    }
+
     fn calls(&self, v: &Value) -> Vec<String> {
         ids_of(
             of_type(v, "tool_use").chain(of_type(v, "server_tool_use")),

@@ -139,6 +139,10 @@ impl DialectSpec for Gemini {
         CONV_KEY
     }
 
+    fn user_first(&self) -> bool {
+        true
+    }
+
     fn calls(&self, v: &Value) -> Vec<String> {
         parts(v)
             .iter()

@@ -166,6 +166,19 @@ pub trait DialectSpec: Send + Sync {
     /// Who serves it: its upstream and error envelope.
     fn provider(&self) -> Provider;
 
+    /// The stub goes before the system rows the window keeps (Anthropic:
+    /// its system prompt is a top-level member, the conversation holds no
+    /// system rows to stay first), else right after them.
+    fn stub_first(&self) -> bool {
+        false
+    }
+
+    /// The API wants the conversation to open with a user message (no
+    /// assistant message may come first).
+    fn user_first(&self) -> bool {
+        false
+    }
+
     /// The top-level member holding the conversation array.
     fn conv_key(&self) -> &'static str {
         "messages"
