@@ -332,3 +332,21 @@ macro_rules! recall_parameters {
     };
 }
 pub(crate) use {recall_description, recall_parameters};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_each_dialect_once_under_its_name_and_route() {
+        for (i, &d) in ALL.iter().enumerate() {
+            let s = spec(d);
+            assert_eq!(s.dialect(), d);
+            assert_eq!(Dialect::parse(s.name()), Some(d));
+            assert!(!ALL[..i].contains(&d), "{d:?} twice");
+            assert_eq!(route(&s.main_path("m")), Some((d, Route::Main)), "{d:?}");
+            assert_eq!(Provider::from(d), s.provider());
+        }
+        assert_eq!(route("/v1/unknown"), None);
+    }
+}
