@@ -270,11 +270,11 @@ pub struct App {
 impl App {
     /// The upstream base URL of `d`'s provider.
     pub fn upstream_for(&self, d: oceancode_ledger::Dialect) -> String {
-        use oceancode_ledger::Dialect;
-        match d {
-            Dialect::Anthropic => self.cfg.anthropic_upstream.clone(),
-            Dialect::OpenaiChat | Dialect::OpenaiResponses => self.cfg.openai_upstream.clone(),
-            Dialect::Gemini => self.cfg.gemini_upstream.clone(),
+        use oceancode_window::dialect::Provider;
+        match Provider::from(d) {
+            Provider::Anthropic => self.cfg.anthropic_upstream.clone(),
+            Provider::OpenAi => self.cfg.openai_upstream.clone(),
+            Provider::Gemini => self.cfg.gemini_upstream.clone(),
         }
     }
 }

@@ -4,7 +4,6 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
-use oceancode_ledger::Dialect;
 use serde::Serialize;
 
 /// Errors a response body can end with (upstream failure, idle timeout).
@@ -13,26 +12,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type the proxy answers with.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// Which envelope to use for an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Envelope {
-    /// `{"type":"error","error":{"type":..,"message":..}}`
-    Anthropic,
-    /// `{"error":{"message":..,"type":..,"param":null,"code":..}}`
-    OpenAi,
-    /// `{"error":{"code":..,"message":..,"status":..}}`
-    Gemini,
-}
-
-impl From<Dialect> for Envelope {
-    fn from(d: Dialect) -> Self {
-        match d {
-            Dialect::Anthropic => Envelope::Anthropic,
-            Dialect::OpenaiChat | Dialect::OpenaiResponses => Envelope::OpenAi,
-            Dialect::Gemini => Envelope::Gemini,
-        }
-    }
-}
+/// Which envelope to use for an error: the provider's
+/// ([`oceancode_window::dialect::Provider`], `Envelope::from(dialect)`).
+pub use oceancode_window::dialect::Provider as Envelope;
 
 /// A failure the proxy itself must answer.
 #[derive(Debug, thiserror::Error)]
@@ -184,21 +166,7 @@ pub fn error_response(
     openai_code: &str,
     message: &str,
 ) -> Response<ProxyBody> {
-    let body = match env {
-        Envelope::Anthropic => serde_json::json!({
-            "type": "error",
-            "error": {"type": anthropic_type, "message": message},
-        }),
-        Envelope::OpenAi => serde_json::json!({
-            "error": {
-                "message": message,
-                "type": if status.is_server_error() { "server_error" } else { "invalid_request_error" },
-                "param": null,
-                "code": openai_code,
-            }
-        }),
-        Envelope::Gemini => crate::dialect::gemini::error_body(status, message),
-    };
+    let body = env.error_body(status.as_u16(), anthropic_type, openai_code, message);
     let mut resp = json_response(status, body.to_string());
     // Only the proxy's own errors carry the marker (never an answer of the
     // upstream's, nor the proxy's successful answers).

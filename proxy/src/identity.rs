@@ -6,36 +6,17 @@ use crate::dialect::ParsedBody;
 use http::HeaderMap;
 use oceancode_ledger::Dialect;
 
-/// What a request is, for the ledger.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReqKind {
-    /// A turn of the conversation: recorded and windowed.
-    Main,
-    /// `count_tokens`: windowed like the conversation, never recorded.
-    CountTokens,
-    /// Title generation, the client's own summary or remote compaction and
-    /// other side requests: forwarded untouched, never recorded.
-    Side,
-}
+/// What a request is, for the ledger: a turn ([`ReqKind::Main`]),
+/// `count_tokens` ([`ReqKind::CountTokens`]: windowed like the conversation,
+/// never recorded), or a side request ([`ReqKind::Side`]: title generation,
+/// the client's own summary or remote compaction, forwarded untouched, never
+/// recorded).
+pub use oceancode_window::dialect::Route as ReqKind;
 
-/// The route of a path (without the `/s/<name>` prefix and the query).
+/// The route of a path (without the `/s/<name>` prefix and the query): the
+/// dialect whose [`oceancode_window::dialect::DialectSpec::route`] serves it.
 pub fn route(path: &str) -> Option<(Dialect, ReqKind)> {
-    match path.trim_end_matches('/') {
-        "/v1/messages" => Some((Dialect::Anthropic, ReqKind::Main)),
-        "/v1/messages/count_tokens" => Some((Dialect::Anthropic, ReqKind::CountTokens)),
-        "/v1/chat/completions" => Some((Dialect::OpenaiChat, ReqKind::Main)),
-        "/v1/responses" => Some((Dialect::OpenaiResponses, ReqKind::Main)),
-        // Remote compaction (Codex, V1): the client's own compaction, forwarded
-        // untouched; what it returns comes back in the next request (a branch).
-        "/v1/responses/compact" => Some((Dialect::OpenaiResponses, ReqKind::Side)),
-        // Gemini: `/v1beta/models/<model>:<method>`; `countTokens` is
-        // forwarded untouched.
-        p => match crate::dialect::gemini::path_method(p)?.1 {
-            "generateContent" | "streamGenerateContent" => Some((Dialect::Gemini, ReqKind::Main)),
-            "countTokens" => Some((Dialect::Gemini, ReqKind::Side)),
-            _ => None,
-        },
-    }
+    oceancode_window::dialect::route(path)
 }
 
 /// The longest session name, in bytes.

@@ -22,70 +22,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// A context-limit error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ContextLimit {
-    /// The context window it names (the ceiling to learn), if it names one.
-    pub ceiling: Option<u64>,
-    /// The limit counts the request's `max_tokens` as well as its input.
-    pub counts_max_tokens: bool,
-}
+pub use oceancode_window::dialect::ContextLimit;
 
-/// The last number in `s`.
-fn last_number(s: &str) -> Option<u64> {
-    s.split(|c: char| !c.is_ascii_digit())
-        .rfind(|p| !p.is_empty())
-        .and_then(|p| p.parse().ok())
-}
-
-/// Recognise a context-limit error body of `dialect`.
+/// Recognise a context-limit error body of `dialect` (its
+/// [`oceancode_window::dialect::DialectSpec::context_limit`]).
 pub fn context_limit(dialect: Dialect, body: &[u8]) -> Option<ContextLimit> {
     let v: Value = serde_json::from_slice(body).ok()?;
-    match dialect {
-        Dialect::Gemini => crate::dialect::gemini::context_limit(&v).map(|ceiling| ContextLimit {
-            ceiling,
-            counts_max_tokens: false,
-        }),
-        Dialect::Anthropic => {
-            let msg = v.pointer("/error/message")?.as_str()?;
-            if let Some(rest) = msg.strip_prefix("prompt is too long") {
-                // "prompt is too long: N tokens > M maximum"
-                let ceiling = rest
-                    .split('>')
-                    .nth(1)
-                    .and_then(|s| s.split_whitespace().next())
-                    .and_then(|s| s.parse().ok());
-                return Some(ContextLimit {
-                    ceiling,
-                    counts_max_tokens: false,
-                });
-            }
-            // "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000,
-            // decrease input length or `max_tokens` and try again"
-            let rest = msg.strip_prefix("input length and `max_tokens` exceed context limit")?;
-            let sum = rest.split(',').next().unwrap_or(rest);
-            Some(ContextLimit {
-                ceiling: sum.split('>').nth(1).and_then(last_number),
-                counts_max_tokens: true,
-            })
-        }
-        Dialect::OpenaiChat | Dialect::OpenaiResponses => {
-            let e = v.get("error")?;
-            if e.get("code").and_then(Value::as_str) != Some("context_length_exceeded") {
-                return None;
-            }
-            let msg = e.get("message").and_then(Value::as_str).unwrap_or("");
-            let ceiling = msg
-                .split("maximum context length is ")
-                .nth(1)
-                .and_then(|s| s.split_whitespace().next())
-                .and_then(|s| s.parse().ok());
-            Some(ContextLimit {
-                ceiling,
-                counts_max_tokens: false,
-            })
-        }
-    }
+    oceancode_window::dialect::spec(dialect).context_limit(&v)
 }
 
 /// How long a Responses stream's opening events may be held back.

@@ -98,26 +98,28 @@ impl Span {
     }
 }
 
+/// The members of a message the dialects' `tool_outputs` look at, raw.
 #[derive(Deserialize)]
-struct Top<'a> {
+pub(crate) struct Top<'a> {
     #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
+    pub(crate) role: Option<Cow<'a, str>>,
     #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    pub(crate) kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    pub(crate) content: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
+    pub(crate) output: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    parts: Option<&'a RawValue>,
+    pub(crate) parts: Option<&'a RawValue>,
 }
 
+/// A content block's type and content, raw.
 #[derive(Deserialize)]
-struct Block<'a> {
+pub(crate) struct Block<'a> {
     #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    pub(crate) kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    pub(crate) content: Option<&'a RawValue>,
 }
 
 /// Where `sub` (a slice of `base`) starts in `base`.
@@ -126,7 +128,9 @@ fn offset(base: &str, sub: &str) -> Option<usize> {
     (at + sub.len() <= base.len()).then_some(at)
 }
 
-fn span(base: &str, part: u32, v: &RawValue) -> Option<Span> {
+/// The span of content value `v` (a slice of `base`) as output `part`;
+/// None for a null content.
+pub(crate) fn span(base: &str, part: u32, v: &RawValue) -> Option<Span> {
     let s = v.get();
     // A missing or null content has nothing to prune.
     if s == "null" {
@@ -141,100 +145,11 @@ fn span(base: &str, part: u32, v: &RawValue) -> Option<Span> {
     })
 }
 
-/// The tool outputs of one raw message of `dialect`, in order. A message
-/// that does not parse has none.
+/// The tool outputs of one raw message of `dialect`, in order (its
+/// [`crate::dialect::DialectSpec::tool_outputs`]). A message that does not
+/// parse has none.
 pub fn outputs(dialect: Dialect, raw: &str) -> Vec<Span> {
-    let Ok(top) = serde_json::from_str::<Top<'_>>(raw) else {
-        return Vec::new();
-    };
-    match dialect {
-        Dialect::Anthropic => {
-            if top.role.as_deref() != Some("user") {
-                return Vec::new();
-            }
-            let Some(content) = top.content else {
-                return Vec::new();
-            };
-            let Ok(blocks) = serde_json::from_str::<Vec<&RawValue>>(content.get()) else {
-                return Vec::new();
-            };
-            blocks
-                .iter()
-                .enumerate()
-                .filter_map(|(i, b)| {
-                    let block = serde_json::from_str::<Block<'_>>(b.get()).ok()?;
-                    if block.kind.as_deref() != Some("tool_result") {
-                        return None;
-                    }
-                    span(raw, u32::try_from(i).ok()?, block.content?)
-                })
-                .collect()
-        }
-        Dialect::OpenaiChat => {
-            if top.role.as_deref() != Some("tool") {
-                return Vec::new();
-            }
-            top.content
-                .and_then(|c| span(raw, 0, c))
-                .into_iter()
-                .collect()
-        }
-        Dialect::OpenaiResponses => {
-            let is_output = matches!(
-                top.kind.as_deref(),
-                Some("function_call_output" | "custom_tool_call_output")
-            );
-            if !is_output {
-                return Vec::new();
-            }
-            top.output
-                .and_then(|c| span(raw, 0, c))
-                .into_iter()
-                .collect()
-        }
-        Dialect::Gemini => gemini_outputs(raw, &top),
-    }
-}
-
-/// Gemini: the `response.output` of each `functionResponse` part of a
-/// `user` content (Gemini CLI's shape; `response` itself must stay an object).
-fn gemini_outputs(raw: &str, top: &Top<'_>) -> Vec<Span> {
-    #[derive(Deserialize)]
-    struct Part<'a> {
-        #[serde(rename = "functionResponse", borrow, default)]
-        function_response: Option<&'a RawValue>,
-    }
-    #[derive(Deserialize)]
-    struct Fr<'a> {
-        #[serde(borrow, default)]
-        response: Option<&'a RawValue>,
-    }
-    #[derive(Deserialize)]
-    struct Resp<'a> {
-        #[serde(borrow, default)]
-        output: Option<&'a RawValue>,
-    }
-    if top.role.as_deref() != Some("user") {
-        return Vec::new();
-    }
-    let Some(parts) = top
-        .parts
-        .and_then(|p| serde_json::from_str::<Vec<&RawValue>>(p.get()).ok())
-    else {
-        return Vec::new();
-    };
-    parts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| {
-            let fr = serde_json::from_str::<Part<'_>>(p.get())
-                .ok()?
-                .function_response?;
-            let resp = serde_json::from_str::<Fr<'_>>(fr.get()).ok()?.response?;
-            let out = serde_json::from_str::<Resp<'_>>(resp.get()).ok()?.output?;
-            span(raw, u32::try_from(i).ok()?, out)
-        })
-        .collect()
+    crate::dialect::spec(dialect).tool_outputs(raw)
 }
 
 /// Where a pruned output can be read verbatim.

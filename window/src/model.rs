@@ -23,23 +23,17 @@ pub enum Dialect {
 impl Dialect {
     /// Stable lowercase name, as stored in the database.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Dialect::Anthropic => "anthropic",
-            Dialect::OpenaiChat => "openai_chat",
-            Dialect::OpenaiResponses => "openai_responses",
-            Dialect::Gemini => "gemini",
-        }
+        self.spec().name()
     }
 
     /// Inverse of [`Dialect::as_str`].
     pub fn parse(s: &str) -> Option<Dialect> {
-        match s {
-            "anthropic" => Some(Dialect::Anthropic),
-            "openai_chat" => Some(Dialect::OpenaiChat),
-            "openai_responses" => Some(Dialect::OpenaiResponses),
-            "gemini" => Some(Dialect::Gemini),
-            _ => None,
-        }
+        crate::dialect::ALL.into_iter().find(|d| d.as_str() == s)
+    }
+
+    /// The dialect's pure facts and functions ([`crate::dialect::spec`]).
+    pub fn spec(self) -> &'static dyn crate::dialect::DialectSpec {
+        crate::dialect::spec(self)
     }
 }
 

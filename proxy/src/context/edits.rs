@@ -107,20 +107,10 @@ const NO_FACTS: Facts<'static> = Facts {
     binds_next: false,
 };
 
-/// The assistant message carrying a note's text.
+/// The assistant message carrying a note's text (the dialect's
+/// [`oceancode_window::dialect::DialectSpec::assistant_message`]).
 pub fn note_raw(d: Dialect, text: &str) -> String {
-    let v = match d {
-        Dialect::Anthropic => {
-            serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
-        }
-        Dialect::OpenaiChat => serde_json::json!({"role": "assistant", "content": text}),
-        Dialect::OpenaiResponses => serde_json::json!({
-            "type": "message", "role": "assistant",
-            "content": [{"type": "output_text", "text": text}],
-        }),
-        Dialect::Gemini => return crate::dialect::gemini::note_raw(text),
-    };
-    v.to_string()
+    oceancode_window::dialect::spec(d).assistant_message(text)
 }
 
 /// The window with the edit set applied: deleted rows left out, rewritten
@@ -250,7 +240,7 @@ pub fn check<'f>(
             }
         }
         let is_system = src.seq().is_some() && f.kind == RowKind::System;
-        let user_first = matches!(d, Dialect::Anthropic | Dialect::Gemini);
+        let user_first = oceancode_window::dialect::spec(d).user_first();
         if user_first && first && !is_system && !matches!(src, Src::Tail) {
             let assistant = matches!(src, Src::Note(_)) || f.kind == RowKind::Assistant;
             if assistant {

@@ -10,10 +10,11 @@
 //! blocks are read into [`StepDetail`].
 
 use super::{
-    applied_edits, context_only, ids_of, info, u64_of, Collected, Keep, MessageInfo,
-    ResponseCollector,
+    applied_edits, context_only, info, u64_of, Collected, Keep, MessageInfo, ResponseCollector,
 };
 use oceancode_ledger::{AppliedEdit, RowKind, StepDetail, Usage};
+use oceancode_window::dialect::anthropic::{usage_fields, Anthropic};
+use oceancode_window::dialect::DialectSpec;
 use serde_json::{Map, Value};
 
 /// Classify one Anthropic message.
@@ -69,18 +70,9 @@ pub fn classify(v: &Value) -> MessageInfo {
     }
     out.compaction = kind == RowKind::Assistant
         && of_type("compaction").any(|b| b.get("content").is_some_and(Value::is_string));
-    out.opens = ids_of(of_type("tool_use").chain(of_type("server_tool_use")), "id");
+    out.opens = Anthropic.calls(v);
     // Server tool results answer within the assistant message itself.
-    out.closes = blocks
-        .iter()
-        .filter(|b| {
-            b.get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| t.ends_with("tool_result"))
-        })
-        .filter_map(|b| b.get("tool_use_id").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect();
+    out.closes = Anthropic.results(v).into_iter().map(|r| r.id).collect();
     out
 }
 
@@ -108,16 +100,6 @@ pub struct Collector {
     compactions: u32,
     /// The provider's cache-miss diagnosis, when the answer carries one.
     cache_miss: Option<String>,
-}
-
-/// One usage object's token fields.
-fn usage_fields(u: &Value) -> Usage {
-    Usage {
-        input: u64_of(u, "input_tokens").unwrap_or(0),
-        output: u64_of(u, "output_tokens").unwrap_or(0),
-        cache_read: u64_of(u, "cache_read_input_tokens").unwrap_or(0),
-        cache_write: u64_of(u, "cache_creation_input_tokens").unwrap_or(0),
-    }
 }
 
 /// `usage.iterations[]`: the last `message` iteration, and the `compaction`

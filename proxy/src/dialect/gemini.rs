@@ -14,18 +14,10 @@ use super::{first_line, info, Collected, Keep, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, StepDetail, Usage};
 use serde_json::{json, Map, Value};
 
-/// The conversation array of a request body.
-pub const CONV_KEY: &str = "contents";
-
-/// What a Gemini path asks for: `(model, method)` of
-/// `/v1beta/models/{model}:{method}` (also `/v1/…`, `/v1alpha/…`).
-pub fn path_method(path: &str) -> Option<(&str, &str)> {
-    let rest = ["/v1beta/models/", "/v1/models/", "/v1alpha/models/"]
-        .iter()
-        .find_map(|p| path.strip_prefix(p))?;
-    let (model, method) = rest.rsplit_once(':')?;
-    (!model.is_empty() && !model.contains('/')).then_some((model, method))
-}
+pub use oceancode_window::dialect::gemini::{
+    call_id, calls_of, model_content, path_method, results_content, Gemini, CONV_KEY, RECALL_TOOL,
+};
+use oceancode_window::dialect::DialectSpec;
 
 /// The model a Gemini path names (`gemini-2.5-pro`), if it is a Gemini route.
 pub fn model_of_path(path: &str) -> Option<&str> {
@@ -77,14 +69,6 @@ fn parts(v: &Value) -> &[Value] {
     }
 }
 
-/// Id of a `functionCall` / `functionResponse`: its `id`, else its name.
-fn call_id(c: &Value) -> Option<String> {
-    c.get("id")
-        .and_then(Value::as_str)
-        .or_else(|| c.get("name").and_then(Value::as_str))
-        .map(str::to_string)
-}
-
 /// Classify one Gemini content (`{"role": "user"|"model", "parts": [...]}`).
 pub fn classify(v: &Value) -> MessageInfo {
     let role = v
@@ -93,16 +77,8 @@ pub fn classify(v: &Value) -> MessageInfo {
         .unwrap_or("user")
         .to_string();
     let ps = parts(v);
-    let calls: Vec<String> = ps
-        .iter()
-        .filter_map(|p| p.get("functionCall"))
-        .filter_map(call_id)
-        .collect();
-    let answers: Vec<String> = ps
-        .iter()
-        .filter_map(|p| p.get("functionResponse"))
-        .filter_map(call_id)
-        .collect();
+    let calls = Gemini.calls(v);
+    let answers: Vec<String> = Gemini.results(v).into_iter().map(|r| r.id).collect();
     let texts: Vec<&str> = ps
         .iter()
         .filter(|p| p.get("thought").and_then(Value::as_bool) != Some(true))
@@ -135,33 +111,10 @@ pub fn classify(v: &Value) -> MessageInfo {
     out
 }
 
-/// The stub (and pinned parts kept from rows that left) as one `user` content.
-pub fn stub_message_with(text: &str, pinned: &[&str]) -> String {
-    let mut out = String::from(r#"{"role":"user","parts":["#);
-    out.push_str(&json!({ "text": text }).to_string());
-    for p in pinned {
-        out.push(',');
-        out.push_str(p);
-    }
-    out.push_str("]}");
-    out
-}
-
-/// `usageMetadata` as [`Usage`]: `promptTokenCount` is the whole prompt,
-/// `cachedContentTokenCount` the part of it read from the cache (implicit or
-/// explicit caching); the output is `candidatesTokenCount` plus
-/// `thoughtsTokenCount` (billed as output). Returns the thinking tokens too.
+/// `usageMetadata` as [`Usage`] and the thinking tokens (see
+/// [`DialectSpec::usage`]).
 pub fn usage_of(u: &Value) -> Option<(Usage, u64)> {
-    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-    u.get("promptTokenCount")?;
-    let prompt = n("promptTokenCount") + n("toolUsePromptTokenCount");
-    let thoughts = n("thoughtsTokenCount");
-    let usage = super::openai_usage(
-        prompt,
-        n("cachedContentTokenCount"),
-        n("candidatesTokenCount") + thoughts,
-    );
-    Some((usage, thoughts))
+    Gemini.usage(u)
 }
 
 /// Reassembles a Gemini answer: candidate 0's parts over the chunks (text
@@ -313,99 +266,9 @@ impl ResponseCollector for Collector {
     }
 }
 
-/// Gemini's in-stream error event, ending a cut stream.
-pub fn stream_error_event(message: &str) -> String {
-    let data = json!({
-        "error": {"code": 500, "message": message, "status": "INTERNAL"},
-    });
-    format!("data: {data}\n\n")
-}
-
-/// Gemini's error body: `{"error": {"code", "message", "status"}}`.
-pub fn error_body(status: http::StatusCode, message: &str) -> Value {
-    let name = match status.as_u16() {
-        400 | 413 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        402 | 403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        408 | 504 => "DEADLINE_EXCEEDED",
-        429 => "RESOURCE_EXHAUSTED",
-        503 => "UNAVAILABLE",
-        _ => "INTERNAL",
-    };
-    json!({"error": {"code": status.as_u16(), "message": message, "status": name}})
-}
-
-/// Gemini's too-long error: a 400 `INVALID_ARGUMENT` "The input token count
-/// (N) exceeds the maximum number of tokens allowed (M)."; the ceiling is M.
-pub fn context_limit(v: &Value) -> Option<Option<u64>> {
-    let msg = v.pointer("/error/message")?.as_str()?;
-    let rest = msg
-        .split("exceeds the maximum number of tokens allowed")
-        .nth(1)?;
-    Some(
-        rest.trim_start_matches([' ', '('])
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|n| n.parse().ok()),
-    )
-}
-
-/// The recall tool as a Gemini `Tool` (one function declaration).
-pub const RECALL_TOOL: &str = concat!(
-    r#"{"functionDeclarations":[{"name":"oceancode_recall","description":"#,
-    r#""Read back the verbatim record of this conversation kept by the proxy: what left your context window (the note at the start of the conversation names the last entry that left) and its related sessions (parent, sub-agents). Give seq to read one entry whole; match (text, SQL LIKE wildcards % and _) and/or before (a seq) to list this session's entries, newest last; or search (at most 8 words) to find entries across this session and its related ones. limit caps the lines listed (default 20). Each line starts with its seq.","#,
-    r#""parameters":{"type":"object","properties":{"match":{"type":"string","description":"only entries whose text contains this"},"before":{"type":"integer","description":"only entries with a seq below this one"},"seq":{"type":"integer","description":"one entry, whole"},"search":{"type":"string","description":"words that must all appear (at most 8), across this session and its related ones"},"limit":{"type":"integer","description":"most lines listed (default 20)"}}}}]}"#
-);
-
-/// The `functionCall` parts of a `model` content: `(id, name, args, part)`.
-pub fn calls_of(v: &Value) -> Vec<(String, String, String, String)> {
-    parts(v)
-        .iter()
-        .filter_map(|p| {
-            let c = p.get("functionCall")?;
-            Some((
-                call_id(c).unwrap_or_default(),
-                c.get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                c.get("args")
-                    .map_or_else(|| "{}".to_string(), Value::to_string),
-                p.to_string(),
-            ))
-        })
-        .collect()
-}
-
-/// One `user` content answering `calls` (`(id, name)`) with `texts`.
-pub fn results_content(calls: &[(&str, &str)], texts: &[String]) -> String {
-    let parts: Vec<Value> = calls
-        .iter()
-        .zip(texts)
-        .map(|((id, name), t)| {
-            let mut r = json!({"name": name, "response": {"output": t}});
-            if !id.is_empty() && id != name {
-                r["id"] = Value::from(*id);
-            }
-            json!({ "functionResponse": r })
-        })
-        .collect();
-    json!({"role": "user", "parts": parts}).to_string()
-}
-
-/// A `model` content of the given raw parts.
-pub fn model_content(raw_parts: &[String]) -> String {
-    let parts: Vec<Value> = raw_parts
-        .iter()
-        .filter_map(|p| serde_json::from_str(p).ok())
-        .collect();
-    json!({"role": "model", "parts": parts}).to_string()
-}
-
 /// The assistant's note as a `model` content.
 pub fn note_raw(text: &str) -> String {
-    json!({"role": "model", "parts": [{"text": text}]}).to_string()
+    Gemini.assistant_message(text)
 }
 
 /// A chunk (or a whole answer) without its `functionCall` parts named

@@ -2,6 +2,9 @@
 //! message is classified and compared, how a cut window is rendered back into
 //! a valid body, and how a response (SSE or JSON) yields usage and the
 //! assistant's rows. One module per API; this module holds what they share.
+//! The pure per-dialect facts (routes, the conversation key, call and result
+//! ids, the stub, error envelopes, too-long errors, usage objects, the recall
+//! tool) are each dialect's [`DialectSpec`] in `oceancode_window::dialect`.
 
 pub mod anthropic;
 pub mod gemini;
@@ -16,6 +19,10 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
+
+pub use oceancode_window::dialect::{
+    openai_usage, openai_usage_with_writes, spec, DialectSpec, StreamCut,
+};
 
 /// A request body split at the top level, every value kept as raw JSON (a
 /// slice of the body's own bytes) so that unchanged parts are forwarded byte
@@ -423,42 +430,12 @@ pub fn collector_keeping(d: Dialect, limit: usize) -> Box<dyn ResponseCollector>
     }
 }
 
-/// Why a stream the client was reading ended early.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamCut {
-    /// The upstream sent nothing for the idle timeout.
-    Idle,
-    /// The upstream's body failed (reset, broken chunking).
-    Broken,
-}
-
 /// The dialect's own error event that ends a stream cut mid-way, so an SDK
 /// raises its usual error instead of seeing a silent truncation: Anthropic
 /// `event: error` (`overloaded_error` for a silent upstream, `api_error`
 /// otherwise), an OpenAI Chat error chunk, a Responses `error` event.
 pub fn stream_error_event(d: Dialect, cut: StreamCut, message: &str) -> String {
-    if d == Dialect::Gemini {
-        return gemini::stream_error_event(message);
-    }
-    let data = match d {
-        Dialect::Anthropic => serde_json::json!({
-            "type": "error",
-            "error": {
-                "type": match cut { StreamCut::Idle => "overloaded_error", StreamCut::Broken => "api_error" },
-                "message": message,
-            },
-        }),
-        Dialect::OpenaiChat => serde_json::json!({
-            "error": {"message": message, "type": "server_error", "param": null, "code": "stream_interrupted"},
-        }),
-        Dialect::OpenaiResponses | Dialect::Gemini => serde_json::json!({
-            "type": "error", "code": "stream_interrupted", "message": message, "param": null,
-        }),
-    };
-    match d {
-        Dialect::OpenaiChat | Dialect::Gemini => format!("data: {data}\n\n"),
-        Dialect::Anthropic | Dialect::OpenaiResponses => format!("event: error\ndata: {data}\n\n"),
-    }
+    spec(d).stream_error_event(cut, message)
 }
 
 /// What the proxy needs to know of one message, from a full parse.
@@ -558,14 +535,6 @@ pub(crate) fn context_only(v: &Value) -> bool {
     }
 }
 
-/// String values of `key` in each element of `arr`.
-pub(crate) fn ids_of<'a>(arr: impl IntoIterator<Item = &'a Value>, key: &str) -> Vec<String> {
-    arr.into_iter()
-        .filter_map(|x| x.get(key).and_then(Value::as_str))
-        .map(str::to_string)
-        .collect()
-}
-
 /// Classify a message of the given dialect. A user message that is an ask
 /// or carries tool results gets its standing parts (a context-only message
 /// is a system row, kept whole).
@@ -584,17 +553,7 @@ pub fn classify(d: Dialect, v: &Value) -> MessageInfo {
 
 /// The dialect's stub message carrying `text`, as raw JSON.
 pub fn stub_message(d: Dialect, text: &str) -> String {
-    let v = match d {
-        Dialect::Anthropic => {
-            serde_json::json!({"role": "user", "content": [{"type": "text", "text": text}]})
-        }
-        Dialect::OpenaiChat => serde_json::json!({"role": "user", "content": text}),
-        Dialect::OpenaiResponses => {
-            serde_json::json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
-        }
-        Dialect::Gemini => return gemini::stub_message_with(text, &[]),
-    };
-    v.to_string()
+    spec(d).stub_message(text, &[])
 }
 
 /// The stub message with `pinned` — raw content parts kept from rows that
@@ -603,28 +562,7 @@ pub fn stub_message(d: Dialect, text: &str) -> String {
 /// and no new message is added (Anthropic's user/assistant alternation is
 /// what it was). Without parts it is [`stub_message`].
 pub fn stub_message_with(d: Dialect, text: &str, pinned: &[&str]) -> String {
-    if pinned.is_empty() {
-        return stub_message(d, text);
-    }
-    let (head, ty) = match d {
-        Dialect::Gemini => return gemini::stub_message_with(text, pinned),
-        Dialect::Anthropic | Dialect::OpenaiChat => (r#"{"role":"user","content":["#, "text"),
-        Dialect::OpenaiResponses => (
-            r#"{"type":"message","role":"user","content":["#,
-            "input_text",
-        ),
-    };
-    let part = serde_json::json!({"type": ty, "text": text}).to_string();
-    let len = head.len() + part.len() + pinned.iter().map(|p| p.len() + 1).sum::<usize>() + 2;
-    let mut out = String::with_capacity(len);
-    out.push_str(head);
-    out.push_str(&part);
-    for p in pinned {
-        out.push(',');
-        out.push_str(p);
-    }
-    out.push_str("]}");
-    out
+    spec(d).stub_message(text, pinned)
 }
 
 /// The raw elements of a message's `content` array (slices of `raw`);
@@ -642,11 +580,7 @@ pub fn content_parts(raw: &str) -> Option<Vec<&str>> {
 
 /// The conversation array's key in request bodies.
 pub fn conv_key(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Anthropic | Dialect::OpenaiChat => "messages",
-        Dialect::OpenaiResponses => "input",
-        Dialect::Gemini => gemini::CONV_KEY,
-    }
+    spec(d).conv_key()
 }
 
 /// Hash of a message after normalization: `cache_control` removed anywhere,
@@ -755,63 +689,6 @@ pub fn first_line(text: &str, max: usize) -> Option<String> {
         .map(str::trim)
         .find(|l| !l.is_empty() && !l.starts_with('<'))?;
     Some(line.chars().take(max).collect())
-}
-
-/// Map OpenAI-style usage to [`Usage`]. OpenAI's `prompt_tokens` /
-/// `input_tokens` is the whole input and `cached_tokens` (and
-/// `cache_write_tokens`) a part of it, where Anthropic's `input_tokens`
-/// leaves the cache reads and writes out: the uncached input is what is
-/// left, so that `input + cache_read + cache_write` is the prompt total
-/// again and the gauge never counts the cache twice.
-pub fn openai_usage(input_total: u64, cached: u64, output: u64) -> Usage {
-    openai_usage_with_writes(input_total, cached, 0, output)
-}
-
-/// [`openai_usage`] with the tokens written to the cache (a part of the input too).
-pub fn openai_usage_with_writes(input_total: u64, cached: u64, written: u64, output: u64) -> Usage {
-    let cache_read = cached.min(input_total);
-    let cache_write = written.min(input_total - cache_read);
-    Usage {
-        input: input_total - cache_read - cache_write,
-        output,
-        cache_read,
-        cache_write,
-    }
-}
-
-/// OpenAI's usage object (Chat `usage`, Responses `response.usage`):
-/// `total`/`cached`/`written`/`output`/`reasoning` are the names of its
-/// fields in that API. Reasoning tokens are a part of the output: they are
-/// reported, never added.
-pub(crate) fn openai_usage_of(
-    u: &Value,
-    total: &str,
-    details: &str,
-    output: &str,
-    output_details: &str,
-) -> Option<(Usage, u64)> {
-    let input = u64_of(u, total)?;
-    let detail = |k: &str| {
-        u.get(details)
-            .and_then(|d| d.get(k))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    let reasoning = u
-        .get(output_details)
-        .and_then(|d| d.get("reasoning_tokens"))
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let out = u64_of(u, output).unwrap_or(0);
-    Some((
-        openai_usage_with_writes(
-            input,
-            detail("cached_tokens"),
-            detail("cache_write_tokens"),
-            out,
-        ),
-        reasoning.min(out),
-    ))
 }
 
 /// Anthropic's `context_management.applied_edits` of a message (or of a

@@ -2,11 +2,9 @@
 //! collector (final usage chunk with `stream_options.include_usage`, the
 //! assistant message reassembled from deltas).
 
-use super::{
-    content_text, context_only, ids_of, info, openai_usage_of, Collected, Keep, MessageInfo,
-    ResponseCollector,
-};
+use super::{content_text, context_only, info, Collected, Keep, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, StepDetail, Usage};
+use oceancode_window::dialect::{openai_chat::OpenaiChat, DialectSpec};
 use serde_json::{json, Map, Value};
 
 /// Classify one Chat message.
@@ -25,10 +23,8 @@ pub fn classify(v: &Value) -> MessageInfo {
         _ => RowKind::Other,
     };
     let mut out = info(role, kind, content_text(v));
-    if let Some(Value::Array(calls)) = v.get("tool_calls") {
-        out.opens = ids_of(calls, "id");
-    }
-    out.closes = ids_of(v.get("tool_call_id").map(|_| v), "tool_call_id");
+    out.opens = OpenaiChat.calls(v);
+    out.closes = OpenaiChat.results(v).into_iter().map(|r| r.id).collect();
     out
 }
 
@@ -62,13 +58,7 @@ impl Collector {
 /// `usage`: `prompt_tokens` (cached and written tokens a part of it) and
 /// `completion_tokens` (reasoning a part of it).
 fn usage_of(u: &Value) -> Option<(Usage, u64)> {
-    openai_usage_of(
-        u,
-        "prompt_tokens",
-        "prompt_tokens_details",
-        "completion_tokens",
-        "completion_tokens_details",
-    )
+    OpenaiChat.usage(u)
 }
 
 impl ResponseCollector for Collector {

@@ -2,11 +2,9 @@
 //! collector (`response.completed` usage, output items from
 //! `response.output_item.done`).
 
-use super::{
-    content_text, context_only, ids_of, info, openai_usage_of, Collected, Keep, MessageInfo,
-    ResponseCollector,
-};
+use super::{content_text, context_only, info, Collected, Keep, MessageInfo, ResponseCollector};
 use oceancode_ledger::{RowKind, StepDetail, Usage};
+use oceancode_window::dialect::{openai_responses::OpenaiResponses, DialectSpec};
 use serde_json::Value;
 
 /// Classify one Responses input item.
@@ -38,11 +36,12 @@ pub fn classify(v: &Value) -> MessageInfo {
     };
     let mut out = info(role, kind, content_text(v));
     let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
-    if ty.ends_with("_call") {
-        out.opens = ids_of([v], "call_id");
-    } else if ty.ends_with("_output") {
-        out.closes = ids_of([v], "call_id");
-    }
+    out.opens = OpenaiResponses.calls(v);
+    out.closes = OpenaiResponses
+        .results(v)
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     out.binds_next = ty == "reasoning";
     out
 }
@@ -65,13 +64,7 @@ pub struct Collector {
 /// `usage`: `input_tokens` (cached and written tokens a part of it) and
 /// `output_tokens` (reasoning a part of it).
 fn usage_of(u: &Value) -> Option<(Usage, u64)> {
-    openai_usage_of(
-        u,
-        "input_tokens",
-        "input_tokens_details",
-        "output_tokens",
-        "output_tokens_details",
-    )
+    OpenaiResponses.usage(u)
 }
 
 impl Collector {

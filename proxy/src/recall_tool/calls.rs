@@ -6,6 +6,8 @@
 
 use super::spec::NAME;
 use oceancode_ledger::Dialect;
+use oceancode_window::dialect::spec;
+#[cfg(test)]
 use serde_json::{json, Value};
 
 /// One recall call.
@@ -30,116 +32,33 @@ pub struct Calls {
     pub client: usize,
 }
 
-/// The calls in an answer's rows.
+/// The calls in an answer's rows (the dialect's
+/// [`oceancode_window::dialect::DialectSpec::call_parts`]).
 pub fn find(d: Dialect, rows: &[String]) -> Calls {
     let mut out = Calls::default();
     for row in rows {
-        let Ok(v) = serde_json::from_str::<Value>(row) else {
-            continue;
-        };
-        match d {
-            Dialect::Anthropic => {
-                for b in v
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if b.get("type").and_then(Value::as_str) != Some("tool_use") {
-                        continue;
-                    }
-                    if b.get("name").and_then(Value::as_str) == Some(NAME) {
-                        out.recall.push(Call {
-                            id: str_of(b, "id"),
-                            input: b.get("input").map_or("{}".into(), Value::to_string),
-                            raw: b.to_string(),
-                        });
-                    } else {
-                        out.client += 1;
-                    }
-                }
-            }
-            Dialect::OpenaiChat => {
-                for c in v
-                    .get("tool_calls")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    if c.pointer("/function/name").and_then(Value::as_str) == Some(NAME) {
-                        out.recall.push(Call {
-                            id: str_of(c, "id"),
-                            input: c
-                                .pointer("/function/arguments")
-                                .and_then(Value::as_str)
-                                .unwrap_or("{}")
-                                .to_string(),
-                            raw: c.to_string(),
-                        });
-                    } else {
-                        out.client += 1;
-                    }
-                }
-            }
-            Dialect::OpenaiResponses => {
-                let ty = v.get("type").and_then(Value::as_str).unwrap_or("");
-                if ty == "function_call" && v.get("name").and_then(Value::as_str) == Some(NAME) {
-                    out.recall.push(Call {
-                        id: str_of(&v, "call_id"),
-                        input: v
-                            .get("arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or("{}")
-                            .to_string(),
-                        raw: row.clone(),
-                    });
-                } else if ty.ends_with("_call") {
-                    out.client += 1;
-                }
-            }
-            Dialect::Gemini => {
-                for (id, name, input, raw) in crate::dialect::gemini::calls_of(&v) {
-                    if name == NAME {
-                        out.recall.push(Call { id, input, raw });
-                    } else {
-                        out.client += 1;
-                    }
-                }
+        for c in spec(d).call_parts(row) {
+            if c.name == NAME {
+                out.recall.push(Call {
+                    id: c.id,
+                    input: c.input,
+                    raw: c.raw,
+                });
+            } else {
+                out.client += 1;
             }
         }
     }
     out
 }
 
-fn str_of(v: &Value, k: &str) -> String {
-    v.get(k).and_then(Value::as_str).unwrap_or("").to_string()
-}
-
-/// The results' messages: one user message of `tool_result` blocks
-/// (Anthropic), one `tool` message per call (Chat), one
-/// `function_call_output` item per call (Responses).
+/// The results' messages ([`oceancode_window::dialect::DialectSpec::results_messages`]): one user
+/// message of `tool_result` blocks (Anthropic), one `tool` message per call
+/// (Chat), one `function_call_output` item per call (Responses), one `user`
+/// content of `functionResponse` parts (Gemini).
 pub fn results(d: Dialect, calls: &[Call], texts: &[String]) -> Vec<String> {
-    let pairs = calls.iter().zip(texts);
-    match d {
-        Dialect::Anthropic => {
-            let blocks: Vec<Value> = pairs
-                .map(|(c, t)| json!({"type": "tool_result", "tool_use_id": c.id, "content": t}))
-                .collect();
-            vec![json!({"role": "user", "content": blocks}).to_string()]
-        }
-        Dialect::OpenaiChat => pairs
-            .map(|(c, t)| json!({"role": "tool", "tool_call_id": c.id, "content": t}).to_string())
-            .collect(),
-        Dialect::OpenaiResponses => pairs
-            .map(|(c, t)| {
-                json!({"type": "function_call_output", "call_id": c.id, "output": t}).to_string()
-            })
-            .collect(),
-        Dialect::Gemini => {
-            let ids: Vec<(&str, &str)> = calls.iter().map(|c| (c.id.as_str(), NAME)).collect();
-            vec![crate::dialect::gemini::results_content(&ids, texts)]
-        }
-    }
+    let ids: Vec<(&str, &str)> = calls.iter().map(|c| (c.id.as_str(), NAME)).collect();
+    spec(d).results_messages(&ids, texts)
 }
 
 /// What a continuation appends to the request: the answer's rows as they
@@ -155,21 +74,8 @@ pub fn continuation(d: Dialect, rows: &[String], calls: &[Call], texts: &[String
 /// the client's echo of the answer, it keeps every later request valid
 /// (each call answered) and tells the model what it read.
 pub fn hidden_pair(d: Dialect, calls: &[Call], texts: &[String]) -> Vec<String> {
-    let raws: Vec<Value> = calls
-        .iter()
-        .filter_map(|c| serde_json::from_str(&c.raw).ok())
-        .collect();
-    let mut out = match d {
-        Dialect::Anthropic => vec![json!({"role": "assistant", "content": raws}).to_string()],
-        Dialect::OpenaiChat => {
-            vec![json!({"role": "assistant", "content": null, "tool_calls": raws}).to_string()]
-        }
-        Dialect::OpenaiResponses => calls.iter().map(|c| c.raw.clone()).collect(),
-        Dialect::Gemini => {
-            let raws: Vec<String> = calls.iter().map(|c| c.raw.clone()).collect();
-            vec![crate::dialect::gemini::model_content(&raws)]
-        }
-    };
+    let raws: Vec<String> = calls.iter().map(|c| c.raw.clone()).collect();
+    let mut out = spec(d).calls_messages(&raws);
     out.extend(results(d, calls, texts));
     out
 }

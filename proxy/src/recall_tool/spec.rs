@@ -1,39 +1,23 @@
-//! The tool's definition, one constant string per dialect, and the
+//! The tool's definition (one constant string per dialect, in the
+//! dialect's module of `oceancode_window::dialect`), and the
 //! `tools` member of a request with it appended (pure). The bytes never
 //! depend on the request, so the tools prefix of every request of a session
 //! is the same and stays in the provider's prompt cache.
 
 use oceancode_ledger::Dialect;
+#[cfg(test)]
+use oceancode_window::dialect::{
+    anthropic::RECALL_TOOL as ANTHROPIC, openai_chat::RECALL_TOOL as CHAT,
+    openai_responses::RECALL_TOOL as RESPONSES,
+};
 
 /// The tool's name.
 pub const NAME: &str = "oceancode_recall";
 
-const ANTHROPIC: &str = concat!(
-    r#"{"name":"oceancode_recall","description":"#,
-    r#""Read back the verbatim record of this conversation kept by the proxy: what left your context window (the note at the start of the conversation names the last entry that left) and its related sessions (parent, sub-agents). Give seq to read one entry whole; match (text, SQL LIKE wildcards % and _) and/or before (a seq) to list this session's entries, newest last; or search (at most 8 words) to find entries across this session and its related ones. limit caps the lines listed (default 20). Each line starts with its seq.","#,
-    r#""input_schema":{"type":"object","properties":{"match":{"type":"string","description":"only entries whose text contains this"},"before":{"type":"integer","description":"only entries with a seq below this one"},"seq":{"type":"integer","description":"one entry, whole"},"search":{"type":"string","description":"words that must all appear (at most 8), across this session and its related ones"},"limit":{"type":"integer","description":"most lines listed (default 20)"}}}}"#
-);
-
-const CHAT: &str = concat!(
-    r#"{"type":"function","function":{"name":"oceancode_recall","description":"#,
-    r#""Read back the verbatim record of this conversation kept by the proxy: what left your context window (the note at the start of the conversation names the last entry that left) and its related sessions (parent, sub-agents). Give seq to read one entry whole; match (text, SQL LIKE wildcards % and _) and/or before (a seq) to list this session's entries, newest last; or search (at most 8 words) to find entries across this session and its related ones. limit caps the lines listed (default 20). Each line starts with its seq.","#,
-    r#""parameters":{"type":"object","properties":{"match":{"type":"string","description":"only entries whose text contains this"},"before":{"type":"integer","description":"only entries with a seq below this one"},"seq":{"type":"integer","description":"one entry, whole"},"search":{"type":"string","description":"words that must all appear (at most 8), across this session and its related ones"},"limit":{"type":"integer","description":"most lines listed (default 20)"}}}}}"#
-);
-
-const RESPONSES: &str = concat!(
-    r#"{"type":"function","name":"oceancode_recall","description":"#,
-    r#""Read back the verbatim record of this conversation kept by the proxy: what left your context window (the note at the start of the conversation names the last entry that left) and its related sessions (parent, sub-agents). Give seq to read one entry whole; match (text, SQL LIKE wildcards % and _) and/or before (a seq) to list this session's entries, newest last; or search (at most 8 words) to find entries across this session and its related ones. limit caps the lines listed (default 20). Each line starts with its seq.","#,
-    r#""parameters":{"type":"object","properties":{"match":{"type":"string","description":"only entries whose text contains this"},"before":{"type":"integer","description":"only entries with a seq below this one"},"seq":{"type":"integer","description":"one entry, whole"},"search":{"type":"string","description":"words that must all appear (at most 8), across this session and its related ones"},"limit":{"type":"integer","description":"most lines listed (default 20)"}}}}"#
-);
-
-/// The tool's definition in the dialect's `tools` shape.
+/// The tool's definition in the dialect's `tools` shape (its
+/// [`oceancode_window::dialect::DialectSpec::recall_tool`]).
 pub fn tool_json(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Anthropic => ANTHROPIC,
-        Dialect::OpenaiChat => CHAT,
-        Dialect::OpenaiResponses => RESPONSES,
-        Dialect::Gemini => crate::dialect::gemini::RECALL_TOOL,
-    }
+    oceancode_window::dialect::spec(d).recall_tool()
 }
 
 /// The `tools` member with the tool appended after the client's tools (its
@@ -72,6 +56,7 @@ fn declares(raw: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use serde_json::Value;
 
     #[test]

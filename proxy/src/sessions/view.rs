@@ -8,7 +8,7 @@ use super::state::State;
 use oceancode_ledger::paths::DataDir;
 use oceancode_ledger::store::LoadedSession;
 use oceancode_ledger::tideline;
-use oceancode_ledger::{Dialect, RowKind};
+use oceancode_ledger::RowKind;
 use std::path::Path;
 
 /// One message of the window, in the order it was sent.
@@ -93,7 +93,7 @@ pub fn model_view(data_dir: &Path, l: LoadedSession) -> ModelView {
         .map(|i| Sent::Row(active[i]))
         .collect();
     let mut sent = Vec::with_capacity(active.len() - plan.start + kept.len() + 2);
-    if st.dialect == Dialect::Anthropic {
+    if st.dialect.spec().stub_first() {
         sent.push(Sent::Stub);
         sent.extend(kept);
     } else {

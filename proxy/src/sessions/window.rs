@@ -15,7 +15,7 @@ use crate::context::edits::{self, Src};
 use crate::dialect::{self, ParsedBody};
 use oceancode_ledger::media::Cost;
 use oceancode_ledger::tideline;
-use oceancode_ledger::{Dialect, RowKind};
+use oceancode_ledger::RowKind;
 use std::path::Path;
 
 /// A rendered window.
@@ -292,7 +292,7 @@ pub(super) fn render(
         .collect();
     // The stub's piece: its bytes are put in by `finish`.
     let stub_piece = (Src::Fixed("stub"), "");
-    if st.dialect == Dialect::Anthropic {
+    if st.dialect.spec().stub_first() {
         parts.push(stub_piece);
         parts.extend(kept);
     } else {
