@@ -20,23 +20,6 @@ pub enum Dialect {
     Gemini,
 }
 
-impl Dialect {
-    /// Stable lowercase name, as stored in the database.
-    pub fn as_str(self) -> &'static str {
-        self.spec().name()
-    }
-
-    /// Inverse of [`Dialect::as_str`].
-    pub fn parse(s: &str) -> Option<Dialect> {
-        crate::dialect::ALL.into_iter().find(|d| d.as_str() == s)
-    }
-
-    /// The dialect's pure facts and functions ([`crate::dialect::spec`]).
-    pub fn spec(self) -> &'static dyn crate::dialect::DialectSpec {
-        crate::dialect::spec(self)
-    }
-}
-
 /// What a row is, independent of dialect.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

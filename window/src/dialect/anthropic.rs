@@ -7,8 +7,8 @@ use super::{
     ids_of, recall_description, recall_parameters, str_of, u64_of, values, CallPart, ContextLimit,
     DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
-use crate::compress::{span, Block, Span};
 use crate::model::{Dialect, Usage};
+use crate::spans::{span, Block, Span};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 

@@ -7,8 +7,8 @@ use super::{
     openai_usage, recall_description, recall_parameters, values, CallPart, ContextLimit,
     DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
-use crate::compress::{span, Span};
 use crate::model::{Dialect, Usage};
+use crate::spans::{span, Span};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};

@@ -16,8 +16,8 @@ pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
 
-use crate::compress::Span;
 use crate::model::{Dialect, Usage};
+use crate::spans::Span;
 use serde_json::Value;
 
 /// Every dialect, in a stable order. A new dialect adds itself here.
@@ -27,6 +27,24 @@ pub const ALL: [Dialect; 4] = [
     Dialect::OpenaiResponses,
     Dialect::Gemini,
 ];
+
+// The enum is the model's (a leaf); what each variant is lives here.
+impl Dialect {
+    /// Stable lowercase name, as stored in the database.
+    pub fn as_str(self) -> &'static str {
+        self.spec().name()
+    }
+
+    /// Inverse of [`Dialect::as_str`].
+    pub fn parse(s: &str) -> Option<Dialect> {
+        ALL.into_iter().find(|d| d.as_str() == s)
+    }
+
+    /// The dialect's pure facts and functions ([`spec`]).
+    pub fn spec(self) -> &'static dyn DialectSpec {
+        spec(self)
+    }
+}
 
 /// The dialect's implementation.
 pub fn spec(d: Dialect) -> &'static dyn DialectSpec {
@@ -301,7 +319,7 @@ pub fn openai_usage_with_writes(input_total: u64, cached: u64, written: u64, out
 }
 
 /// The members of raw message `raw` the `tool_outputs` look at.
-pub(crate) fn top(raw: &str) -> Option<crate::compress::Top<'_>> {
+pub(crate) fn top(raw: &str) -> Option<crate::spans::Top<'_>> {
     serde_json::from_str(raw).ok()
 }
 

@@ -7,8 +7,8 @@ use super::{
     ids_of, openai_usage_with_writes, recall_description, recall_parameters, str_of, u64_of,
     values, CallPart, ContextLimit, DialectSpec, Provider, Route, StreamCut, ToolResult,
 };
-use crate::compress::{span, Span};
 use crate::model::{Dialect, Usage};
+use crate::spans::{span, Span};
 use serde_json::{json, Value};
 
 /// The OpenAI Chat Completions dialect.
