@@ -575,3 +575,33 @@ pub mod recall {
         )
     }
 }
+
+#[cfg(test)]
+mod coverage {
+    /// `autotests = false`: a file under `tests/tests/` runs only if it is
+    /// a `[[test]]` of `Cargo.toml` or a `#[path]` module of `suite.rs`. A
+    /// file added to neither would silently never run; this fails instead.
+    #[test]
+    fn every_test_file_is_a_test_binary_or_a_suite_module() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let suite = std::fs::read_to_string(root.join("tests/suite.rs")).unwrap();
+        let mut missing = Vec::new();
+        for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".rs") {
+                continue;
+            }
+            let binary = toml.contains(&format!("path = \"tests/{name}\""));
+            let module = suite.contains(&format!("#[path = \"{name}\"]"));
+            if binary == module {
+                missing.push(format!("{name} (binary: {binary}, suite module: {module})"));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "each file of tests/tests/ must be exactly one of a [[test]] in tests/Cargo.toml \
+             or a #[path] module of tests/suite.rs: {missing:?}"
+        );
+    }
+}
