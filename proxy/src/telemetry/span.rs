@@ -170,10 +170,12 @@ fn new_span_id() -> SpanId {
     SpanId::from_bytes(id.to_be_bytes())
 }
 
+/// `gen_ai.provider.name` (the GenAI conventions' well-known values).
 fn provider(d: Dialect) -> &'static str {
     match d {
         Dialect::Anthropic => "anthropic",
-        _ => "openai",
+        Dialect::OpenaiChat | Dialect::OpenaiResponses => "openai",
+        Dialect::Gemini => "gcp.gemini",
     }
 }
 
@@ -416,5 +418,19 @@ impl StepTrace {
             instrumentation_scope: scope,
         });
         self.sink.send(spans);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemini was reported as `openai` (the arm was a catch-all).
+    #[test]
+    fn each_dialect_names_its_provider() {
+        assert_eq!(provider(Dialect::Anthropic), "anthropic");
+        assert_eq!(provider(Dialect::OpenaiChat), "openai");
+        assert_eq!(provider(Dialect::OpenaiResponses), "openai");
+        assert_eq!(provider(Dialect::Gemini), "gcp.gemini");
     }
 }
