@@ -272,6 +272,33 @@ fn store_long_rows_commit_in_slices_between_other_sessions() {
     assert!(newest.contains("## seq 2001 · "), "{newest}");
 }
 
+/// The files of what committed are written once nothing waits to be
+/// committed, without a settle to ask for them (issue 38 moved them after
+/// the commits): a session's newest turn file appears by itself.
+#[test]
+fn store_files_written_without_a_settle() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    session(&store, "s");
+    let rows = (1..=3)
+        .map(|seq| text_row(seq, 1, RowKind::Assistant, "idle"))
+        .collect();
+    store.submit(rows_event("s", rows)).expect("submit");
+    let f = store.data_dir().turn_file("s", 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        if text.contains("## seq 3 · ") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "turn file not written without a settle: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn store_shutdown_drains_and_is_idempotent() {
     let tmp = tempfile::tempdir().expect("tmp");
