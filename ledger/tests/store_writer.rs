@@ -199,6 +199,105 @@ fn store_burst_batches_in_order() {
     }
 }
 
+/// A cold open of a long history does not hold up other sessions (issue
+/// 38): its rows are committed in slices, and a row of another session
+/// queued behind it commits between two of them; each session's rows stay
+/// a gap-free, in-order prefix and the long `Rows` counts as one event.
+#[test]
+fn store_long_rows_commit_in_slices_between_other_sessions() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    session(&store, "long");
+    session(&store, "short");
+    store.settle_blocking().expect("settle");
+    let before = store.metrics();
+    // Hold the write lock so both events are queued before anything commits.
+    let blocker = rusqlite::Connection::open(store.db_path()).expect("open");
+    blocker.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let kind = |seq: u64| {
+        if (seq - 1).is_multiple_of(40) {
+            RowKind::Prompt
+        } else {
+            RowKind::Assistant
+        }
+    };
+    let rows = (1..=2001)
+        .map(|seq| text_row(seq, ((seq - 1) / 40 + 1) as u32, kind(seq), "open"))
+        .collect();
+    store.submit(rows_event("long", rows)).expect("submit");
+    store
+        .submit(rows_event(
+            "short",
+            vec![text_row(1, 1, RowKind::Prompt, "step")],
+        ))
+        .expect("submit");
+    blocker.execute_batch("COMMIT").expect("unlock");
+    store.settle_blocking().expect("settle");
+    let c = rusqlite::Connection::open(store.db_path()).expect("open");
+    let short: i64 = c
+        .query_row("SELECT rowid FROM rows WHERE session = 'short'", [], |r| {
+            r.get(0)
+        })
+        .expect("short row");
+    let long: Vec<(i64, u64)> = c
+        .prepare("SELECT rowid, seq FROM rows WHERE session = 'long' ORDER BY rowid")
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(long.len(), 2001);
+    assert!(
+        long.iter()
+            .enumerate()
+            .all(|(i, (_, seq))| *seq == i as u64 + 1),
+        "committed in order"
+    );
+    let last = long.last().expect("rows").0;
+    assert!(
+        short < last,
+        "the other session's row ({short}) waited for all 2001 rows (last {last})"
+    );
+    let m = store.metrics();
+    assert_eq!(m.events - before.events, 2, "{m:?}");
+    assert_eq!((m.queued, m.rejected, m.behind), (0, 0, 0), "{m:?}");
+    assert!(
+        m.batches - before.batches >= 8,
+        "one slice a transaction: {m:?}"
+    );
+    let s = store.load_session("long").expect("load").expect("long");
+    assert_eq!(s.rows.len(), 2001);
+    let newest = std::fs::read_to_string(store.data_dir().turn_file("long", 51)).expect("turn");
+    assert!(newest.contains("## seq 2001 · "), "{newest}");
+}
+
+/// The files of what committed are written once nothing waits to be
+/// committed, without a settle to ask for them (issue 38 moved them after
+/// the commits): a session's newest turn file appears by itself.
+#[test]
+fn store_files_written_without_a_settle() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    session(&store, "s");
+    let rows = (1..=3)
+        .map(|seq| text_row(seq, 1, RowKind::Assistant, "idle"))
+        .collect();
+    store.submit(rows_event("s", rows)).expect("submit");
+    let f = store.data_dir().turn_file("s", 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        if text.contains("## seq 3 · ") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "turn file not written without a settle: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn store_shutdown_drains_and_is_idempotent() {
     let tmp = tempfile::tempdir().expect("tmp");

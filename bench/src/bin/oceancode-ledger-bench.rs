@@ -47,6 +47,10 @@ struct Args {
     /// Repetitions of each export timing (the median is reported).
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// Sessions that open (`--open-rows` rows each) at the head of the
+    /// "mixed" burst, before every session's next step (SQLite only).
+    #[arg(long, default_value_t = 10)]
+    mixed_opens: usize,
     /// Steps of the live-step measurement (one step at a time, settled).
     #[arg(long, default_value_t = 400)]
     live_steps: usize,
@@ -108,37 +112,53 @@ fn rows_of(conv: &Conv) -> Result<Vec<Row>> {
 /// Submits `events` in order and returns every event's enqueue-to-commit lag (µs).
 fn burst(store: &Arc<dyn LedgerStore>, events: Vec<Event>) -> Result<(Vec<u64>, Duration)> {
     let before = store.metrics().events;
-    let n = events.len() as u64;
-    let poller = {
+    let tracked = vec![true; events.len()];
+    let counter = {
         let store = store.clone();
-        std::thread::spawn(move || {
-            let mut samples: Vec<(Instant, u64)> = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(600);
-            loop {
-                let e = store.metrics().events - before;
-                let now = Instant::now();
-                if samples.last().is_none_or(|&(_, last)| last != e) {
-                    samples.push((now, e));
-                }
-                if e >= n || now > deadline {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            samples
-        })
+        move || Ok(store.metrics().events - before)
     };
+    burst_by(store, events, tracked, counter)
+}
+
+/// Submits `events` in order and returns the enqueue-to-commit lag (µs) of
+/// those `tracked`, read by polling `committed` (how many tracked events
+/// are committed; they commit in order among themselves) every 200 µs.
+fn burst_by(
+    store: &Arc<dyn LedgerStore>,
+    events: Vec<Event>,
+    tracked: Vec<bool>,
+    committed: impl Fn() -> Result<u64> + Send + 'static,
+) -> Result<(Vec<u64>, Duration)> {
+    let n = tracked.iter().filter(|t| **t).count() as u64;
+    let poller = std::thread::spawn(move || -> Result<Vec<(Instant, u64)>> {
+        let mut samples: Vec<(Instant, u64)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let e = committed()?;
+            let now = Instant::now();
+            if samples.last().is_none_or(|&(_, last)| last != e) {
+                samples.push((now, e));
+            }
+            if e >= n || now > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(samples)
+    });
     let t0 = Instant::now();
     let mut submitted = Vec::with_capacity(events.len());
-    for ev in events {
-        submitted.push(Instant::now());
+    for (ev, t) in events.into_iter().zip(&tracked) {
+        if *t {
+            submitted.push(Instant::now());
+        }
         store.submit(ev).context("submit")?;
     }
     store.settle_blocking().context("settle")?;
     let total = t0.elapsed();
     let samples = poller
         .join()
-        .map_err(|_| anyhow::anyhow!("poller panicked"))?;
+        .map_err(|_| anyhow::anyhow!("poller panicked"))??;
     let mut lags = Vec::with_capacity(submitted.len());
     let mut j = 0;
     for (k, at) in submitted.iter().enumerate() {
@@ -149,6 +169,66 @@ fn burst(store: &Arc<dyn LedgerStore>, events: Vec<Event>) -> Result<(Vec<u64>, 
         lags.push(committed.saturating_duration_since(*at).as_micros() as u64);
     }
     Ok((lags, total))
+}
+
+/// The last two messages of a conversation (an echoed tool call and its
+/// result), as raw JSON.
+fn last_pair(conv: &Conv) -> Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(&conv.body())?;
+    let msgs = v["messages"].as_array().context("messages")?;
+    Ok(msgs[msgs.len() - 2..]
+        .iter()
+        .map(serde_json::to_string)
+        .collect::<Result<_, _>>()?)
+}
+
+/// One step of session `id` as a proxy submits it: its facts, the rows of
+/// `pair` from `seq` on, the step's usage.
+fn step_events(id: &str, pair: &[String], seq: u64, turn: u32, step: u32) -> Vec<Event> {
+    let mut m = meta(id);
+    m.last_ms += i64::from(step);
+    let rows = pair
+        .iter()
+        .enumerate()
+        .map(|(k, raw)| Row {
+            seq: seq + k as u64,
+            role: if k == 0 { "assistant" } else { "user" }.into(),
+            kind: if k == 0 {
+                RowKind::Assistant
+            } else {
+                RowKind::ToolResult
+            },
+            raw: Arc::from(raw.as_str()),
+            tokens: (raw.len() / 4) as u32,
+            turn,
+            step,
+            branch: 0,
+            from_response: false,
+        })
+        .collect();
+    vec![
+        Event::Session(m),
+        Event::Rows {
+            session: id.to_string(),
+            rows,
+        },
+        Event::Step {
+            session: id.to_string(),
+            step,
+            model: "claude-sonnet-4-5".into(),
+            status: 200,
+            usage: Usage {
+                input: 3,
+                output: 300,
+                cache_read: 50_000,
+                cache_write: 600,
+            },
+            window_rows: seq as u32 + 1,
+            ts_ms: 1_790_000_000_000 + i64::from(step),
+            error: None,
+            detail: Default::default(),
+        },
+    ]
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -213,63 +293,53 @@ fn main() -> Result<()> {
     let turn = base_rows.last().map_or(1, |r| r.turn);
     for st in 0..a.steps {
         step_conv.step();
-        let body = step_conv.body();
-        let v: serde_json::Value = serde_json::from_slice(&body)?;
-        let msgs = v["messages"].as_array().context("messages")?;
-        let pair: Vec<String> = msgs[msgs.len() - 2..]
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<_, _>>()?;
-        for s in 0..a.sessions {
-            let id = format!("bench-{s:03}");
-            let mut m = meta(&id);
-            m.last_ms += st as i64 + 1;
-            steps.push(Event::Session(m));
-            let rows = pair
-                .iter()
-                .enumerate()
-                .map(|(k, raw)| Row {
-                    seq: next_seq + k as u64,
-                    role: if k == 0 { "assistant" } else { "user" }.into(),
-                    kind: if k == 0 {
-                        RowKind::Assistant
-                    } else {
-                        RowKind::ToolResult
-                    },
-                    raw: Arc::from(raw.as_str()),
-                    tokens: (raw.len() / 4) as u32,
-                    turn,
-                    step: st as u32 + 2,
-                    branch: 0,
-                    from_response: false,
-                })
-                .collect();
-            steps.push(Event::Rows {
-                session: id.clone(),
-                rows,
-            });
-            steps.push(Event::Step {
-                session: id,
-                step: st as u32 + 2,
-                model: "claude-sonnet-4-5".into(),
-                status: 200,
-                usage: Usage {
-                    input: 3,
-                    output: 300,
-                    cache_read: 50_000,
-                    cache_write: 600,
-                },
-                window_rows: next_seq as u32 + 1,
-                ts_ms: 1_790_000_000_000 + st as i64,
-                error: None,
-                detail: Default::default(),
-            });
+        let pair = last_pair(&step_conv)?;
+        for sess in 0..a.sessions {
+            let id = format!("bench-{sess:03}");
+            steps.extend(step_events(&id, &pair, next_seq, turn, st as u32 + 2));
         }
         next_seq += 2;
     }
     let steps_n = steps.len();
     let (step_lags, step_time) = burst(&store, steps)?;
     let step_store = store.metrics();
+    // Mixed: new sessions open with their whole history, and every session's
+    // next step queues behind them; the steps' lag (their `Step` events
+    // commit in order among themselves: the count of committed steps).
+    let mut mixed_run = None;
+    if a.database.is_none() && a.mixed_opens > 0 {
+        let mut mixed = Vec::new();
+        let mut tracked = Vec::new();
+        for k in 0..a.mixed_opens {
+            let id = format!("cold-{k:03}");
+            mixed.push(Event::Session(meta(&id)));
+            mixed.push(Event::Rows {
+                session: id,
+                rows: base_rows.clone(),
+            });
+            tracked.extend([false, false]);
+        }
+        step_conv.step();
+        let pair = last_pair(&step_conv)?;
+        for sess in 0..a.sessions {
+            let id = format!("bench-{sess:03}");
+            mixed.extend(step_events(&id, &pair, next_seq, turn, a.steps as u32 + 2));
+            tracked.extend([false, false, true]);
+        }
+        let db = rusqlite::Connection::open_with_flags(
+            oceancode_ledger::paths::DataDir::new(&dir).db_path(),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )?;
+        let count = |db: &rusqlite::Connection| -> Result<u64> {
+            Ok(db.query_row("SELECT COUNT(*) FROM steps", [], |r| r.get::<_, i64>(0))? as u64)
+        };
+        let before = count(&db)?;
+        let mixed_n = mixed.len();
+        let (lags, time) = burst_by(&store, mixed, tracked, move || {
+            Ok(count(&db)?.saturating_sub(before))
+        })?;
+        mixed_run = Some((mixed_n, lags, time, store.metrics()));
+    }
     let mut t = Table::new([
         "burst",
         "events",
@@ -303,7 +373,22 @@ fn main() -> Result<()> {
             step_time,
             step_store,
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(mixed_run.map(|(n, lags, time, m)| {
+        (
+            format!(
+                "mixed: {} sessions open ({} rows each) ahead of {} sessions' steps (lag of the steps)",
+                a.mixed_opens,
+                base_rows.len(),
+                a.sessions
+            ),
+            n,
+            lags,
+            time,
+            m,
+        )
+    })) {
         let s = Samples::from_us(lags);
         t.row([
             name,

@@ -5,6 +5,17 @@
 //! ([`super::files`]). Jobs (rebuild, sweep, vacuum, page notes) run here
 //! too, in queue order.
 //!
+//! Lag: a `Rows` event longer than [`SLICE_ROWS`] (a cold open of a long
+//! history) is committed in slices of that many rows, one slice per
+//! transaction, with the other sessions' events queued meanwhile committed
+//! between its slices; the events of its own session wait behind it, so
+//! every session's rows stay a gap-free, in-order prefix. The files of what
+//! committed (transcripts, `index.md`, `SESSION.md`) and the search index
+//! are written once nothing waits to be committed (between two sessions'
+//! files the writer looks for new events), or at once when they have waited
+//! [`DEFER_MAX`], at a settle, a job and shutdown: a commit never waits for
+//! the files of earlier commits.
+//!
 //! Faults: a batch whose transaction fails for a reason of the environment
 //! (SQLite locked past the busy timeout, a full disk, an I/O error; the
 //! PostgreSQL connection lost or the server refusing) is retried with
@@ -26,7 +37,7 @@ use super::queue::{lossless, Cmd, Fault, Shared};
 use super::source::Source;
 use crate::model::{Dialect, Event, Row, SessionMeta};
 use crate::paths::DataDir;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -40,6 +51,12 @@ use tracing::{debug, error, info, warn};
 pub(super) const DEFER_MAX: Duration = Duration::from_millis(1000);
 /// Items of an engine's deferred work that force a flush.
 const DEFER_BATCH: usize = 1024;
+/// Most rows of one `Rows` event committed in one transaction; a longer
+/// one is committed in slices of this many, other sessions' events between.
+pub(super) const SLICE_ROWS: usize = 256;
+/// Items of the engine's deferred work done between two transactions while
+/// events wait (when it is due).
+const DEFER_SLICE: usize = 256;
 /// How often an idle writer checks its database.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// First and longest wait between attempts of a failing batch.
@@ -69,6 +86,26 @@ pub(super) struct Touch {
     pub(super) index: bool,
     /// Rows, cuts, branches or confirms: `SESSION.md` may change.
     pub(super) page: bool,
+}
+
+impl Touch {
+    /// Add what a later batch changed of the same session.
+    fn merge(&mut self, later: Touch) {
+        self.effects.extend(later.effects);
+        self.turns.extend(later.turns);
+        self.index |= later.index;
+        self.page |= later.page;
+    }
+}
+
+/// What the writer does next with what it took from the channel.
+enum Next<W> {
+    /// Commit these events in one transaction; `done[i]` = event `i`
+    /// completes its queued event (false for a slice before the last of a
+    /// sliced `Rows` event).
+    Commit(Vec<Queued>, Vec<bool>),
+    /// A barrier or a job, everything before it done.
+    Cmd(Cmd<W>),
 }
 
 /// What applying one event did.
@@ -227,6 +264,12 @@ pub(super) trait Db: Send + 'static {
     fn flush_deferred(&mut self) -> bool {
         false
     }
+    /// Do at most `max` items of the deferred work, oldest first (events
+    /// wait); whether some of it still waits.
+    fn flush_deferred_part(&mut self, max: usize) -> bool {
+        let _ = max;
+        self.flush_deferred()
+    }
     /// Work due between batches and when idle (PostgreSQL renews its
     /// session leases), and when it is due next.
     fn housekeeping(&mut self) {}
@@ -260,6 +303,14 @@ pub(crate) struct Writer<D: Db> {
     pub(super) shared: Arc<Shared>,
     rx: Receiver<Cmd<Writer<D>>>,
     batch_max: usize,
+    /// Commands taken from the channel and not done yet: the rest of a
+    /// sliced `Rows` event, the events of its session behind it, what
+    /// follows a barrier.
+    queue: VecDeque<Cmd<Writer<D>>>,
+    /// What committed batches changed whose files are not written yet, and
+    /// since when the oldest of it waits.
+    touched: BTreeMap<String, Touch>,
+    touched_since: Option<Instant>,
     /// Since when something deferred waits (`index.md`, the engine's).
     deferred_since: Option<Instant>,
     /// When the idle check last ran.
@@ -285,6 +336,9 @@ impl<D: Db> Writer<D> {
             shared,
             rx,
             batch_max: batch_max.max(1),
+            queue: VecDeque::new(),
+            touched: BTreeMap::new(),
+            touched_since: None,
             deferred_since: None,
             checked: Instant::now(),
             stop_seen: None,
@@ -293,58 +347,227 @@ impl<D: Db> Writer<D> {
     }
 
     pub(super) fn run(mut self) {
+        let mut stop = false;
         loop {
-            let first = match self.rx.recv_timeout(self.next_wake()) {
-                Ok(cmd) => cmd,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.idle();
+            if !stop {
+                self.pull();
+            }
+            if self.queue.is_empty() {
+                if stop {
+                    break;
+                }
+                // Nothing waits to be committed: the files of what did.
+                if self.write_files(false) {
                     continue;
                 }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            let mut batch = vec![first];
-            while batch.len() < self.batch_max {
-                match self.rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
-                }
-            }
-            let mut events = Vec::new();
-            let mut replies = Vec::new();
-            let mut stop = false;
-            for cmd in batch {
-                match cmd {
-                    Cmd::Event { ev, id, at } => events.push((ev, id, at)),
-                    Cmd::Settle(r) => replies.push(r),
-                    Cmd::Job(job) => {
-                        // Everything queued before the job is committed and
-                        // written first; what the job changes is read afresh.
-                        self.process(std::mem::take(&mut events));
-                        self.flush_deferred(true);
-                        job(&mut self);
-                        self.db.forget_all();
+                let due = self
+                    .deferred_since
+                    .is_some_and(|since| since.elapsed() >= DEFER_MAX);
+                if due || self.db.deferred() >= DEFER_BATCH {
+                    self.flush_deferred_idle();
+                    if !self.queue.is_empty() {
+                        continue;
                     }
-                    Cmd::Shutdown => stop = true,
                 }
+                match self.rx.recv_timeout(self.next_wake()) {
+                    Ok(cmd) => self.queue.push_back(cmd),
+                    Err(RecvTimeoutError::Timeout) => self.idle(),
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+                continue;
             }
-            self.process(events);
-            let due = self
-                .deferred_since
-                .is_some_and(|since| since.elapsed() >= DEFER_MAX);
-            if stop || due || !replies.is_empty() || self.db.deferred() >= DEFER_BATCH {
-                self.flush_deferred(stop || !replies.is_empty());
-            }
-            for r in replies {
-                r.send();
-            }
-            if stop {
-                break;
+            match self.next() {
+                Next::Commit(events, done) => {
+                    self.process(events, &done);
+                    self.busy_work();
+                }
+                Next::Cmd(Cmd::Settle(r)) => {
+                    self.write_files(true);
+                    self.flush_deferred(true);
+                    r.send();
+                }
+                Next::Cmd(Cmd::Job(job)) => {
+                    // Everything queued before the job is committed and
+                    // written first; what the job changes is read afresh.
+                    self.write_files(true);
+                    self.flush_deferred(true);
+                    job(&mut self);
+                    self.db.forget_all();
+                }
+                Next::Cmd(Cmd::Shutdown) => stop = true,
+                Next::Cmd(Cmd::Event { .. }) => {}
             }
             self.housekeeping();
         }
+        self.write_files(true);
         self.flush_deferred(true);
         self.db.stop();
         debug!("ledger writer stopped");
+    }
+
+    /// Take what the channel holds into the queue (up to `batch_max` queued).
+    fn pull(&mut self) {
+        while self.queue.len() < self.batch_max {
+            match self.rx.try_recv() {
+                Ok(cmd) => self.queue.push_back(cmd),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Whether a command waits in the channel (it is taken into the queue).
+    fn more_waiting(&mut self) -> bool {
+        match self.rx.try_recv() {
+            Ok(cmd) => {
+                self.queue.push_back(cmd);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// What to do next: the barrier or job at the front of the queue, or
+    /// the next transaction's events: every event before the first barrier
+    /// (up to `batch_max`) whose session has no unfinished longer `Rows`
+    /// event before it, and one slice of [`SLICE_ROWS`] rows of the first
+    /// longer one. Events of sessions behind are dropped here.
+    fn next(&mut self) -> Next<Writer<D>> {
+        if !matches!(self.queue.front(), Some(Cmd::Event { .. })) {
+            return match self.queue.pop_front() {
+                Some(cmd) => Next::Cmd(cmd),
+                None => Next::Commit(Vec::new(), Vec::new()),
+            };
+        }
+        let mut events: Vec<Queued> = Vec::new();
+        let mut done = Vec::new();
+        let mut dropped = Vec::new();
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut sliced = false;
+        let mut barrier = false;
+        let mut rest = VecDeque::with_capacity(self.queue.len());
+        while let Some(cmd) = self.queue.pop_front() {
+            let Cmd::Event { mut ev, id, at } = cmd else {
+                barrier = true;
+                rest.push_back(cmd);
+                continue;
+            };
+            if barrier || events.len() >= self.batch_max || blocked.contains(ev.session()) {
+                rest.push_back(Cmd::Event { ev, id, at });
+                continue;
+            }
+            // Steps and session facts are kept while their session is behind.
+            if !lossless(&ev) && self.shared.drops(ev.session(), id) {
+                dropped.push(id);
+                continue;
+            }
+            if let Event::Rows { session, rows } = &mut ev {
+                if rows.len() > SLICE_ROWS {
+                    blocked.insert(session.clone());
+                    if !std::mem::replace(&mut sliced, true) {
+                        let tail = rows.split_off(SLICE_ROWS);
+                        let head = std::mem::replace(rows, tail);
+                        let slice = Event::Rows {
+                            session: session.clone(),
+                            rows: head,
+                        };
+                        events.push((slice, id, at));
+                        done.push(false);
+                    }
+                    rest.push_back(Cmd::Event { ev, id, at });
+                    continue;
+                }
+            }
+            events.push((ev, id, at));
+            done.push(true);
+        }
+        self.queue = rest;
+        if !dropped.is_empty() {
+            self.shared
+                .shed
+                .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+            self.shared.forget(dropped.into_iter());
+        }
+        Next::Commit(events, done)
+    }
+
+    /// Between two transactions while events wait: the files and the
+    /// engine's deferred work only once they have waited [`DEFER_MAX`]
+    /// (the engine's in parts of [`DEFER_SLICE`] items, one per
+    /// transaction).
+    fn busy_work(&mut self) {
+        if self
+            .touched_since
+            .is_some_and(|since| since.elapsed() >= DEFER_MAX)
+        {
+            self.write_files(true);
+        }
+        let due = self
+            .deferred_since
+            .is_some_and(|since| since.elapsed() >= DEFER_MAX);
+        if !due {
+            return;
+        }
+        if self.db.deferred() > DEFER_SLICE {
+            // The rest stays due: another part after the next transaction.
+            if self.db.flush_deferred_part(DEFER_SLICE) {
+                self.deferred_since = Some(Instant::now());
+            }
+        } else {
+            self.flush_deferred(false);
+        }
+    }
+
+    /// Nothing waits to be committed: the engine's deferred work in parts
+    /// of [`DEFER_SLICE`] items until a command waits, then the rest of
+    /// what [`Writer::flush_deferred`] does once it is all done.
+    fn flush_deferred_idle(&mut self) {
+        while self.db.deferred() > DEFER_SLICE {
+            if self.db.flush_deferred_part(DEFER_SLICE) {
+                self.deferred_since = Some(Instant::now());
+                return;
+            }
+            if self.more_waiting() {
+                self.deferred_since.get_or_insert_with(Instant::now);
+                return;
+            }
+        }
+        self.flush_deferred(false);
+    }
+
+    /// Write the files of the sessions committed batches touched. Unless
+    /// `all` (or what waits is older than [`DEFER_MAX`]), it stops as soon
+    /// as a command waits in the channel; returns whether it stopped so.
+    fn write_files(&mut self, all: bool) -> bool {
+        let all = all
+            || self
+                .touched_since
+                .is_some_and(|since| since.elapsed() >= DEFER_MAX);
+        let mut stopped = false;
+        while let Some((session, touch)) = self.touched.pop_first() {
+            // Rendering reads arbitrary client JSON: never let a bug there
+            // take the writer (and the database) down.
+            let src = self.db.source();
+            let files = &mut self.files;
+            let written =
+                std::panic::catch_unwind(AssertUnwindSafe(|| files.write(src, &session, touch)))
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::Corrupt("transcript renderer panicked".into()))
+                    });
+            if let Err(e) = written {
+                self.files.failed(&session, &e);
+            }
+            if !all && !self.touched.is_empty() && self.more_waiting() {
+                stopped = true;
+                break;
+            }
+        }
+        if self.touched.is_empty() {
+            self.touched_since = None;
+        }
+        if self.files.index_waiting() {
+            self.deferred_since.get_or_insert_with(Instant::now);
+        }
+        stopped
     }
 
     /// Forget what the writer cached of a session (a job changed it).
@@ -470,26 +693,20 @@ impl<D: Db> Writer<D> {
         }
     }
 
-    /// Commit a batch: events of sessions behind are dropped, the rest is
-    /// applied in one transaction, retried until it commits; then the
-    /// touched sessions' files are written.
-    fn process(&mut self, events: Vec<Queued>) {
+    /// Commit a batch in one transaction, retried until it commits; what it
+    /// changed of each session waits for [`Writer::write_files`]. `done[i]`:
+    /// event `i` completes its queued event (counted, its lag taken).
+    fn process(&mut self, events: Vec<Queued>, done: &[bool]) {
         if events.is_empty() {
             return;
         }
-        // Steps and session facts are kept while their session is behind.
-        let (events, dropped): (Vec<Queued>, Vec<Queued>) = events
-            .into_iter()
-            .partition(|(ev, id, _)| lossless(ev) || !self.shared.drops(ev.session(), *id));
-        if !dropped.is_empty() {
-            self.shared
-                .shed
-                .fetch_add(dropped.len() as u64, Ordering::Relaxed);
-            self.shared.forget(dropped.iter().map(|(_, id, _)| *id));
-        }
-        if events.is_empty() {
-            return;
-        }
+        let finished = || {
+            events
+                .iter()
+                .zip(done)
+                .filter(|(_, d)| **d)
+                .map(|((_, id, _), _)| *id)
+        };
         let applied = self.commit_batch(&events);
         // Even a batch given up may have seen a lease move.
         self.drop_stale();
@@ -511,12 +728,13 @@ impl<D: Db> Writer<D> {
         let committed = Instant::now();
         let s = &self.shared;
         s.batches.fetch_add(1, Ordering::Relaxed);
-        s.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        s.events
+            .fetch_add(finished().count() as u64, Ordering::Relaxed);
         s.rejected.fetch_add(applied.refused, Ordering::Relaxed);
         s.shed.fetch_add(applied.skipped, Ordering::Relaxed);
         {
             let mut lags = s.lags_us.lock();
-            for (_, _, at) in &events {
+            for ((_, _, at), _) in events.iter().zip(done).filter(|(_, d)| **d) {
                 if lags.len() == LAG_WINDOW {
                     lags.pop_front();
                 }
@@ -535,23 +753,17 @@ impl<D: Db> Writer<D> {
                 }
             }
         }
-        s.forget(events.iter().map(|(_, id, _)| *id));
-        for (session, touch) in applied.touched {
-            // Rendering reads arbitrary client JSON: never let a bug there
-            // take the writer (and the database) down.
-            let src = self.db.source();
-            let files = &mut self.files;
-            let written =
-                std::panic::catch_unwind(AssertUnwindSafe(|| files.write(src, &session, touch)))
-                    .unwrap_or_else(|_| {
-                        Err(StoreError::Corrupt("transcript renderer panicked".into()))
-                    });
-            if let Err(e) = written {
-                self.files.failed(&session, &e);
-            }
+        s.forget(finished());
+        if !applied.touched.is_empty() {
+            self.touched_since.get_or_insert(committed);
         }
-        if self.files.index_waiting() {
-            self.deferred_since.get_or_insert_with(Instant::now);
+        for (session, touch) in applied.touched {
+            match self.touched.get_mut(&session) {
+                Some(t) => t.merge(touch),
+                None => {
+                    self.touched.insert(session, touch);
+                }
+            }
         }
     }
 

@@ -290,6 +290,23 @@ impl Db for Lite {
         }
     }
 
+    fn flush_deferred_part(&mut self, max: usize) -> bool {
+        let n = max.min(self.fts_pending.len());
+        let jobs: Vec<FtsJob> = self.fts_pending.drain(..n).collect();
+        match self.index_text(&jobs) {
+            Ok(()) => false,
+            Err(StoreError::Sqlite(e)) if transient(&e) => {
+                debug!("ledger search index of {} rows deferred: {e}", jobs.len());
+                self.fts_pending.splice(0..0, jobs);
+                true
+            }
+            Err(e) => {
+                warn!("ledger search index of {} rows: {e}", jobs.len());
+                false
+            }
+        }
+    }
+
     fn forget(&mut self, session: &str) {
         self.known.remove(session);
     }
