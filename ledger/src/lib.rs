@@ -5,13 +5,11 @@
 //! status, rebuild and retention reports).
 //!
 //! The session model, the pure tideline and the media pricing live in
-//! `oceancode-window` and are re-exported here under their old paths.
+//! `oceancode-window`; other crates name it directly (the imports below are
+//! this crate's own).
 
-pub use oceancode_window::{cache, compress, media, model, tideline};
-pub use oceancode_window::{
-    AppliedEdit, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers, SentPiece,
-    SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,
-};
+pub(crate) use oceancode_window::{cache, media, model};
+pub(crate) use oceancode_window::{Pruned, SessionMeta, Usage};
 
 pub mod atif;
 pub mod export;

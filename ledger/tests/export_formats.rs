@@ -148,7 +148,7 @@ fn export_atif_is_valid_v1_8() {
 
 #[test]
 fn export_atif_openai_shapes_validate() {
-    use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+    use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
     use std::sync::Arc;
     let tmp = tempfile::tempdir().expect("tmp");
     let store = open(tmp.path());

@@ -115,7 +115,7 @@ fn recall_search_every_word_newest_session_first() {
 
 #[test]
 fn recall_search_follows_confirm_and_rebuild() {
-    use oceancode_ledger::Event;
+    use oceancode_window::Event;
     use std::sync::Arc;
     let tmp = tempfile::tempdir().expect("tmp");
     let store = open(tmp.path());

@@ -8,9 +8,9 @@ use oceancode_ledger::store::pg::PgStore;
 use oceancode_ledger::store::{
     BehindReason, LedgerStore, LedgerWrite, SentPointers, StoreError, StoreOptions,
 };
-use oceancode_ledger::{Event, InternalRecall, RowKind, SentWindow, StepDetail};
 use oceancode_testkit::eventually;
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Event, InternalRecall, RowKind, SentWindow, StepDetail};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ const DAY: i64 = 86_400_000;
 #[derive(Debug, PartialEq)]
 struct Seen {
     loaded: oceancode_ledger::store::LoadedSession,
-    rows: Vec<(oceancode_ledger::Row, bool)>,
+    rows: Vec<(oceancode_window::Row, bool)>,
     steps: Vec<oceancode_ledger::store::StepRecord>,
     cuts: Vec<oceancode_ledger::store::CutRecord>,
     line: Option<oceancode_ledger::store::LineRecord>,
@@ -254,13 +254,13 @@ fn backends_refuse_a_gap_and_heal_by_resync() {
     }
 }
 
-fn text_row(seq: u64, turn: u32, kind: RowKind, text: &str) -> oceancode_ledger::Row {
+fn text_row(seq: u64, turn: u32, kind: RowKind, text: &str) -> oceancode_window::Row {
     let role = if kind == RowKind::Assistant {
         "assistant"
     } else {
         "user"
     };
-    oceancode_ledger::Row {
+    oceancode_window::Row {
         seq,
         role: role.into(),
         kind,
@@ -512,11 +512,11 @@ fn postgres_search_text_a_crash_left_out_is_indexed_at_open() {
     let store = open();
     // A session of today (the partitions a proxy checks at open).
     store
-        .submit(Event::Session(oceancode_ledger::SessionMeta {
+        .submit(Event::Session(oceancode_window::SessionMeta {
             id: "sess-today".into(),
             client: "claude-code".into(),
             client_session: None,
-            dialect: oceancode_ledger::Dialect::Anthropic,
+            dialect: oceancode_window::Dialect::Anthropic,
             model: "claude-opus-5-5".into(),
             parent: None,
             parent_seq: None,
@@ -1151,11 +1151,11 @@ fn related_keyed(
 ) -> Sim {
     let s = Sim::new(store, id, ms);
     store
-        .submit(Event::Session(oceancode_ledger::SessionMeta {
+        .submit(Event::Session(oceancode_window::SessionMeta {
             id: id.into(),
             client: "claude-code".into(),
             client_session: Some(key.to_string()),
-            dialect: oceancode_ledger::Dialect::Anthropic,
+            dialect: oceancode_window::Dialect::Anthropic,
             model: s.model.clone(),
             parent: parent.map(str::to_string),
             parent_seq: None,

@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, RowKind};
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Dialect, Event, RowKind};
 use parking_lot::Mutex;
 use std::io::Write;
 use std::sync::Arc;

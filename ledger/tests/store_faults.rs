@@ -6,9 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{BehindReason, HealthStatus, Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, Usage};
 use oceancode_testkit::eventually;
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Dialect, Event, Row, RowKind, Usage};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::paths::{self, sanitize_session_id, DataDir};
-use oceancode_ledger::{Dialect, Event, RowKind};
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Dialect, Event, RowKind};
 use std::os::unix::fs::PermissionsExt;
 
 #[test]

@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{Store, StoreError, SCHEMA_VERSION};
-use oceancode_ledger::{AppliedEdit, Dialect, Event, RowKind, StepDetail, Usage};
 use oceancode_testkit::ledger::*;
+use oceancode_window::{AppliedEdit, Dialect, Event, RowKind, StepDetail, Usage};
 
 fn step(session: &str, step: u32, status: u16, error: Option<&str>) -> Event {
     Event::Step {
@@ -300,7 +300,7 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
             cleared_tool_uses: Some(8),
             cleared_thinking_turns: None,
         }],
-        recalls: vec![oceancode_ledger::InternalRecall {
+        recalls: vec![oceancode_window::InternalRecall {
             round: 1,
             call_id: "toolu_1".into(),
             input: r#"{"seq":3}"#.into(),
@@ -311,16 +311,16 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
         }],
         compress: None,
         // What the step sent (the viewer's model view) round-trips too.
-        sent: Some(oceancode_ledger::SentWindow {
+        sent: Some(oceancode_window::SentWindow {
             pieces: vec![
-                oceancode_ledger::SentPiece::Stub,
-                oceancode_ledger::SentPiece::Rows(1, 1),
-                oceancode_ledger::SentPiece::Rows(9, 9),
-                oceancode_ledger::SentPiece::Pruned(10),
-                oceancode_ledger::SentPiece::Rows(11, 12),
-                oceancode_ledger::SentPiece::Edited(13),
-                oceancode_ledger::SentPiece::Note(1),
-                oceancode_ledger::SentPiece::Recall(13, 2),
+                oceancode_window::SentPiece::Stub,
+                oceancode_window::SentPiece::Rows(1, 1),
+                oceancode_window::SentPiece::Rows(9, 9),
+                oceancode_window::SentPiece::Pruned(10),
+                oceancode_window::SentPiece::Rows(11, 12),
+                oceancode_window::SentPiece::Edited(13),
+                oceancode_window::SentPiece::Note(1),
+                oceancode_window::SentPiece::Recall(13, 2),
             ],
             upto: 8,
             edit: 1,
@@ -332,10 +332,10 @@ fn version_5_is_migrated_and_a_steps_detail_round_trips() {
             pointers_step: 0,
         }),
         // The prompt cache note (a free cut, a miss and its cause) too.
-        cache: Some(oceancode_ledger::cache::CacheNote {
-            cold: Some(oceancode_ledger::cache::Cold::TtlExpired),
+        cache: Some(oceancode_window::cache::CacheNote {
+            cold: Some(oceancode_window::cache::Cold::TtlExpired),
             free_cut: true,
-            miss: Some(oceancode_ledger::cache::MissCause::Cut),
+            miss: Some(oceancode_window::cache::MissCause::Cut),
             miss_tokens: 42_000,
             changed: None,
             provider: Some("messages_changed".into()),

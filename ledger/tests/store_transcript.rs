@@ -2,8 +2,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::transcript::{self, render_index, render_turn, summarize_turn, TurnSummary};
-use oceancode_ledger::{Dialect, Event, Row, RowKind};
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Dialect, Event, Row, RowKind};
 use std::collections::BTreeMap;
 
 fn by_turn(rows: &[Row]) -> BTreeMap<u32, Vec<Row>> {

@@ -5,9 +5,9 @@
 use oceancode_ledger::store::{
     BehindReason, HealthStatus, LoadedSession, SentPointers, Store, StoreError, StoreOptions,
 };
-use oceancode_ledger::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};
 use oceancode_testkit::eventually;
 use oceancode_testkit::ledger::*;
+use oceancode_window::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};
 use std::time::Duration;
 
 fn session(store: &Store, id: &str) {

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: failures panic
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use oceancode_ledger::{Dialect, RowKind};
 use oceancode_proxy::context::edits::{apply, check, note_raw, EditSet, Facts, Note, Src};
+use oceancode_window::{Dialect, RowKind};
 
 const N: u64 = 2_000;
 

@@ -13,11 +13,11 @@ use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use oceancode_bench::conv::{Conv, Spec};
 use oceancode_config::LineSpec;
-use oceancode_ledger::tideline::{plan_window, RowInfo};
-use oceancode_ledger::{Dialect, RowKind, Usage};
 use oceancode_proxy::dialect::{self, Collected, ParsedBody};
 use oceancode_proxy::identity::{self, ReqKind};
 use oceancode_proxy::sessions::{estimate_tokens, Prepared, SessionManager, Settings};
+use oceancode_window::tideline::{plan_window, RowInfo};
+use oceancode_window::{Dialect, RowKind, Usage};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

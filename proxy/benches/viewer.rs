@@ -11,10 +11,10 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{
+use oceancode_proxy::ui::{self, pages};
+use oceancode_window::{
     Dialect, Event, Row, RowKind, SentPiece, SentWindow, SessionMeta, StepDetail, Usage,
 };
-use oceancode_proxy::ui::{self, pages};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

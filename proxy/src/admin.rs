@@ -498,7 +498,7 @@ fn metrics(app: &App) -> Response<ProxyBody> {
         "Time spent preparing provider requests (parse, match, tideline, render).",
         load(&m.prepare_us),
     );
-    let misses: Vec<(&str, f64)> = oceancode_ledger::cache::MissCause::ALL
+    let misses: Vec<(&str, f64)> = oceancode_window::cache::MissCause::ALL
         .iter()
         .zip(&s.cache_misses)
         .map(|(c, n)| (c.label(), load(n) as f64))

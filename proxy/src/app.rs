@@ -269,7 +269,7 @@ pub struct App {
 
 impl App {
     /// The upstream base URL of `d`'s provider.
-    pub fn upstream_for(&self, d: oceancode_ledger::Dialect) -> String {
+    pub fn upstream_for(&self, d: oceancode_window::Dialect) -> String {
         use oceancode_window::dialect::Provider;
         match Provider::from(d) {
             Provider::Anthropic => self.cfg.anthropic_upstream.clone(),

@@ -4,7 +4,7 @@
 
 use crate::dialect::ParsedBody;
 use http::HeaderMap;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 
 /// What a request is, for the ledger: a turn ([`ReqKind::Main`]),
 /// `count_tokens` ([`ReqKind::CountTokens`]: windowed like the conversation,

@@ -23,7 +23,7 @@ use crate::upstream::{self, Upstream};
 use http_body_util::{BodyExt, Full};
 use oceancode_ledger::merge as m;
 use oceancode_ledger::store::{LedgerStore, StoreError};
-use oceancode_ledger::Usage;
+use oceancode_window::Usage;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::fmt;

@@ -16,7 +16,7 @@ use crate::sse::SseParser;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use serde_json::Value;
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;

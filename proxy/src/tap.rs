@@ -17,7 +17,7 @@ use crate::error::BoxError;
 use crate::sse::{SseItem, SseParser};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use std::future::Future;
 use std::io::Write;
 use std::pin::Pin;
@@ -527,7 +527,7 @@ mod tests {
     use super::*;
     use crate::dialect;
     use http_body_util::{BodyExt, StreamBody};
-    use oceancode_ledger::{Dialect, Usage};
+    use oceancode_window::{Dialect, Usage};
     use proptest::prelude::*;
     use std::convert::Infallible;
     use std::sync::{Arc, Mutex};
@@ -868,7 +868,7 @@ mod idle_tests {
     use super::*;
     use crate::dialect;
     use http_body_util::{BodyExt, StreamBody};
-    use oceancode_ledger::Dialect;
+    use oceancode_window::Dialect;
 
     #[tokio::test]
     async fn a_silent_upstream_ends_the_stream_with_an_error() {

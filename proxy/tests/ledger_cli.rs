@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, RowKind, SessionMeta};
+use oceancode_window::{Dialect, Event, RowKind, SessionMeta};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -7,7 +7,7 @@
 mod common;
 use common::{output, proxy_cmd};
 use oceancode_ledger::store::{Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;

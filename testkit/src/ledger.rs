@@ -11,7 +11,7 @@
 
 use oceancode_ledger::store::pg::PgStore;
 use oceancode_ledger::store::{LedgerStore, Store, StoreOptions};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

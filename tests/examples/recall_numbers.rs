@@ -15,9 +15,9 @@
 
 use http_body_util::BodyExt;
 use oceancode_fakeup::{Reply, Script};
-use oceancode_ledger::{Dialect, Usage};
 use oceancode_proxy::recall_tool::{RecallTool, NAME};
 use oceancode_tests::{recall, Harness};
+use oceancode_window::{Dialect, Usage};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -527,9 +527,9 @@ pub fn stub_seq(msg: &serde_json::Value) -> Option<u64> {
 pub mod recall {
     use super::Harness;
     use oceancode_fakeup::{FakeConfig, Recorded, Script};
-    use oceancode_ledger::Dialect;
     use oceancode_proxy::dialect::{conv_key, ParsedBody};
     use oceancode_proxy::recall_tool::RecallTool;
+    use oceancode_window::Dialect;
 
     /// A proxy running the tool as `tool` says, in front of a fake
     /// answering with `script`.

@@ -10,10 +10,11 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use oceancode_config::Price;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail};
+use oceancode_ledger::status;
 use oceancode_ledger::store::StepRecord;
-use oceancode_ledger::{status, Usage};
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{stub_seq, Harness};
+use oceancode_window::Usage;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -562,7 +563,7 @@ async fn applied_context_edits_show_in_status_and_exports_and_the_gauge_stays_re
         let got = h.post("/v1/messages", &hdr, body(&history)).await;
         assert_eq!(got.status, 200);
         // Reassemble the answer and what it reported, as an SDK does.
-        let mut c = oceancode_proxy::dialect::collector(oceancode_ledger::Dialect::Anthropic);
+        let mut c = oceancode_proxy::dialect::collector(oceancode_window::Dialect::Anthropic);
         let text = got.text();
         for (_, v) in events(&text) {
             c.on_event("", &v.to_string());

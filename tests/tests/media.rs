@@ -354,7 +354,7 @@ async fn a_captured_claude_code_image_read_is_priced_by_its_size() {
     let id = store.latest_session().unwrap().unwrap();
     let s = store.load_session(&id).unwrap().unwrap();
     let row = s.rows.iter().find(|r| r.raw.contains("\"image\"")).unwrap();
-    let formula = oceancode_ledger::media::anthropic_image_tokens(800, 500);
+    let formula = oceancode_window::media::anthropic_image_tokens(800, 500);
     assert_eq!(formula, 29 * 18);
     assert!(
         (formula as u32..formula as u32 + 100).contains(&row.tokens),
@@ -383,7 +383,7 @@ async fn a_captured_claude_code_image_read_is_priced_by_its_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_estimates_match_what_the_upstream_charges() {
     use oceancode_fakeup::images::WebP;
-    use oceancode_ledger::media;
+    use oceancode_window::media;
     let fake = oceancode_fakeup::FakeUpstream::start(
         FakeConfig::default().with_script(Script::always(Reply::text("ok"))),
     )

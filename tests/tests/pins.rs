@@ -320,10 +320,10 @@ async fn agents_md_and_environment_context_survive_every_cut_byte_for_byte() {
     let id = store.latest_session().unwrap().unwrap();
     let s = store.load_session(&id).unwrap().unwrap();
     assert_eq!(&*s.rows[2].raw, agents);
-    assert_eq!(s.rows[2].kind, oceancode_ledger::RowKind::System);
+    assert_eq!(s.rows[2].kind, oceancode_window::RowKind::System);
     assert_eq!(
         (s.rows[3].kind, s.rows[3].turn),
-        (oceancode_ledger::RowKind::Prompt, 1)
+        (oceancode_window::RowKind::Prompt, 1)
     );
 }
 

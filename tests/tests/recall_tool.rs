@@ -9,11 +9,11 @@
 
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail, RECALL_TOOL};
-use oceancode_ledger::Dialect;
 use oceancode_proxy::recall_tool::{tool_json, RecallTool};
 use oceancode_testkit::Conversation;
 use oceancode_tests::recall::{self, assistant, model_requests, path, split, user};
 use oceancode_tests::Harness;
+use oceancode_window::Dialect;
 use serde_json::{json, Value};
 
 /// The tool on, at most `max_rounds` continuations.

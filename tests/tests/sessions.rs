@@ -3,9 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::FakeConfig;
-use oceancode_ledger::RowKind;
 use oceancode_testkit::eventually_async;
 use oceancode_tests::{captured, Harness};
+use oceancode_window::RowKind;
 use std::os::unix::fs::PermissionsExt;
 
 async fn harness() -> Harness {

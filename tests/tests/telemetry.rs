@@ -410,7 +410,7 @@ async fn the_too_long_retry_is_a_child_span_and_a_relayed_error_has_its_type() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recall_tool_round_is_a_child_span() {
     use oceancode_tests::recall::{assistant, path, user};
-    let d = oceancode_ledger::Dialect::Anthropic;
+    let d = oceancode_window::Dialect::Anthropic;
     let c = Collector::start().await;
     let url = c.url.clone();
     let h = Harness::start(

@@ -60,7 +60,7 @@ async fn a_300_step_session_stays_under_the_line_valid_and_cached() {
         assert_eq!(got.status, 200, "step {step}: {}", got.text());
         let (content, usage) = if stream {
             let mut c: Box<dyn ResponseCollector> =
-                dialect::collector(oceancode_ledger::Dialect::Anthropic);
+                dialect::collector(oceancode_window::Dialect::Anthropic);
             let mut p = oceancode_proxy::sse::SseParser::new();
             p.feed(&got.body, &mut |e| c.on_event(&e.event, &e.data));
             let out = c.finish();

@@ -6,8 +6,8 @@
 //! per provider dialect (`dialect`: the [`dialect::DialectSpec`] trait, one
 //! module per API).
 //! No I/O, no clock, no SQLite, so the simulator and the fuzz targets link
-//! it alone; `oceancode-ledger` re-exports it under its old paths
-//! (`oceancode_ledger::{tideline, media, time}`, `oceancode_ledger::{Row, Event, ...}`).
+//! it alone. The ledger, the proxy and the tests name it directly
+//! (`oceancode_window::{tideline, Row, Event, ...}`).
 
 pub mod cache;
 pub mod compress;

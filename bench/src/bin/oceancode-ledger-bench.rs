@@ -19,7 +19,8 @@ use oceancode_bench::conv::{Conv, Spec};
 use oceancode_bench::stats::{ms, Samples, Table};
 use oceancode_config::Config;
 use oceancode_ledger::store::{open_ledger, LedgerStore, StoreOptions};
-use oceancode_ledger::{transcript, Dialect, Event, Row, RowKind, SessionMeta, Usage};
+use oceancode_ledger::transcript;
+use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -194,7 +194,7 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
 
 /// A screenshot tool result: (real tokens, the proxy's estimate). The text
 /// around the image is ~20 tokens; the proxy prices the image by the
-/// provider's rule (`oceancode_ledger::media`) and the rest by bytes.
+/// provider's rule (`oceancode_window::media`) and the rest by bytes.
 fn screenshot_row(a: &Args) -> (u64, u64) {
     let (w, h) = a.screenshot;
     let rule = if a.model.starts_with("claude") {

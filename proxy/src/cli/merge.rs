@@ -5,8 +5,8 @@ use anyhow::{bail, Context, Result};
 use oceancode_config::Config;
 use oceancode_ledger::merge as m;
 use oceancode_ledger::store::LedgerStore;
-use oceancode_ledger::Dialect;
 use oceancode_proxy::merge as lm;
+use oceancode_window::Dialect;
 use std::io::BufRead;
 
 /// Ask y/N on stderr; anything but `y`/`yes` (EOF included) is no.

@@ -89,7 +89,7 @@ pub fn run(dir: &Path, a: &RecallArgs) -> Result<i32> {
                 );
                 use oceancode_ledger::transcript::{render_entry, row_tools};
                 // A tool result names its tool from the call before it.
-                let earlier: Vec<oceancode_ledger::Row> =
+                let earlier: Vec<oceancode_window::Row> =
                     if row_tools(meta.dialect, &row.raw).results.is_empty() {
                         Vec::new()
                     } else {

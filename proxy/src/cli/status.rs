@@ -30,7 +30,7 @@ pub struct StatusArgs {
 
 /// `status`.
 pub fn run(dir: &Path, cfg: &Config, a: &StatusArgs) -> Result<i32> {
-    use oceancode_ledger::tideline;
+    use oceancode_window::tideline;
     let store = open_store(dir)?;
     store.settle_blocking()?;
     let (proxies, behind) = runtime_block(async {
@@ -153,7 +153,7 @@ fn live_limits(proxies: &Proxies, id: &str) -> Option<Limits> {
 /// (`limits.session`) against the session's own record.
 fn configured_limits(
     cfg: &Config,
-    meta: &oceancode_ledger::SessionMeta,
+    meta: &oceancode_window::SessionMeta,
     st: &oceancode_ledger::status::Status,
 ) -> Option<Limits> {
     let b = &cfg.limits.session;

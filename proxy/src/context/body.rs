@@ -6,7 +6,7 @@
 //! own JSON: the text and JSON slots take the new text, every other part
 //! keeps its bytes' meaning.
 
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use serde_json::Value;
 
 /// Where a slot's text lives in the message's JSON.

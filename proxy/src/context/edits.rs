@@ -7,7 +7,7 @@
 
 use super::body;
 use super::file::{self, FileBlock, Header, ParsedFile};
-use oceancode_ledger::{Dialect, RowKind};
+use oceancode_window::{Dialect, RowKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 

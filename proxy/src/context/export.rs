@@ -4,7 +4,7 @@
 use super::body;
 use super::edits::{body_hash, Export, Exported, Note, Src};
 use super::file::{self, Block};
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 
 /// The text a stub (or other fixed) message shows: its text parts.
 fn fixed_text(raw: &str) -> String {

@@ -9,7 +9,7 @@ use super::export;
 use super::live::{nonce_number, Saved, Slot, SlotState, Stamp};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::path::PathBuf;

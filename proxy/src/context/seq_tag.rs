@@ -13,7 +13,7 @@
 //! messages, Responses `function_call_output` and `custom_tool_call_output`
 //! items, Gemini `functionResponse` parts (in their `response.output`).
 
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 

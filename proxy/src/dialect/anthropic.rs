@@ -12,9 +12,9 @@
 use super::{
     applied_edits, context_only, info, u64_of, Collected, Keep, MessageInfo, ResponseCollector,
 };
-use oceancode_ledger::{AppliedEdit, RowKind, StepDetail, Usage};
 use oceancode_window::dialect::anthropic::{usage_fields, Anthropic};
 use oceancode_window::dialect::DialectSpec;
+use oceancode_window::{AppliedEdit, RowKind, StepDetail, Usage};
 use serde_json::{Map, Value};
 
 /// Classify one Anthropic message.
@@ -189,7 +189,7 @@ impl ResponseCollector for Collector {
                     if let Some(u) = msg.get("usage") {
                         self.take_usage(u);
                     }
-                    self.cache_miss = oceancode_ledger::cache::provider_reason(msg);
+                    self.cache_miss = oceancode_window::cache::provider_reason(msg);
                     self.model = msg.get("model").and_then(Value::as_str).map(str::to_string);
                     self.response_id = msg.get("id").and_then(Value::as_str).map(str::to_string);
                     if let Some(m) = msg.as_object().filter(|_| self.keep.take(data.len())) {
@@ -322,7 +322,7 @@ impl ResponseCollector for Collector {
         if let Some(e) = applied_edits(&v) {
             self.edits = e;
         }
-        self.cache_miss = oceancode_ledger::cache::provider_reason(&v);
+        self.cache_miss = oceancode_window::cache::provider_reason(&v);
         self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
         self.response_id = v.get("id").and_then(Value::as_str).map(str::to_string);
         self.stop_reason = v
@@ -369,7 +369,7 @@ impl ResponseCollector for Collector {
                 reasoning: self.thinking.min(self.usage.output),
                 compactions,
                 edits: self.edits,
-                cache: self.cache_miss.map(|p| oceancode_ledger::cache::CacheNote {
+                cache: self.cache_miss.map(|p| oceancode_window::cache::CacheNote {
                     provider: Some(p),
                     ..Default::default()
                 }),

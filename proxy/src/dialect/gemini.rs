@@ -11,7 +11,7 @@
 //! without an id pairs by its function name (the API pairs by order).
 
 use super::{first_line, info, Collected, Keep, MessageInfo, ResponseCollector};
-use oceancode_ledger::{RowKind, StepDetail, Usage};
+use oceancode_window::{RowKind, StepDetail, Usage};
 use serde_json::{json, Map, Value};
 
 pub use oceancode_window::dialect::gemini::{

@@ -13,7 +13,7 @@ pub mod openai_responses;
 pub mod splice;
 pub mod standing;
 
-use oceancode_ledger::{AppliedEdit, Dialect, RowKind, StepDetail, Usage};
+use oceancode_window::{AppliedEdit, Dialect, RowKind, StepDetail, Usage};
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -461,7 +461,7 @@ pub struct MessageInfo {
     /// Parts of a user message that are standing instructions or context
     /// (CLAUDE.md, AGENTS.md, ...; see [`standing`]), kept when the rest of
     /// the message leaves the window. Empty for a message kept whole.
-    pub standing: Vec<oceancode_ledger::Standing>,
+    pub standing: Vec<oceancode_window::Standing>,
     /// An Anthropic assistant message holding a server-side `compaction`
     /// block with a summary: the API drops everything before that block.
     pub compaction: bool,
@@ -807,7 +807,7 @@ mod tests {
         assert_eq!(i.kind, RowKind::Prompt);
         assert_eq!(i.first_line.as_deref(), Some("say hi"));
         let kinds: Vec<_> = i.standing.iter().map(|s| (s.part, s.kind)).collect();
-        use oceancode_ledger::StandingKind::*;
+        use oceancode_window::StandingKind::*;
         assert_eq!(kinds, [(0, Instructions), (1, Attribution)]);
         // A nested CLAUDE.md after a read, in the tool result's message.
         let nested = json!({"role":"user","content":[

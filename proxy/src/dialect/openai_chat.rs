@@ -3,8 +3,8 @@
 //! assistant message reassembled from deltas).
 
 use super::{content_text, context_only, info, Collected, Keep, MessageInfo, ResponseCollector};
-use oceancode_ledger::{RowKind, StepDetail, Usage};
 use oceancode_window::dialect::{openai_chat::OpenaiChat, DialectSpec};
+use oceancode_window::{RowKind, StepDetail, Usage};
 use serde_json::{json, Map, Value};
 
 /// Classify one Chat message.

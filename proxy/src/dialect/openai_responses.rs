@@ -3,8 +3,8 @@
 //! `response.output_item.done`).
 
 use super::{content_text, context_only, info, Collected, Keep, MessageInfo, ResponseCollector};
-use oceancode_ledger::{RowKind, StepDetail, Usage};
 use oceancode_window::dialect::{openai_responses::OpenaiResponses, DialectSpec};
+use oceancode_window::{RowKind, StepDetail, Usage};
 use serde_json::Value;
 
 /// Classify one Responses input item.
@@ -86,7 +86,7 @@ impl Collector {
         if let Some(id) = r.get("id").and_then(Value::as_str) {
             self.response_id = Some(id.to_string());
         }
-        if let Some(c) = oceancode_ledger::cache::provider_reason(r) {
+        if let Some(c) = oceancode_window::cache::provider_reason(r) {
             self.cache_miss = Some(c);
         }
         if let Some(s) = r.get("status").and_then(Value::as_str) {
@@ -195,7 +195,7 @@ impl ResponseCollector for Collector {
             truncated: cut,
             detail: StepDetail {
                 reasoning: self.usage.map_or(0, |(_, r)| r),
-                cache: self.cache_miss.map(|p| oceancode_ledger::cache::CacheNote {
+                cache: self.cache_miss.map(|p| oceancode_window::cache::CacheNote {
                     provider: Some(p),
                     ..Default::default()
                 }),

@@ -24,7 +24,7 @@
 //! or tool results is kept on its own when the message leaves
 //! (`oceancode_window::tideline::plan_pins`).
 
-use oceancode_ledger::{Standing, StandingKind};
+use oceancode_window::{Standing, StandingKind};
 use serde_json::Value;
 
 const REMINDER_OPEN: &str = "<system-reminder>";

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use oceancode_ledger::{Dialect, InternalRecall, Usage};
+use oceancode_window::{Dialect, InternalRecall, Usage};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

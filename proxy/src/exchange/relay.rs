@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{header, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

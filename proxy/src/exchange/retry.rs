@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use std::sync::Arc;
 
 /// Every closed block of `ticket`'s session cut (under `ceiling`, the

@@ -5,8 +5,8 @@
 //! assistant message with only the recall calls, then the results). Pure.
 
 use super::spec::NAME;
-use oceancode_ledger::Dialect;
 use oceancode_window::dialect::spec;
+use oceancode_window::Dialect;
 #[cfg(test)]
 use serde_json::{json, Value};
 

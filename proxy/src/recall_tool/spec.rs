@@ -4,12 +4,12 @@
 //! depend on the request, so the tools prefix of every request of a session
 //! is the same and stays in the provider's prompt cache.
 
-use oceancode_ledger::Dialect;
 #[cfg(test)]
 use oceancode_window::dialect::{
     anthropic::RECALL_TOOL as ANTHROPIC, openai_chat::RECALL_TOOL as CHAT,
     openai_responses::RECALL_TOOL as RESPONSES,
 };
+use oceancode_window::Dialect;
 
 /// The tool's name.
 pub const NAME: &str = "oceancode_recall";

@@ -6,7 +6,7 @@
 //! their bytes. Pure.
 
 use super::spec::NAME;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use serde_json::Value;
 use std::collections::BTreeSet;
 

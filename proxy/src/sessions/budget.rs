@@ -24,7 +24,8 @@
 use super::{Clock, Session, SessionManager};
 pub use crate::error::{Limit, LimitHit};
 use oceancode_config::{format_duration, Price, SessionLimitsConfig};
-use oceancode_ledger::{status, Usage};
+use oceancode_ledger::status;
+use oceancode_window::Usage;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -499,12 +500,12 @@ impl SessionManager {
         }
         st.stopped = true;
         st.step += 1;
-        let code = if st.dialect == oceancode_ledger::Dialect::Anthropic {
+        let code = if st.dialect == oceancode_window::Dialect::Anthropic {
             402
         } else {
             400
         };
-        let ev = oceancode_ledger::Event::Step {
+        let ev = oceancode_window::Event::Step {
             session: st.meta.id.clone(),
             step: st.step,
             model: model.to_string(),

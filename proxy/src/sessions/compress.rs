@@ -21,9 +21,10 @@
 
 use super::state::State;
 use crate::dialect::ParsedBody;
-use oceancode_ledger::compress::{self as wc, Candidate, Location};
-use oceancode_ledger::media::Cost;
-use oceancode_ledger::{paths, tideline, Pruned, RowKind};
+use oceancode_ledger::paths;
+use oceancode_window::compress::{self as wc, Candidate, Location};
+use oceancode_window::media::Cost;
+use oceancode_window::{tideline, Pruned, RowKind};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 

@@ -12,7 +12,7 @@ use crate::context::live::{Slot, SlotState, Stamp};
 use crate::context::{file, io, receipt};
 use crate::dialect::ParsedBody;
 use bytes::Bytes;
-use oceancode_ledger::Event;
+use oceancode_window::Event;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -622,7 +622,7 @@ impl SessionManager {
             .iter()
             .rev()
             .copied()
-            .find(|&s| st.row(s).kind == oceancode_ledger::RowKind::Prompt);
+            .find(|&s| st.row(s).kind == oceancode_window::RowKind::Prompt);
         let last = st.active.last().copied().unwrap_or(0);
         let candidates: Vec<u64> = st
             .active
@@ -637,7 +637,7 @@ impl SessionManager {
                 return Vec::new();
             }
             let infos = st.row_infos();
-            let plan = oceancode_ledger::tideline::plan_window(&infos, upto);
+            let plan = oceancode_window::tideline::plan_window(&infos, upto);
             let pinned = plan.pinned_prompt.and_then(|i| infos.get(i)).map(|r| r.seq);
             candidates
                 .iter()
@@ -705,7 +705,7 @@ impl SessionManager {
         }
         let tokens = rows.iter().map(|&s| u64::from(st.row(s).tokens)).sum();
         st.tideline.drop_through(upto);
-        let plan = oceancode_ledger::tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
+        let plan = oceancode_window::tideline::plan_window(&st.row_infos(), st.tideline.cut_upto());
         Ok(Evicted {
             session: st.meta.id.clone(),
             upto: plan.effective_upto_seq.max(upto),

@@ -23,8 +23,8 @@
 use super::meter::Meter;
 use super::state::{Answer, State};
 use super::{EventSink, SessionMetrics};
-use oceancode_ledger::tideline::Tideline;
-use oceancode_ledger::{Event, SessionMeta, Usage};
+use oceancode_window::tideline::Tideline;
+use oceancode_window::{Event, SessionMeta, Usage};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether an upstream status refuses the caller (nothing of the request

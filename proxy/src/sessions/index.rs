@@ -6,7 +6,7 @@
 use super::prepare::Request;
 use super::state::State;
 use super::{Session, SessionManager};
-use oceancode_ledger::SessionMeta;
+use oceancode_window::SessionMeta;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

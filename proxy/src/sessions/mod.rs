@@ -61,8 +61,8 @@ use index::Index;
 use layouts::Layouts;
 use oceancode_config::{BlockSpec, CompressConfig, LineSpec};
 use oceancode_ledger::store::LoadedSession;
-use oceancode_ledger::tideline;
-use oceancode_ledger::Event;
+use oceancode_window::tideline;
+use oceancode_window::Event;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -254,7 +254,7 @@ pub struct SessionMetrics {
     /// Cuts made at a request whose prompt cache was already cold (free).
     pub cold_cuts: AtomicU64,
     /// Cache misses by cause, in the order of
-    /// [`oceancode_ledger::cache::MissCause::ALL`].
+    /// [`oceancode_window::cache::MissCause::ALL`].
     pub cache_misses: [AtomicU64; 8],
 }
 

@@ -3,8 +3,8 @@
 //! the token estimates.
 
 use crate::dialect;
-use oceancode_ledger::media;
-use oceancode_ledger::{Dialect, RowKind};
+use oceancode_window::media;
+use oceancode_window::{Dialect, RowKind};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

@@ -13,10 +13,10 @@ use crate::dialect::{self, ParsedBody};
 use crate::identity::{self, Identity, NameError, ReqKind};
 use bytes::Bytes;
 use oceancode_config::LineSpec;
-use oceancode_ledger::cache::{self, Changes};
-use oceancode_ledger::media::Cost;
-use oceancode_ledger::tideline::{self, Observation, Params};
-use oceancode_ledger::{Dialect, Event, SessionMeta};
+use oceancode_window::cache::{self, Changes};
+use oceancode_window::media::Cost;
+use oceancode_window::tideline::{self, Observation, Params};
+use oceancode_window::{Dialect, Event, SessionMeta};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 
@@ -135,7 +135,7 @@ fn unreadable(why: &str) -> Refusal {
 /// the tools, the system prompt and the newest messages (Anthropic), or in
 /// `prompt_cache_retention` (OpenAI); only those parts are scanned.
 fn requested_ttl(parsed: &ParsedBody<'_>) -> u64 {
-    use oceancode_ledger::cache::requested_ttl_ms;
+    use oceancode_window::cache::requested_ttl_ms;
     let n = parsed.messages.len();
     ["prompt_cache_retention", "tools", "system"]
         .iter()
@@ -150,7 +150,7 @@ fn requested_ttl(parsed: &ParsedBody<'_>) -> u64 {
                 .map(|m| requested_ttl_ms(m.as_bytes())),
         )
         .max()
-        .unwrap_or(oceancode_ledger::cache::DEFAULT_TTL_MS)
+        .unwrap_or(oceancode_window::cache::DEFAULT_TTL_MS)
 }
 
 /// Whether the request finds the session's prompt cache cold (and why);
@@ -658,7 +658,7 @@ impl SessionManager {
             st.needs_seed = false;
             // ledger.compress with `free`: masking is the first tier of a cut.
             let c = &self.settings.compress;
-            let cp = c.first().then(|| oceancode_ledger::compress::Params {
+            let cp = c.first().then(|| oceancode_window::compress::Params {
                 protect: c.protect_tokens(params.line),
                 min_tokens: c.min_tokens,
             });
@@ -768,7 +768,7 @@ impl SessionManager {
     /// start moved (a cut); between cuts it stays.
     pub(super) fn compress_at_cut(&self, st: &mut State, parsed: &ParsedBody<'_>, line: u64) {
         let c = &self.settings.compress;
-        let cp = c.enabled.then(|| oceancode_ledger::compress::Params {
+        let cp = c.enabled.then(|| oceancode_window::compress::Params {
             protect: c.protect_tokens(line),
             min_tokens: c.min_tokens,
         });

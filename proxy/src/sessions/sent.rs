@@ -8,7 +8,7 @@
 use super::state::State;
 use super::window::Window;
 use crate::context::edits::Src;
-use oceancode_ledger::{SentPiece, SentWindow};
+use oceancode_window::{SentPiece, SentWindow};
 
 /// The record of window `w` for a request of `n` messages (`stateful`: the
 /// provider holds the conversation, the request carries only its new
@@ -74,7 +74,7 @@ pub(super) fn record(st: &State, w: &Window, n: usize, stateful: bool) -> SentWi
     }
     s.stub = w.stub.clone();
     if !w.pruned_rows.is_empty() {
-        let mut pointers: Vec<oceancode_ledger::RowPointers> = w
+        let mut pointers: Vec<oceancode_window::RowPointers> = w
             .pruned_rows
             .iter()
             .filter_map(|seq| {

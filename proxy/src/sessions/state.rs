@@ -10,10 +10,10 @@ use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
 use super::thread::{BlockCache, CommandCalls, RowThread};
 use crate::dialect;
 use oceancode_config::LineSpec;
-use oceancode_ledger::media::{self, Cost};
 use oceancode_ledger::store::LoadedSession;
-use oceancode_ledger::tideline::{RowInfo, Tideline};
-use oceancode_ledger::{Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
+use oceancode_window::media::{self, Cost};
+use oceancode_window::tideline::{RowInfo, Tideline};
+use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
 use std::collections::HashMap;
 use std::sync::Arc;
 

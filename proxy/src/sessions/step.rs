@@ -10,8 +10,8 @@ use super::state::State;
 use super::{window, Clock, EventSink, Session, SessionManager, SessionMetrics};
 use crate::dialect::{self, ParsedBody};
 use bytes::Bytes;
-use oceancode_ledger::media::Cost;
-use oceancode_ledger::{Dialect, Event, InternalRecall, Usage};
+use oceancode_window::media::Cost;
+use oceancode_window::{Dialect, Event, InternalRecall, Usage};
 use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -153,9 +153,9 @@ pub struct Ticket {
     /// answers were billed (beyond the window of the answer the client got).
     internal: Option<(Vec<InternalRecall>, Usage)>,
     /// What `ledger.compress` did to the window sent (the step's detail).
-    pub(super) compress: Option<oceancode_ledger::Pruned>,
+    pub(super) compress: Option<oceancode_window::Pruned>,
     /// What it sent upstream (the retry's window after a too-long answer).
-    pub(super) sent: Option<oceancode_ledger::SentWindow>,
+    pub(super) sent: Option<oceancode_window::SentWindow>,
     recorder: Recorder,
     finished: bool,
     /// Which request holds events on the sessions in `held`, until the
@@ -171,7 +171,7 @@ pub struct Ticket {
     /// Its spans, when OpenTelemetry export is on.
     trace: Option<Box<crate::telemetry::StepTrace>>,
     /// What the proxy saw change at the request (a miss's cause).
-    pub(super) cache: oceancode_ledger::cache::Changes,
+    pub(super) cache: oceancode_window::cache::Changes,
 }
 
 impl SessionManager {
@@ -544,8 +544,8 @@ impl Ticket {
         st: &mut State,
         collected: &dialect::Collected,
         ok: bool,
-    ) -> Option<oceancode_ledger::cache::CacheNote> {
-        use oceancode_ledger::cache;
+    ) -> Option<oceancode_window::cache::CacheNote> {
+        use oceancode_window::cache;
         let ch = &self.cache;
         let provider = collected
             .detail
@@ -599,7 +599,7 @@ fn step_event(
         window_rows: t.window_rows as u32,
         ts_ms: t.recorder.clock.now_ms(),
         error: error.map(|e| e.as_str().to_string()),
-        detail: Box::new(oceancode_ledger::StepDetail {
+        detail: Box::new(oceancode_window::StepDetail {
             compress: t.compress.clone(),
             sent: t.sent.clone(),
             ..collected.detail.clone()

@@ -5,7 +5,7 @@ use super::*;
 use crate::dialect::Collected;
 use crate::identity::{Identity, ReqKind};
 use bytes::Bytes;
-use oceancode_ledger::{Dialect, SessionMeta, Usage};
+use oceancode_window::{Dialect, SessionMeta, Usage};
 use std::sync::atomic::Ordering;
 
 type Recorded = Arc<Mutex<Vec<Event>>>;
@@ -866,7 +866,7 @@ fn cuts(events: &[Event]) -> Vec<u64> {
         .collect()
 }
 
-fn cache_notes(events: &[Event]) -> Vec<oceancode_ledger::cache::CacheNote> {
+fn cache_notes(events: &[Event]) -> Vec<oceancode_window::cache::CacheNote> {
     events
         .iter()
         .filter_map(|e| match e {
@@ -957,7 +957,7 @@ fn a_request_after_a_model_switch_takes_the_cut_due_within_the_next_block() {
     assert!(cuts(&before).is_empty(), "nothing cut while warm");
     assert_eq!(cuts(&events).len(), 1, "the cold request cuts: {events:?}");
     let note = cache_notes(&events).pop().expect("a cache note");
-    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::ModelSwitch));
+    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::ModelSwitch));
     assert!(note.free_cut);
 }
 
@@ -980,9 +980,9 @@ fn a_request_after_the_ttl_takes_the_cut_and_a_warm_one_does_not() {
     let cold = run(6 * 60_000);
     assert_eq!(cuts(&cold).len(), 1, "six minutes later it is cold");
     let note = cache_notes(&cold).pop().expect("a cache note");
-    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::TtlExpired));
+    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::TtlExpired));
     // The cut rewrote the prefix: a miss, and its cause is the cut.
-    assert_eq!(note.miss, Some(oceancode_ledger::cache::MissCause::Cut));
+    assert_eq!(note.miss, Some(oceancode_window::cache::MissCause::Cut));
 }
 
 #[test]
@@ -999,7 +999,7 @@ fn cold_cut_off_waits_for_the_line() {
     });
     assert!(cuts(&events).is_empty(), "off: no cut under the line");
     let note = cache_notes(&events).pop().expect("a cache note");
-    assert_eq!(note.cold, Some(oceancode_ledger::cache::Cold::ModelSwitch));
+    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::ModelSwitch));
     assert!(!note.free_cut);
 }
 
@@ -1053,13 +1053,13 @@ fn a_miss_names_where_the_client_changed_its_request() {
     let note = cache_notes(&take(&seen)).pop().expect("a cache note");
     assert_eq!(
         note.miss,
-        Some(oceancode_ledger::cache::MissCause::ClientChanged)
+        Some(oceancode_window::cache::MissCause::ClientChanged)
     );
     assert_eq!(note.changed.as_deref(), Some("tools"));
     assert_eq!(note.miss_tokens, 28_000);
-    let i = oceancode_ledger::cache::MissCause::ALL
+    let i = oceancode_window::cache::MissCause::ALL
         .iter()
-        .position(|c| *c == oceancode_ledger::cache::MissCause::ClientChanged)
+        .position(|c| *c == oceancode_window::cache::MissCause::ClientChanged)
         .expect("a cause");
     assert_eq!(m.metrics.cache_misses[i].load(Ordering::Relaxed), 1);
 }

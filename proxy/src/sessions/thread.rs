@@ -10,9 +10,9 @@
 use super::state::State;
 use oceancode_ledger::facts::{self, CallFacts, ResultFacts, RowFacts};
 use oceancode_ledger::state_block::{self, Ask, StateFacts, StateInput};
-use oceancode_ledger::tideline::WindowPlan;
 use oceancode_ledger::transcript::{self, RowLines};
-use oceancode_ledger::{Dialect, RowKind};
+use oceancode_window::tideline::WindowPlan;
+use oceancode_window::{Dialect, RowKind};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -7,8 +7,8 @@
 use super::state::State;
 use oceancode_ledger::paths::DataDir;
 use oceancode_ledger::store::LoadedSession;
-use oceancode_ledger::tideline;
-use oceancode_ledger::RowKind;
+use oceancode_window::tideline;
+use oceancode_window::RowKind;
 use std::path::Path;
 
 /// One message of the window, in the order it was sent.
@@ -78,7 +78,7 @@ pub fn model_view(data_dir: &Path, l: LoadedSession) -> ModelView {
     let pinned_parts = if at_compaction {
         Vec::new()
     } else {
-        let standing = |i: usize| -> &[oceancode_ledger::Standing] { &st.row(active[i]).standing };
+        let standing = |i: usize| -> &[oceancode_window::Standing] { &st.row(active[i]).standing };
         tideline::plan_pins(&infos, &plan, standing)
             .into_iter()
             .map(|p| (active[p.row], p.part))

@@ -13,9 +13,9 @@
 use super::state::State;
 use crate::context::edits::{self, Src};
 use crate::dialect::{self, ParsedBody};
-use oceancode_ledger::media::Cost;
-use oceancode_ledger::tideline;
-use oceancode_ledger::RowKind;
+use oceancode_window::media::Cost;
+use oceancode_window::tideline;
+use oceancode_window::RowKind;
 use std::path::Path;
 
 /// A rendered window.
@@ -49,11 +49,11 @@ pub(super) struct Window {
     /// The saved estimate of the tool outputs sent as pointers.
     pub(super) saved: u64,
     /// What the step records of them (set by the caller that owns the state).
-    pub(super) compress: Option<oceancode_ledger::Pruned>,
+    pub(super) compress: Option<oceancode_window::Pruned>,
     /// Rows whose tool outputs it sends as pointers (`ledger.compress`).
     pub(super) pruned_rows: Vec<u64>,
     /// What it sends, for the step's record (set by the request path).
-    pub(super) sent: Option<Box<oceancode_ledger::SentWindow>>,
+    pub(super) sent: Option<Box<oceancode_window::SentWindow>>,
 }
 
 impl Window {
@@ -375,7 +375,7 @@ fn pinned_parts<'a>(
     plan: &tideline::WindowPlan,
     parsed: &ParsedBody<'a>,
 ) -> Vec<&'a str> {
-    let standing = |i: usize| -> &[oceancode_ledger::Standing] { &st.row(st.active[i]).standing };
+    let standing = |i: usize| -> &[oceancode_window::Standing] { &st.row(st.active[i]).standing };
     let pins = tideline::plan_pins(infos, plan, standing);
     let mut out = Vec::with_capacity(pins.len());
     let mut parts_of: Option<(usize, Vec<&'a str>)> = None;

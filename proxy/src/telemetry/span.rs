@@ -3,7 +3,7 @@
 
 use super::Sink;
 use crate::dialect::Collected;
-use oceancode_ledger::Dialect;
+use oceancode_window::Dialect;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };

@@ -45,11 +45,11 @@ pub struct Point {
     pub failed: bool,
     /// The step wrote more of the prompt than it appended: why
     /// (`steps.detail.cache`).
-    pub miss: Option<oceancode_ledger::cache::MissCause>,
+    pub miss: Option<oceancode_window::cache::MissCause>,
     /// The tokens it sent again.
     pub miss_tokens: u64,
     /// Why its cache was cold on arrival.
-    pub cold: Option<oceancode_ledger::cache::Cold>,
+    pub cold: Option<oceancode_window::cache::Cold>,
     /// It cut the window at a cold request (a free cut).
     pub free_cut: bool,
 }
@@ -541,8 +541,8 @@ mod tests {
     fn a_free_cut_and_a_miss_say_so() {
         let mut p = pts(3);
         p[1].free_cut = true;
-        p[1].cold = Some(oceancode_ledger::cache::Cold::TtlExpired);
-        p[1].miss = Some(oceancode_ledger::cache::MissCause::Cut);
+        p[1].cold = Some(oceancode_window::cache::Cold::TtlExpired);
+        p[1].miss = Some(oceancode_window::cache::MissCause::Cut);
         p[1].miss_tokens = 40_000;
         let m = vec![Marker {
             at: 1,

@@ -372,7 +372,7 @@ fn sent_json<S: LedgerRead + ?Sized>(store: &S, id: &str, query: &str) -> Respon
         };
         let dialect = store
             .session_meta(id)?
-            .map_or(oceancode_ledger::Dialect::Anthropic, |m| m.dialect);
+            .map_or(oceancode_window::Dialect::Anthropic, |m| m.dialect);
         Ok(seen::seen(dialect, &steps, step, row, &edits).map(|s| {
             format!(
                 "{{\"session\":{},\"step\":{},\"upto\":{},\"edit\":{},\"stateful\":{},\"messages\":{}}}",

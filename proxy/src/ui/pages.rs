@@ -13,7 +13,7 @@ use oceancode_ledger::store::{
     ContextEditRecord, CutRecord, LineRecord, SessionSummary, StepRecord,
 };
 use oceancode_ledger::transcript::utc_iso;
-use oceancode_ledger::{Dialect, Row, SessionMeta};
+use oceancode_window::{Dialect, Row, SessionMeta};
 use std::collections::HashSet;
 
 /// Rows on one page of the conversation.
@@ -1623,7 +1623,7 @@ mod tests {
             seq: 3,
             turn: 1,
             role: "user".into(),
-            kind: oceancode_ledger::RowKind::Prompt,
+            kind: oceancode_window::RowKind::Prompt,
             hidden: false,
             body: "say [<script>] [zap]".into(),
         };

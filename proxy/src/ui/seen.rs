@@ -1,5 +1,5 @@
 //! What the model saw on one step, message by message: the step's record of
-//! what it sent (`StepDetail::sent`, see [`oceancode_ledger::SentWindow`])
+//! what it sent (`StepDetail::sent`, see [`oceancode_window::SentWindow`])
 //! resolved against the ledger — rows as recorded, the stub message as sent
 //! (its text, the state block, the standing parts kept with it), rows as the
 //! edit set in force rewrote them, its notes, the recall tool's exchanges.
@@ -7,7 +7,7 @@
 
 use crate::context::edits::EditSet;
 use oceancode_ledger::store::{ContextEditRecord, StepRecord};
-use oceancode_ledger::{Dialect, Row, SentPiece};
+use oceancode_window::{Dialect, Row, SentPiece};
 
 /// Where a message of the window comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,7 +146,7 @@ pub fn seen<'r>(
                     .and_then(|((_, parts), r)| {
                         let parts: Vec<(u32, &str)> =
                             parts.iter().map(|(i, t)| (*i, t.as_str())).collect();
-                        oceancode_ledger::compress::rewrite(dialect, &r.raw, &parts)
+                        oceancode_window::compress::rewrite(dialect, &r.raw, &parts)
                     }),
             }),
             SentPiece::Edited(seq) => messages.push(Message {
@@ -216,7 +216,7 @@ fn recall_exchange(steps: &[StepRecord], at: u32, after: u64, k: usize) -> Optio
 mod tests {
     #![allow(clippy::unwrap_used)] // a test: failures panic
     use super::*;
-    use oceancode_ledger::{SentWindow, StepDetail, Usage};
+    use oceancode_window::{SentWindow, StepDetail, Usage};
 
     fn step(n: u32, sent: SentWindow) -> StepRecord {
         StepRecord {
@@ -238,7 +238,7 @@ mod tests {
         Row {
             seq,
             role: "user".into(),
-            kind: oceancode_ledger::RowKind::Prompt,
+            kind: oceancode_window::RowKind::Prompt,
             raw: format!("{{\"role\":\"user\",\"content\":\"row {seq}\"}}").into(),
             tokens: 1,
             turn: 1,
