@@ -33,7 +33,7 @@
 use super::backend::{BehindReason, LAG_WINDOW};
 use super::error::StoreError;
 use super::files::Files;
-use super::queue::{lossless, Cmd, Fault, Shared};
+use super::queue::{lossless, Cmd, Fault, Job, Reply, Shared};
 use super::source::Source;
 use crate::model::{Dialect, Event, Row, SessionMeta};
 use crate::paths::DataDir;
@@ -104,8 +104,12 @@ enum Next<W> {
     /// completes its queued event (false for a slice before the last of a
     /// sliced `Rows` event).
     Commit(Vec<Queued>, Vec<bool>),
-    /// A barrier or a job, everything before it done.
-    Cmd(Cmd<W>),
+    /// A settle, everything before it done.
+    Settle(Reply),
+    /// A job, everything before it done.
+    Job(Job<W>),
+    /// Stop, everything before it done.
+    Shutdown,
 }
 
 /// What applying one event did.
@@ -381,12 +385,12 @@ impl<D: Db> Writer<D> {
                     self.process(events, &done);
                     self.busy_work();
                 }
-                Next::Cmd(Cmd::Settle(r)) => {
+                Next::Settle(r) => {
                     self.write_files(true);
                     self.flush_deferred(true);
                     r.send();
                 }
-                Next::Cmd(Cmd::Job(job)) => {
+                Next::Job(job) => {
                     // Everything queued before the job is committed and
                     // written first; what the job changes is read afresh.
                     self.write_files(true);
@@ -394,8 +398,7 @@ impl<D: Db> Writer<D> {
                     job(&mut self);
                     self.db.forget_all();
                 }
-                Next::Cmd(Cmd::Shutdown) => stop = true,
-                Next::Cmd(Cmd::Event { .. }) => {}
+                Next::Shutdown => stop = true,
             }
             self.housekeeping();
         }
@@ -432,11 +435,12 @@ impl<D: Db> Writer<D> {
     /// event before it, and one slice of [`SLICE_ROWS`] rows of the first
     /// longer one. Events of sessions behind are dropped here.
     fn next(&mut self) -> Next<Writer<D>> {
-        if !matches!(self.queue.front(), Some(Cmd::Event { .. })) {
-            return match self.queue.pop_front() {
-                Some(cmd) => Next::Cmd(cmd),
-                None => Next::Commit(Vec::new(), Vec::new()),
-            };
+        match self.queue.pop_front() {
+            None => return Next::Commit(Vec::new(), Vec::new()),
+            Some(Cmd::Settle(r)) => return Next::Settle(r),
+            Some(Cmd::Job(job)) => return Next::Job(job),
+            Some(Cmd::Shutdown) => return Next::Shutdown,
+            Some(ev @ Cmd::Event { .. }) => self.queue.push_front(ev),
         }
         let mut events: Vec<Queued> = Vec::new();
         let mut done = Vec::new();
