@@ -170,13 +170,9 @@ fn new_span_id() -> SpanId {
     SpanId::from_bytes(id.to_be_bytes())
 }
 
-/// `gen_ai.provider.name` (the GenAI conventions' well-known values).
+/// `gen_ai.provider.name`: the provider that serves the dialect.
 fn provider(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Anthropic => "anthropic",
-        Dialect::OpenaiChat | Dialect::OpenaiResponses => "openai",
-        Dialect::Gemini => "gcp.gemini",
-    }
+    d.spec().provider().otel_name()
 }
 
 fn clip(s: &str) -> String {
@@ -425,7 +421,7 @@ impl StepTrace {
 mod tests {
     use super::*;
 
-    /// Gemini was reported as `openai` (the arm was a catch-all).
+    /// Gemini was reported as `openai` (a catch-all arm).
     #[test]
     fn each_dialect_names_its_provider() {
         assert_eq!(provider(Dialect::Anthropic), "anthropic");

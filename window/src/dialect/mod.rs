@@ -95,6 +95,15 @@ impl From<Dialect> for Provider {
 }
 
 impl Provider {
+    /// The OpenTelemetry GenAI conventions' `gen_ai.provider.name`.
+    pub fn otel_name(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "anthropic",
+            Provider::OpenAi => "openai",
+            Provider::Gemini => "gcp.gemini",
+        }
+    }
+
     /// An error body in this provider's envelope (see
     /// [`DialectSpec::error_body`]).
     pub fn error_body(self, status: u16, kind: &str, code: &str, message: &str) -> Value {
