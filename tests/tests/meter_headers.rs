@@ -86,3 +86,72 @@ async fn every_answer_carries_the_meter_and_the_cut_step_says_how_many_rows() {
         assert!(!sent.to_string().contains("x-oceancode"));
     }
 }
+
+/// A "prompt is too long" answer is retried after cutting every closed
+/// block: the answer to the retry carries the window that was sent, not the
+/// one the upstream refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answer_to_a_too_long_retry_carries_the_window_sent() {
+    let fake = FakeConfig::default().with_script(Script::always(
+        Reply::tool_call("Bash", json!({"command": "make"})).with_text("Building."),
+    ));
+    let h = Harness::start(fake, |o| {
+        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(1_000_000),
+            max_output: Some(32_000),
+        });
+        // A line the steps below stay under: nothing is cut before the
+        // too-long answer, and the blocks close at 20% of it.
+        o.sessions.line = oceancode_config::LineSpec::Tokens(400_000);
+        o.sessions.block = oceancode_config::BlockSpec::PercentOfLine(5.0);
+    })
+    .await;
+    let mut history = vec![json!({"role": "user", "content": "Make the build pass."})];
+    let body = |history: &[Value]| {
+        json!({
+            "model": "claude-x",
+            "max_tokens": 1000,
+            "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+            "messages": history,
+        })
+        .to_string()
+    };
+    let mut last = None;
+    for step in 0..30 {
+        let got = h
+            .post(
+                "/v1/messages",
+                &[("x-oceancode-session", "long")],
+                body(&history),
+            )
+            .await;
+        assert_eq!(got.status, 200, "step {step}: {}", got.text());
+        assert_eq!(number(&got, "x-oceancode-cut"), 0, "step {step}");
+        push_tool_step(
+            &mut history,
+            &got.json()["content"],
+            &oceancode_tests::tool_lines(step, 100, 1),
+        );
+        last = Some(got);
+    }
+    let before = number(&last.unwrap(), "x-oceancode-window");
+    h.fake.clear();
+    h.fake.push_reply(Reply::too_long());
+    let got = h
+        .post(
+            "/v1/messages",
+            &[("x-oceancode-session", "long")],
+            body(&history),
+        )
+        .await;
+    assert_eq!(got.status, 200, "retried after the cut: {}", got.text());
+    assert_eq!(h.fake.request_count(), 2, "one retry");
+    assert!(number(&got, "x-oceancode-cut") > 0, "{:?}", got.headers);
+    let after = number(&got, "x-oceancode-window");
+    assert!(
+        after < before / 2,
+        "the retry's window {after} is what was sent, not the refused one (last step {before})"
+    );
+    let s = h.admin("/_oceancode/sessions/latest").await;
+    assert!(s["meter"]["cut_upto"].as_u64().unwrap() > 0, "{s}");
+}

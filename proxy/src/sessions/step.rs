@@ -209,11 +209,15 @@ impl SessionManager {
             st.learned_ceiling = Some(c);
         }
         let before = st.tideline.cut_upto();
-        let upto = st.tideline.cut_all_closed(ticket.boundary)?.upto_seq;
-        if upto <= before {
+        let cut = st.tideline.cut_all_closed(ticket.boundary)?;
+        if cut.upto_seq <= before {
             return None;
         }
         let line = st.meter.line;
+        // The answer's meter tells the window the retry sends; the cut's
+        // record keeps the gauge it was made at.
+        st.meter.gauge = st.tideline.gauge();
+        ticket.meter.window = st.meter.gauge;
         self.compress_at_cut(&mut st, parsed, line);
         let w = window::render(
             &self.settings.data_dir,
@@ -235,8 +239,8 @@ impl SessionManager {
             ticket.meter.cut_rows += st.rows_between(st.recorded_cut, w.upto);
             st.meter.last_cut_rows = ticket.meter.cut_rows;
             ticket.cache.cut = true;
-            let (gauge, line) = (st.meter.gauge, st.meter.line);
-            events.push(self.record_cut(&mut st, w.upto, gauge, line));
+            let line = st.meter.line;
+            events.push(self.record_cut(&mut st, w.upto, cut.gauge_before, line));
         }
         st.emit(&self.sink, events);
         drop(st);
