@@ -57,6 +57,8 @@ pub(super) struct Checkpoint {
     recorded_line: Option<super::state::RecordedLine>,
     meter: Meter,
     compress_generation: u64,
+    /// A refused request never reached the provider's prompt cache.
+    cache: super::state::CacheState,
 }
 
 /// One request's events on a session, and the state before it.
@@ -89,6 +91,7 @@ impl State {
             recorded_line: self.recorded_line.clone(),
             meter: self.meter,
             compress_generation: self.compress.generation,
+            cache: self.cache.clone(),
         })
     }
 
@@ -198,6 +201,13 @@ impl State {
             failed_steps: self.meter.failed_steps,
             last_error: self.meter.last_error,
             ..c.meter
+        };
+        // The upstream refused the request before its cache saw it: the
+        // next request compares with the one before (the window event
+        // count only grows: the refused window was sent).
+        self.cache = super::state::CacheState {
+            events: self.cache.events,
+            ..c.cache
         };
         true
     }

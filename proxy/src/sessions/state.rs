@@ -208,7 +208,7 @@ pub struct State {
 
 /// What the next request's prompt cache facts compare against (memory
 /// only: a session read back from the ledger starts `resumed`).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct CacheState {
     /// Unix ms and model of the previous upstream request.
     pub(super) previous: Option<(i64, String)>,

@@ -1064,6 +1064,51 @@ fn a_miss_names_where_the_client_changed_its_request() {
     assert_eq!(m.metrics.cache_misses[i].load(Ordering::Relaxed), 1);
 }
 
+/// A request the upstream refused (401/403) never reached its prompt
+/// cache: the next request's miss is not blamed on the refused request's
+/// model (or its tools, or its gap).
+#[test]
+fn a_refused_request_leaves_the_cache_facts_as_they_were() {
+    let (m, seen) = manager();
+    let id = ident("refused-cache");
+    let mut t = send_model_id(&m, &id, &[user("t1")]);
+    t.answered(200);
+    t.complete(200, true, &text_answer("a0").with_usage(usage_in(30_000)));
+    take(&seen);
+    // Another model, refused: nothing of it reached the provider's cache.
+    let mut t = m
+        .prepare(
+            Dialect::Anthropic,
+            ReqKind::Main,
+            &id,
+            body_of("claude-y", &[user("t1"), echo("a0"), user("t2")]),
+        )
+        .ticket
+        .expect("ticket");
+    t.answered(401);
+    t.complete(401, true, &Collected::default());
+    assert!(take(&seen).is_empty(), "nothing of the refused request");
+    // The same model as the first: its prefix was written again.
+    let mut t = send_model_id(&m, &id, &[user("t1"), echo("a0"), user("t3")]);
+    t.answered(200);
+    t.complete(
+        200,
+        true,
+        &text_answer("a1").with_usage(Usage {
+            input: 100,
+            output: 50,
+            cache_read: 0,
+            cache_write: 30_000,
+        }),
+    );
+    let note = cache_notes(&take(&seen)).pop().expect("a cache note");
+    assert_ne!(
+        note.miss,
+        Some(oceancode_window::cache::MissCause::ModelSwitch),
+        "the model the upstream refused never switched the cache"
+    );
+}
+
 /// Masking first (`ledger.compress.free`): when the window reaches the
 /// line and masking alone brings it under `line − free`, the request masks
 /// without a cut: no stub, pointers, a new window event whose cache miss
