@@ -38,8 +38,14 @@ fn request(m: &SessionManager, session: &str, body: Bytes) -> Prepared {
         http::HeaderValue::from_str(session).expect("header"),
     );
     // What the server does: one parse for side-request check, identity and window.
-    m.prepare_request(Dialect::Anthropic, ReqKind::Main, None, &headers, body)
-        .expect("a valid session name")
+    m.prepare_request(
+        Dialect::Anthropic,
+        ReqKind::Main,
+        oceancode_proxy::identity::Route::default(),
+        &headers,
+        body,
+    )
+    .expect("a valid session name")
 }
 
 /// The step ended with real usage (what the tap reports).

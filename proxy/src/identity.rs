@@ -118,13 +118,23 @@ fn name_header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a st
     }
 }
 
-/// Read the identity: path prefix (checked by [`strip_session_prefix`]),
-/// `x-oceancode-session`, Claude Code's `X-Claude-Code-Session-Id` /
-/// `metadata.user_id.session_id`, Codex `session-id`, opencode's
-/// `x-session-id`; otherwise the caller fingerprints the conversation. The
-/// name used must follow [`session_name`].
+/// What a request's path says of it besides the provider route: the
+/// session name of a `/s/<name>/` prefix (checked by
+/// [`strip_session_prefix`]) and the model a Gemini path names
+/// (`…/models/gemini-2.5-pro:generateContent`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route<'a> {
+    pub prefix: Option<&'a str>,
+    pub model: Option<&'a str>,
+}
+
+/// Read the identity: path prefix, `x-oceancode-session`, Claude Code's
+/// `X-Claude-Code-Session-Id` / `metadata.user_id.session_id`, Codex
+/// `session-id`, opencode's `x-session-id`; otherwise the caller
+/// fingerprints the conversation. The name used must follow
+/// [`session_name`]. The model is the path's, when it names one.
 pub fn identify(
-    prefix: Option<&str>,
+    route: Route<'_>,
     headers: &HeaderMap,
     body: Option<&ParsedBody<'_>>,
 ) -> Result<Identity, NameError> {
@@ -149,7 +159,7 @@ pub fn identify(
     } else {
         "unknown"
     };
-    let key = if let Some(p) = prefix {
+    let key = if let Some(p) = route.prefix {
         Some(format!("name:{p}"))
     } else if let Some(s) = name_header(headers, "x-oceancode-session")? {
         Some(format!("name:{s}"))
@@ -173,7 +183,7 @@ pub fn identify(
         client_key: key,
         client,
         context_1m,
-        model: crate::dialect::gemini::model_header(headers),
+        model: route.model.map(str::to_string),
     })
 }
 
@@ -309,7 +319,7 @@ mod tests {
     }
 
     fn key(h: &HeaderMap, body: Option<&ParsedBody<'_>>) -> Result<Option<String>, NameError> {
-        identify(None, h, body).map(|i| i.client_key)
+        identify(Route::default(), h, body).map(|i| i.client_key)
     }
 
     #[test]
@@ -368,34 +378,49 @@ mod tests {
             "user-agent",
             HeaderValue::from_static("claude-cli/2.1.332 (external, sdk-cli)"),
         );
-        let id = identify(None, &h, Some(&p)).unwrap();
+        let id = identify(Route::default(), &h, Some(&p)).unwrap();
         assert_eq!(id.client_key.as_deref(), Some("cc:abc"));
         assert_eq!(id.client, "claude-code");
         h.insert("x-claude-code-session-id", HeaderValue::from_static("hdr"));
         assert_eq!(
-            identify(None, &h, Some(&p)).unwrap().client_key.as_deref(),
+            identify(Route::default(), &h, Some(&p))
+                .unwrap()
+                .client_key
+                .as_deref(),
             Some("cc:hdr")
         );
         h.insert("x-oceancode-session", HeaderValue::from_static("mine"));
         assert_eq!(
-            identify(None, &h, Some(&p)).unwrap().client_key.as_deref(),
-            Some("name:mine")
-        );
-        assert_eq!(
-            identify(Some("pfx"), &h, Some(&p))
+            identify(Route::default(), &h, Some(&p))
                 .unwrap()
                 .client_key
                 .as_deref(),
+            Some("name:mine")
+        );
+        assert_eq!(
+            identify(
+                Route {
+                    prefix: Some("pfx"),
+                    model: None
+                },
+                &h,
+                Some(&p)
+            )
+            .unwrap()
+            .client_key
+            .as_deref(),
             Some("name:pfx")
         );
         let mut h = HeaderMap::new();
         h.insert("session-id", HeaderValue::from_static("0199"));
         h.insert("originator", HeaderValue::from_static("codex_exec"));
-        let id = identify(None, &h, None).unwrap();
+        let id = identify(Route::default(), &h, None).unwrap();
         assert_eq!(id.client_key.as_deref(), Some("codex:0199"));
         assert_eq!(id.client, "codex");
         assert_eq!(
-            identify(None, &HeaderMap::new(), None).unwrap().client_key,
+            identify(Route::default(), &HeaderMap::new(), None)
+                .unwrap()
+                .client_key,
             None
         );
     }
@@ -465,17 +490,23 @@ mod tests {
             ),
         );
         h.insert("x-session-id", HeaderValue::from_static("ses_dccfb09a"));
-        let id = identify(None, &h, None).unwrap();
+        let id = identify(Route::default(), &h, None).unwrap();
         assert_eq!(id.client, "opencode");
         assert_eq!(id.client_key.as_deref(), Some("opencode:ses_dccfb09a"));
         // Another client's `x-session-id` names nothing the proxy knows.
         h.insert("user-agent", HeaderValue::from_static("curl/8.0"));
-        assert_eq!(identify(None, &h, None).unwrap().client_key, None);
+        assert_eq!(
+            identify(Route::default(), &h, None).unwrap().client_key,
+            None
+        );
         h.insert(
             "user-agent",
             HeaderValue::from_static("QwenCode/0.24.4 (linux; x64)"),
         );
-        assert_eq!(identify(None, &h, None).unwrap().client, "qwen-code");
+        assert_eq!(
+            identify(Route::default(), &h, None).unwrap().client,
+            "qwen-code"
+        );
 
         let parse = |b: &'static [u8]| ParsedBody::parse(b, "messages").unwrap();
         // Title and compaction summary: no tools. The agent loop: tools.

@@ -24,30 +24,6 @@ pub fn model_of_path(path: &str) -> Option<&str> {
     path_method(path).map(|(m, _)| m)
 }
 
-/// The header the front adds to the copy of a Gemini request's headers the
-/// session manager reads (never to what goes upstream): the model its path
-/// names. A client's own header of that name is dropped first.
-pub const MODEL_HEADER: &str = "x-oceancode-path-model";
-
-/// The headers the session manager reads for a request on `path`: `headers`
-/// with [`MODEL_HEADER`] set to the model a Gemini path names (and a
-/// client's own one removed).
-pub fn identity_headers(path: &str, mut headers: http::HeaderMap) -> http::HeaderMap {
-    headers.remove(MODEL_HEADER);
-    if let Some(v) = model_of_path(path).and_then(|m| http::HeaderValue::from_str(m).ok()) {
-        headers.insert(MODEL_HEADER, v);
-    }
-    headers
-}
-
-/// The model [`identity_headers`] put in.
-pub fn model_header(headers: &http::HeaderMap) -> Option<String> {
-    headers
-        .get(MODEL_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}
-
 /// Gemini CLI's utility calls (its model router, next-speaker check, loop
 /// detection): no tools, a JSON answer asked for with
 /// `generationConfig.responseJsonSchema` / `responseSchema`. Forwarded

@@ -24,7 +24,7 @@ pub(crate) mod retry;
 
 use crate::app::App;
 use crate::error::{ProxyBody, ProxyError};
-use crate::identity::ReqKind;
+use crate::identity::{ReqKind, Route};
 use crate::sessions::{MeterHead, Prepared, Refusal, StepError, Ticket};
 use crate::upstream::{self, UpBody};
 use bytes::Bytes;
@@ -68,24 +68,29 @@ pub(crate) async fn provider_request(
         .headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity");
+    // The model a Gemini path names (the body does not).
+    let model = crate::dialect::gemini::model_of_path(uri.path()).map(str::to_string);
     let t0 = Instant::now();
     let prepared = if encoded || !app.sessions.enabled() {
         // Never recorded (ledger off, or a body it would not rewrite): only
         // admitted within the bounds of `limits.session`, when one is set.
-        app.sessions.prepare_unrecorded(
-            dialect,
-            kind,
-            prefix.as_deref(),
-            &parts.headers,
-            body,
-            encoded,
-        )?
+        let route = Route {
+            prefix: prefix.as_deref(),
+            model: model.as_deref(),
+        };
+        app.sessions
+            .prepare_unrecorded(dialect, kind, route, &parts.headers, body, encoded)?
     } else {
         let sessions = app.sessions.clone();
-        let headers = crate::dialect::gemini::identity_headers(uri.path(), parts.headers.clone());
+        let headers = parts.headers.clone();
         let big = body.len() >= crate::cpu::INLINE_MAX;
-        let work =
-            move || sessions.prepare_request(dialect, kind, prefix.as_deref(), &headers, body);
+        let work = move || {
+            let route = Route {
+                prefix: prefix.as_deref(),
+                model: model.as_deref(),
+            };
+            sessions.prepare_request(dialect, kind, route, &headers, body)
+        };
         // CPU work (hashing, parsing new rows, rendering): a large body's
         // moves off the reactor; a small one's (well under a millisecond)
         // costs less than handing the worker's other tasks to another thread.

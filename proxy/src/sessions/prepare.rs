@@ -232,17 +232,17 @@ impl SessionManager {
         &self,
         dialect: Dialect,
         kind: ReqKind,
-        prefix: Option<&str>,
+        route: identity::Route<'_>,
         headers: &http::HeaderMap,
         body: Bytes,
     ) -> Result<Prepared, NameError> {
         // Only a key the headers (or path) give: it is known before the body
         // is read, which is what lets the body be split against the last one.
-        let layout_key = identity::identify(prefix, headers, None)?
+        let layout_key = identity::identify(route, headers, None)?
             .client_key
             .map(|k| format!("{}|{k}", dialect.as_str()));
         self.prepare_with(dialect, kind, body, layout_key, |parsed| {
-            identity::identify(prefix, headers, parsed)
+            identity::identify(route, headers, parsed)
         })
     }
 
@@ -255,7 +255,7 @@ impl SessionManager {
         &self,
         dialect: Dialect,
         kind: ReqKind,
-        prefix: Option<&str>,
+        route: identity::Route<'_>,
         headers: &http::HeaderMap,
         body: Bytes,
         encoded: bool,
@@ -270,13 +270,12 @@ impl SessionManager {
             Ok(p) => p,
             Err(e) => return Ok(Prepared::refuse(unreadable(&e.to_string()))),
         };
-        let ident = identity::identify(prefix, headers, Some(&parsed))?;
+        let ident = identity::identify(route, headers, Some(&parsed))?;
         // With the ledger off a turn of the conversation is still a step.
         let step = !encoded
             && kind == ReqKind::Main
             && !identity::is_side_request(dialect, &parsed, ident.client);
-        let key = ident.client_key.as_deref();
-        Ok(self.forward_unrecorded(body.clone(), key, &parsed, step))
+        Ok(self.forward_unrecorded(body.clone(), &ident, &parsed, step))
     }
 
     /// Forward a request that records no step, within the bounds: its
@@ -285,18 +284,17 @@ impl SessionManager {
     fn forward_unrecorded(
         &self,
         body: Bytes,
-        client_key: Option<&str>,
+        ident: &Identity,
         parsed: &ParsedBody<'_>,
         step: bool,
     ) -> Prepared {
         if !self.budgeted() {
             return Prepared::forward(body);
         }
-        let est = self.estimate(
-            &parsed.model().unwrap_or_default(),
-            body.len(),
-            max_tokens(parsed),
-        );
+        // A Gemini body names no model: its path does.
+        let model = parsed.model().or_else(|| ident.model.clone());
+        let est = self.estimate(&model.unwrap_or_default(), body.len(), max_tokens(parsed));
+        let client_key = ident.client_key.as_deref();
         match self.admit_unrecorded(client_key, Some(&est), step) {
             Ok(reservation) => Prepared {
                 reservation,
@@ -343,8 +341,7 @@ impl SessionManager {
             if kind == ReqKind::CountTokens {
                 return Ok(Prepared::forward(body));
             }
-            let key = ident.client_key.as_deref();
-            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
+            return Ok(self.forward_unrecorded(body.clone(), &ident, &split.parsed, false));
         }
         let synthetic = synthetic_input(dialect, &split.parsed);
         if let Some(m) = &synthetic {
@@ -354,8 +351,7 @@ impl SessionManager {
             if kind == ReqKind::CountTokens {
                 return Ok(Prepared::forward(body));
             }
-            let key = ident.client_key.as_deref();
-            return Ok(self.forward_unrecorded(body.clone(), key, &split.parsed, false));
+            return Ok(self.forward_unrecorded(body.clone(), &ident, &split.parsed, false));
         }
         let hashes = split.hashes(&candidates);
         if let Some(k) = &layout_key {

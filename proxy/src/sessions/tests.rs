@@ -1109,6 +1109,47 @@ fn a_refused_request_leaves_the_cache_facts_as_they_were() {
     );
 }
 
+/// A Gemini body names no model; its path does. With the ledger off a
+/// request under a spend bound is still priced by that model (an unpriced
+/// reservation would let it past the bound).
+#[test]
+fn an_unrecorded_gemini_request_is_priced_by_the_model_its_path_names() {
+    let (m, _seen) = manager();
+    let price = oceancode_config::Price {
+        input: 1.25,
+        output: 10.0,
+        cache_read: 0.31,
+        cache_write: 1.25,
+    };
+    let m = m.with_budget(
+        SessionLimits {
+            spend_usd: Some(5.0),
+            pricer: Some(Arc::new(move |model: &str| {
+                (model == "gemini-2.5-pro").then_some(price)
+            })),
+            ..SessionLimits::default()
+        },
+        None,
+    );
+    let body = Bytes::from_static(br#"{"contents":[{"role":"user","parts":[{"text":"hello"}]}]}"#);
+    let route = crate::identity::Route {
+        prefix: None,
+        model: Some("gemini-2.5-pro"),
+    };
+    let p = m
+        .prepare_unrecorded(
+            Dialect::Gemini,
+            ReqKind::Main,
+            route,
+            &http::HeaderMap::new(),
+            body,
+            false,
+        )
+        .expect("prepared");
+    let r = p.reservation.expect("a reservation under the spend bound");
+    assert_eq!(r.model(), "gemini-2.5-pro");
+}
+
 /// Masking first (`ledger.compress.free`): when the window reaches the
 /// line and masking alone brings it under `line − free`, the request masks
 /// without a cut: no stub, pointers, a new window event whose cache miss
