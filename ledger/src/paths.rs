@@ -187,6 +187,16 @@ pub fn prepare_db_file(db: &Path) -> io::Result<()> {
 /// the old or the new file, never a torn one. (No fsync: transcripts can be
 /// rebuilt from the database.)
 pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
+    let tmp = write_temp_beside(path, contents)?;
+    let result = fs::rename(&tmp, path);
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// A new `0600` temp file next to `path` holding `contents`.
+fn write_temp_beside(path: &Path, contents: &[u8]) -> io::Result<PathBuf> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
@@ -198,20 +208,65 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> io::Result<()> {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let result = (|| {
+    let written = (|| {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(FILE_MODE)
             .open(&tmp)?;
-        f.write_all(contents)?;
-        drop(f);
-        fs::rename(&tmp, path)
+        f.write_all(contents)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    match written {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    result
+}
+
+/// Replace file `path` with `contents` unless the file taken out of its
+/// place is no longer the one the caller last saw (`unchanged` of its
+/// `lstat` says no): that file then goes back and the answer is
+/// `Ok(false)`, as it is when `path` is gone. The swap is one
+/// `renameat2(RENAME_EXCHANGE)`, so a write that lands on `path` after the
+/// caller looked and before the swap (another program editing the file) is
+/// never lost. Where the file system cannot exchange, a plain atomic
+/// replace (the caller's own check is then the only one).
+pub fn replace_if_unchanged(
+    path: &Path,
+    contents: &[u8],
+    unchanged: impl Fn(&fs::Metadata) -> bool,
+) -> io::Result<bool> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    use rustix::io::Errno;
+    let tmp = write_temp_beside(path, contents)?;
+    let exchange = || renameat_with(CWD, &tmp, CWD, path, RenameFlags::EXCHANGE);
+    match exchange() {
+        Ok(()) => {}
+        Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            let renamed = fs::rename(&tmp, path);
+            if renamed.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            return renamed.map(|()| true);
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            return if e == Errno::NOENT {
+                Ok(false)
+            } else {
+                Err(e.into())
+            };
+        }
+    }
+    // `tmp` now names the file that was in place.
+    let kept = fs::symlink_metadata(&tmp).is_ok_and(|m| unchanged(&m));
+    if !kept {
+        exchange()?;
+    }
+    fs::remove_file(&tmp)?;
+    Ok(kept)
 }
 
 /// Create `path` with `contents` unless it exists (then `Ok(false)`): a

@@ -1,8 +1,9 @@
 //! Writing `context.txt` behind the request: one thread, a job per file
 //! (a newer one replaces the one not yet written: coalesced), atomic
 //! replace, `0600`; and the receipt next to it. A file edited since the
-//! proxy last wrote it is never overwritten: the next request reads the
-//! edit first.
+//! proxy last wrote it is never overwritten, even by a swap racing the
+//! edit (`renameat2(RENAME_EXCHANGE)`, then the stamp of what it took
+//! out): the next request reads the edit first.
 
 use super::edits::{Note, Src};
 use super::export;
@@ -123,6 +124,17 @@ pub fn render(
 /// last wrote (or read) it; then `record` is what edits are read against.
 /// Returns whether it wrote.
 pub fn replace(slot: &Slot, text: &str, record: super::edits::Export) -> std::io::Result<bool> {
+    replace_checked(slot, text, record, || {})
+}
+
+/// [`replace`], with `between` run after the stamp check and before the
+/// file is swapped in (a test's agent edits the file there).
+fn replace_checked(
+    slot: &Slot,
+    text: &str,
+    record: super::edits::Export,
+    between: impl FnOnce(),
+) -> std::io::Result<bool> {
     let mut st = slot.state.lock();
     let now = Stamp::of(&slot.path);
     if st.stamp.is_some() && now != st.stamp {
@@ -132,7 +144,22 @@ pub fn replace(slot: &Slot, text: &str, record: super::edits::Export) -> std::io
     if let Some(dir) = slot.path.parent() {
         oceancode_ledger::paths::create_private_dir_all(dir)?;
     }
-    oceancode_ledger::paths::write_atomic(&slot.path, text.as_bytes())?;
+    between();
+    match st.stamp {
+        // Swapped in only if the file taken out is still the one checked:
+        // an edit that landed since goes back into place.
+        Some(seen) => {
+            let unchanged = |m: &std::fs::Metadata| Stamp::of_meta(m) == seen;
+            if !oceancode_ledger::paths::replace_if_unchanged(
+                &slot.path,
+                text.as_bytes(),
+                unchanged,
+            )? {
+                return Ok(false);
+            }
+        }
+        None => oceancode_ledger::paths::write_atomic(&slot.path, text.as_bytes())?,
+    }
     st.stamp = Stamp::of(&slot.path);
     st.export = record;
     if let Some(stamp) = st.stamp {
@@ -387,5 +414,44 @@ mod tests {
         want.sort();
         assert_eq!(taken, want);
         assert!(q.is_empty());
+    }
+
+    /// An agent's edit that lands after the stamp check, before the new
+    /// file goes into place, is kept: the file is not replaced, and the
+    /// next request reads the edit.
+    #[test]
+    fn an_edit_made_while_the_file_is_replaced_is_never_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = job(dir.path(), "n1").slot;
+        let record = || super::super::edits::Export::default();
+        assert!(replace(&slot, "proxy v1\n", record()).unwrap());
+        let path = slot.path.clone();
+        for (how, edit) in [
+            ("renamed into place", "agent edit A\n"),
+            ("written in place", "agent edit B, longer\n"),
+        ] {
+            let wrote = replace_checked(&slot, "proxy v2\n", record(), || match how {
+                "renamed into place" => {
+                    oceancode_ledger::paths::write_atomic(&path, edit.as_bytes()).unwrap()
+                }
+                _ => std::fs::write(&path, edit).unwrap(),
+            })
+            .unwrap();
+            assert!(!wrote, "{how}: the edit is not replaced");
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), edit, "{how}");
+            // The proxy takes the file as it is now (as reading the edit would).
+            slot.state.lock().stamp = Stamp::of(&path);
+        }
+        // No temporary file is left beside it.
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| !n.contains(".tmp") && !n.contains(".swap")),
+            "{names:?}"
+        );
     }
 }
