@@ -199,6 +199,22 @@ fn client_change(st: &mut State, req: &Request<'_>) -> Option<String> {
         .map(|i| format!("message {}", i + 1))
 }
 
+/// The bytes of the window `req` is likely to send, for pricing its spend
+/// reservation: when it resends every message of the session's previous
+/// request, the window that request sent plus what the client added since
+/// (a cut leaves out what it left out before, or more); otherwise, or for
+/// the first request, its whole body.
+fn likely_window(st: &State, req: &Request<'_>, body_len: usize) -> usize {
+    let Some((client, sent)) = st.cache.sizes else {
+        return body_len;
+    };
+    let previous = st.cache.seqs.len();
+    if previous == 0 || st.lcp(req.messages, &req.hashes) < previous {
+        return body_len;
+    }
+    body_len.min(sent.saturating_add(body_len.saturating_sub(client)))
+}
+
 /// The output the request asks for at most.
 fn max_tokens(parsed: &ParsedBody<'_>) -> Option<u64> {
     parsed
@@ -381,7 +397,10 @@ impl SessionManager {
         // until the upstream's status is known (`hold`).
         let id = super::hold::next_ticket();
         let (mut session, created) = self.find_or_create(&req);
-        let est = budgeted.then(|| self.estimate(&req.model, body.len(), req.max_tokens));
+        let est = budgeted.then(|| {
+            let bytes = likely_window(&session.state.lock(), &req, body.len());
+            self.estimate(&req.model, bytes, req.max_tokens)
+        });
         let reservation = match self.admit(&session, est.as_ref()) {
             Ok(r) => r,
             Err(hit) => {
@@ -435,7 +454,8 @@ impl SessionManager {
         super::context::refresh(&session, &out);
         let body_len = out.len();
         let (tail_seq, meter, window_event) = {
-            let st = session.state.lock();
+            let mut st = session.state.lock();
+            st.cache.sizes = Some((body.len(), body_len));
             let meter = super::MeterHead {
                 window: st.meter.gauge,
                 line: st.meter.line,

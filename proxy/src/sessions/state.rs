@@ -226,6 +226,9 @@ pub(super) struct CacheState {
     /// before it in more than what the client appended (a cut, a masking
     /// choice, a context edit). Between two events the window only appends.
     pub(super) events: u64,
+    /// The previous request's body as the client sent it and as it went
+    /// upstream, bytes (what a spend reservation prices the next one by).
+    pub(super) sizes: Option<(usize, usize)>,
 }
 
 /// [`State::recorded_line`]: the line, its label, the override.

@@ -1150,6 +1150,69 @@ fn an_unrecorded_gemini_request_is_priced_by_the_model_its_path_names() {
     assert_eq!(r.model(), "gemini-2.5-pro");
 }
 
+/// A spend reservation prices the window a request will send, not the
+/// client's whole body: after a cut, a long history the client resends
+/// no longer reserves what it would cost uncut (which refused requests
+/// the cap had room for, and a refusal stays).
+#[test]
+fn a_spend_reservation_prices_the_window_sent_after_a_cut() {
+    let (m, _seen) = manager();
+    let price = oceancode_config::Price {
+        input: 3.0,
+        output: 15.0,
+        cache_read: 0.3,
+        cache_write: 3.75,
+    };
+    let m = m.with_budget(
+        SessionLimits {
+            spend_usd: Some(0.5),
+            pricer: Some(Arc::new(move |_: &str| Some(price))),
+            ..SessionLimits::default()
+        },
+        None,
+    );
+    let who = ident("reserve");
+    // 300 KB: 100k tokens by the estimate, $0.30 to send uncut.
+    let big = user(&"x".repeat(300_000));
+    // Each answer is billed $0.08.
+    let billed = Usage {
+        input: 26_667,
+        ..Usage::default()
+    };
+    let step = |msgs: &[&str]| {
+        let p = m.prepare(
+            Dialect::Anthropic,
+            ReqKind::Main,
+            &who,
+            body_of(
+                "claude-x",
+                &msgs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            ),
+        );
+        assert!(
+            p.refused.is_none(),
+            "refused at {} messages: {:?}",
+            msgs.len(),
+            p.refused
+        );
+        let len = p.body.len();
+        let mut t = p.ticket.expect("a ticket");
+        t.answered(200);
+        t.complete(200, true, &answer(billed));
+        len
+    };
+    let (a2, a3, a4) = (user("second"), user("third"), user("fourth"));
+    step(&[&big]);
+    step(&[&big, ANSWER, &a2]);
+    let id = m.latest().expect("session").id.clone();
+    m.cut_now(&id).expect("the first turn can be cut");
+    let cut = step(&[&big, ANSWER, &a2, ANSWER, &a3]);
+    assert!(cut < 100_000, "the big ask left the window ({cut} bytes)");
+    // $0.24 spent: the whole body would reserve $0.30 more (past the
+    // $0.50 cap); the window sent is a few KB.
+    step(&[&big, ANSWER, &a2, ANSWER, &a3, ANSWER, &a4]);
+}
+
 /// Masking first (`ledger.compress.free`): when the window reaches the
 /// line and masking alone brings it under `line − free`, the request masks
 /// without a cut: no stub, pointers, a new window event whose cache miss
