@@ -36,6 +36,7 @@ mod meter;
 mod parse;
 mod prepare;
 mod sent;
+mod stages;
 mod state;
 mod step;
 #[cfg(test)]

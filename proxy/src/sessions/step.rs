@@ -214,7 +214,7 @@ impl SessionManager {
             return None;
         }
         let line = st.meter.line;
-        self.compress_at_cut(&mut st, parsed, line);
+        self.at_cut(&mut st, parsed, line);
         let w = window::render(
             &self.settings.data_dir,
             &st,
