@@ -725,13 +725,8 @@ impl SessionManager {
             // The agent's edit of its context file, read first (a stat when none).
             let edit = super::context::read_edit(st, parsed, peek);
             self.at_cut(st, parsed, params.line);
-            let w = window::render(
-                &self.settings.data_dir,
-                st,
-                parsed,
-                self.settings.state_tokens,
-            );
-            super::context::settle(&self.settings.data_dir, st, parsed, edit, w, events)
+            let w = window::render(&self.settings, st, parsed);
+            super::context::settle(&self.settings, st, parsed, edit, w, events)
         } else {
             Window::unchanged(parsed.messages.len())
         };
@@ -837,12 +832,7 @@ impl SessionManager {
             }
             // The count may carry new messages after the recorded ones.
             if !st.active.is_empty() && st.lcp(req.messages, &req.hashes) == st.active.len() {
-                let w = window::render(
-                    &self.settings.data_dir,
-                    &st,
-                    parsed,
-                    self.settings.state_tokens,
-                );
+                let w = window::render(&self.settings, &st, parsed);
                 if let Some(b) = w.body {
                     return Prepared::forward(Bytes::from(b));
                 }

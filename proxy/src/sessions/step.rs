@@ -215,12 +215,7 @@ impl SessionManager {
         }
         let line = st.meter.line;
         self.at_cut(&mut st, parsed, line);
-        let w = window::render(
-            &self.settings.data_dir,
-            &st,
-            parsed,
-            self.settings.state_tokens,
-        );
+        let w = window::render(&self.settings, &st, parsed);
         if w.saved > 0 {
             ticket.compress = st.compress.detail();
         }

@@ -12,10 +12,10 @@
 
 use super::stages;
 use super::state::State;
+use super::Settings;
 use crate::context::edits::{self, Src};
 use crate::dialect::{self, ParsedBody};
 use oceancode_window::media::Cost;
-use std::path::Path;
 
 /// A rendered window.
 pub(super) struct Window {
@@ -43,8 +43,6 @@ pub(super) struct Window {
     pub(super) edit_error: Option<String>,
     /// Estimated tokens of the state block after the stub.
     pub(super) state_tokens: u64,
-    /// The state block's budget it was rendered with (None = off).
-    pub(super) state_budget: Option<u32>,
     /// The saved estimate of the tool outputs sent as pointers.
     pub(super) saved: u64,
     /// What the step records of them (set by the caller that owns the state).
@@ -70,7 +68,6 @@ impl Window {
             stub: None,
             edit_error: None,
             state_tokens: 0,
-            state_budget: None,
             saved: 0,
             compress: None,
             sent: None,
@@ -94,27 +91,21 @@ pub(super) fn facts<'s>(st: &'s State) -> impl Fn(u64) -> edits::Facts<'s> + Cop
 
 /// Render the window of `parsed` (the request's messages, mapped onto the
 /// session's active line) for the session's current cut; stubs point into
-/// `data_dir`'s session directory.
-pub(super) fn render(
-    data_dir: &Path,
-    st: &State,
-    parsed: &ParsedBody<'_>,
-    state_tokens: Option<u32>,
-) -> Window {
-    render_with(stages::ORDER, data_dir, st, parsed, state_tokens)
+/// the data dir's session directory.
+pub(super) fn render(settings: &Settings, st: &State, parsed: &ParsedBody<'_>) -> Window {
+    render_with(stages::ORDER, settings, st, parsed)
 }
 
 /// [`render`] with `stages` in their order: a draft of the request as it
 /// came, each stage's rewrite, then the body.
 pub(super) fn render_with(
     stages: &[&dyn stages::WindowStage],
-    data_dir: &Path,
+    settings: &Settings,
     st: &State,
     parsed: &ParsedBody<'_>,
-    state_tokens: Option<u32>,
 ) -> Window {
     let arena = bumpalo::Bump::new();
-    let mut d = stages::Draft::new(st, parsed, data_dir, state_tokens, &arena);
+    let mut d = stages::Draft::new(st, parsed, settings, &arena);
     for s in stages {
         s.rewrite(&mut d);
         tracing::trace!(stage = s.name(), pieces = d.pieces.len(), "window stage");

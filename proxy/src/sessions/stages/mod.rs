@@ -7,7 +7,8 @@
 //!
 //! To add a context strategy: a module here with a unit struct that
 //! implements the hooks it needs (every hook has a no-op default), its place
-//! in [`ORDER`], and its setting in `Settings::new` if it has one.
+//! in [`ORDER`], and its setting in `Settings::new` if it has one (the hooks
+//! are given the settings: [`Draft::settings`], [`AtCut::settings`]).
 //!
 //! Hooks, in the request's order:
 //! - `at_cut`: before the window, with the session writable (compress
@@ -103,10 +104,9 @@ pub(super) struct Draft<'a> {
     pub(super) st: &'a State,
     /// The request's messages.
     pub(super) parsed: &'a ParsedBody<'a>,
-    /// The data dir (stubs point into its session directory).
-    pub(super) data_dir: &'a std::path::Path,
-    /// `ledger.state`'s budget (None = off).
-    pub(super) state_tokens: Option<u32>,
+    /// The manager's settings (stubs point into the data dir's session
+    /// directory; each stage reads its own).
+    pub(super) settings: &'a Settings,
     /// The cut (None = nothing cut: the request's messages as they came).
     pub(super) cut: Option<Cut>,
     /// The stub's text (Some when cut); its message is made by `finish`.
@@ -135,8 +135,7 @@ impl<'a> Draft<'a> {
     pub(super) fn new(
         st: &'a State,
         parsed: &'a ParsedBody<'a>,
-        data_dir: &'a std::path::Path,
-        state_tokens: Option<u32>,
+        settings: &'a Settings,
         arena: &'a bumpalo::Bump,
     ) -> Self {
         let pieces = parsed
@@ -148,8 +147,7 @@ impl<'a> Draft<'a> {
         Draft {
             st,
             parsed,
-            data_dir,
-            state_tokens,
+            settings,
             cut: None,
             stub: None,
             pinned: Vec::new(),

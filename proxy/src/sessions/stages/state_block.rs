@@ -17,8 +17,8 @@ impl WindowStage for StateBlock {
             return;
         };
         let st = d.st;
-        d.window.state_budget = d.state_tokens;
         let block = d
+            .settings
             .state_tokens
             .and_then(|max| crate::sessions::thread::block(st, &cut.plan, &cut.dir, max));
         d.window.state_tokens = block.as_ref().map_or(0, |b| {

@@ -110,12 +110,11 @@ fn a_stage_added_to_the_order_changes_only_its_part_of_the_window() {
     let session = m.get(&id).expect("the session");
     let st = session.state.lock();
     let parsed = ParsedBody::parse(&b, "messages").expect("the body");
-    let dir = std::env::temp_dir().join("oceancode-unit-stages");
-    let plain = render(&dir, &st, &parsed, None);
+    let plain = render(m.settings(), &st, &parsed);
     // After the state block, before the standing parts.
     let mut order: Vec<&dyn WindowStage> = ORDER.to_vec();
     order.insert(3, &Marker);
-    let marked = render_with(&order, &dir, &st, &parsed, None);
+    let marked = render_with(&order, m.settings(), &st, &parsed);
     let plain_body = String::from_utf8(plain.body.expect("a cut window")).expect("utf-8");
     let marked_body = String::from_utf8(marked.body.expect("a cut window")).expect("utf-8");
     assert!(plain_body.contains("past the tideline"), "{plain_body}");
@@ -134,9 +133,8 @@ fn a_stage_added_to_the_order_leaves_an_uncut_request_as_it_came() {
     st.tideline = Default::default();
     let b = body(&[user(0)]);
     let parsed = ParsedBody::parse(&b, "messages").expect("the body");
-    let dir = std::env::temp_dir().join("oceancode-unit-stages");
     let mut order: Vec<&dyn WindowStage> = ORDER.to_vec();
     order.push(&Marker);
-    let w = render_with(&order, &dir, &st, &parsed, None);
+    let w = render_with(&order, m.settings(), &st, &parsed);
     assert!(w.body.is_none() && w.stub.is_none());
 }

@@ -37,7 +37,8 @@ impl WindowStage for Tideline {
         if at_compaction {
             plan.pinned_prompt = None;
         }
-        let dir = oceancode_ledger::paths::DataDir::new(d.data_dir).session_dir(&st.meta.id);
+        let dir =
+            oceancode_ledger::paths::DataDir::new(&d.settings.data_dir).session_dir(&st.meta.id);
         let mut lines = Vec::new();
         let mut turns: Vec<&(u64, String)> = st
             .turn_lines
