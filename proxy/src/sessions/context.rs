@@ -195,7 +195,7 @@ fn tokens_after(st: &State, old: &EditSet, taken: &Taken, before: u64) -> u64 {
 /// request it made was invalid (the window is rendered again without it).
 /// A kept edit is a ledger event and a receipt.
 pub(super) fn settle(
-    data_dir: &std::path::Path,
+    settings: &super::Settings,
     st: &mut State,
     parsed: &ParsedBody<'_>,
     pending: Option<Pending>,
@@ -221,7 +221,7 @@ pub(super) fn settle(
             0,
             &format!("the edit leaves the request invalid: {e}"),
         ));
-        return window::render(data_dir, st, parsed, window.state_budget);
+        return window::render(settings, st, parsed);
     }
     let before = st.meter.gauge;
     let after = tokens_after(st, &p.old, &p.taken, before);

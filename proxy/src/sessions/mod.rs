@@ -15,6 +15,7 @@
 //! | `index` | live sessions by client key and id, matching, siblings, restore, eviction |
 //! | `state` | one session's rows, active line and tideline; absorbing a history |
 //! | `window` | rendering the window for the current cut (pure) |
+//! | `stages` | the context strategies as window stages in their declared order (pure but `at_cut`) |
 //! | `view` | the same plan from a recorded session, for the viewer's model view (pure) |
 //! | `compress` | `ledger.compress`: the pruned set chosen at a cut, applied in the rendering |
 //! | `view` | the same plan from a recorded session, for the viewer's model view of a step recorded without its window (pure) |
@@ -36,6 +37,7 @@ mod meter;
 mod parse;
 mod prepare;
 mod sent;
+mod stages;
 mod state;
 mod step;
 #[cfg(test)]

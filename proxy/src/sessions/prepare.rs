@@ -5,6 +5,7 @@
 
 use super::layouts::Layouts;
 use super::parse::root_hashes;
+use super::stages;
 use super::state::State;
 use super::step::{Prepared, Refusal, Ticket};
 use super::window::{self, Window};
@@ -739,62 +740,36 @@ impl SessionManager {
             st.context.seq_tags = self.settings.seq_tags;
             // The agent's edit of its context file, read first (a stat when none).
             let edit = super::context::read_edit(st, parsed, peek);
-            self.compress_at_cut(st, parsed, params.line);
-            let w = window::render(
-                &self.settings.data_dir,
-                st,
-                parsed,
-                self.settings.state_tokens,
-            );
-            super::context::settle(&self.settings.data_dir, st, parsed, edit, w, events)
+            self.at_cut(st, parsed, params.line);
+            let w = window::render(&self.settings, st, parsed);
+            super::context::settle(&self.settings, st, parsed, edit, w, events)
         } else {
             Window::unchanged(parsed.messages.len())
         };
         let n = parsed.messages.len();
         window.sent = Some(Box::new(super::sent::record(st, &window, n, req.stateful)));
         super::context::remember(st, &mut window);
-        if window.upto > st.recorded_cut {
+        let cut = window.upto > st.recorded_cut;
+        if cut {
             window.cut_rows = st.rows_between(st.recorded_cut, window.upto);
             let gauge = cut_gauge.unwrap_or(st.meter.gauge);
             events.push(self.record_cut(st, window.upto, gauge, params.line));
-            if window.pinned_tokens > 0 {
-                tracing::debug!(session = %st.meta.id, upto = window.upto, pinned_tokens = window.pinned_tokens, "the cut window keeps the standing instructions of the rows that left");
-            }
-            if window.state_tokens > 0 {
-                tracing::debug!(session = %st.meta.id, upto = window.upto, state_tokens = window.state_tokens, "the cut window carries the state block after its stub");
-            }
         }
-        st.meter.window_rows = window.rows;
-        st.meter.last_cut_rows = window.cut_rows;
-        st.meter.pinned_tokens = window.pinned_tokens;
-        st.meter.state_tokens = window.state_tokens;
-        self.metrics
-            .compress_saved_tokens
-            .fetch_add(window.saved, Ordering::Relaxed);
-        let sent = window.saved > 0;
-        st.meter.pruned_outputs = if sent { st.compress.outputs } else { 0 };
-        st.meter.pruned_tokens = if sent { st.compress.tokens } else { 0 };
-        st.meter.saved_tokens = window.saved;
-
-        window.compress = if sent { st.compress.detail() } else { None };
+        stages::record_and_meter(stages::ORDER, st, &mut window, cut, &self.metrics);
         window
     }
 
-    /// `ledger.compress`: choose the pruned set again when the window's
-    /// start moved (a cut); between cuts it stays.
-    pub(super) fn compress_at_cut(&self, st: &mut State, parsed: &ParsedBody<'_>, line: u64) {
-        let c = &self.settings.compress;
-        let cp = c.enabled.then(|| oceancode_window::compress::Params {
-            protect: c.protect_tokens(line),
-            min_tokens: c.min_tokens,
-        });
-        let added = super::compress::refresh(st, parsed, cp, self.locator.as_ref());
-        if added > 0 {
-            self.metrics
-                .compress_outputs
-                .fetch_add(u64::from(added), Ordering::Relaxed);
-            tracing::debug!(session = %st.meta.id, added, outputs = st.compress.outputs, saved = st.compress.saved, "compress: old tool output sent as pointers from this cut on");
-        }
+    /// Before the window: each stage's `at_cut` (compress chooses its
+    /// pruned set again when the window's start moved; between cuts it stays).
+    pub(super) fn at_cut(&self, st: &mut State, parsed: &ParsedBody<'_>, line: u64) {
+        let cx = stages::AtCut {
+            parsed,
+            line,
+            settings: &self.settings,
+            locator: self.locator.as_ref(),
+            metrics: &self.metrics,
+        };
+        stages::at_cut(stages::ORDER, st, &cx);
     }
 
     /// The line and block for a session and model.
@@ -873,12 +848,7 @@ impl SessionManager {
             }
             // The count may carry new messages after the recorded ones.
             if !st.active.is_empty() && st.lcp(req.messages, &req.hashes) == st.active.len() {
-                let w = window::render(
-                    &self.settings.data_dir,
-                    &st,
-                    parsed,
-                    self.settings.state_tokens,
-                );
+                let w = window::render(&self.settings, &st, parsed);
                 if let Some(b) = w.body {
                     return Prepared::forward(Bytes::from(b));
                 }

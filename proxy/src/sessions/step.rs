@@ -218,13 +218,8 @@ impl SessionManager {
         // record keeps the gauge it was made at.
         st.meter.gauge = st.tideline.gauge();
         ticket.meter.window = st.meter.gauge;
-        self.compress_at_cut(&mut st, parsed, line);
-        let w = window::render(
-            &self.settings.data_dir,
-            &st,
-            parsed,
-            self.settings.state_tokens,
-        );
+        self.at_cut(&mut st, parsed, line);
+        let w = window::render(&self.settings, &st, parsed);
         if w.saved > 0 {
             ticket.compress = st.compress.detail();
         }
