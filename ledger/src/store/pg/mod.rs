@@ -330,16 +330,6 @@ impl PgStore {
         rx.recv().map_err(|_| StoreError::Closed)?
     }
 
-    fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        match rx.recv_timeout(wait) {
-            Ok(()) => Ok(true),
-            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
-        }
-    }
-
     /// Take the lease of `sessions` for this proxy, waiting up to `wait`
     /// for ones another proxy holds to lapse (its proxy died) or be let
     /// go. Returns the sessions still held elsewhere after the wait.
@@ -378,11 +368,6 @@ impl PgStore {
             std::thread::sleep(Duration::from_millis(100).min(deadline - Instant::now()));
         }
     }
-
-    /// Every session as a name may mean it.
-    pub fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
-        self.read(reads::candidates)
-    }
 }
 
 impl LedgerWrite for PgStore {
@@ -413,7 +398,13 @@ impl LedgerWrite for PgStore {
         rx.recv().map_err(|_| StoreError::Closed)
     }
     fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        PgStore::settle_within(self, wait)
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
+        match rx.recv_timeout(wait) {
+            Ok(()) => Ok(true),
+            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
+        }
     }
     fn health(&self) -> Health {
         health_of(&self.inner.shared)
@@ -526,7 +517,7 @@ impl LedgerRead for PgStore {
         Ok(crate::resolve::resolve(spec, &self.session_candidates()?)?)
     }
     fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
-        PgStore::session_candidates(self)
+        self.read(reads::candidates)
     }
     fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         let id = id.to_string();
