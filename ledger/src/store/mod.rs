@@ -2,9 +2,10 @@
 //! [`LedgerStore`]) and their two engines, SQLite ([`Store`], in `lite/`)
 //! and PostgreSQL ([`pg::PgStore`], in `pg/`), side by side.
 //!
-//! What the engines share lives here: the traits and the records they
-//! carry (`backend`), the admission queue (`queue`), the one writer loop
-//! generic over an engine's `Db` (`writer`), the files written
+//! What the engines share lives here: the traits (`backend`) and the
+//! records they carry (`records`), the admission queue (`queue`), the one
+//! writer loop generic over an engine's `Db` (`writer`) and what applying
+//! an event changes beyond the database (`effects`), the files written
 //! behind the commit (`files`, `page_io`) from the reads both engines
 //! implement (`source`), and small helpers (`common`). Each engine holds
 //! its schema, its SQL, how it applies an event, its reads and its jobs.
@@ -13,6 +14,7 @@
 
 mod backend;
 mod common;
+mod effects;
 mod error;
 mod files;
 mod health;
@@ -20,18 +22,19 @@ mod lite;
 mod page_io;
 pub mod pg;
 mod queue;
+mod records;
 mod source;
 mod writer;
 
-pub use backend::{
-    Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LedgerRead,
-    LedgerStore, LedgerWrite, LineRecord, LoadedSession, SentPointers, SessionSummary,
-    SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
-};
+pub use backend::{LedgerRead, LedgerStore, LedgerWrite, SettleFuture};
 pub use error::StoreError;
 pub use health::RESTORE_WAIT;
 pub use lite::schema::SCHEMA_VERSION;
 pub use lite::Store;
+pub use records::{
+    Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LineRecord,
+    LoadedSession, SentPointers, SessionSummary, StepRecord, StoreMetrics, LAG_WINDOW,
+};
 
 use queue::Shared;
 use std::path::Path;

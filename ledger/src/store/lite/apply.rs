@@ -5,7 +5,7 @@
 use super::sql::session_exists;
 use crate::model::{Event, SessionMeta};
 use crate::store::common::{now_ms, to_i64};
-use crate::store::writer::{rows_gap, Change, Effect, Known, Outcome};
+use crate::store::effects::{rows_gap, Change, Effect, Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

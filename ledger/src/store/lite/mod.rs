@@ -43,13 +43,11 @@ pub(super) mod schema;
 mod source;
 mod sql;
 
-use super::backend::{
-    Behind, BehindReason, Health, LedgerRead, LedgerWrite, LoadedSession, SettleFuture,
-    StoreMetrics,
-};
+use super::backend::{LedgerRead, LedgerWrite, SettleFuture};
 use super::error::{io_err, StoreError};
 use super::health::{health_of, RESTORE_WAIT};
 use super::queue::{Admit, Cmd, Reply, Shared};
+use super::records::{Behind, BehindReason, Health, LoadedSession, StoreMetrics};
 use super::writer::Writer;
 use super::{metrics_of, StoreOptions};
 use crate::model::Event;

@@ -11,11 +11,10 @@ use crate::recall::{
     clip_body, fts_query, note_hits, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
     SEARCH_MAX_NOTE_SETS, SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
 };
-use crate::store::backend::{
-    CutRecord, LedgerRead, LedgerWrite, LineRecord, LoadedSession, SessionSummary, StepRecord,
-};
+use crate::store::backend::{LedgerRead, LedgerWrite};
 use crate::store::common::{stored_dialect, to_i64};
 use crate::store::error::StoreError;
+use crate::store::records::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::Ordering;
 use tracing::warn;
@@ -244,7 +243,7 @@ impl LedgerRead for Store {
     fn context_edits(
         &self,
         id: &str,
-    ) -> Result<Vec<crate::store::backend::ContextEditRecord>, StoreError> {
+    ) -> Result<Vec<crate::store::records::ContextEditRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
@@ -252,7 +251,7 @@ impl LedgerRead for Store {
             )?;
             let edits = stmt
                 .query_map([id], |r| {
-                    Ok(crate::store::backend::ContextEditRecord {
+                    Ok(crate::store::records::ContextEditRecord {
                         n: r.get::<_, i64>(0)?.max(0) as u32,
                         ts_ms: r.get(1)?,
                         seqs: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),

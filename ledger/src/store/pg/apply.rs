@@ -14,9 +14,10 @@
 //! is written after the commit, in its own transaction ([`super::text`]),
 //! as the SQLite engine does with its full-text index.
 
-use super::super::backend::BehindReason;
+use super::super::effects::{learn, rows_gap, Applied, Change, Effect, Known, Outcome};
 use super::super::error::StoreError;
-use super::super::writer::{learn, rows_gap, Applied, Change, Effect, Known, Outcome, Queued};
+use super::super::records::BehindReason;
+use super::super::writer::Queued;
 use super::schema::{DAY_MS, NOW_MS};
 use super::sql::big;
 use super::text::TextJob;

@@ -39,14 +39,15 @@ mod sql;
 mod text;
 mod writer;
 
-use super::backend::{
-    Behind, BehindReason, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord,
-    LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics,
-};
+use super::backend::{LedgerRead, LedgerStore, LedgerWrite, SettleFuture};
 use super::common::now_ms;
 use super::error::{io_err, StoreError};
 use super::health::{health_of, RESTORE_WAIT};
 use super::queue::{Admit, Cmd, Reply, Shared};
+use super::records::{
+    Behind, BehindReason, CutRecord, Health, LineRecord, LoadedSession, SessionSummary, StepRecord,
+    StoreMetrics,
+};
 use super::StoreOptions;
 use crate::model::{Event, Row, SessionMeta};
 use crate::page::Note;
@@ -538,7 +539,7 @@ impl LedgerRead for PgStore {
     fn context_edits(
         &self,
         id: &str,
-    ) -> Result<Vec<super::backend::ContextEditRecord>, StoreError> {
+    ) -> Result<Vec<super::records::ContextEditRecord>, StoreError> {
         let id = id.to_string();
         self.read(move |c| reads::context_edits(c, id))
     }
