@@ -2,8 +2,8 @@
 //! loop ([`super::writer`]) and the files ([`super::files`]) use it: an
 //! event's [`Outcome`] and [`Change`], a batch's [`Applied`], a session's
 //! [`Touch`] and its file-cache [`Effect`]s; and what the writer learns of
-//! a session as events commit ([`Known`], [`learn`]) with the gap-free
-//! check of `Rows` ([`rows_gap`]). The same on both engines.
+//! a session as events commit ([`Known`], [`learn`]). The same on both
+//! engines.
 
 use super::queue::lossless;
 use super::records::BehindReason;
@@ -144,20 +144,4 @@ pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
         }
         _ => {}
     }
-}
-
-/// Why `rows` do not continue a session whose next seq is `expected`
-/// (None = they do: they start there and have no gap). What is on disk
-/// stays a gap-free, in-order prefix.
-pub(super) fn rows_gap(rows: &[Row], expected: u64) -> Option<String> {
-    let first = rows.first()?;
-    if first.seq != expected {
-        return Some(format!(
-            "rows start at seq {} but the ledger expects {expected}",
-            first.seq
-        ));
-    }
-    rows.windows(2)
-        .find(|w| w[1].seq != w[0].seq + 1)
-        .map(|w| format!("rows jump from seq {} to {}", w[0].seq, w[1].seq))
 }

@@ -12,6 +12,7 @@
 //!
 //! The files of this module are mapped in `docs/ARCHITECTURE.md`.
 
+mod apply;
 mod backend;
 mod common;
 mod effects;
