@@ -3,12 +3,13 @@
 //! and PostgreSQL ([`pg::PgStore`], in `pg/`), side by side.
 //!
 //! What the engines share lives here: the traits (`backend`) and the
-//! records they carry (`records`), the admission queue (`queue`), the one
-//! writer loop generic over an engine's `Db` (`writer`) and what applying
-//! an event changes beyond the database (`effects`), the files written
+//! records they carry (`records`), the admission queue (`queue`) and the
+//! channel to the writer thread (`handle`), the one writer loop generic
+//! over an engine's `Db` (`writer`), what applying an event decides
+//! (`apply`) and changes beyond the database (`effects`), the files written
 //! behind the commit (`files`, `page_io`) from the reads both engines
 //! implement (`source`), and small helpers (`common`). Each engine holds
-//! its schema, its SQL, how it applies an event, its reads and its jobs.
+//! its schema, its SQL and how it runs it, its reads and its jobs.
 //!
 //! The files of this module are mapped in `docs/ARCHITECTURE.md`.
 
@@ -18,6 +19,7 @@ mod common;
 mod effects;
 mod error;
 mod files;
+mod handle;
 mod health;
 mod lite;
 mod page_io;

@@ -11,11 +11,8 @@ use crate::store::backend::LedgerStore;
 use crate::store::common::now_ms;
 use crate::store::error::StoreError;
 use crate::store::page_io::{advance_page, new_page, write_page};
-use crate::store::queue::Cmd;
 use rusqlite::params;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 
 impl Store {
     /// Run `f` on the writer thread after everything queued before it, and
@@ -24,13 +21,7 @@ impl Store {
         &self,
         f: impl FnOnce(&mut LiteWriter) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Job(Box::new(move |w: &mut LiteWriter| {
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
-                .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
-            let _ = tx.send(result);
-        })))?;
-        rx.recv().map_err(|_| StoreError::Closed)?
+        self.inner.writer.run_job(f)
     }
 }
 

@@ -45,24 +45,21 @@ mod sql;
 
 use super::backend::{LedgerRead, LedgerWrite, SettleFuture};
 use super::error::{io_err, StoreError};
+use super::handle::WriterHandle;
 use super::health::{health_of, RESTORE_WAIT};
-use super::queue::{Admit, Cmd, Reply, Shared};
+use super::queue::Shared;
 use super::records::{Behind, BehindReason, Health, LoadedSession, StoreMetrics};
 use super::writer::Writer;
 use super::{metrics_of, StoreOptions};
 use crate::model::Event;
 use crate::paths::DataDir;
 use db::Lite;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
-use tokio::sync::oneshot;
-use tracing::warn;
 
 /// The SQLite engine's writer.
 type LiteWriter = Writer<Lite>;
@@ -81,35 +78,10 @@ struct Inner {
     dir: DataDir,
     db: PathBuf,
     busy: Duration,
-    tx: RwLock<Option<Sender<Cmd<LiteWriter>>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: WriterHandle<LiteWriter>,
     shared: Arc<Shared>,
     /// Idle read connections, with the database generation they read.
     readers: Mutex<Vec<(u64, Connection)>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
-            warn!("ledger writer shutdown on drop: {e}");
-        }
-    }
-}
-
-impl Inner {
-    fn shutdown(&self) -> Result<(), StoreError> {
-        // A batch the writer cannot commit is retried for a grace period
-        // only, so shutdown ends.
-        self.shared.stopping.store(true, Ordering::Release);
-        if let Some(tx) = self.tx.write().take() {
-            let _ = tx.send(Cmd::Shutdown);
-        }
-        let mut thread = self.thread.lock();
-        if let Some(handle) = thread.take() {
-            handle.join().map_err(|_| StoreError::Closed)?;
-        }
-        Ok(())
-    }
 }
 
 impl Store {
@@ -136,8 +108,7 @@ impl Store {
                 dir,
                 db,
                 busy: opts.busy_timeout,
-                tx: RwLock::new(Some(tx)),
-                thread: Mutex::new(Some(handle)),
+                writer: WriterHandle::new(tx, handle, shared.clone()),
                 shared,
                 readers: Mutex::new(Vec::new()),
             }),
@@ -147,28 +118,7 @@ impl Store {
     /// Like [`LedgerWrite::submit`], but an event that does not fit is handed
     /// back ([`StoreError::QueueFull`]) and its session stays as it was.
     pub fn try_submit(&self, ev: Event) -> Result<(), StoreError> {
-        self.enqueue(ev, false)
-    }
-
-    fn enqueue(&self, ev: Event, shed: bool) -> Result<(), StoreError> {
-        let shared = &self.inner.shared;
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        let (id, at) = match shared.admit(&ev, shed) {
-            Admit::Queue { id, at } => (id, at),
-            Admit::Dropped => return Ok(()),
-            Admit::Full => return Err(StoreError::QueueFull(Box::new(ev))),
-        };
-        tx.send(Cmd::Event { ev, id, at }).map_err(|_| {
-            shared.forget(std::iter::once(id));
-            StoreError::Closed
-        })
-    }
-
-    fn send_cmd(&self, cmd: Cmd<LiteWriter>) -> Result<(), StoreError> {
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        tx.send(cmd).map_err(|_| StoreError::Closed)
+        self.inner.writer.enqueue(ev, false)
     }
 
     /// Age in ms of the oldest queued-but-uncommitted event (0 when idle).
@@ -195,35 +145,23 @@ impl LedgerWrite for Store {
     /// (counted in [`StoreMetrics::shed`]; see [`LedgerWrite`] for the
     /// protocol).
     fn submit(&self, ev: Event) -> Result<(), StoreError> {
-        self.enqueue(ev, true)
+        self.inner.writer.enqueue(ev, true)
     }
 
     /// Barrier: resolves once everything queued before it is committed and
     /// its transcript files are written (while commits fail, it waits for
     /// them to succeed).
     fn settle(&self) -> SettleFuture<'_> {
-        Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
-            self.send_cmd(Cmd::Settle(Reply::Async(tx)))?;
-            rx.await.map_err(|_| StoreError::Closed)
-        })
+        self.inner.writer.settle()
     }
 
     /// Blocking form of [`LedgerWrite::settle`] (safe on any thread, blocks it).
     fn settle_blocking(&self) -> Result<(), StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        rx.recv().map_err(|_| StoreError::Closed)
+        self.inner.writer.settle_blocking()
     }
 
     fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        match rx.recv_timeout(wait) {
-            Ok(()) => Ok(true),
-            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
-        }
+        self.inner.writer.settle_within(wait)
     }
 
     fn health(&self) -> Health {
@@ -299,6 +237,6 @@ impl LedgerWrite for Store {
     /// given up with an ERROR line). Idempotent; later submits return
     /// [`StoreError::Closed`].
     fn shutdown(&self) -> Result<(), StoreError> {
-        self.inner.shutdown()
+        self.inner.writer.shutdown()
     }
 }
