@@ -81,9 +81,8 @@ pub(super) struct Change {
 pub(super) struct Applied {
     pub(super) touched: BTreeMap<String, Touch>,
     pub(super) refused: u64,
-    /// Sessions that fall behind with this batch: (session, event id,
-    /// reason, why).
-    pub(super) behind: Vec<(String, u64, BehindReason, String)>,
+    /// Sessions that fall behind with this batch.
+    pub(super) behind: Vec<Fell>,
     /// Events skipped because their session fell behind earlier in the batch.
     pub(super) skipped: u64,
     /// Sessions that fell behind in this batch (their later events skipped).
@@ -116,8 +115,23 @@ impl Applied {
         let session = ev.session().to_string();
         self.refused += 1;
         self.fallen.insert(session.clone());
-        self.behind.push((session, id, reason, why));
+        self.behind.push(Fell {
+            session,
+            id,
+            reason,
+            why,
+        });
     }
+}
+
+/// A session that fell behind with a batch, and the event it fell at.
+pub(super) struct Fell {
+    pub(super) session: String,
+    /// The refused event's queue id.
+    pub(super) id: u64,
+    pub(super) reason: BehindReason,
+    /// Why, for the log line.
+    pub(super) why: String,
 }
 
 /// Facts of a session the writer has committed events for, so a step does

@@ -595,8 +595,9 @@ impl<D: Db> Writer<D> {
                 lags.push_back(committed.duration_since(*at).as_micros() as u64);
             }
         }
-        for (session, id, reason, why) in &applied.behind {
-            if s.mark_behind(session, *id, *reason) {
+        for fell in &applied.behind {
+            let (session, why) = (&fell.session, &fell.why);
+            if s.mark_behind(session, fell.id, fell.reason) {
                 if self.db.quiet_behind() {
                     debug!(session = %session, "ledger session behind after the reopen: {why}");
                 } else {
