@@ -3,7 +3,7 @@
 //! (Decisions, Environment, Errors and fixes, Code map, Open questions, Next
 //! step) from the transcripts of turns wholly past the tideline, and the
 //! parser of its answer. Pure; the caller makes the model call and stores
-//! the lines with [`crate::store::Store::add_page_notes`], so a later
+//! the lines with [`crate::store::LedgerStore::add_page_notes`], so a later
 //! mechanical `ledger rebuild` reproduces them without calling a model.
 
 use crate::inside::READ_MAX;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_config::Price;
+use oceancode_ledger::store::{LedgerRead, LedgerStore, LedgerWrite};
 use oceancode_ledger::{atif, export};
 use oceancode_testkit::ledger::*;
 use serde_json::{json, Value};

@@ -2,6 +2,7 @@
 //! live files byte for byte.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::{LedgerRead, LedgerStore, LedgerWrite};
 use oceancode_testkit::ledger::*;
 use serde_json::json;
 

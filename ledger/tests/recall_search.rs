@@ -2,6 +2,7 @@
 //! search across sessions; rows hidden by a rewind are read too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::{LedgerRead, LedgerStore, LedgerWrite};
 use oceancode_testkit::ledger::*;
 use serde_json::json;
 

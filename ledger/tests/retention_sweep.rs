@@ -2,6 +2,7 @@
 //! `vacuum` compacts.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::{LedgerRead, LedgerStore, LedgerWrite};
 use oceancode_testkit::ledger::*;
 
 const DAY: i64 = 86_400_000;

@@ -4,6 +4,7 @@
 //! (Its own test binary: it installs the process's global subscriber.)
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::LedgerWrite;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_testkit::ledger::*;
 use oceancode_window::{Dialect, Event, RowKind};

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::store::{BehindReason, HealthStatus, Store, StoreOptions};
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_testkit::eventually;
 use oceancode_testkit::ledger::*;
 use oceancode_window::{Dialect, Event, Row, RowKind, Usage};

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_ledger::paths::{self, sanitize_session_id, DataDir};
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_testkit::ledger::*;
 use oceancode_window::{Dialect, Event, RowKind};
 use std::os::unix::fs::PermissionsExt;

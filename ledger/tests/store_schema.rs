@@ -5,6 +5,7 @@
 //! one policy for a stored dialect this build does not know.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_ledger::store::{Store, StoreError, SCHEMA_VERSION};
 use oceancode_testkit::ledger::*;
 use oceancode_window::{AppliedEdit, Dialect, Event, RowKind, StepDetail, Usage};

@@ -1,6 +1,7 @@
 //! Transcript rendering (pure) and the files the writer produces.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_ledger::transcript::{self, render_index, render_turn, summarize_turn, TurnSummary};
 use oceancode_testkit::ledger::*;
 use oceancode_window::{Dialect, Event, Row, RowKind};

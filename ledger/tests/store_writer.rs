@@ -5,6 +5,7 @@
 use oceancode_ledger::store::{
     BehindReason, HealthStatus, LoadedSession, SentPointers, Store, StoreError, StoreOptions,
 };
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_testkit::eventually;
 use oceancode_testkit::ledger::*;
 use oceancode_window::{Dialect, Event, InternalRecall, RowKind, SentWindow, StepDetail, Usage};

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: failures panic
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use oceancode_ledger::store::LedgerWrite;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_proxy::ui::{self, pages};
 use oceancode_window::{

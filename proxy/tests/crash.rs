@@ -14,6 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use oceancode_fakeup::{FakeConfig, FakeHandle, FakeUpstream, Reply, Script};
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_ledger::store::{LoadedSession, Store, StoreOptions};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;

@@ -2,6 +2,7 @@
 //! `ledger vacuum`, `export`, `recall`, `status`, and `/metrics`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
+use oceancode_ledger::store::LedgerWrite;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_window::{Dialect, Event, RowKind, SessionMeta};
 use serde_json::{json, Value};

@@ -6,6 +6,7 @@
 
 mod common;
 use common::{output, proxy_cmd};
+use oceancode_ledger::store::LedgerWrite;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::path::Path;

@@ -15,6 +15,7 @@
 
 use http_body_util::BodyExt;
 use oceancode_fakeup::{Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::recall_tool::{RecallTool, NAME};
 use oceancode_tests::{recall, Harness};
 use oceancode_window::{Dialect, Usage};

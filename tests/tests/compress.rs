@@ -5,6 +5,7 @@
 
 use oceancode_config::CompressConfig;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{push_tool_step, stub_seq, tool_lines, Harness};
 use serde_json::{json, Value};

@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_tests::{push_tool_step, tool_lines, Harness};
 use serde_json::{json, Value};
 use std::path::PathBuf;

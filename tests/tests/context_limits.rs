@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use oceancode_config::Price;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail};
 use oceancode_ledger::status;
+use oceancode_ledger::store::LedgerRead;
 use oceancode_ledger::store::StepRecord;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{stub_seq, Harness};

@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{tool_output, Harness};
 use oceancode_window::Dialect;

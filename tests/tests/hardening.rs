@@ -7,6 +7,7 @@
 use bytes::Bytes;
 use http::Method;
 use oceancode_fakeup::FakeConfig;
+use oceancode_ledger::store::LedgerRead;
 use oceancode_testkit::{eventually_async, Conversation, Dialect};
 use oceancode_tests::{collect, Harness, Replay};
 use std::io::{Read, Write};

@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_tests::{push_tool_step, Harness};
 use serde_json::{json, Value};

@@ -9,6 +9,7 @@
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
 use oceancode_ledger::store::StoreOptions;
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_testkit::eventually_async;
 use oceancode_tests::{push_tool_step, Harness};
 use serde_json::{json, Value};

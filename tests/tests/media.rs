@@ -8,6 +8,7 @@
 
 use oceancode_fakeup::images;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{push_tool_step, Harness};
 use serde_json::{json, Value};

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::{LedgerRead, LedgerStore};
 use oceancode_proxy::merge::{Auth, MergeOptions, Provider, Secret};
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_testkit::eventually_async;

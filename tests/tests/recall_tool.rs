@@ -9,6 +9,7 @@
 
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, StreamFail, RECALL_TOOL};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::recall_tool::{tool_json, RecallTool};
 use oceancode_testkit::Conversation;
 use oceancode_tests::recall::{self, assistant, model_requests, path, split, user};

@@ -12,6 +12,7 @@
 
 use oceancode_config::{BlockSpec, LineSpec};
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script, RECALL_TOOL};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::dialect::ParsedBody;
 use oceancode_proxy::recall_tool::RecallTool;
 use oceancode_proxy::sessions::ModelLimits;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Reply, Script};
+use oceancode_ledger::store::{LedgerRead, LedgerWrite};
 use oceancode_proxy::sessions::FULL_PARSES;
 use oceancode_tests::Harness;
 use serde_json::{json, Value};

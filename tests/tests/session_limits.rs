@@ -10,6 +10,7 @@
 use oceancode_config::Price;
 use oceancode_fakeup::{FakeConfig, Reply, Script, UsageOverride};
 use oceancode_ledger::status;
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::sessions::SessionLimits;
 use oceancode_testkit::{Conversation, Dialect};
 use oceancode_tests::{Got, Harness};

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::FakeConfig;
+use oceancode_ledger::store::LedgerRead;
 use oceancode_testkit::eventually_async;
 use oceancode_tests::{captured, Harness};
 use oceancode_window::RowKind;

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_ledger::store::LoadedSession;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_testkit::{Conversation, Dialect};

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: failures panic
 
 use oceancode_fakeup::{count_tokens, FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::dialect::ParsedBody;
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{captured, tool_lines, Captured, Harness};

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use oceancode_fakeup::{FakeConfig, Recorded, Reply, Script};
+use oceancode_ledger::store::LedgerRead;
 use oceancode_proxy::dialect::{self, ResponseCollector};
 use oceancode_proxy::sessions::ModelLimits;
 use oceancode_tests::{push_tool_step, stub_seq, tool_output, Got, Harness};

@@ -13,11 +13,11 @@
 //! recover. [`write_session_files`] is also what `ledger rebuild` writes,
 //! so a rebuild gives the live writer's bytes.
 
+use super::effects::{Effect, Touch};
 use super::error::{io_err, StoreError};
 use super::page_io;
 use super::queue::{Fault, Shared};
 use super::source::Source;
-use super::writer::{Effect, Touch};
 use crate::model::{Row, SessionMeta};
 use crate::page::Page;
 use crate::paths::DataDir;

@@ -1,8 +1,8 @@
 //! Health both engines report (`/_oceancode/health`) from the writer's
 //! shared state, and how long the restorer waits for queued writes.
 
-use super::backend::{BehindReason, Health, HealthStatus};
 use super::queue::Shared;
+use super::records::{BehindReason, Health, HealthStatus};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

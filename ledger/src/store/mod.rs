@@ -2,36 +2,42 @@
 //! [`LedgerStore`]) and their two engines, SQLite ([`Store`], in `lite/`)
 //! and PostgreSQL ([`pg::PgStore`], in `pg/`), side by side.
 //!
-//! What the engines share lives here: the traits and the records they
-//! carry (`backend`), the admission queue (`queue`), the one writer loop
-//! generic over an engine's `Db` (`writer`), the files written
+//! What the engines share lives here: the traits (`backend`) and the
+//! records they carry (`records`), the admission queue (`queue`) and the
+//! channel to the writer thread (`handle`), the one writer loop generic
+//! over an engine's `Db` (`writer`), what applying an event decides
+//! (`apply`) and changes beyond the database (`effects`), the files written
 //! behind the commit (`files`, `page_io`) from the reads both engines
 //! implement (`source`), and small helpers (`common`). Each engine holds
-//! its schema, its SQL, how it applies an event, its reads and its jobs.
+//! its schema, its SQL and how it runs it, its reads and its jobs.
 //!
 //! The files of this module are mapped in `docs/ARCHITECTURE.md`.
 
+mod apply;
 mod backend;
 mod common;
+mod effects;
 mod error;
 mod files;
+mod handle;
 mod health;
 mod lite;
 mod page_io;
 pub mod pg;
 mod queue;
+mod records;
 mod source;
 mod writer;
 
-pub use backend::{
-    Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LedgerRead,
-    LedgerStore, LedgerWrite, LineRecord, LoadedSession, SentPointers, SessionSummary,
-    SettleFuture, StepRecord, StoreMetrics, LAG_WINDOW,
-};
+pub use backend::{LedgerRead, LedgerStore, LedgerWrite, SettleFuture};
 pub use error::StoreError;
 pub use health::RESTORE_WAIT;
 pub use lite::schema::SCHEMA_VERSION;
 pub use lite::Store;
+pub use records::{
+    Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LineRecord,
+    LoadedSession, SentPointers, SessionSummary, StepRecord, StoreMetrics, LAG_WINDOW,
+};
 
 use queue::Shared;
 use std::path::Path;

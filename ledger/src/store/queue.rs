@@ -15,8 +15,8 @@
 //! and they are kept while their session is behind. Only a full lane sheds
 //! them (one WARN line).
 
-use super::backend::{Behind, BehindReason};
 use super::common::now_ms;
+use super::records::{Behind, BehindReason};
 use crate::model::Event;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};

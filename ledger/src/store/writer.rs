@@ -30,14 +30,15 @@
 //! The engines differ only in [`Db`]: SQLite's is `lite::db::Lite`,
 //! PostgreSQL's `pg::writer::PgDb`.
 
-use super::backend::{BehindReason, LAG_WINDOW};
+use super::effects::{Applied, Touch};
 use super::error::StoreError;
 use super::files::Files;
 use super::queue::{lossless, Cmd, Fault, Job, Reply, Shared};
+use super::records::LAG_WINDOW;
 use super::source::Source;
-use crate::model::{Dialect, Event, Row, SessionMeta};
+use crate::model::Event;
 use crate::paths::DataDir;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -69,35 +70,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// it was queued.
 pub(super) type Queued = (Event, u64, Instant);
 
-/// What a committed event changes in the writer's caches.
-pub(super) enum Effect {
-    Meta(SessionMeta),
-    Append(Vec<Row>),
-    Confirm { seq: u64, turn: u32, raw: Arc<str> },
-    Invalidate,
-}
-
-/// What a batch changed of one session: caches to update, files to write.
-#[derive(Default)]
-pub(super) struct Touch {
-    pub(super) effects: Vec<Effect>,
-    pub(super) turns: BTreeSet<u32>,
-    /// The session's facts or its list of turns may change: `index.md`.
-    pub(super) index: bool,
-    /// Rows, cuts, branches or confirms: `SESSION.md` may change.
-    pub(super) page: bool,
-}
-
-impl Touch {
-    /// Add what a later batch changed of the same session.
-    fn merge(&mut self, later: Touch) {
-        self.effects.extend(later.effects);
-        self.turns.extend(later.turns);
-        self.index |= later.index;
-        self.page |= later.page;
-    }
-}
-
 /// What the writer does next with what it took from the channel.
 enum Next<W> {
     /// Commit these events in one transaction; `done[i]` = event `i`
@@ -110,128 +82,6 @@ enum Next<W> {
     Job(Job<W>),
     /// Stop, everything before it done.
     Shutdown,
-}
-
-/// What applying one event did.
-pub(super) enum Outcome {
-    /// Applied, and what that changes beyond the database.
-    Applied(Change),
-    /// Refused (nothing written), and why.
-    Refused(String),
-}
-
-impl Outcome {
-    /// Applied; nothing to do beyond the database.
-    pub(super) fn quiet() -> Outcome {
-        Outcome::Applied(Change::default())
-    }
-
-    /// Applied: `effect` on the file caches, the transcripts of `turns`
-    /// and `index.md` to write again.
-    pub(super) fn changed(effect: Effect, turns: Vec<u32>) -> Outcome {
-        Outcome::Applied(Change {
-            effect: Some(effect),
-            turns,
-            reindex: true,
-        })
-    }
-}
-
-/// What an applied event changes beyond the database: the writer's files.
-#[derive(Default)]
-pub(super) struct Change {
-    /// Its effect on the file caches (None = none).
-    pub(super) effect: Option<Effect>,
-    /// The turns whose transcripts it touched.
-    pub(super) turns: Vec<u32>,
-    /// Whether `index.md` changes.
-    pub(super) reindex: bool,
-}
-
-/// What one successful attempt at a batch did.
-#[derive(Default)]
-pub(super) struct Applied {
-    pub(super) touched: BTreeMap<String, Touch>,
-    pub(super) refused: u64,
-    /// Sessions that fall behind with this batch: (session, event id,
-    /// reason, why).
-    pub(super) behind: Vec<(String, u64, BehindReason, String)>,
-    /// Events skipped because their session fell behind earlier in the batch.
-    pub(super) skipped: u64,
-    /// Sessions that fell behind in this batch (their later events skipped).
-    fallen: HashSet<String>,
-}
-
-impl Applied {
-    /// Whether `ev` is skipped because its session fell behind earlier in
-    /// the batch (counted); steps and session facts never are.
-    pub(super) fn skips(&mut self, ev: &Event) -> bool {
-        let skip = !lossless(ev) && self.fallen.contains(ev.session());
-        self.skipped += u64::from(skip);
-        skip
-    }
-
-    /// `ev` was applied: what it changes of its session.
-    pub(super) fn applied(&mut self, ev: &Event, change: Change) {
-        let t = self.touched.entry(ev.session().to_string()).or_default();
-        t.effects.extend(change.effect);
-        t.turns.extend(change.turns);
-        t.index |= change.reindex;
-        t.page |= !matches!(
-            ev,
-            Event::Session(_) | Event::Step { .. } | Event::Line { .. } | Event::ContextEdit { .. }
-        );
-    }
-
-    /// `ev` (queue id `id`) was refused: its session falls behind.
-    pub(super) fn refused(&mut self, ev: &Event, id: u64, reason: BehindReason, why: String) {
-        let session = ev.session().to_string();
-        self.refused += 1;
-        self.fallen.insert(session.clone());
-        self.behind.push((session, id, reason, why));
-    }
-}
-
-/// Facts of a session the writer has committed events for, so a step does
-/// not query for them.
-#[derive(Clone, Copy, Default)]
-pub(super) struct Known {
-    pub(super) dialect: Option<Dialect>,
-    /// The seq the next `Rows` event must start at (None = ask the database).
-    pub(super) next_seq: Option<u64>,
-    /// PostgreSQL: the session's partition day.
-    pub(super) day: Option<i64>,
-}
-
-/// What a committed event teaches the writer about its session.
-pub(super) fn learn(known: &mut HashMap<String, Known>, ev: &Event) {
-    match ev {
-        Event::Session(m) => {
-            known.entry(m.id.clone()).or_default().dialect = Some(m.dialect);
-        }
-        Event::Rows { session, rows } => {
-            if let Some(last) = rows.last() {
-                known.entry(session.clone()).or_default().next_seq = Some(last.seq + 1);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Why `rows` do not continue a session whose next seq is `expected`
-/// (None = they do: they start there and have no gap). What is on disk
-/// stays a gap-free, in-order prefix.
-pub(super) fn rows_gap(rows: &[Row], expected: u64) -> Option<String> {
-    let first = rows.first()?;
-    if first.seq != expected {
-        return Some(format!(
-            "rows start at seq {} but the ledger expects {expected}",
-            first.seq
-        ));
-    }
-    rows.windows(2)
-        .find(|w| w[1].seq != w[0].seq + 1)
-        .map(|w| format!("rows jump from seq {} to {}", w[0].seq, w[1].seq))
 }
 
 /// How [`Db::ensure`] found the database.
@@ -745,8 +595,9 @@ impl<D: Db> Writer<D> {
                 lags.push_back(committed.duration_since(*at).as_micros() as u64);
             }
         }
-        for (session, id, reason, why) in &applied.behind {
-            if s.mark_behind(session, *id, *reason) {
+        for fell in &applied.behind {
+            let (session, why) = (&fell.session, &fell.why);
+            if s.mark_behind(session, fell.id, fell.reason) {
                 if self.db.quiet_behind() {
                     debug!(session = %session, "ledger session behind after the reopen: {why}");
                 } else {

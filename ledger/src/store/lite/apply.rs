@@ -1,13 +1,17 @@
-//! Applying one event inside the writer's transaction: the SQL of each
-//! [`Event`], the gap-free check of `Rows`, and what a committed event
-//! changes in the writer's caches and files.
+//! Applying one event inside the writer's transaction: the SQLite SQL of
+//! each [`Event`], run synchronously under the event's savepoint. What the
+//! event means (the checks, its outcome) is decided in `store/apply.rs`.
 
 use super::sql::session_exists;
 use crate::model::{Event, SessionMeta};
+use crate::store::apply::{
+    check_rows, confirmed, hidden, known_next_seq, next_after, rows_written, session_written,
+    unknown_session,
+};
 use crate::store::common::{now_ms, to_i64};
-use crate::store::writer::{rows_gap, Change, Effect, Known, Outcome};
+use crate::store::effects::{Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Full-text indexing deferred to the end of a batch: FTS5 flushes its
@@ -26,19 +30,16 @@ fn hide(c: &Connection, session: &str, seqs: &[u64]) -> rusqlite::Result<Outcome
     let mut stmt = c.prepare_cached(
         "UPDATE rows SET hidden = 1 WHERE session = ?1 AND seq = ?2 RETURNING turn",
     )?;
-    let mut turns = BTreeSet::new();
+    let mut turns = Vec::new();
     for seq in seqs {
         if let Some(t) = stmt
             .query_row(params![session, to_i64(*seq)], |r| r.get::<_, i64>(0))
             .optional()?
         {
-            turns.insert(t as u32);
+            turns.push(t);
         }
     }
-    Ok(Outcome::changed(
-        Effect::Invalidate,
-        turns.into_iter().collect(),
-    ))
+    Ok(hidden(turns))
 }
 
 /// Apply one event (inside the batch's savepoint for it).
@@ -48,9 +49,11 @@ pub(super) fn apply_event(
     fts: &mut Vec<FtsJob>,
     known: &HashMap<String, Known>,
 ) -> rusqlite::Result<Outcome> {
-    let k = known.get(ev.session());
-    if !matches!(ev, Event::Session(_)) && k.is_none() && !session_exists(c, ev.session())? {
-        return Ok(Outcome::Refused("unknown session".into()));
+    if !matches!(ev, Event::Session(_))
+        && !known.contains_key(ev.session())
+        && !session_exists(c, ev.session())?
+    {
+        return Ok(unknown_session());
     }
     match ev {
         Event::Session(m) => {
@@ -86,32 +89,27 @@ pub(super) fn apply_event(
                 )?,
                 ..m.clone()
             };
-            Ok(Outcome::changed(Effect::Meta(meta), Vec::new()))
+            Ok(session_written(meta))
         }
         Event::Rows { session, rows } => {
             if rows.is_empty() {
                 return Ok(Outcome::quiet());
             }
-            let expected = match k.and_then(|k| k.next_seq) {
+            let expected = match known_next_seq(known, session) {
                 Some(n) => n,
-                None => {
-                    let max: i64 = c
-                        .prepare_cached(
-                            "SELECT COALESCE(MAX(seq), 0) FROM rows WHERE session = ?1",
-                        )?
-                        .query_row([session], |r| r.get(0))?;
-                    max as u64 + 1
-                }
+                None => next_after(
+                    c.prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM rows WHERE session = ?1")?
+                        .query_row([session], |r| r.get(0))?,
+                ),
             };
-            if let Some(why) = rows_gap(rows, expected) {
-                return Ok(Outcome::Refused(why));
+            if let Some(refused) = check_rows(rows, expected) {
+                return Ok(refused);
             }
             let mut stmt = c.prepare_cached(
                 "INSERT INTO rows (session, seq, branch, role, kind, turn, step, tokens, raw,
                                    from_response)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
-            let mut turns = Vec::new();
             for r in rows {
                 stmt.execute(params![
                     session,
@@ -130,11 +128,8 @@ pub(super) fn apply_event(
                     seq: r.seq,
                     raw: r.raw.clone(),
                 });
-                if turns.last() != Some(&r.turn) {
-                    turns.push(r.turn);
-                }
             }
-            Ok(Outcome::changed(Effect::Append(rows.clone()), turns))
+            Ok(rows_written(rows))
         }
         Event::Confirm { session, seq, raw } => {
             let hit: Option<(i64, bool)> = c
@@ -146,25 +141,14 @@ pub(super) fn apply_event(
                     Ok((r.get(0)?, r.get(1)?))
                 })
                 .optional()?;
-            let Some((turn, hidden)) = hit else {
-                return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
-            };
-            fts.push(FtsJob {
-                session: session.clone(),
-                seq: *seq,
-                raw: raw.clone(),
-            });
-            let turn = turn as u32;
-            let turns = if hidden { Vec::new() } else { vec![turn] };
-            Ok(Outcome::Applied(Change {
-                effect: Some(Effect::Confirm {
+            if hit.is_some() {
+                fts.push(FtsJob {
+                    session: session.clone(),
                     seq: *seq,
-                    turn,
                     raw: raw.clone(),
-                }),
-                turns,
-                reindex: false,
-            }))
+                });
+            }
+            Ok(confirmed(*seq, raw, hit))
         }
         Event::Branch {
             session,

@@ -10,12 +10,13 @@ use super::apply::{apply_event, FtsJob};
 use super::schema;
 use super::sql::{session_dialect, TextBatch};
 use crate::paths::DataDir;
-use crate::store::backend::BehindReason;
+use crate::store::apply::take;
+use crate::store::effects::{Applied, Known, Outcome};
 use crate::store::error::{io_err, StoreError};
 use crate::store::files::{fill_missing, Files};
 use crate::store::queue::Shared;
 use crate::store::source::Source;
-use crate::store::writer::{learn, Applied, Db, Known, Outcome, Queued, Reopen};
+use crate::store::writer::{Db, Queued, Reopen};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -205,19 +206,20 @@ impl Lite {
             }
             let sp = tx.savepoint()?;
             let mark = self.fts_pending.len();
-            let (reason, why) = match apply_event(&sp, ev, &mut self.fts_pending, &self.known) {
-                Ok(Outcome::Applied(change)) => {
-                    sp.commit()?;
-                    learn(&mut self.known, ev);
-                    out.applied(ev, change);
-                    continue;
-                }
-                Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),
+            let outcome = match apply_event(&sp, ev, &mut self.fts_pending, &self.known) {
+                Ok(outcome) => Ok(outcome),
                 Err(e) if transient(&e) => return Err(e.into()),
-                Err(e) => (BehindReason::Failed, e.to_string()),
+                Err(e) => Err(e.to_string()),
             };
-            self.fts_pending.truncate(mark);
-            out.refused(ev, *id, reason, why);
+            if matches!(outcome, Ok(Outcome::Applied(_))) {
+                sp.commit()?;
+            } else {
+                // Dropped, the savepoint rolls the event back.
+                drop(sp);
+            }
+            if !take(&mut out, &mut self.known, ev, *id, outcome) {
+                self.fts_pending.truncate(mark);
+            }
         }
         tx.commit()?;
         Ok(out)

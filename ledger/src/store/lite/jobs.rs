@@ -7,14 +7,12 @@ use super::{rebuild, retention, LiteWriter, Store};
 use crate::page::Note;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::retention::{SweepReport, VacuumReport};
+use crate::store::backend::LedgerStore;
 use crate::store::common::now_ms;
 use crate::store::error::StoreError;
 use crate::store::page_io::{advance_page, new_page, write_page};
-use crate::store::queue::Cmd;
 use rusqlite::params;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 
 impl Store {
     /// Run `f` on the writer thread after everything queued before it, and
@@ -23,19 +21,15 @@ impl Store {
         &self,
         f: impl FnOnce(&mut LiteWriter) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Job(Box::new(move |w: &mut LiteWriter| {
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
-                .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
-            let _ = tx.send(result);
-        })))?;
-        rx.recv().map_err(|_| StoreError::Closed)?
+        self.inner.writer.run_job(f)
     }
+}
 
+impl LedgerStore for Store {
     /// Rebuild a session's transcripts, `index.md`, `SESSION.md` and search
     /// index from the database (settles first: it runs on the writer thread
     /// after everything queued before it). No model call.
-    pub fn rebuild(
+    fn rebuild(
         &self,
         session: &str,
         progress: Option<Progress>,
@@ -47,15 +41,11 @@ impl Store {
         })
     }
 
-    /// Remove every session idle for `days` days or more (`0` = keep all):
-    /// its rows, steps, cuts, branches, notes, search text and directory,
-    /// together. Runs on the writer thread after everything queued before it.
-    pub fn sweep(&self, days: u32) -> Result<SweepReport, StoreError> {
-        self.sweep_at(days, now_ms())
-    }
-
-    /// [`Store::sweep`] with an explicit "now" (Unix ms), for tests.
-    pub fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError> {
+    /// Remove every session idle for `days` days or more (`0` = keep all) as
+    /// of `now_ms` (Unix ms): its rows, steps, cuts, branches, notes, search
+    /// text and directory, together. Runs on the writer thread after
+    /// everything queued before it.
+    fn sweep_at(&self, days: u32, now_ms: i64) -> Result<SweepReport, StoreError> {
         self.run_job(move |w| {
             let report = retention::sweep(&mut w.db.conn, &w.dir, days, now_ms)?;
             for id in &report.removed {
@@ -69,12 +59,12 @@ impl Store {
     }
 
     /// Compact the database (`VACUUM`, search index optimized, WAL truncated).
-    pub fn vacuum(&self) -> Result<VacuumReport, StoreError> {
+    fn vacuum(&self) -> Result<VacuumReport, StoreError> {
         self.run_job(|w| retention::vacuum(&mut w.db.conn, &w.dir))
     }
 
     /// Store model-merged lines for a session's `SESSION.md` and rewrite the page.
-    pub fn add_page_notes(&self, session: &str, notes: Vec<Note>) -> Result<(), StoreError> {
+    fn add_page_notes(&self, session: &str, notes: Vec<Note>) -> Result<(), StoreError> {
         let session = session.to_string();
         self.run_job(move |w| {
             {
@@ -103,7 +93,7 @@ impl Store {
 
     /// The model-merge backlog of a session: `(from, to)` turns wholly past
     /// the tideline that no model merge has covered yet (`from > to` = none).
-    pub fn page_backlog(&self, session: &str) -> Result<(u32, u32), StoreError> {
+    fn page_backlog(&self, session: &str) -> Result<(u32, u32), StoreError> {
         let session = session.to_string();
         self.run_job(move |w| {
             let meta = session_meta(&w.db.conn, &session)?

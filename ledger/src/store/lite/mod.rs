@@ -12,7 +12,7 @@
 //! not sink its batch), commits — retrying with backoff while the database
 //! refuses — then rewrites the transcript files of the turns it touched
 //! (atomic replace), then `SESSION.md` when a turn came wholly past the
-//! tideline ([`crate::page`]). [`Store::settle`] is a barrier that resolves
+//! tideline ([`crate::page`]). [`LedgerWrite::settle`] is a barrier that resolves
 //! once everything queued before it is committed and its files are written.
 //! Rows are also indexed for search (`row_text` + FTS5 `row_fts`). Rebuild,
 //! the retention sweep, vacuum and model-merged page notes run as jobs on the
@@ -25,18 +25,16 @@
 //! Events carry no HTTP headers, so no secret can reach the database.
 //!
 //! Readers use separate read-only connections and see committed state.
-//! [`Store::load_session`] settles first (it is the reload path and must see
-//! every queued write); [`Store::list_sessions`] and
-//! [`Store::latest_session`] do not (they may lag by the writer lag) — call
-//! [`Store::settle`] before them when that matters (export, recall,
+//! [`LedgerRead::load_session`] settles first (it is the reload path and must see
+//! every queued write); [`LedgerRead::list_sessions`] and
+//! [`LedgerRead::latest_session`] do not (they may lag by the writer lag) — call
+//! [`LedgerWrite::settle`] before them when that matters (export, recall,
 //! retention).
 //!
 //! The files of this module are mapped in `docs/ARCHITECTURE.md`.
 
 mod apply;
 mod db;
-mod health;
-mod impls;
 mod jobs;
 mod reads;
 mod rebuild;
@@ -45,24 +43,23 @@ pub(super) mod schema;
 mod source;
 mod sql;
 
-use super::backend::StoreMetrics;
+use super::backend::{LedgerRead, LedgerWrite, SettleFuture};
 use super::error::{io_err, StoreError};
-use super::queue::{Admit, Cmd, Reply, Shared};
+use super::handle::WriterHandle;
+use super::health::{health_of, RESTORE_WAIT};
+use super::queue::Shared;
+use super::records::{Behind, BehindReason, Health, LoadedSession, StoreMetrics};
 use super::writer::Writer;
 use super::{metrics_of, StoreOptions};
 use crate::model::Event;
 use crate::paths::DataDir;
 use db::Lite;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
-use tokio::sync::oneshot;
-use tracing::warn;
 
 /// The SQLite engine's writer.
 type LiteWriter = Writer<Lite>;
@@ -71,7 +68,7 @@ type LiteWriter = Writer<Lite>;
 const READER_POOL: usize = 4;
 
 /// Handle to the ledger database. Cheap to clone; the writer stops when
-/// [`Store::shutdown`] is called or the last clone is dropped.
+/// [`LedgerWrite::shutdown`] is called or the last clone is dropped.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -81,35 +78,10 @@ struct Inner {
     dir: DataDir,
     db: PathBuf,
     busy: Duration,
-    tx: RwLock<Option<Sender<Cmd<LiteWriter>>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: WriterHandle<LiteWriter>,
     shared: Arc<Shared>,
     /// Idle read connections, with the database generation they read.
     readers: Mutex<Vec<(u64, Connection)>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
-            warn!("ledger writer shutdown on drop: {e}");
-        }
-    }
-}
-
-impl Inner {
-    fn shutdown(&self) -> Result<(), StoreError> {
-        // A batch the writer cannot commit is retried for a grace period
-        // only, so shutdown ends.
-        self.shared.stopping.store(true, Ordering::Release);
-        if let Some(tx) = self.tx.write().take() {
-            let _ = tx.send(Cmd::Shutdown);
-        }
-        let mut thread = self.thread.lock();
-        if let Some(handle) = thread.take() {
-            handle.join().map_err(|_| StoreError::Closed)?;
-        }
-        Ok(())
-    }
 }
 
 impl Store {
@@ -136,98 +108,22 @@ impl Store {
                 dir,
                 db,
                 busy: opts.busy_timeout,
-                tx: RwLock::new(Some(tx)),
-                thread: Mutex::new(Some(handle)),
+                writer: WriterHandle::new(tx, handle, shared.clone()),
                 shared,
                 readers: Mutex::new(Vec::new()),
             }),
         })
     }
 
-    /// Queue an event for the writer. Never blocks and never waits on the
-    /// disk: an event that does not fit the queue (`queue_capacity` events,
-    /// `queue_bytes` bytes) is shed, and so is every later event of its
-    /// session until [`Store::resync`]: the session is *behind* (counted in
-    /// [`StoreMetrics::shed`]; see [`crate::store::LedgerWrite`] for the protocol).
-    pub fn submit(&self, ev: Event) -> Result<(), StoreError> {
-        self.enqueue(ev, true)
-    }
-
-    /// Like [`Store::submit`], but an event that does not fit is handed
+    /// Like [`LedgerWrite::submit`], but an event that does not fit is handed
     /// back ([`StoreError::QueueFull`]) and its session stays as it was.
     pub fn try_submit(&self, ev: Event) -> Result<(), StoreError> {
-        self.enqueue(ev, false)
-    }
-
-    fn enqueue(&self, ev: Event, shed: bool) -> Result<(), StoreError> {
-        let shared = &self.inner.shared;
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        let (id, at) = match shared.admit(&ev, shed) {
-            Admit::Queue { id, at } => (id, at),
-            Admit::Dropped => return Ok(()),
-            Admit::Full => return Err(StoreError::QueueFull(Box::new(ev))),
-        };
-        tx.send(Cmd::Event { ev, id, at }).map_err(|_| {
-            shared.forget(std::iter::once(id));
-            StoreError::Closed
-        })
-    }
-
-    fn send_cmd(&self, cmd: Cmd<LiteWriter>) -> Result<(), StoreError> {
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        tx.send(cmd).map_err(|_| StoreError::Closed)
-    }
-
-    /// Barrier: resolves once everything queued before it is committed and
-    /// its transcript files are written (while commits fail, it waits for
-    /// them to succeed).
-    pub async fn settle(&self) -> Result<(), StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.send_cmd(Cmd::Settle(Reply::Async(tx)))?;
-        rx.await.map_err(|_| StoreError::Closed)
-    }
-
-    /// Blocking form of [`Store::settle`] (safe on any thread, blocks it).
-    pub fn settle_blocking(&self) -> Result<(), StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        rx.recv().map_err(|_| StoreError::Closed)
-    }
-
-    /// [`Store::settle_blocking`] for at most `wait`: whether it settled.
-    pub fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        match rx.recv_timeout(wait) {
-            Ok(()) => Ok(true),
-            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
-        }
-    }
-
-    /// Drain the queue, commit, write transcripts and join the writer (a
-    /// batch that cannot commit is retried for a few seconds more, then
-    /// given up with an ERROR line). Idempotent; later submits return
-    /// [`StoreError::Closed`].
-    pub fn shutdown(&self) -> Result<(), StoreError> {
-        self.inner.shutdown()
+        self.inner.writer.enqueue(ev, false)
     }
 
     /// Age in ms of the oldest queued-but-uncommitted event (0 when idle).
     pub fn writer_lag_ms(&self) -> u64 {
         self.inner.shared.queue_state().2
-    }
-
-    /// A snapshot of the writer's counters and lag summary.
-    pub fn metrics(&self) -> StoreMetrics {
-        metrics_of(&self.inner.shared)
-    }
-
-    /// The data-dir layout.
-    pub fn data_dir(&self) -> &DataDir {
-        &self.inner.dir
     }
 
     /// `<data>/oceancode.db`.
@@ -238,5 +134,109 @@ impl Store {
     /// `<data>/sessions/<sanitized id>`.
     pub fn session_dir(&self, id: &str) -> PathBuf {
         self.inner.dir.session_dir(id)
+    }
+}
+
+impl LedgerWrite for Store {
+    /// Queue an event for the writer. Never blocks and never waits on the
+    /// disk: an event that does not fit the queue (`queue_capacity` events,
+    /// `queue_bytes` bytes) is shed, and so is every later event of its
+    /// session until [`LedgerWrite::resync`]: the session is *behind*
+    /// (counted in [`StoreMetrics::shed`]; see [`LedgerWrite`] for the
+    /// protocol).
+    fn submit(&self, ev: Event) -> Result<(), StoreError> {
+        self.inner.writer.enqueue(ev, true)
+    }
+
+    /// Barrier: resolves once everything queued before it is committed and
+    /// its transcript files are written (while commits fail, it waits for
+    /// them to succeed).
+    fn settle(&self) -> SettleFuture<'_> {
+        self.inner.writer.settle()
+    }
+
+    /// Blocking form of [`LedgerWrite::settle`] (safe on any thread, blocks it).
+    fn settle_blocking(&self) -> Result<(), StoreError> {
+        self.inner.writer.settle_blocking()
+    }
+
+    fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
+        self.inner.writer.settle_within(wait)
+    }
+
+    fn health(&self) -> Health {
+        health_of(&self.inner.shared)
+    }
+
+    fn metrics(&self) -> StoreMetrics {
+        metrics_of(&self.inner.shared)
+    }
+
+    fn behind_count(&self) -> usize {
+        self.inner.shared.behind_count()
+    }
+
+    fn behind(&self, session: &str) -> Option<Behind> {
+        self.inner.shared.behind(session)
+    }
+
+    /// Every session behind, oldest first.
+    fn behind_sessions(&self) -> Vec<(String, Behind)> {
+        self.inner.shared.behind_sessions()
+    }
+
+    /// Clear `session`'s behind mark and return what is committed of it
+    /// (None = nothing). With nothing of the session queued
+    /// ([`Behind::ready`]) it reads at once; otherwise it runs on the
+    /// writer after the session's queued events (which are dropped), so it
+    /// waits for them.
+    fn resync(&self, session: &str) -> Result<Option<LoadedSession>, StoreError> {
+        if self.inner.shared.clear_behind_if_idle(session) {
+            return self.with_reader(|c| sql::load_session(c, session));
+        }
+        let id = session.to_string();
+        self.run_job(move |w| {
+            w.shared.clear_behind(&id);
+            w.forget(&id);
+            sql::load_session(&w.db.conn, &id)
+        })
+    }
+
+    /// The recorded sessions of a client key, root first, as committed, each
+    /// one's behind mark cleared when nothing of it is queued (the caller
+    /// takes them as the sessions' state). It waits for the writer only when
+    /// something of the key is still queued, and then at most
+    /// [`RESTORE_WAIT`]: a session of it that still has events queued after
+    /// that falls behind and heals by resync.
+    fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError> {
+        let s = &self.inner.shared;
+        let ids = self.sessions_for_client(key)?;
+        let ids = if s.queued_for(key, &ids) {
+            match self.settle_within(RESTORE_WAIT) {
+                Ok(_) | Err(StoreError::Closed) => {}
+                Err(e) => return Err(e),
+            }
+            self.sessions_for_client(key)?
+        } else {
+            ids
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(l) = self.with_reader(|c| sql::load_session(c, &id))? {
+                if !s.clear_behind_if_idle(&id) {
+                    s.mark_behind(&id, 0, BehindReason::Gap);
+                }
+                out.push(l);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drain the queue, commit, write transcripts and join the writer (a
+    /// batch that cannot commit is retried for a few seconds more, then
+    /// given up with an ERROR line). Idempotent; later submits return
+    /// [`StoreError::Closed`].
+    fn shutdown(&self) -> Result<(), StoreError> {
+        self.inner.writer.shutdown()
     }
 }

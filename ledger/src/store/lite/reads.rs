@@ -6,13 +6,15 @@ use super::schema::open_reader;
 use super::sql::{self, read_row, ROW_COLS};
 use super::{Store, READER_POOL};
 use crate::model::{Row, RowKind, SessionMeta, Usage};
+use crate::paths::DataDir;
 use crate::recall::{
     clip_body, fts_query, note_hits, search_terms, snippet, RecallHit, Scope, TooBroad, BODY_MAX,
     SEARCH_MAX_NOTE_SETS, SEARCH_MAX_SCAN, SEARCH_TIME, SNIPPET_SCAN,
 };
-use crate::store::backend::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
+use crate::store::backend::{LedgerRead, LedgerWrite};
 use crate::store::common::{stored_dialect, to_i64};
 use crate::store::error::StoreError;
+use crate::store::records::{CutRecord, LineRecord, LoadedSession, SessionSummary, StepRecord};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::atomic::Ordering;
 use tracing::warn;
@@ -42,17 +44,6 @@ impl Store {
             }
         }
         result
-    }
-
-    /// Every session, most recent activity first. Reads committed state
-    /// (does not settle).
-    pub fn list_sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
-        self.summaries(None)
-    }
-
-    /// One line of [`Store::list_sessions`] (committed state).
-    pub fn session_summary(&self, id: &str) -> Result<Option<SessionSummary>, StoreError> {
-        Ok(self.summaries(Some(id))?.into_iter().next())
     }
 
     fn summaries(&self, only: Option<&str>) -> Result<Vec<SessionSummary>, StoreError> {
@@ -109,11 +100,29 @@ impl Store {
             Ok(out)
         })
     }
+}
+
+impl LedgerRead for Store {
+    /// The data-dir layout.
+    fn data_dir(&self) -> &DataDir {
+        &self.inner.dir
+    }
+
+    /// Every session, most recent activity first. Reads committed state
+    /// (does not settle).
+    fn list_sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        self.summaries(None)
+    }
+
+    /// One line of [`LedgerRead::list_sessions`] (committed state).
+    fn session_summary(&self, id: &str) -> Result<Option<SessionSummary>, StoreError> {
+        Ok(self.summaries(Some(id))?.into_iter().next())
+    }
 
     /// Ids of the sessions recorded for a client key (`cc:…`, `codex:…`,
     /// `name:…`, `fp:…`), oldest first (the root session first). Reads
     /// committed state (does not settle).
-    pub fn sessions_for_client(&self, key: &str) -> Result<Vec<String>, StoreError> {
+    fn sessions_for_client(&self, key: &str) -> Result<Vec<String>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT id FROM sessions WHERE client_session = ?1 ORDER BY created_ms, rowid",
@@ -127,7 +136,7 @@ impl Store {
 
     /// The most recently active session, if any. Reads committed state
     /// (does not settle).
-    pub fn latest_session(&self) -> Result<Option<String>, StoreError> {
+    fn latest_session(&self) -> Result<Option<String>, StoreError> {
         self.with_reader(|c| {
             Ok(c.query_row(
                 "SELECT id FROM sessions ORDER BY last_ms DESC, rowid DESC LIMIT 1",
@@ -143,7 +152,7 @@ impl Store {
     /// session name or id, or a unique prefix of one). An unknown or
     /// ambiguous name is an error listing the closest sessions. Reads
     /// committed state (does not settle).
-    pub fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
+    fn resolve_session(&self, spec: Option<&str>) -> Result<String, StoreError> {
         let Some(spec) = spec else {
             return self.latest_session()?.ok_or(StoreError::NoSessions);
         };
@@ -151,7 +160,7 @@ impl Store {
     }
 
     /// Every session as a name may mean it ([`crate::resolve::Candidate`]).
-    pub fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
+    fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT id, client, client_session, parent, created_ms, last_ms FROM sessions",
@@ -173,17 +182,13 @@ impl Store {
     }
 
     /// A session's facts (committed state).
-    pub fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+    fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         self.with_reader(|c| sql::session_meta(c, id))
     }
 
     /// A session's rows in seq order with their `hidden` flag; hidden rows
     /// only when `include_hidden`. Committed state (call `settle` first).
-    pub fn session_rows(
-        &self,
-        id: &str,
-        include_hidden: bool,
-    ) -> Result<Vec<(Row, bool)>, StoreError> {
+    fn session_rows(&self, id: &str, include_hidden: bool) -> Result<Vec<(Row, bool)>, StoreError> {
         self.with_reader(|c| {
             let filter = if include_hidden {
                 ""
@@ -201,7 +206,7 @@ impl Store {
     }
 
     /// A session's steps in order.
-    pub fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+    fn steps(&self, id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT step, model, status, input, output, cache_read, cache_write, window_rows, ts_ms,
@@ -235,10 +240,10 @@ impl Store {
     }
 
     /// A session's taken context edits in order.
-    pub fn context_edits(
+    fn context_edits(
         &self,
         id: &str,
-    ) -> Result<Vec<crate::store::backend::ContextEditRecord>, StoreError> {
+    ) -> Result<Vec<crate::store::records::ContextEditRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
@@ -246,7 +251,7 @@ impl Store {
             )?;
             let edits = stmt
                 .query_map([id], |r| {
-                    Ok(crate::store::backend::ContextEditRecord {
+                    Ok(crate::store::records::ContextEditRecord {
                         n: r.get::<_, i64>(0)?.max(0) as u32,
                         ts_ms: r.get(1)?,
                         seqs: serde_json::from_str(&r.get::<_, String>(2)?).unwrap_or_default(),
@@ -261,7 +266,7 @@ impl Store {
     }
 
     /// A session's tideline cuts in order.
-    pub fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
+    fn cuts(&self, id: &str) -> Result<Vec<CutRecord>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT upto_seq, gauge, line, ts_ms FROM cuts WHERE session = ?1
@@ -283,7 +288,7 @@ impl Store {
 
     /// What each model merge of a session's `SESSION.md` used, in order
     /// (its markers in `page_notes`; a marker without usage is skipped).
-    pub fn merge_uses(&self, id: &str) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
+    fn merge_uses(&self, id: &str) -> Result<Vec<crate::merge::MergeUse>, StoreError> {
         self.with_reader(|c| {
             let mut stmt = c.prepare(
                 "SELECT text FROM page_notes WHERE session = ?1 AND section = ?2 ORDER BY rowid",
@@ -302,7 +307,7 @@ impl Store {
 
     /// The line a session last ran with, if one was recorded (sessions of
     /// schema 4 on).
-    pub fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
+    fn recorded_line(&self, id: &str) -> Result<Option<LineRecord>, StoreError> {
         self.with_reader(|c| {
             let row = c
                 .query_row(
@@ -325,7 +330,7 @@ impl Store {
     /// Read a whole session back (after a restart, or when an idle session
     /// left memory). SETTLES FIRST (blocking), so it sees every write queued
     /// before the call; from async code run it on a blocking thread.
-    pub fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError> {
+    fn load_session(&self, id: &str) -> Result<Option<LoadedSession>, StoreError> {
         match self.settle_blocking() {
             Ok(()) | Err(StoreError::Closed) => {}
             Err(e) => return Err(e),
@@ -335,7 +340,7 @@ impl Store {
 
     /// One session's rows (hidden ones too), oldest first: the newest
     /// `limit` rows with `seq < before` whose text is `LIKE %pattern%`.
-    pub fn recall_log(
+    fn recall_log(
         &self,
         session: &str,
         pattern: Option<&str>,
@@ -377,7 +382,7 @@ impl Store {
     }
 
     /// The row at `seq`, whole, with its `hidden` flag.
-    pub fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError> {
+    fn recall_entry(&self, session: &str, seq: u64) -> Result<Option<(Row, bool)>, StoreError> {
         self.with_reader(|c| {
             Ok(c.query_row(
                 &format!("SELECT {ROW_COLS} FROM rows WHERE session = ?1 AND seq = ?2"),
@@ -392,7 +397,7 @@ impl Store {
     /// lines of its section; what `NNNN.rows.md` lists), as the writer
     /// renders it from what is committed. None when the row is unknown or
     /// hidden (transcripts show the active line).
-    pub fn row_lines(
+    fn row_lines(
         &self,
         session: &str,
         seq: u64,
@@ -416,19 +421,13 @@ impl Store {
         })
     }
 
-    /// Rows of every session containing every word ([`Store::search_in`]
-    /// with [`Scope::All`]).
-    pub fn search(&self, words: &[String], limit: usize) -> Result<Vec<RecallHit>, StoreError> {
-        self.search_in(words, limit, Scope::All)
-    }
-
     /// Rows containing every word, in the sessions `scope` names, newest
     /// session first (then newest row first), at most `limit`. Bounded:
     /// the words by [`search_terms`], the rows looked at by
     /// [`SEARCH_MAX_SCAN`] (the newest matches), the time by
     /// [`SEARCH_TIME`] (the statement is interrupted); the snippets are
     /// made outside SQLite ([`snippet`], linear), for the hits shown only.
-    pub fn search_in(
+    fn search_in(
         &self,
         words: &[String],
         limit: usize,

@@ -4,11 +4,11 @@
 
 use crate::model::{Dialect, Row, RowKind, SessionMeta, Usage};
 use crate::parts;
-use crate::store::backend::{
-    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
-};
 use crate::store::common::stored_dialect;
 use crate::store::error::StoreError;
+use crate::store::records::{
+    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
+};
 use crate::transcript::{self, TurnSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
@@ -204,7 +204,7 @@ fn kept_exchanges(c: &Connection, id: &str) -> Result<Vec<(u64, Vec<String>)>, S
     let details = stmt
         .query_map(params![id, RECALLS_LIKE], |r| r.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    Ok(crate::store::backend::kept_exchanges(
+    Ok(crate::store::records::kept_exchanges(
         details.iter().map(String::as_str),
     ))
 }

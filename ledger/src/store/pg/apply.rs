@@ -1,7 +1,7 @@
 //! Applying a batch on the PostgreSQL engine, in one transaction: the
 //! leases of its sessions taken or renewed first, then each event's SQL
-//! (the SQLite engine's `apply`, in PostgreSQL's SQL), with the same
-//! gap-free check of `Rows` and the same cache effects.
+//! (the SQLite engine's `apply`, in PostgreSQL's SQL). What an event means
+//! (the checks, its outcome) is decided in `store/apply.rs`, for both.
 //!
 //! Round trips are what a batch costs here (the server is across a
 //! socket), so: every statement is prepared once per connection
@@ -14,9 +14,13 @@
 //! is written after the commit, in its own transaction ([`super::text`]),
 //! as the SQLite engine does with its full-text index.
 
-use super::super::backend::BehindReason;
+use super::super::apply::{
+    check_rows, confirmed, hidden, known_next_seq, next_after, rows_written, session_written, take,
+    unknown_session,
+};
+use super::super::effects::{Applied, Known, Outcome};
 use super::super::error::StoreError;
-use super::super::writer::{learn, rows_gap, Applied, Change, Effect, Known, Outcome, Queued};
+use super::super::writer::Queued;
 use super::schema::{DAY_MS, NOW_MS};
 use super::sql::big;
 use super::text::TextJob;
@@ -25,7 +29,7 @@ use super::Leases;
 use crate::model::{Dialect, Event, SessionMeta};
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, Statement, Transaction};
@@ -184,25 +188,21 @@ impl Batch<'_> {
             } else {
                 self.apply_event(&tx, ev).await
             };
-            let (reason, why) = match outcome {
-                Ok(Outcome::Applied(change)) => {
-                    learn(self.known, ev);
-                    out.applied(ev, change);
-                    continue;
-                }
-                Ok(Outcome::Refused(why)) => (BehindReason::Gap, why),
+            let outcome = match outcome {
+                Ok(outcome) => Ok(outcome),
                 Err(StoreError::Postgres(e)) if transient(&e) => return Err(e.into()),
                 Err(e) if !careful => {
                     // The transaction is aborted: this attempt is lost.
                     tracing::debug!("ledger batch runs again with a savepoint per event: {e}");
                     return Ok(Attempt::Again);
                 }
-                Err(e) => (BehindReason::Failed, e.to_string()),
+                Err(e) => Err(e.to_string()),
             };
-            self.text.truncate(mark);
-            self.known.remove(ev.session());
-            self.stale.push(ev.session().to_string());
-            out.refused(ev, *id, reason, why);
+            if !take(&mut out, self.known, ev, *id, outcome) {
+                self.text.truncate(mark);
+                self.known.remove(ev.session());
+                self.stale.push(ev.session().to_string());
+            }
         }
         tx.commit().await?;
         Ok(Attempt::Done(out))
@@ -258,14 +258,7 @@ impl Batch<'_> {
                 &[&session, &day, &seqs],
             )
             .await?;
-        let turns: BTreeSet<u32> = rows
-            .iter()
-            .map(|r| r.get::<_, i64>(0).max(0) as u32)
-            .collect();
-        Ok(Outcome::changed(
-            Effect::Invalidate,
-            turns.into_iter().collect(),
-        ))
+        Ok(hidden(rows.iter().map(|r| r.get::<_, i64>(0))))
     }
 
     /// Apply one event.
@@ -279,7 +272,7 @@ impl Batch<'_> {
         }
         let session = ev.session();
         let Some((day, dialect)) = self.session_facts(tx, session).await? else {
-            return Ok(Outcome::Refused("unknown session".into()));
+            return Ok(unknown_session());
         };
         match ev {
             Event::Session(_) => Ok(Outcome::quiet()),
@@ -287,24 +280,22 @@ impl Batch<'_> {
                 if rows.is_empty() {
                     return Ok(Outcome::quiet());
                 }
-                let expected = match self.known.get(session).and_then(|k| k.next_seq) {
+                let expected = match known_next_seq(self.known, session) {
                     Some(n) => n,
-                    None => {
-                        let max: i64 = self
-                            .query(
-                                tx,
-                                "SELECT COALESCE(MAX(seq), 0)::bigint FROM rows
-                                 WHERE session = $1 AND day = $2",
-                                &[&session, &day],
-                            )
-                            .await?
-                            .first()
-                            .map_or(0, |r| r.get(0));
-                        max.max(0) as u64 + 1
-                    }
+                    None => next_after(
+                        self.query(
+                            tx,
+                            "SELECT COALESCE(MAX(seq), 0)::bigint FROM rows
+                             WHERE session = $1 AND day = $2",
+                            &[&session, &day],
+                        )
+                        .await?
+                        .first()
+                        .map_or(0, |r| r.get(0)),
+                    ),
                 };
-                if let Some(why) = rows_gap(rows, expected) {
-                    return Ok(Outcome::Refused(why));
+                if let Some(refused) = check_rows(rows, expected) {
+                    return Ok(refused);
                 }
                 let seqs: Vec<i64> = rows.iter().map(|r| big(r.seq)).collect();
                 let branches: Vec<i64> = rows.iter().map(|r| i64::from(r.branch)).collect();
@@ -329,7 +320,6 @@ impl Batch<'_> {
                     &row_params,
                 )
                 .await?;
-                let mut turns = Vec::new();
                 for r in rows {
                     self.text.push(TextJob {
                         session: session.to_string(),
@@ -338,15 +328,12 @@ impl Batch<'_> {
                         dialect,
                         raw: r.raw.clone(),
                     });
-                    if turns.last() != Some(&r.turn) {
-                        turns.push(r.turn);
-                    }
                 }
-                Ok(Outcome::changed(Effect::Append(rows.clone()), turns))
+                Ok(rows_written(rows))
             }
             Event::Confirm { seq, raw, .. } => {
                 let (seq_, raw_) = (big(*seq), &**raw);
-                let Some(r) = self
+                let hit = self
                     .query_opt(
                         tx,
                         "UPDATE rows SET raw = $4, from_response = false
@@ -354,27 +341,17 @@ impl Batch<'_> {
                         &[&session, &day, &seq_, &raw_],
                     )
                     .await?
-                else {
-                    return Ok(Outcome::Refused(format!("confirm of unknown seq {seq}")));
-                };
-                self.text.push(TextJob {
-                    session: session.to_string(),
-                    day,
-                    seq: *seq,
-                    dialect,
-                    raw: raw.clone(),
-                });
-                let turn = r.get::<_, i64>(0).max(0) as u32;
-                let hidden: bool = r.get(1);
-                Ok(Outcome::Applied(Change {
-                    effect: Some(Effect::Confirm {
+                    .map(|r| (r.get::<_, i64>(0), r.get::<_, bool>(1)));
+                if hit.is_some() {
+                    self.text.push(TextJob {
+                        session: session.to_string(),
+                        day,
                         seq: *seq,
-                        turn,
+                        dialect,
                         raw: raw.clone(),
-                    }),
-                    turns: if hidden { Vec::new() } else { vec![turn] },
-                    reindex: false,
-                }))
+                    });
+                }
+                Ok(confirmed(*seq, raw, hit))
             }
             Event::Branch {
                 at_seq,
@@ -587,7 +564,7 @@ impl Batch<'_> {
             parent: m.parent.as_deref().map(|p| text(p).into_owned()),
             ..m.clone()
         };
-        Ok(Outcome::changed(Effect::Meta(meta), Vec::new()))
+        Ok(session_written(meta))
     }
 }
 

@@ -39,14 +39,16 @@ mod sql;
 mod text;
 mod writer;
 
-use super::backend::{
-    Behind, BehindReason, CutRecord, Health, LedgerRead, LedgerStore, LedgerWrite, LineRecord,
-    LoadedSession, SessionSummary, SettleFuture, StepRecord, StoreMetrics,
-};
+use super::backend::{LedgerRead, LedgerStore, LedgerWrite, SettleFuture};
 use super::common::now_ms;
 use super::error::{io_err, StoreError};
+use super::handle::WriterHandle;
 use super::health::{health_of, RESTORE_WAIT};
-use super::queue::{Admit, Cmd, Reply, Shared};
+use super::queue::{Cmd, Shared};
+use super::records::{
+    Behind, BehindReason, CutRecord, Health, LineRecord, LoadedSession, SessionSummary, StepRecord,
+    StoreMetrics,
+};
 use super::StoreOptions;
 use crate::model::{Event, Row, SessionMeta};
 use crate::page::Note;
@@ -54,17 +56,13 @@ use crate::paths::DataDir;
 use crate::rebuild::{Progress, RebuildReport};
 use crate::recall::RecallHit;
 use crate::retention::{SweepReport, VacuumReport};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio_postgres::{Config, NoTls};
 use tracing::warn;
 use writer::PgDb;
@@ -100,34 +98,20 @@ struct Inner {
     rt: Mutex<Option<tokio::runtime::Runtime>>,
     handle: tokio::runtime::Handle,
     pool: deadpool_postgres::Pool,
-    tx: RwLock<Option<Sender<Cmd<PgWriter>>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    writer: WriterHandle<PgWriter>,
     shared: Arc<Shared>,
     leases: Arc<Leases>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Err(e) = self.shutdown() {
+        // The writer first, then the readers' runtime.
+        if let Err(e) = self.writer.shutdown() {
             warn!("ledger writer shutdown on drop: {e}");
         }
         if let Some(rt) = self.rt.lock().take() {
             rt.shutdown_background();
         }
-    }
-}
-
-impl Inner {
-    fn shutdown(&self) -> Result<(), StoreError> {
-        self.shared.stopping.store(true, Ordering::Release);
-        if let Some(tx) = self.tx.write().take() {
-            let _ = tx.send(Cmd::Shutdown);
-        }
-        let mut thread = self.thread.lock();
-        if let Some(handle) = thread.take() {
-            handle.join().map_err(|_| StoreError::Closed)?;
-        }
-        Ok(())
     }
 }
 
@@ -267,8 +251,7 @@ impl PgStore {
                 rt: Mutex::new(Some(rt)),
                 handle,
                 pool,
-                tx: RwLock::new(Some(tx)),
-                thread: Mutex::new(Some(thread)),
+                writer: WriterHandle::new(tx, thread, shared.clone()),
                 shared,
                 leases,
             }),
@@ -310,34 +293,12 @@ impl PgStore {
         })
     }
 
-    fn send_cmd(&self, cmd: Cmd<PgWriter>) -> Result<(), StoreError> {
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        tx.send(cmd).map_err(|_| StoreError::Closed)
-    }
-
     /// Run `f` on the writer thread after everything queued before it.
     fn run_job<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut PgWriter) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Job(Box::new(move |w: &mut PgWriter| {
-            let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(w)))
-                .unwrap_or_else(|_| Err(StoreError::Corrupt("ledger job panicked".into())));
-            let _ = tx.send(result);
-        })))?;
-        rx.recv().map_err(|_| StoreError::Closed)?
-    }
-
-    fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        match rx.recv_timeout(wait) {
-            Ok(()) => Ok(true),
-            Err(mpsc::RecvTimeoutError::Timeout) => Ok(false),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Closed),
-        }
+        self.inner.writer.run_job(f)
     }
 
     /// Take the lease of `sessions` for this proxy, waiting up to `wait`
@@ -378,42 +339,20 @@ impl PgStore {
             std::thread::sleep(Duration::from_millis(100).min(deadline - Instant::now()));
         }
     }
-
-    /// Every session as a name may mean it.
-    pub fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
-        self.read(reads::candidates)
-    }
 }
 
 impl LedgerWrite for PgStore {
     fn submit(&self, ev: Event) -> Result<(), StoreError> {
-        let shared = &self.inner.shared;
-        let guard = self.inner.tx.read();
-        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        let (id, at) = match shared.admit(&ev, true) {
-            Admit::Queue { id, at } => (id, at),
-            Admit::Dropped => return Ok(()),
-            Admit::Full => return Err(StoreError::QueueFull(Box::new(ev))),
-        };
-        tx.send(Cmd::Event { ev, id, at }).map_err(|_| {
-            shared.forget(std::iter::once(id));
-            StoreError::Closed
-        })
+        self.inner.writer.enqueue(ev, true)
     }
     fn settle(&self) -> SettleFuture<'_> {
-        Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
-            self.send_cmd(Cmd::Settle(Reply::Async(tx)))?;
-            rx.await.map_err(|_| StoreError::Closed)
-        })
+        self.inner.writer.settle()
     }
     fn settle_blocking(&self) -> Result<(), StoreError> {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.send_cmd(Cmd::Settle(Reply::Blocking(tx)))?;
-        rx.recv().map_err(|_| StoreError::Closed)
+        self.inner.writer.settle_blocking()
     }
     fn settle_within(&self, wait: Duration) -> Result<bool, StoreError> {
-        PgStore::settle_within(self, wait)
+        self.inner.writer.settle_within(wait)
     }
     fn health(&self) -> Health {
         health_of(&self.inner.shared)
@@ -473,13 +412,16 @@ impl LedgerWrite for PgStore {
     }
     fn release(&self, session: &str) {
         let id = session.to_string();
-        let _ = self.send_cmd(Cmd::Job(Box::new(move |w: &mut PgWriter| {
-            w.files.forget(&id);
-            w.db.release(&id);
-        })));
+        let _ = self
+            .inner
+            .writer
+            .send(Cmd::Job(Box::new(move |w: &mut PgWriter| {
+                w.files.forget(&id);
+                w.db.release(&id);
+            })));
     }
     fn shutdown(&self) -> Result<(), StoreError> {
-        self.inner.shutdown()
+        self.inner.writer.shutdown()
     }
 }
 
@@ -526,7 +468,7 @@ impl LedgerRead for PgStore {
         Ok(crate::resolve::resolve(spec, &self.session_candidates()?)?)
     }
     fn session_candidates(&self) -> Result<Vec<crate::resolve::Candidate>, StoreError> {
-        PgStore::session_candidates(self)
+        self.read(reads::candidates)
     }
     fn session_meta(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         let id = id.to_string();
@@ -547,7 +489,7 @@ impl LedgerRead for PgStore {
     fn context_edits(
         &self,
         id: &str,
-    ) -> Result<Vec<super::backend::ContextEditRecord>, StoreError> {
+    ) -> Result<Vec<super::records::ContextEditRecord>, StoreError> {
         let id = id.to_string();
         self.read(move |c| reads::context_edits(c, id))
     }

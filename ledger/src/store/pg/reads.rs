@@ -2,9 +2,9 @@
 //! state): session lists, steps, cuts, the recorded line, recall and
 //! full-text search (`tsvector` + GIN, every word must appear, as FTS5).
 
-use super::super::backend::{CutRecord, LineRecord, SessionSummary, StepRecord};
 use super::super::common::stored_dialect;
 use super::super::error::StoreError;
+use super::super::records::{CutRecord, LineRecord, SessionSummary, StepRecord};
 use super::sql::{big, read_row, ROW_COLS};
 use crate::model::{Row, RowKind, Usage};
 use crate::recall::{
@@ -367,7 +367,7 @@ async fn search_notes(
 pub(super) async fn context_edits(
     c: Object,
     id: String,
-) -> Result<Vec<super::super::backend::ContextEditRecord>, StoreError> {
+) -> Result<Vec<super::super::records::ContextEditRecord>, StoreError> {
     let rows = c
         .query(
             "SELECT n, ts_ms, seqs_json, tokens_before, tokens_after, set_json
@@ -377,7 +377,7 @@ pub(super) async fn context_edits(
         .await?;
     Ok(rows
         .iter()
-        .map(|r| super::super::backend::ContextEditRecord {
+        .map(|r| super::super::records::ContextEditRecord {
             n: r.get::<_, i64>(0).max(0) as u32,
             ts_ms: r.get(1),
             seqs: serde_json::from_str(&r.get::<_, String>(2)).unwrap_or_default(),

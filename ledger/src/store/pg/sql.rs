@@ -3,12 +3,12 @@
 //! (the SQLite engine's `sql`, in PostgreSQL's SQL). The reads the files
 //! are rendered from are in `source`.
 
-use super::super::backend::{
+use super::super::common::stored_dialect;
+use super::super::error::StoreError;
+use super::super::records::{
     kept_exchanges, pointers_at, pointers_of_step, LoadedSession, PointersAt, RECALLS_LIKE,
     SENT_LIKE,
 };
-use super::super::common::stored_dialect;
-use super::super::error::StoreError;
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use std::sync::{Arc, LazyLock};
 use tokio_postgres::GenericClient;

@@ -12,9 +12,10 @@
 //! released at idle eviction and at shutdown.
 
 use super::super::common::now_ms;
+use super::super::effects::{Applied, Known};
 use super::super::error::StoreError;
 use super::super::source::Source;
-use super::super::writer::{Applied, Db, Known, Queued, Reopen};
+use super::super::writer::{Db, Queued, Reopen};
 use super::apply::{Attempt, Batch, Mode, Stmts};
 use super::schema::{self, DAY_MS, NOW_MS};
 use super::text::{self, TextJob};
