@@ -108,7 +108,7 @@ pub(super) fn render_with(
     let mut d = stages::Draft::new(st, parsed, settings, &arena);
     for s in stages {
         s.rewrite(&mut d);
-        tracing::trace!(stage = s.name(), pieces = d.pieces.len(), "window stage");
+        tracing::trace!(stage = s.name(), changed = d.changed, "window stage");
     }
     finish(d)
 }
@@ -116,14 +116,14 @@ pub(super) fn render_with(
 /// The drafted window rendered: the stub's message (its text and the
 /// standing parts) in the stub's piece, each piece's tag or bytes.
 fn finish(d: stages::Draft<'_>) -> Window {
-    let mut w = d.window;
     if !d.changed {
-        return w;
+        return d.window;
     }
+    let (pieces, d) = d.into_pieces();
+    let mut w = d.window;
     let stub = d
         .stub
         .map(|s| dialect::stub_message_with(d.st.dialect, &s, &d.pinned));
-    let pieces = d.pieces;
     let parts: Vec<&str> = pieces
         .iter()
         .enumerate()

@@ -43,7 +43,8 @@ impl WindowStage for Compress {
         }
         for (&i, m) in &pruned {
             let text = d.keep(m);
-            d.pieces[d.retained + (i - d.start)].1 = text;
+            let at = d.retained + (i - d.start);
+            d.pieces()[at].1 = text;
         }
         d.changed = true;
         d.window.media_out = d.window.media_out.plus(media);

@@ -21,9 +21,9 @@ impl WindowStage for Edits {
             return;
         }
         d.changed = true;
-        let applied = edits::apply(set, &d.pieces, facts(st));
+        let applied = edits::apply(set, d.pieces(), facts(st));
         match edits::check(st.dialect, &applied, facts(st)) {
-            Ok(()) => d.pieces = applied,
+            Ok(()) => *d.pieces() = applied,
             Err(e) => d.window.edit_error = Some(e),
         }
     }

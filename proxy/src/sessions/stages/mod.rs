@@ -113,8 +113,10 @@ pub(super) struct Draft<'a> {
     pub(super) stub: Option<String>,
     /// The standing parts sent with the stub.
     pub(super) pinned: Vec<&'a str>,
-    /// The pieces of the window (the stub's bytes are put in by `finish`).
-    pub(super) pieces: Vec<(Src, &'a str)>,
+    /// The pieces of the window (the stub's bytes are put in by `finish`);
+    /// made from the request's messages when a stage first asks for them
+    /// ([`Draft::pieces`]): a request no stage changes costs no copy.
+    pieces: Option<Vec<(Src, &'a str)>>,
     /// Index in `pieces` of the first retained message (the message at
     /// the plan's start, or 0).
     pub(super) retained: usize,
@@ -138,12 +140,6 @@ impl<'a> Draft<'a> {
         settings: &'a Settings,
         arena: &'a bumpalo::Bump,
     ) -> Self {
-        let pieces = parsed
-            .messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (st.active.get(i).map_or(Src::Tail, |&s| Src::Row(s)), *m))
-            .collect();
         Draft {
             st,
             parsed,
@@ -151,7 +147,7 @@ impl<'a> Draft<'a> {
             cut: None,
             stub: None,
             pinned: Vec::new(),
-            pieces,
+            pieces: None,
             retained: 0,
             start: 0,
             tags: Vec::new(),
@@ -159,6 +155,26 @@ impl<'a> Draft<'a> {
             window: Window::unchanged(parsed.messages.len()),
             arena,
         }
+    }
+
+    /// The pieces of the window: the request's messages as they came
+    /// (`Tail` past the active line) until a stage changes them.
+    pub(super) fn pieces(&mut self) -> &mut Vec<(Src, &'a str)> {
+        let (st, parsed) = (self.st, self.parsed);
+        self.pieces.get_or_insert_with(|| {
+            parsed
+                .messages
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (st.active.get(i).map_or(Src::Tail, |&s| Src::Row(s)), *m))
+                .collect()
+        })
+    }
+
+    /// The pieces, the draft done with.
+    pub(super) fn into_pieces(mut self) -> (Vec<(Src, &'a str)>, Self) {
+        let p = std::mem::take(self.pieces());
+        (p, self)
     }
 
     /// `text` kept as long as the draft's pieces.

@@ -37,7 +37,7 @@ impl WindowStage for Exchanges {
             return;
         }
         d.changed = true;
-        let pieces = std::mem::take(&mut d.pieces);
+        let pieces = std::mem::take(d.pieces());
         let mut out = Vec::with_capacity(pieces.len() + 4);
         for (src, raw) in pieces {
             let seq = match src {
@@ -49,7 +49,7 @@ impl WindowStage for Exchanges {
                 out.extend(m.iter().map(|m| (Src::Fixed("recall"), m.as_str())));
             }
         }
-        d.pieces = out;
+        *d.pieces() = out;
     }
 }
 

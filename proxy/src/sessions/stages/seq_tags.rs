@@ -20,7 +20,7 @@ impl WindowStage for SeqTags {
             return;
         }
         d.changed = true;
-        let pieces = &d.pieces;
+        let pieces = &*d.pieces();
         let mut cache = st.context.tagged.lock();
         let mut used = 0usize;
         let out: Vec<_> = pieces

@@ -83,8 +83,8 @@ impl WindowStage for Tideline {
             parts.push((Src::Row(st.active[i]), parsed.messages[i]));
         }
         d.retained = parts.len();
-        parts.extend(d.pieces.drain(plan.start..));
-        d.pieces = parts;
+        parts.extend(d.pieces().drain(plan.start..));
+        *d.pieces() = parts;
         d.start = plan.start;
         d.changed = true;
         d.window.kept_out = kept_out;
