@@ -21,17 +21,29 @@ fn number(got: &Got, name: &str) -> u64 {
     header(got, name).parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_answer_carries_the_meter_and_the_cut_step_says_how_many_rows() {
+/// A proxy whose upstream answers every step with a `Bash` call, for a
+/// model of `context` tokens, with `set` applied to its sessions.
+async fn building(
+    context: u64,
+    set: impl FnOnce(&mut oceancode_proxy::sessions::Settings) + Send + 'static,
+) -> Harness {
     let fake = FakeConfig::default().with_script(Script::always(
         Reply::tool_call("Bash", json!({"command": "make"})).with_text("Building."),
     ));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(200_000),
+    Harness::start(fake, move |o| {
+        o.sessions.models = Arc::new(move |_m: &str, _l: Option<u64>| ModelLimits {
+            context: Some(context),
             max_output: Some(32_000),
         });
-        o.sessions.line = oceancode_config::LineSpec::Tokens(20_000);
+        set(&mut o.sessions);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_the_meter_and_the_cut_step_says_how_many_rows() {
+    let h = building(200_000, |s| {
+        s.line = oceancode_config::LineSpec::Tokens(20_000)
     })
     .await;
     let mut history = vec![json!({"role": "user", "content": "Make the build pass."})];
@@ -92,18 +104,11 @@ async fn every_answer_carries_the_meter_and_the_cut_step_says_how_many_rows() {
 /// one the upstream refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answer_to_a_too_long_retry_carries_the_window_sent() {
-    let fake = FakeConfig::default().with_script(Script::always(
-        Reply::tool_call("Bash", json!({"command": "make"})).with_text("Building."),
-    ));
-    let h = Harness::start(fake, |o| {
-        o.sessions.models = Arc::new(|_m: &str, _l: Option<u64>| ModelLimits {
-            context: Some(1_000_000),
-            max_output: Some(32_000),
-        });
-        // A line the steps below stay under: nothing is cut before the
-        // too-long answer, and the blocks close at 20% of it.
-        o.sessions.line = oceancode_config::LineSpec::Tokens(400_000);
-        o.sessions.block = oceancode_config::BlockSpec::PercentOfLine(5.0);
+    // A line the steps below stay under: nothing is cut before the
+    // too-long answer, and blocks close every 5% of it.
+    let h = building(1_000_000, |s| {
+        s.line = oceancode_config::LineSpec::Tokens(400_000);
+        s.block = oceancode_config::BlockSpec::PercentOfLine(5.0);
     })
     .await;
     let mut history = vec![json!({"role": "user", "content": "Make the build pass."})];

@@ -866,6 +866,25 @@ fn cuts(events: &[Event]) -> Vec<u64> {
         .collect()
 }
 
+/// `t` answered with a text billed `read` and `write` cache tokens: the
+/// cache note its step recorded.
+fn cache_note_of(
+    seen: &Recorded,
+    mut t: Ticket,
+    read: u64,
+    write: u64,
+) -> oceancode_window::cache::CacheNote {
+    t.answered(200);
+    let usage = Usage {
+        input: 100,
+        output: 50,
+        cache_read: read,
+        cache_write: write,
+    };
+    t.complete(200, true, &text_answer("a1").with_usage(usage));
+    cache_notes(&take(seen)).pop().expect("a cache note")
+}
+
 fn cache_notes(events: &[Event]) -> Vec<oceancode_window::cache::CacheNote> {
     events
         .iter()
@@ -1034,23 +1053,12 @@ fn a_miss_names_where_the_client_changed_its_request() {
     t.answered(200);
     t.complete(200, true, &text_answer("a0").with_usage(usage_in(30_000)));
     take(&seen);
-    let mut t = m
+    let t = m
         .prepare(Dialect::Anthropic, ReqKind::Main, &id, tools("edit"))
         .ticket
         .expect("ticket");
-    t.answered(200);
     // Only the system prompt was read: the rest was written again.
-    t.complete(
-        200,
-        true,
-        &text_answer("a1").with_usage(Usage {
-            input: 100,
-            output: 50,
-            cache_read: 2_000,
-            cache_write: 29_000,
-        }),
-    );
-    let note = cache_notes(&take(&seen)).pop().expect("a cache note");
+    let note = cache_note_of(&seen, t, 2_000, 29_000);
     assert_eq!(
         note.miss,
         Some(oceancode_window::cache::MissCause::ClientChanged)
@@ -1089,19 +1097,8 @@ fn a_refused_request_leaves_the_cache_facts_as_they_were() {
     t.complete(401, true, &Collected::default());
     assert!(take(&seen).is_empty(), "nothing of the refused request");
     // The same model as the first: its prefix was written again.
-    let mut t = send_model_id(&m, &id, &[user("t1"), echo("a0"), user("t3")]);
-    t.answered(200);
-    t.complete(
-        200,
-        true,
-        &text_answer("a1").with_usage(Usage {
-            input: 100,
-            output: 50,
-            cache_read: 0,
-            cache_write: 30_000,
-        }),
-    );
-    let note = cache_notes(&take(&seen)).pop().expect("a cache note");
+    let t = send_model_id(&m, &id, &[user("t1"), echo("a0"), user("t3")]);
+    let note = cache_note_of(&seen, t, 0, 30_000);
     assert_ne!(
         note.miss,
         Some(oceancode_window::cache::MissCause::ModelSwitch),
