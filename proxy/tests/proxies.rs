@@ -685,6 +685,18 @@ async fn a_deleted_data_dir_gets_the_token_and_the_entry_back() {
     chat(&c, &served.url, "/v1/messages", &hdr, "again", 1).await;
     let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
     assert_eq!(entries(&data).len(), 1);
+    // Every write committed and every file written (the transcripts and
+    // SESSION.md trail the commit by up to a second), so the removal below
+    // does not race the writer.
+    let settle = http::Request::builder()
+        .method("POST")
+        .uri(format!("{}/_oceancode/settle", served.url))
+        .header("authorization", format!("Bearer {}", token.trim()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let settled = c.request(settle).await.expect("the proxy answers");
+    assert_eq!(settled.status(), 200);
 
     std::fs::remove_dir_all(&data).unwrap();
     // The next request reopens a fresh ledger in its place.
