@@ -35,6 +35,7 @@ mod limits;
 mod meter;
 mod parse;
 mod prepare;
+mod rows;
 mod sent;
 mod state;
 mod step;

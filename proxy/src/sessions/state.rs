@@ -127,7 +127,7 @@ pub struct State {
     pub(super) recorded_meta: Option<SessionMeta>,
     pub(super) dialect: Dialect,
     /// All rows ever recorded, index = seq − 1.
-    pub(super) rows: Vec<RowMem>,
+    pub(super) rows: super::rows::Rows,
     /// Seqs on the active line, in order (what the client's history maps to).
     pub(super) active: Vec<u64>,
     /// Answers not yet echoed, oldest first.
@@ -237,7 +237,7 @@ impl State {
             meta,
             recorded_meta: None,
             dialect,
-            rows: Vec::new(),
+            rows: Default::default(),
             active: Vec::new(),
             answers: Vec::new(),
             open: Vec::new(),

@@ -1139,3 +1139,55 @@ fn a_masking_only_event_is_a_window_event_and_the_next_request_appends() {
         first + 1
     );
 }
+
+/// A session's rows take the room they need (chunks), not a vector doubled
+/// past them; a rolled-back request gives its rows back across chunks.
+#[test]
+fn a_long_history_takes_the_room_of_its_rows_and_rolls_back_whole() {
+    let (m, seen) = manager();
+    let id = ident("long");
+    let texts: Vec<String> = (0..2049).map(|i| user(&format!("m{i}"))).collect();
+    let msgs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut t = send(&m, &id, &msgs[..200]);
+    t.answered(200);
+    t.complete(200, true, &Collected::default());
+    let mut t = send(&m, &id, &msgs);
+    t.answered(200);
+    t.complete(200, true, &Collected::default());
+    take(&seen);
+    let s = m.latest().expect("session");
+    {
+        let st = s.state.lock();
+        assert_eq!(st.rows.len(), 2049);
+        assert!(
+            st.rows.capacity() < 2049 + 256,
+            "room for {} rows",
+            st.rows.capacity()
+        );
+        assert_eq!(st.row(2049).raw_hash, crate::dialect::raw_hash(msgs[2048]));
+        assert_eq!(st.row(257).raw_hash, crate::dialect::raw_hash(msgs[256]));
+    }
+    // A request the upstream refuses: its 600 rows (three chunks) go.
+    let more: Vec<String> = (0..600).map(|i| user(&format!("n{i}"))).collect();
+    let all: Vec<&str> = msgs
+        .iter()
+        .copied()
+        .chain(more.iter().map(String::as_str))
+        .collect();
+    let mut t = send(&m, &id, &all);
+    t.answered(401);
+    drop(t);
+    {
+        let st = s.state.lock();
+        assert_eq!(st.rows.len(), 2049);
+        assert_eq!(st.rows.iter().count(), 2049);
+        assert_eq!(st.active.len(), 2049);
+    }
+    // And the next request records them again after row 2,049.
+    let mut t = send(&m, &id, &all);
+    t.answered(200);
+    assert_eq!(row_seqs(&take(&seen)), (2050..=2649).collect::<Vec<u64>>());
+    drop(t);
+    let st = s.state.lock();
+    assert_eq!(st.row(2649).raw_hash, crate::dialect::raw_hash(all[2648]));
+}
