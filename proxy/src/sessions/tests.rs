@@ -1191,3 +1191,61 @@ fn a_long_history_takes_the_room_of_its_rows_and_rolls_back_whole() {
     let st = s.state.lock();
     assert_eq!(st.row(2649).raw_hash, crate::dialect::raw_hash(all[2648]));
 }
+
+fn new_rows(events: &[Event]) -> Vec<oceancode_window::Row> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rows { rows, .. } => Some(rows.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn within(body: &Bytes, raw: &str) -> bool {
+    let (start, p) = (body.as_ptr() as usize, raw.as_ptr() as usize);
+    p >= start && p + raw.len() <= start + body.len()
+}
+
+/// A cold request's rows share its body's bytes (the writer's queue holds
+/// no second copy of the history); a step's few new rows are copies (they
+/// must not keep a whole body alive until the writer has them).
+#[test]
+fn a_cold_requests_rows_share_its_body_and_a_steps_rows_are_copies() {
+    let (m, seen) = manager();
+    let id = ident("slices");
+    let texts: Vec<String> = (0..50).map(|i| user(&format!("m{i}"))).collect();
+    let msgs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let cold = body(&msgs);
+    let mut t = m
+        .prepare(Dialect::Anthropic, ReqKind::Main, &id, cold.clone())
+        .ticket
+        .expect("ticket");
+    t.answered(200);
+    let rows = new_rows(&take(&seen));
+    assert_eq!(rows.len(), 50);
+    for (r, m) in rows.iter().zip(&msgs) {
+        assert_eq!(&*r.raw, *m, "verbatim");
+        assert!(
+            within(&cold, &r.raw),
+            "row {} is a slice of the body",
+            r.seq
+        );
+    }
+    t.complete(200, true, &Collected::default());
+    take(&seen);
+    let more = user("more");
+    let all: Vec<&str> = msgs.iter().copied().chain([more.as_str()]).collect();
+    let step = body(&all);
+    let mut t = m
+        .prepare(Dialect::Anthropic, ReqKind::Main, &id, step.clone())
+        .ticket
+        .expect("ticket");
+    t.answered(200);
+    let rows = new_rows(&take(&seen));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(&*rows[0].raw, more.as_str(), "verbatim");
+    assert!(!within(&step, &rows[0].raw), "a step's row is a copy");
+    drop(t);
+}

@@ -3,12 +3,11 @@
 //! changes in the writer's caches and files.
 
 use super::sql::session_exists;
-use crate::model::{Event, SessionMeta};
+use crate::model::{ByteString, Event, SessionMeta};
 use crate::store::common::{now_ms, to_i64};
 use crate::store::writer::{rows_gap, Change, Effect, Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
 /// Full-text indexing deferred to the end of a batch: FTS5 flushes its
 /// pending segment at every savepoint, so indexing inside the per-event
@@ -17,7 +16,7 @@ use std::sync::Arc;
 pub(super) struct FtsJob {
     pub(super) session: String,
     pub(super) seq: u64,
-    pub(super) raw: Arc<str>,
+    pub(super) raw: ByteString,
 }
 
 /// Mark rows hidden (a branch, or rows a sibling took): the turns they are
@@ -152,7 +151,7 @@ pub(super) fn apply_event(
             fts.push(FtsJob {
                 session: session.clone(),
                 seq: *seq,
-                raw: raw.clone(),
+                raw: ByteString::from(&**raw),
             });
             let turn = turn as u32;
             let turns = if hidden { Vec::new() } else { vec![turn] };

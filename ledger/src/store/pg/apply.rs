@@ -22,7 +22,7 @@ use super::sql::big;
 use super::text::TextJob;
 use super::writer::transient;
 use super::Leases;
-use crate::model::{Dialect, Event, SessionMeta};
+use crate::model::{ByteString, Dialect, Event, SessionMeta};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -362,7 +362,7 @@ impl Batch<'_> {
                     day,
                     seq: *seq,
                     dialect,
-                    raw: raw.clone(),
+                    raw: ByteString::from(&**raw),
                 });
                 let turn = r.get::<_, i64>(0).max(0) as u32;
                 let hidden: bool = r.get(1);
