@@ -1223,7 +1223,16 @@ fn a_cold_requests_rows_share_its_body_and_a_steps_rows_are_copies() {
         .ticket
         .expect("ticket");
     t.answered(200);
-    let rows = new_rows(&take(&seen));
+    let events = take(&seen);
+    let held: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rows { rows, .. } => Some(rows.capacity()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held, vec![50], "one Rows event, room for its rows only");
+    let rows = new_rows(&events);
     assert_eq!(rows.len(), 50);
     for (r, m) in rows.iter().zip(&msgs) {
         assert_eq!(&*r.raw, *m, "verbatim");
