@@ -263,7 +263,7 @@ pub fn run(script: &Script) -> Ran {
             match e {
                 oceancode_window::Event::Rows { session, rows } => {
                     for row in rows {
-                        r.insert((session.clone(), row.seq), row.raw);
+                        r.insert((session.clone(), row.seq), Arc::from(&*row.raw));
                     }
                 }
                 oceancode_window::Event::Confirm { session, seq, raw } => {

@@ -150,7 +150,6 @@ fn export_atif_is_valid_v1_8() {
 #[test]
 fn export_atif_openai_shapes_validate() {
     use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
-    use std::sync::Arc;
     let tmp = tempfile::tempdir().expect("tmp");
     let store = open(tmp.path());
     let id = "sess-responses";
@@ -212,7 +211,7 @@ fn export_atif_openai_shapes_validate() {
             seq: i as u64 + 1,
             role: "x".into(),
             kind: *kind,
-            raw: Arc::from(*raw),
+            raw: (*raw).into(),
             tokens: 10,
             turn: 1,
             step: if i < 5 { 1 } else { 2 },

@@ -264,7 +264,7 @@ fn text_row(seq: u64, turn: u32, kind: RowKind, text: &str) -> oceancode_window:
         seq,
         role: role.into(),
         kind,
-        raw: Arc::from(json!({ "role": role, "content": text }).to_string()),
+        raw: json!({ "role": role, "content": text }).to_string().into(),
         tokens: 3,
         turn,
         step: turn,

@@ -491,7 +491,7 @@ fn store_reopen_loads_same_session() {
             .submit(Event::Confirm {
                 session: "reload".into(),
                 seq: 3,
-                raw: rows[2].raw.clone(),
+                raw: std::sync::Arc::from(&*rows[2].raw),
             })
             .expect("confirm");
         store
@@ -678,7 +678,7 @@ fn store_confirm_and_session_upsert() {
         .submit(Event::Confirm {
             session: "c".into(),
             seq: 2,
-            raw: echoed.raw.clone(),
+            raw: std::sync::Arc::from(&*echoed.raw),
         })
         .expect("confirm");
     let mut later = meta("c", Dialect::Anthropic);

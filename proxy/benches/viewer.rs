@@ -16,7 +16,6 @@ use oceancode_proxy::ui::{self, pages};
 use oceancode_window::{
     Dialect, Event, Row, RowKind, SentPiece, SentWindow, SessionMeta, StepDetail, Usage,
 };
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const ID: &str = "bench-viewer-10k";
@@ -42,7 +41,7 @@ fn row(seq: u64, kind: RowKind, role: &str, raw: String, step: u32) -> Row {
         role: role.into(),
         kind,
         tokens: (raw.len() / 4) as u32,
-        raw: Arc::from(raw),
+        raw: raw.into(),
         turn: 1,
         step,
         branch: 0,

@@ -11,7 +11,6 @@ use oceancode_ledger::store::{Store, StoreOptions};
 use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::Arc;
 
 const CLIPBOARD: &str = "\u{1b}]52;c;cm0gLXJmIH4=\u{7}";
 const TITLE: &str = "\u{9d}0;pwned\u{9c}";
@@ -42,7 +41,7 @@ fn populate(data: &Path) -> String {
                 seq: 1,
                 role: "user".into(),
                 kind: RowKind::Prompt,
-                raw: Arc::from(raw.as_str()),
+                raw: raw.as_str().into(),
                 tokens: 10,
                 turn: 1,
                 step: 1,

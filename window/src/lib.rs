@@ -19,6 +19,6 @@ pub mod tideline;
 pub mod time;
 
 pub use model::{
-    AppliedEdit, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers, SentPiece,
-    SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,
+    AppliedEdit, ByteString, Dialect, Event, InternalRecall, Pruned, Row, RowKind, RowPointers,
+    SentPiece, SentWindow, SessionMeta, Standing, StandingKind, StepDetail, Usage,
 };

@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+pub use bytestring::ByteString;
+
 /// Which provider API a session speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -125,8 +127,10 @@ pub struct Row {
     /// Dialect-independent classification.
     pub kind: RowKind,
     /// The exact JSON bytes of the message as the client sent it (or as
-    /// reassembled from the response, until the client echoes it).
-    pub raw: Arc<str>,
+    /// reassembled from the response, until the client echoes it). A
+    /// [`ByteString`] so that a row can share the request body's bytes
+    /// instead of copying them (`ByteString::from` a `&str` copies).
+    pub raw: ByteString,
     /// Token estimate: the row's text bytes divided by the session's
     /// bytes-per-token, learned from the provider's real usage (see
     /// `oceancode_proxy::sessions`), plus what its images and documents cost

@@ -100,7 +100,7 @@ fn rows_of(conv: &Conv) -> Result<Vec<Row>> {
             role,
             kind,
             tokens: (raw.len() / 4) as u32,
-            raw: Arc::from(raw),
+            raw: raw.into(),
             turn: turn.max(1),
             step: 1,
             branch: 0,
@@ -199,7 +199,7 @@ fn step_events(id: &str, pair: &[String], seq: u64, turn: u32, step: u32) -> Vec
             } else {
                 RowKind::ToolResult
             },
-            raw: Arc::from(raw.as_str()),
+            raw: raw.as_str().into(),
             tokens: (raw.len() / 4) as u32,
             turn,
             step,
@@ -456,7 +456,7 @@ fn main() -> Result<()> {
                 seq,
                 role: role.into(),
                 kind,
-                raw: Arc::from(raw),
+                raw: raw.into(),
                 tokens: (raw.len() / 4) as u32,
                 turn,
                 step: st as u32 + 2,

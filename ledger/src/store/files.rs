@@ -18,7 +18,7 @@ use super::error::{io_err, StoreError};
 use super::page_io;
 use super::queue::{Fault, Shared};
 use super::source::Source;
-use crate::model::{Row, SessionMeta};
+use crate::model::{ByteString, Row, SessionMeta};
 use crate::page::Page;
 use crate::paths::DataDir;
 use crate::transcript::{self, TurnSummary};
@@ -49,7 +49,7 @@ struct TurnCache {
 
 /// One row's rendered section of a turn file.
 struct Section {
-    raw: Arc<str>,
+    raw: ByteString,
     tools: transcript::RowTools,
     label: String,
     text: String,
@@ -412,7 +412,7 @@ impl Files {
                         sections.insert(
                             row.seq,
                             Section {
-                                raw: row.raw.clone(),
+                                raw: owned(&row.raw),
                                 tools: transcript::row_tools(dialect, &row.raw),
                                 label: String::new(),
                                 text: String::new(),
@@ -481,6 +481,13 @@ impl Files {
     }
 }
 
+/// A row's bytes as a copy of their own: a committed row may share a
+/// request body's bytes ([`Row::raw`]), which a cache kept for the
+/// session's life would otherwise keep whole.
+fn owned(raw: &str) -> ByteString {
+    ByteString::from(raw)
+}
+
 /// Update a session's cache for what a committed event changed.
 fn apply_effect(cache: &mut SessionCache, effect: Effect) {
     match effect {
@@ -492,7 +499,10 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
                 };
                 if n.turn == row.turn {
                     if !matches!(n.rows.last(), Some(l) if l.seq >= row.seq) {
-                        n.rows.push(row);
+                        n.rows.push(Row {
+                            raw: owned(&row.raw),
+                            ..row
+                        });
                     } else {
                         cache.newest = None;
                     }
@@ -507,7 +517,7 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
             if let Some(n) = cache.newest.as_mut().filter(|n| n.turn == turn) {
                 match n.rows.binary_search_by_key(&seq, |r| r.seq) {
                     Ok(i) => {
-                        n.rows[i].raw = raw;
+                        n.rows[i].raw = ByteString::from(&*raw);
                         n.rows[i].from_response = false;
                     }
                     Err(_) => cache.newest = None,

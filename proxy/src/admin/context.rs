@@ -34,7 +34,10 @@ async fn rows(app: &App, id: &str) -> Result<HashMap<u64, Arc<str>>, Response<Pr
     let rows = store
         .session_rows(id, false)
         .map_err(|e| unavailable(&format!("cannot read the session's rows: {e}")))?;
-    Ok(rows.into_iter().map(|(r, _)| (r.seq, r.raw)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(r, _)| (r.seq, Arc::from(&*r.raw)))
+        .collect())
 }
 
 /// Handle the request body `v`.

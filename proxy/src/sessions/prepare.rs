@@ -39,6 +39,8 @@ pub(super) struct Request<'a> {
     pub(super) key: String,
     /// The conversation's raw messages.
     pub(super) messages: &'a [&'a str],
+    /// The body the messages are slices of (new rows may share its bytes).
+    pub(super) body: &'a Bytes,
     /// Their raw hashes.
     pub(super) hashes: Vec<u64>,
     pub(super) shape: Shape,
@@ -58,6 +60,7 @@ impl<'a> Request<'a> {
         dialect: Dialect,
         parsed: &'a ParsedBody<'a>,
         ident: &'a Identity,
+        body: &'a Bytes,
         hashes: Vec<u64>,
         synthetic: bool,
     ) -> Self {
@@ -76,6 +79,7 @@ impl<'a> Request<'a> {
             ident,
             key,
             messages: &parsed.messages,
+            body,
             hashes,
             shape: Shape {
                 tools: parsed.get("tools").map(dialect::raw_hash).unwrap_or(0),
@@ -389,7 +393,7 @@ impl SessionManager {
             }
             None => parsed,
         };
-        let req = Request::describe(dialect, parsed, &ident, hashes, synthetic.is_some());
+        let req = Request::describe(dialect, parsed, &ident, &body, hashes, synthetic.is_some());
         if kind == ReqKind::CountTokens {
             return Ok(self.prepare_count(&req, parsed, &body));
         }
@@ -607,9 +611,9 @@ impl SessionManager {
         st.step += 1;
         let boundary = st.active.last().copied().unwrap_or(0);
         if req.stateful {
-            st.append_stateful(req.messages, events);
+            st.append_stateful(req.messages, req.body, events);
         } else {
-            st.absorb(req.messages, &req.hashes, events);
+            st.absorb(req.messages, &req.hashes, req.body, events);
         }
         for ev in events.iter() {
             match ev {

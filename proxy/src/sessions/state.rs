@@ -9,13 +9,54 @@ use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
 use super::thread::{BlockCache, CommandCalls, RowThread};
 use crate::dialect;
+use bytes::Bytes;
 use oceancode_config::LineSpec;
 use oceancode_ledger::store::LoadedSession;
 use oceancode_window::media::{self, Cost};
 use oceancode_window::tideline::{RowInfo, Tideline};
-use oceancode_window::{Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
+use oceancode_window::{ByteString, Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// Where a request's new rows take their bytes ([`Row::raw`]) from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RowBytes<'a> {
+    /// A copy of each message.
+    Copy,
+    /// Slices of the request body the messages are in: no copy, and the
+    /// rows keep the body alive until the writer has them all.
+    Body(&'a Bytes),
+}
+
+impl<'a> RowBytes<'a> {
+    /// How the new messages `new` of `body` are kept: as slices of the body
+    /// when they are most of it (a cold request: its rows would copy the
+    /// whole body while the request holds it anyway), else as copies (a
+    /// step's few new rows must not keep a whole body alive in the
+    /// writer's queue).
+    pub(super) fn of(body: &'a Bytes, new: &[&str]) -> RowBytes<'a> {
+        if 2 * new.iter().map(|m| m.len()).sum::<usize>() >= body.len() {
+            RowBytes::Body(body)
+        } else {
+            RowBytes::Copy
+        }
+    }
+
+    /// The bytes of message `raw`: a slice of the body when it lies within
+    /// it, else a copy.
+    fn take(self, raw: &str) -> ByteString {
+        if let RowBytes::Body(body) = self {
+            let (start, p) = (body.as_ptr() as usize, raw.as_ptr() as usize);
+            if p >= start && p + raw.len() <= start + body.len() {
+                let slice = body.slice(p - start..p - start + raw.len());
+                if let Ok(s) = ByteString::try_from(slice) {
+                    return s;
+                }
+            }
+        }
+        ByteString::from(raw)
+    }
+}
 
 /// The tool calls a row makes and answers (hashed ids).
 #[derive(Debug, Clone, Default)]
@@ -127,7 +168,7 @@ pub struct State {
     pub(super) recorded_meta: Option<SessionMeta>,
     pub(super) dialect: Dialect,
     /// All rows ever recorded, index = seq − 1.
-    pub(super) rows: Vec<RowMem>,
+    pub(super) rows: super::rows::Rows,
     /// Seqs on the active line, in order (what the client's history maps to).
     pub(super) active: Vec<u64>,
     /// Answers not yet echoed, oldest first.
@@ -240,7 +281,7 @@ impl State {
             meta,
             recorded_meta: None,
             dialect,
-            rows: Vec::new(),
+            rows: Default::default(),
             active: Vec::new(),
             answers: Vec::new(),
             open: Vec::new(),
@@ -417,6 +458,7 @@ impl State {
     pub(super) fn push_row(
         &mut self,
         raw: &str,
+        bytes: RowBytes<'_>,
         p: Parsed,
         from_response: bool,
         events: &mut Vec<Row>,
@@ -459,7 +501,7 @@ impl State {
             seq,
             role: p.info.role,
             kind: p.info.kind,
-            raw: Arc::from(raw),
+            raw: bytes.take(raw),
             tokens,
             turn,
             step: self.step,
@@ -484,7 +526,13 @@ impl State {
 
     /// Map the client's history onto the active line: record a branch when
     /// it diverges, confirm the answer it echoes, append what is new.
-    pub(super) fn absorb(&mut self, msgs: &[&str], hashes: &[u64], events: &mut Vec<Event>) {
+    pub(super) fn absorb(
+        &mut self,
+        msgs: &[&str],
+        hashes: &[u64],
+        body: &Bytes,
+        events: &mut Vec<Event>,
+    ) {
         let id = self.meta.id.clone();
         let mut p = 0;
         while p < msgs.len() && p < self.active.len() {
@@ -574,10 +622,13 @@ impl State {
                 p += 1;
             }
         }
-        let mut rows = Vec::new();
+        // Room for every new row at once: a cold request's 2,001 rows
+        // grown by doubling held the old and the new vector together.
+        let mut rows = Vec::with_capacity(msgs.len() - p);
+        let bytes = RowBytes::of(body, &msgs[p..]);
         for m in &msgs[p..] {
             let parsed = parse_msg(self.dialect, m);
-            let seq = self.push_row(m, parsed, false, &mut rows);
+            let seq = self.push_row(m, bytes, parsed, false, &mut rows);
             self.pending_est += u64::from(self.row(seq).tokens);
             self.active.push(seq);
         }
@@ -588,16 +639,17 @@ impl State {
 
     /// Append every message as new (server-side conversation state): the
     /// previous response's rows are taken as confirmed.
-    pub(super) fn append_stateful(&mut self, msgs: &[&str], events: &mut Vec<Event>) {
+    pub(super) fn append_stateful(&mut self, msgs: &[&str], body: &Bytes, events: &mut Vec<Event>) {
         let tip = self.seq_before(self.active.len());
         if let Some(i) = self.answers.iter().rposition(|a| a.after == tip) {
             let answer = self.answers.remove(i);
             self.active.extend(answer.rows);
         }
-        let mut rows = Vec::new();
+        let mut rows = Vec::with_capacity(msgs.len());
+        let bytes = RowBytes::of(body, msgs);
         for m in msgs {
             let parsed = parse_msg(self.dialect, m);
-            let seq = self.push_row(m, parsed, false, &mut rows);
+            let seq = self.push_row(m, bytes, parsed, false, &mut rows);
             self.active.push(seq);
         }
         if !rows.is_empty() {
@@ -706,7 +758,7 @@ impl State {
         let mut answer = Vec::new();
         for raw in &collected.rows {
             let parsed = parse_msg(self.dialect, raw);
-            answer.push(self.push_row(raw, parsed, true, &mut rows));
+            answer.push(self.push_row(raw, RowBytes::Copy, parsed, true, &mut rows));
         }
         if !answer.is_empty() {
             let after = self

@@ -1285,3 +1285,122 @@ fn a_masking_only_event_is_a_window_event_and_the_next_request_appends() {
         first + 1
     );
 }
+
+/// A session's rows take the room they need (chunks), not a vector doubled
+/// past them; a rolled-back request gives its rows back across chunks.
+#[test]
+fn a_long_history_takes_the_room_of_its_rows_and_rolls_back_whole() {
+    let (m, seen) = manager();
+    let id = ident("long");
+    let texts: Vec<String> = (0..2049).map(|i| user(&format!("m{i}"))).collect();
+    let msgs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut t = send(&m, &id, &msgs[..200]);
+    t.answered(200);
+    t.complete(200, true, &Collected::default());
+    let mut t = send(&m, &id, &msgs);
+    t.answered(200);
+    t.complete(200, true, &Collected::default());
+    take(&seen);
+    let s = m.latest().expect("session");
+    {
+        let st = s.state.lock();
+        assert_eq!(st.rows.len(), 2049);
+        assert!(
+            st.rows.capacity() < 2049 + 256,
+            "room for {} rows",
+            st.rows.capacity()
+        );
+        assert_eq!(st.row(2049).raw_hash, crate::dialect::raw_hash(msgs[2048]));
+        assert_eq!(st.row(257).raw_hash, crate::dialect::raw_hash(msgs[256]));
+    }
+    // A request the upstream refuses: its 600 rows (three chunks) go.
+    let more: Vec<String> = (0..600).map(|i| user(&format!("n{i}"))).collect();
+    let all: Vec<&str> = msgs
+        .iter()
+        .copied()
+        .chain(more.iter().map(String::as_str))
+        .collect();
+    let mut t = send(&m, &id, &all);
+    t.answered(401);
+    drop(t);
+    {
+        let st = s.state.lock();
+        assert_eq!(st.rows.len(), 2049);
+        assert_eq!(st.rows.iter().count(), 2049);
+        assert_eq!(st.active.len(), 2049);
+    }
+    // And the next request records them again after row 2,049.
+    let mut t = send(&m, &id, &all);
+    t.answered(200);
+    assert_eq!(row_seqs(&take(&seen)), (2050..=2649).collect::<Vec<u64>>());
+    drop(t);
+    let st = s.state.lock();
+    assert_eq!(st.row(2649).raw_hash, crate::dialect::raw_hash(all[2648]));
+}
+
+fn new_rows(events: &[Event]) -> Vec<oceancode_window::Row> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rows { rows, .. } => Some(rows.iter().cloned()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn within(body: &Bytes, raw: &str) -> bool {
+    let (start, p) = (body.as_ptr() as usize, raw.as_ptr() as usize);
+    p >= start && p + raw.len() <= start + body.len()
+}
+
+/// A cold request's rows share its body's bytes (the writer's queue holds
+/// no second copy of the history); a step's few new rows are copies (they
+/// must not keep a whole body alive until the writer has them).
+#[test]
+fn a_cold_requests_rows_share_its_body_and_a_steps_rows_are_copies() {
+    let (m, seen) = manager();
+    let id = ident("slices");
+    let texts: Vec<String> = (0..50).map(|i| user(&format!("m{i}"))).collect();
+    let msgs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let cold = body(&msgs);
+    let mut t = m
+        .prepare(Dialect::Anthropic, ReqKind::Main, &id, cold.clone())
+        .ticket
+        .expect("ticket");
+    t.answered(200);
+    let events = take(&seen);
+    let held: Vec<usize> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rows { rows, .. } => Some(rows.capacity()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held, vec![50], "one Rows event, room for its rows only");
+    let rows = new_rows(&events);
+    assert_eq!(rows.len(), 50);
+    for (r, m) in rows.iter().zip(&msgs) {
+        assert_eq!(&*r.raw, *m, "verbatim");
+        assert!(
+            within(&cold, &r.raw),
+            "row {} is a slice of the body",
+            r.seq
+        );
+    }
+    t.complete(200, true, &Collected::default());
+    take(&seen);
+    let more = user("more");
+    let all: Vec<&str> = msgs.iter().copied().chain([more.as_str()]).collect();
+    let step = body(&all);
+    let mut t = m
+        .prepare(Dialect::Anthropic, ReqKind::Main, &id, step.clone())
+        .ticket
+        .expect("ticket");
+    t.answered(200);
+    let rows = new_rows(&take(&seen));
+    assert_eq!(rows.len(), 1);
+    assert_eq!(&*rows[0].raw, more.as_str(), "verbatim");
+    assert!(!within(&step, &rows[0].raw), "a step's row is a copy");
+    drop(t);
+}

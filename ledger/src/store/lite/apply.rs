@@ -3,7 +3,7 @@
 //! event means (the checks, its outcome) is decided in `store/apply.rs`.
 
 use super::sql::session_exists;
-use crate::model::{Event, SessionMeta};
+use crate::model::{ByteString, Event, SessionMeta};
 use crate::store::apply::{
     check_rows, confirmed, hidden, known_next_seq, next_after, rows_written, session_written,
     unknown_session,
@@ -12,7 +12,6 @@ use crate::store::common::{now_ms, to_i64};
 use crate::store::effects::{Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Full-text indexing deferred to the end of a batch: FTS5 flushes its
 /// pending segment at every savepoint, so indexing inside the per-event
@@ -21,7 +20,7 @@ use std::sync::Arc;
 pub(super) struct FtsJob {
     pub(super) session: String,
     pub(super) seq: u64,
-    pub(super) raw: Arc<str>,
+    pub(super) raw: ByteString,
 }
 
 /// Mark rows hidden (a branch, or rows a sibling took): the turns they are
@@ -145,7 +144,7 @@ pub(super) fn apply_event(
                 fts.push(FtsJob {
                     session: session.clone(),
                     seq: *seq,
-                    raw: raw.clone(),
+                    raw: ByteString::from(&**raw),
                 });
             }
             Ok(confirmed(*seq, raw, hit))

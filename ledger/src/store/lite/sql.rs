@@ -12,7 +12,6 @@ use crate::store::records::{
 use crate::transcript::{self, TurnSummary};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// A session's dialect (see [`stored_dialect`]).
 pub(crate) fn session_dialect(c: &Connection, id: &str) -> Result<Dialect, StoreError> {
@@ -81,7 +80,7 @@ pub(crate) fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Row, bool)> {
             seq: r.get::<_, i64>(0)? as u64,
             role: r.get(1)?,
             kind: RowKind::parse(&kind).unwrap_or(RowKind::Other),
-            raw: Arc::from(raw),
+            raw: raw.into(),
             tokens: r.get::<_, i64>(4)? as u32,
             turn: r.get::<_, i64>(5)? as u32,
             step: r.get::<_, i64>(6)? as u32,

@@ -26,7 +26,7 @@ use super::sql::big;
 use super::text::TextJob;
 use super::writer::transient;
 use super::Leases;
-use crate::model::{Dialect, Event, SessionMeta};
+use crate::model::{ByteString, Dialect, Event, SessionMeta};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -348,7 +348,7 @@ impl Batch<'_> {
                         day,
                         seq: *seq,
                         dialect,
-                        raw: raw.clone(),
+                        raw: ByteString::from(&**raw),
                     });
                 }
                 Ok(confirmed(*seq, raw, hit))

@@ -10,7 +10,7 @@ use super::super::records::{
     SENT_LIKE,
 };
 use crate::model::{Row, RowKind, SessionMeta, Usage};
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 use tokio_postgres::GenericClient;
 
 /// A `u64` as `BIGINT` (saturating).
@@ -31,7 +31,7 @@ pub(super) fn read_row(r: &tokio_postgres::Row) -> (Row, bool) {
             seq: r.get::<_, i64>(0).max(0) as u64,
             role: r.get(1),
             kind: RowKind::parse(&kind).unwrap_or(RowKind::Other),
-            raw: Arc::from(raw),
+            raw: raw.into(),
             tokens: r.get::<_, i64>(4).max(0) as u32,
             turn: r.get::<_, i64>(5).max(0) as u32,
             step: r.get::<_, i64>(6).max(0) as u32,

@@ -16,10 +16,9 @@ use super::super::common::stored_dialect;
 use super::super::error::StoreError;
 use super::schema::DAY_MS;
 use super::writer::transient;
-use crate::model::Dialect;
+use crate::model::{ByteString, Dialect};
 use crate::parts;
 use std::collections::HashMap;
-use std::sync::Arc;
 use tokio_postgres::{Client, GenericClient};
 use tracing::{debug, info, warn};
 
@@ -46,7 +45,7 @@ pub(super) struct TextJob {
     pub(super) day: i64,
     pub(super) seq: u64,
     pub(super) dialect: Dialect,
-    pub(super) raw: Arc<str>,
+    pub(super) raw: ByteString,
 }
 
 /// Text for the search index (PostgreSQL text holds no NUL).
@@ -225,7 +224,7 @@ pub(super) async fn backfill(client: &mut Client, since_day: i64) -> Result<u64,
                 day: r.get(1),
                 seq: r.get::<_, i64>(2).max(0) as u64,
                 dialect,
-                raw: Arc::from(r.get::<_, String>(3)),
+                raw: r.get::<_, String>(3).into(),
                 session,
             });
         }
