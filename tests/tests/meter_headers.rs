@@ -121,15 +121,16 @@ async fn the_answer_to_a_too_long_retry_carries_the_window_sent() {
         })
         .to_string()
     };
+    let post = |history: &[Value]| {
+        h.post(
+            "/v1/messages",
+            &[("x-oceancode-session", "long")],
+            body(history),
+        )
+    };
     let mut last = None;
     for step in 0..30 {
-        let got = h
-            .post(
-                "/v1/messages",
-                &[("x-oceancode-session", "long")],
-                body(&history),
-            )
-            .await;
+        let got = post(&history).await;
         assert_eq!(got.status, 200, "step {step}: {}", got.text());
         assert_eq!(number(&got, "x-oceancode-cut"), 0, "step {step}");
         push_tool_step(
@@ -142,13 +143,7 @@ async fn the_answer_to_a_too_long_retry_carries_the_window_sent() {
     let before = number(&last.unwrap(), "x-oceancode-window");
     h.fake.clear();
     h.fake.push_reply(Reply::too_long());
-    let got = h
-        .post(
-            "/v1/messages",
-            &[("x-oceancode-session", "long")],
-            body(&history),
-        )
-        .await;
+    let got = post(&history).await;
     assert_eq!(got.status, 200, "retried after the cut: {}", got.text());
     assert_eq!(h.fake.request_count(), 2, "one retry");
     assert!(number(&got, "x-oceancode-cut") > 0, "{:?}", got.headers);

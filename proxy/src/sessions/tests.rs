@@ -1106,28 +1106,32 @@ fn a_refused_request_leaves_the_cache_facts_as_they_were() {
     );
 }
 
+/// A manager under a spend cap of `cap` USD, pricing the models `priced`
+/// takes at $3 / $15 per million input / output tokens.
+fn budgeted(cap: f64, priced: fn(&str) -> bool) -> SessionManager {
+    let (m, _seen) = manager();
+    let price = oceancode_config::Price {
+        input: 3.0,
+        output: 15.0,
+        cache_read: 0.3,
+        cache_write: 3.75,
+    };
+    m.with_budget(
+        SessionLimits {
+            spend_usd: Some(cap),
+            pricer: Some(Arc::new(move |model: &str| priced(model).then_some(price))),
+            ..SessionLimits::default()
+        },
+        None,
+    )
+}
+
 /// A Gemini body names no model; its path does. With the ledger off a
 /// request under a spend bound is still priced by that model (an unpriced
 /// reservation would let it past the bound).
 #[test]
 fn an_unrecorded_gemini_request_is_priced_by_the_model_its_path_names() {
-    let (m, _seen) = manager();
-    let price = oceancode_config::Price {
-        input: 1.25,
-        output: 10.0,
-        cache_read: 0.31,
-        cache_write: 1.25,
-    };
-    let m = m.with_budget(
-        SessionLimits {
-            spend_usd: Some(5.0),
-            pricer: Some(Arc::new(move |model: &str| {
-                (model == "gemini-2.5-pro").then_some(price)
-            })),
-            ..SessionLimits::default()
-        },
-        None,
-    );
+    let m = budgeted(5.0, |model| model == "gemini-2.5-pro");
     let body = Bytes::from_static(br#"{"contents":[{"role":"user","parts":[{"text":"hello"}]}]}"#);
     let route = crate::identity::Route {
         prefix: None,
@@ -1153,21 +1157,7 @@ fn an_unrecorded_gemini_request_is_priced_by_the_model_its_path_names() {
 /// the cap had room for, and a refusal stays).
 #[test]
 fn a_spend_reservation_prices_the_window_sent_after_a_cut() {
-    let (m, _seen) = manager();
-    let price = oceancode_config::Price {
-        input: 3.0,
-        output: 15.0,
-        cache_read: 0.3,
-        cache_write: 3.75,
-    };
-    let m = m.with_budget(
-        SessionLimits {
-            spend_usd: Some(0.5),
-            pricer: Some(Arc::new(move |_: &str| Some(price))),
-            ..SessionLimits::default()
-        },
-        None,
-    );
+    let m = budgeted(0.5, |_| true);
     let who = ident("reserve");
     // 300 KB: 100k tokens by the estimate, $0.30 to send uncut.
     let big = user(&"x".repeat(300_000));
