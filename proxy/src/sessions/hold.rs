@@ -57,8 +57,12 @@ pub(super) struct Checkpoint {
     recorded_line: Option<super::state::RecordedLine>,
     meter: Meter,
     compress_generation: u64,
-    /// A refused request never reached the provider's prompt cache.
+    /// A refused request never reached the provider's prompt cache: the
+    /// cache facts as they were (but the message seqs, see `seqs`).
     cache: super::state::CacheState,
+    /// The previous request's message seqs, handed over by the request
+    /// that replaced them (None: it did not), so none are copied here.
+    seqs: Option<Vec<u64>>,
 }
 
 /// One request's events on a session, and the state before it.
@@ -68,12 +72,24 @@ pub(super) struct Hold {
     before: Box<Checkpoint>,
 }
 
+impl Checkpoint {
+    /// The message seqs the request replaced, for a rollback to put back.
+    pub(super) fn keep_seqs(&mut self, seqs: Vec<u64>) {
+        self.seqs = Some(seqs);
+    }
+}
+
 impl State {
     /// Before a request changes the session: release what another request
     /// holds (this one builds on it) and take the checkpoint to roll back to.
     pub(super) fn checkpoint(&mut self, sink: &EventSink) -> Box<Checkpoint> {
         self.release_hold(sink);
         self.undo.clear();
+        // The cache facts without the seqs: a request that replaces them
+        // hands the old ones over ([`Checkpoint::keep_seqs`]).
+        let seqs = std::mem::take(&mut self.cache.seqs);
+        let cache = self.cache.clone();
+        self.cache.seqs = seqs;
         Box::new(Checkpoint {
             meta: self.meta.clone(),
             recorded_meta: self.recorded_meta.clone(),
@@ -91,7 +107,8 @@ impl State {
             recorded_line: self.recorded_line.clone(),
             meter: self.meter,
             compress_generation: self.compress.generation,
-            cache: self.cache.clone(),
+            cache,
+            seqs: None,
         })
     }
 
@@ -205,8 +222,12 @@ impl State {
         // The upstream refused the request before its cache saw it: the
         // next request compares with the one before (the window event
         // count only grows: the refused window was sent).
+        let seqs = c
+            .seqs
+            .unwrap_or_else(|| std::mem::take(&mut self.cache.seqs));
         self.cache = super::state::CacheState {
             events: self.cache.events,
+            seqs,
             ..c.cache
         };
         true

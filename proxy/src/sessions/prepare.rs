@@ -182,7 +182,11 @@ fn cold_on_arrival(st: &mut State, req: &Request<'_>, now: i64) -> Option<cache:
 /// earlier message that maps to another row: the normalized hashes, so a
 /// moved `cache_control` marker is no change). Call after the request was
 /// recorded (its messages are the active line's first rows).
-fn client_change(st: &mut State, req: &Request<'_>) -> Option<String> {
+fn client_change(
+    st: &mut State,
+    req: &Request<'_>,
+    before: &mut super::hold::Checkpoint,
+) -> Option<String> {
     if req.stateful {
         return None;
     }
@@ -191,17 +195,19 @@ fn client_change(st: &mut State, req: &Request<'_>) -> Option<String> {
     let seqs = st.active[..n].to_vec();
     let prev_shape = st.cache.shape.replace(shape);
     let prev = std::mem::replace(&mut st.cache.seqs, seqs);
-    let prev_shape = prev_shape?;
-    if prev_shape.1 != shape.1 {
-        return Some("tools".to_string());
-    }
-    if prev_shape.0 != shape.0 {
-        return Some("system".to_string());
-    }
-    prev.iter()
-        .zip(&st.cache.seqs)
-        .position(|(a, b)| a != b)
-        .map(|i| format!("message {}", i + 1))
+    let change = match prev_shape {
+        None => None,
+        Some((_, tools)) if tools != shape.1 => Some("tools".to_string()),
+        Some((system, _)) if system != shape.0 => Some("system".to_string()),
+        Some(_) => prev
+            .iter()
+            .zip(&st.cache.seqs)
+            .position(|(a, b)| a != b)
+            .map(|i| format!("message {}", i + 1)),
+    };
+    // A rollback puts them back.
+    before.keep_seqs(prev);
+    change
 }
 
 /// The bytes of the window `req` is likely to send, for pricing its spend
@@ -519,7 +525,7 @@ impl SessionManager {
         if let Some(r) = self.healer.as_ref().and_then(|h| h(&session.id)) {
             st.resync(r.committed);
         }
-        let before = st.checkpoint(&self.sink);
+        let mut before = st.checkpoint(&self.sink);
         let mut events = Vec::new();
         if may_split {
             if let Some((at, answer)) = self.leaves_live_line(&st, req) {
@@ -538,7 +544,7 @@ impl SessionManager {
         let events = &mut events;
         let cold = cold_on_arrival(&mut st, req, self.now_ms());
         let boundary = self.record(&mut st, req, events);
-        let client = client_change(&mut st, req);
+        let client = client_change(&mut st, req, &mut before);
         let step = st.step;
         st.step_opened(step);
         let cut_before = st.recorded_cut;
