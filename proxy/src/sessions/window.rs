@@ -115,11 +115,11 @@ pub(super) fn render_with(
 
 /// The drafted window rendered: the stub's message (its text and the
 /// standing parts) in the stub's piece, each piece's tag or bytes.
-fn finish(d: stages::Draft<'_>) -> Window {
+fn finish(mut d: stages::Draft<'_>) -> Window {
     if !d.changed {
         return d.window;
     }
-    let (pieces, d) = d.into_pieces();
+    let pieces = std::mem::take(d.pieces());
     let mut w = d.window;
     let stub = d
         .stub

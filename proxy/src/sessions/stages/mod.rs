@@ -171,12 +171,6 @@ impl<'a> Draft<'a> {
         })
     }
 
-    /// The pieces, the draft done with.
-    pub(super) fn into_pieces(mut self) -> (Vec<(Src, &'a str)>, Self) {
-        let p = std::mem::take(self.pieces());
-        (p, self)
-    }
-
     /// `text` kept as long as the draft's pieces.
     pub(super) fn keep(&self, text: &str) -> &'a str {
         self.arena.alloc_str(text)
