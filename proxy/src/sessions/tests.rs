@@ -752,13 +752,18 @@ fn a_refused_sibling_leaves_its_parent_as_it_was() {
 
 /// A manager with `ledger.compress` on: no zone, every output pruned.
 fn manager_compress() -> (SessionManager, Recorded) {
+    manager_compress_with(None)
+}
+
+/// [`manager_compress`] with masking first (`ledger.compress.free`).
+fn manager_compress_with(free: Option<BlockSpec>) -> (SessionManager, Recorded) {
     let (m, seen) = manager();
     let mut settings = m.settings().clone();
     settings.compress = oceancode_config::CompressConfig {
         enabled: true,
         protect: Some(BlockSpec::Tokens(0)),
         min_tokens: 1,
-        free: None,
+        free,
     };
     let s = seen.clone();
     (
@@ -1207,15 +1212,7 @@ fn a_spend_reservation_prices_the_window_sent_after_a_cut() {
 /// same event.
 #[test]
 fn a_masking_only_event_is_a_window_event_and_the_next_request_appends() {
-    let (m, seen) = manager();
-    let mut settings = m.settings().clone();
-    settings.compress = oceancode_config::CompressConfig {
-        enabled: true,
-        protect: Some(BlockSpec::Tokens(0)),
-        min_tokens: 1,
-        free: Some(BlockSpec::PercentOfLine(10.0)),
-    };
-    let m = SessionManager::new(settings, Arc::new(move |ev| seen.lock().extend(ev)));
+    let (m, _seen) = manager_compress_with(Some(BlockSpec::PercentOfLine(10.0)));
     let call = |i: usize| {
         format!(
             r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{"command":"ls {i}"}}}}]}}"#
