@@ -264,7 +264,7 @@ fn raw_command(name: &str, input: &Value) -> Option<String> {
 
 /// The shell command a tool call runs, on one line, clipped to [`LINE_MAX`].
 pub fn command_of(name: &str, input: &Value) -> Option<String> {
-    let cmd = clip(&squash(&raw_command(name, input)?), LINE_MAX);
+    let cmd = squash_clip(&raw_command(name, input)?, LINE_MAX);
     (!cmd.is_empty()).then_some(cmd)
 }
 
@@ -539,7 +539,7 @@ pub fn is_typed_text(t: &str) -> bool {
 pub fn typed_after_results(dialect: Dialect, raw: &str) -> Option<String> {
     let texts = crate::transcript::message_texts(dialect, raw);
     let t = texts.iter().find(|t| is_typed_text(t))?;
-    Some(clip(&squash(t), ASK_MAX))
+    Some(squash_clip(t, ASK_MAX))
 }
 
 /// The ask of a prompt row: its first text that is not a wrapper
@@ -551,12 +551,31 @@ pub fn ask_text(dialect: Dialect, raw: &str) -> Option<String> {
         .iter()
         .find(|t| !t.trim().is_empty() && !t.trim_start().starts_with('<'))
         .or_else(|| texts.iter().find(|t| !t.trim().is_empty()))?;
-    Some(clip(&squash(text), ASK_MAX))
+    Some(squash_clip(text, ASK_MAX))
 }
 
 /// Whitespace runs (newlines included) collapsed to one space, trimmed.
 pub fn squash(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `clip(&squash(s), max)`, reading `s` only as far as the clip: a long
+/// output or heredoc is not joined whole to keep its first line.
+pub fn squash_clip(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut chars = 0;
+    for w in s.split_whitespace() {
+        if chars > 0 {
+            out.push(' ');
+            chars += 1;
+        }
+        out.push_str(w);
+        chars += w.chars().count();
+        if chars > max {
+            return clip(&out, max);
+        }
+    }
+    out
 }
 
 /// At most `max` characters (`…` marks a cut).
@@ -849,6 +868,19 @@ mod tests {
         assert_eq!(Touch::of_verb("read"), Touch::Read);
         assert_eq!(Touch::of_verb("update"), Touch::Edited);
         assert_eq!(Touch::of_verb("grep"), Touch::Searched);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn squash_clip_is_clip_of_squash(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "a", "bc", "é", "日本", " ", "  ", "\n", "\t", "\u{a0}", "word", "…",
+            ]), 0..40),
+            max in 0usize..12,
+        ) {
+            let s = pieces.concat();
+            proptest::prop_assert_eq!(squash_clip(&s, max), clip(&squash(&s), max));
+        }
     }
 
     #[test]

@@ -425,7 +425,7 @@ impl Page {
                 let mut s = format!(
                     "{} {mark} {}",
                     stamp(t.turn),
-                    clip(&squash(&t.content), LINE_MAX)
+                    squash_clip(&t.content, LINE_MAX)
                 );
                 if !matches!(t.status.as_str(), "completed" | "in_progress" | "pending") {
                     let _ = write!(s, " ({})", one_line(&t.status));
@@ -524,7 +524,7 @@ fn section(out: &mut String, title: &str, lines: impl Iterator<Item = String>) {
     }
 }
 
-pub(crate) use crate::facts::{clip, squash};
+pub(crate) use crate::facts::{clip, squash, squash_clip};
 
 /// The first telling line of an error output (an `Exit code N` line skipped).
 fn error_line(text: &str) -> String {
@@ -535,7 +535,7 @@ fn error_line(text: &str) -> String {
     } else {
         first
     };
-    clip(&squash(pick), LINE_MAX)
+    squash_clip(pick, LINE_MAX)
 }
 
 #[cfg(test)]

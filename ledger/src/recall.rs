@@ -68,7 +68,7 @@ impl RecallHit {
 
 /// Whitespace collapsed, clipped to `max` characters (`…` marks a cut).
 pub fn clip_body(text: &str, max: usize) -> String {
-    crate::page::clip(&crate::page::squash(text), max)
+    crate::facts::squash_clip(text, max)
 }
 
 /// Longest search text (characters, all words with their spaces).

@@ -14,7 +14,7 @@
 //! command. Facts come from [`crate::facts`], the reading `SESSION.md`
 //! shares.
 
-use crate::facts::{clip, squash, RowFacts, TaskBook, Touch};
+use crate::facts::{RowFacts, TaskBook, Touch};
 use crate::paths::turn_file_name;
 use crate::transcript::{code, one_line, RowLines};
 use std::collections::HashMap;
@@ -412,7 +412,7 @@ pub fn render(input: &StateInput<'_>, max_tokens: u32) -> Option<String> {
             let mut line = format!(
                 "\n- {} {}",
                 status_mark(status),
-                clip(&squash(content), crate::facts::LINE_MAX)
+                crate::facts::squash_clip(content, crate::facts::LINE_MAX)
             );
             if !matches!(status.as_str(), "completed" | "in_progress" | "pending") {
                 let _ = write!(line, " ({})", one_line(status));
@@ -546,7 +546,7 @@ pub fn tokens(block: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::facts::row_facts;
+    use crate::facts::{clip, row_facts, squash};
     use crate::model::Dialect;
 
     fn call(id: &str, name: &str, input: serde_json::Value) -> String {
