@@ -363,8 +363,12 @@ fn responses(o: &Map<String, Value>, out: &mut Vec<Part>) {
 }
 
 /// The exit code a command's output reports (`Exit code 1`, `Process exited
-/// with code 0`, `"exit_code": 2`), if any.
+/// with code 0`, `"exit_code": 2`), if any: of each mark's first occurrence
+/// that is followed by a number, the earliest.
 pub fn exit_code(text: &str) -> Option<i64> {
+    // Every mark holds "xit" (at `XIT_AT` in it): one SIMD scan for that
+    // finds each mark's occurrences in order, where a `find` per mark read
+    // the whole output seven times (a cold request reads every result).
     const MARKS: &[&str] = &[
         "exited with code ",
         "Exit code: ",
@@ -374,22 +378,39 @@ pub fn exit_code(text: &str) -> Option<i64> {
         "\"exit_code\":",
         "\"exit_code\": ",
     ];
-    let mut best: Option<(usize, i64)> = None;
-    for mark in MARKS {
-        if let Some(i) = text.find(mark) {
-            let rest = text[i + mark.len()..].trim_start();
-            let end = rest
-                .char_indices()
-                .find(|&(j, c)| !(c.is_ascii_digit() || (j == 0 && c == '-')))
-                .map_or(rest.len(), |(j, _)| j);
-            if let Ok(code) = rest[..end].parse::<i64>() {
-                if !matches!(best, Some((b, _)) if b <= i) {
-                    best = Some((i, code));
-                }
+    const XIT_AT: [usize; 7] = [1, 1, 1, 1, 1, 2, 2];
+    let bytes = text.as_bytes();
+    // A mark whose first occurrence held no number is not looked at again.
+    let mut seen = [false; MARKS.len()];
+    for at in memchr::memmem::find_iter(bytes, b"xit") {
+        for (k, mark) in MARKS.iter().enumerate() {
+            let Some(start) = at.checked_sub(XIT_AT[k]) else {
+                continue;
+            };
+            if seen[k] || !bytes[start..].starts_with(mark.as_bytes()) {
+                continue;
+            }
+            seen[k] = true;
+            // `start + mark.len()` follows an ASCII byte: a char boundary.
+            if let Some(code) = leading_int(&text[start + mark.len()..]) {
+                return Some(code);
             }
         }
+        if seen.iter().all(|&s| s) {
+            break;
+        }
     }
-    best.map(|(_, c)| c)
+    None
+}
+
+/// The integer a text starts with, after whitespace (`-` allowed first).
+fn leading_int(text: &str) -> Option<i64> {
+    let rest = text.trim_start();
+    let end = rest
+        .char_indices()
+        .find(|&(j, c)| !(c.is_ascii_digit() || (j == 0 && c == '-')))
+        .map_or(rest.len(), |(j, _)| j);
+    rest[..end].parse::<i64>().ok()
 }
 
 #[cfg(test)]
@@ -405,6 +426,53 @@ mod tests {
         );
         assert_eq!(exit_code("{\"exit_code\": 2}"), Some(2));
         assert_eq!(exit_code("all good"), None);
+        // The earliest mark with a number wins; a mark whose first
+        // occurrence has none is not looked at again.
+        assert_eq!(exit_code("exit code 3, Exit code: 4"), Some(3));
+        assert_eq!(
+            exit_code("exit code: n/a\nexit code: 5\nExit code 6"),
+            Some(6)
+        );
+        assert_eq!(exit_code("ÿxit exited with code -2"), Some(-2));
+    }
+
+    /// The exit code as it was read before the one-scan search: a `find`
+    /// per mark, the earliest that parses.
+    fn exit_code_by_find(text: &str) -> Option<i64> {
+        const MARKS: &[&str] = &[
+            "exited with code ",
+            "Exit code: ",
+            "Exit code ",
+            "exit code: ",
+            "exit code ",
+            "\"exit_code\":",
+            "\"exit_code\": ",
+        ];
+        let mut best: Option<(usize, i64)> = None;
+        for mark in MARKS {
+            if let Some(i) = text.find(mark) {
+                if let Some(code) = leading_int(&text[i + mark.len()..]) {
+                    if !matches!(best, Some((b, _)) if b <= i) {
+                        best = Some((i, code));
+                    }
+                }
+            }
+        }
+        best.map(|(_, c)| c)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn exit_code_reads_as_a_find_per_mark_did(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "exited with code ", "Exit code: ", "Exit code ", "exit code: ", "exit code ",
+                "\"exit_code\":", "\"exit_code\": ", "xit", "e", "\"", " ", "12", "-", "-7",
+                "x", "n/a", "\n", "é", "exit", "Exit", "code", ":",
+            ]), 0..24)
+        ) {
+            let text = pieces.concat();
+            proptest::prop_assert_eq!(exit_code(&text), exit_code_by_find(&text), "{:?}", text);
+        }
     }
 
     #[test]
