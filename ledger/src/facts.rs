@@ -608,6 +608,9 @@ pub fn shell_refs(cmd: &str) -> Vec<(String, String)> {
         }
     };
     for seg in segments(cmd) {
+        if !seg.contains('>') && !runs_a_file_program(&seg) {
+            continue;
+        }
         let words = words(&seg);
         let mut args: Vec<&str> = Vec::new();
         let mut i = 0;
@@ -675,27 +678,53 @@ pub fn shell_refs(cmd: &str) -> Vec<(String, String)> {
     out
 }
 
+/// Whether a simple command's program is one whose operands
+/// [`shell_refs`] reads: its words are read only up to the program (past
+/// `<` inputs, `VAR=value` assignments and wrappers), as `shell_refs` reads
+/// them. A command with a redirection (`>`) is read whole instead.
+fn runs_a_file_program(seg: &str) -> bool {
+    let mut words = Words::new(seg);
+    while let Some(w) = words.next() {
+        if w == "<" {
+            words.next();
+            continue;
+        }
+        if w.starts_with('<')
+            || w.contains('=') && !w.starts_with('-')
+            || matches!(w.as_str(), "sudo" | "time" | "env")
+        {
+            continue;
+        }
+        let prog = w.rsplit('/').next().unwrap_or(&w);
+        return matches!(prog, "sed" | "touch" | "tee" | "rm" | "awk") || READERS.contains(&prog);
+    }
+    false
+}
+
 /// A command split at `&&`, `||`, `;`, `|` and newlines (outside quotes);
 /// a heredoc's body is dropped.
+///
+/// Read byte by byte: every byte it looks at is ASCII, and what it drops
+/// (the `<<` and its tag, a heredoc's lines, the separators) ends at an
+/// ASCII byte, so each segment is whole UTF-8.
 fn segments(cmd: &str) -> Vec<String> {
+    let b = cmd.as_bytes();
     let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quote: Option<char> = None;
-    let mut chars = cmd.chars().peekable();
-    let mut heredoc: Option<String> = None;
+    let mut cur: Vec<u8> = Vec::new();
+    let mut quote: Option<u8> = None;
+    let mut heredoc: Option<Vec<u8>> = None;
     let mut lines_skip = false;
-    while let Some(c) = chars.next() {
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        i += 1;
         if lines_skip {
-            // Inside a heredoc body: skip to its terminator line.
-            let mut line = String::from(c);
-            while let Some(&n) = chars.peek() {
-                chars.next();
-                if n == '\n' {
-                    break;
-                }
-                line.push(n);
-            }
-            if heredoc.as_deref() == Some(line.trim()) {
+            // Inside a heredoc body: skip to its terminator line (the line
+            // is `c` and what follows it up to the next newline).
+            let end = memchr::memchr(b'\n', &b[i..]).map_or(b.len(), |n| i + n);
+            let line = std::str::from_utf8(&b[i - 1..end]).unwrap_or_default();
+            i = (end + 1).min(b.len());
+            if heredoc.as_deref() == Some(line.trim().as_bytes()) {
                 lines_skip = false;
                 heredoc = None;
             }
@@ -709,73 +738,102 @@ fn segments(cmd: &str) -> Vec<String> {
                 }
             }
             None => match c {
-                '\'' | '"' => {
+                b'\'' | b'"' => {
                     quote = Some(c);
                     cur.push(c);
                 }
-                '<' if chars.peek() == Some(&'<') => {
-                    chars.next();
-                    let mut tag = String::new();
-                    while let Some(&n) = chars.peek() {
-                        if n == '\n' || n == ' ' && !tag.is_empty() {
+                b'<' if b.get(i) == Some(&b'<') => {
+                    i += 1;
+                    let mut tag = Vec::new();
+                    while let Some(&n) = b.get(i) {
+                        if n == b'\n' || n == b' ' && !tag.is_empty() {
                             break;
                         }
-                        chars.next();
-                        if !matches!(n, '\'' | '"' | '-' | ' ') {
+                        i += 1;
+                        if !matches!(n, b'\'' | b'"' | b'-' | b' ') {
                             tag.push(n);
                         }
                     }
                     heredoc = Some(tag);
                 }
-                ';' | '|' | '&' | '\n' => {
-                    if c == '\n' && heredoc.is_some() {
+                b';' | b'|' | b'&' | b'\n' => {
+                    if c == b'\n' && heredoc.is_some() {
                         lines_skip = true;
                     }
-                    if c == '&' && cur.ends_with('>') {
+                    if c == b'&' && cur.ends_with(b">") {
                         cur.push(c);
                         continue;
                     }
-                    if matches!(c, '|' | '&') && chars.peek() == Some(&c) {
-                        chars.next();
+                    if matches!(c, b'|' | b'&') && b.get(i) == Some(&c) {
+                        i += 1;
                     }
-                    out.push(std::mem::take(&mut cur));
+                    out.push(utf8(std::mem::take(&mut cur)));
                 }
                 c => cur.push(c),
             },
         }
     }
-    out.push(cur);
+    out.push(utf8(cur));
     out.retain(|s| !s.trim().is_empty());
     out
 }
 
+/// Bytes cut from a `str` at ASCII bytes, as text.
+fn utf8(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 /// Shell words of one simple command (quotes removed).
 fn words(seg: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quote: Option<char> = None;
-    let mut any = false;
-    for c in seg.chars() {
-        match quote {
-            Some(q) if c == q => quote = None,
-            Some(_) => cur.push(c),
-            None if c == '\'' || c == '"' => {
-                quote = Some(c);
-                any = true;
-            }
-            None if c.is_whitespace() => {
-                if !cur.is_empty() || any {
-                    out.push(std::mem::take(&mut cur));
-                }
-                any = false;
-            }
-            None => cur.push(c),
+    Words::new(seg).collect()
+}
+
+/// [`words`], one at a time: the program of a command is its first words,
+/// and most commands name no file.
+struct Words<'a> {
+    chars: std::str::Chars<'a>,
+    done: bool,
+}
+
+impl<'a> Words<'a> {
+    fn new(seg: &'a str) -> Self {
+        Words {
+            chars: seg.chars(),
+            done: false,
         }
     }
-    if !cur.is_empty() || any {
-        out.push(cur);
+}
+
+impl Iterator for Words<'_> {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        let mut cur = String::new();
+        let mut quote: Option<char> = None;
+        let mut any = false;
+        for c in self.chars.by_ref() {
+            match quote {
+                Some(q) if c == q => quote = None,
+                Some(_) => cur.push(c),
+                None if c == '\'' || c == '"' => {
+                    quote = Some(c);
+                    any = true;
+                }
+                None if c.is_whitespace() => {
+                    if !cur.is_empty() || any {
+                        return Some(cur);
+                    }
+                    any = false;
+                }
+                None => cur.push(c),
+            }
+        }
+        if self.done {
+            return None;
+        }
+        self.done = true;
+        (!cur.is_empty() || any).then_some(cur)
     }
-    out
 }
 
 fn is_pathlike(p: &str) -> bool {
@@ -799,6 +857,19 @@ mod tests {
 
     fn refs(cmd: &str) -> Vec<(String, String)> {
         shell_refs(cmd)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn squash_clip_is_clip_of_squash(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "a", "bc", "é", "日本", " ", "  ", "\n", "\t", "\u{a0}", "word", "…",
+            ]), 0..40),
+            max in 0usize..12,
+        ) {
+            let s = pieces.concat();
+            proptest::prop_assert_eq!(squash_clip(&s, max), clip(&squash(&s), max));
+        }
     }
 
     #[test]
@@ -868,19 +939,6 @@ mod tests {
         assert_eq!(Touch::of_verb("read"), Touch::Read);
         assert_eq!(Touch::of_verb("update"), Touch::Edited);
         assert_eq!(Touch::of_verb("grep"), Touch::Searched);
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn squash_clip_is_clip_of_squash(
-            pieces in proptest::collection::vec(proptest::sample::select(vec![
-                "a", "bc", "é", "日本", " ", "  ", "\n", "\t", "\u{a0}", "word", "…",
-            ]), 0..40),
-            max in 0usize..12,
-        ) {
-            let s = pieces.concat();
-            proptest::prop_assert_eq!(squash_clip(&s, max), clip(&squash(&s), max));
-        }
     }
 
     #[test]
