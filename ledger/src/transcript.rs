@@ -229,7 +229,7 @@ impl LineIndex {
 
 /// Lines of a rendered piece (every line ends with `\n`).
 pub fn line_count(s: &str) -> u32 {
-    s.bytes().filter(|&b| b == b'\n').count() as u32
+    memchr::memchr_iter(b'\n', s.as_bytes()).count() as u32
 }
 
 /// Lines of one row's section in its turn file (anchor labels never change
@@ -795,14 +795,12 @@ pub fn fence(lang: &str, body: &str) -> String {
 }
 
 fn longest_backtick_run(s: &str) -> usize {
-    let (mut best, mut cur) = (0, 0);
-    for c in s.chars() {
-        if c == '`' {
-            cur += 1;
-            best = best.max(cur);
-        } else {
-            cur = 0;
-        }
+    // The backticks only (memchr): most of a tool's output holds none.
+    let (mut best, mut run, mut next) = (0, 0, usize::MAX);
+    for i in memchr::memchr_iter(b'`', s.as_bytes()) {
+        run = if i == next { run + 1 } else { 1 };
+        best = best.max(run);
+        next = i + 1;
     }
     best
 }
