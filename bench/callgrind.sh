@@ -7,11 +7,13 @@
 # of two runs (N=10 and N=30) over 20. See docs/benchmarks.md (fourth pass).
 #
 #   bench/callgrind.sh [PROXY_BINARY]      # N=30 by default
+#   SIZE=8m N=2 bench/callgrind.sh         # another body size (default 200k)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CARGO_TARGET_DIR:-$PWD/target}/release
 PROXY=${1:-$BIN/oceancode-proxy}
 N=${N:-30}
+SIZE=${SIZE:-200k}
 W=$(mktemp -d "${TMPDIR:-/tmp}/oceancode-cg.XXXXXX")
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$W"' EXIT
@@ -31,7 +33,7 @@ VG=$!
 PIDS+=($VG)
 for _ in $(seq 1 1200); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 "$BIN/oceancode-load" run --target "http://127.0.0.1:$PORT" --label callgrind --scenario callgrind \
-    --size 200k --messages 2000 --concurrency 1 --requests "$N" --model oceancode-bench --out "$W/load.jsonl" >&2
+    --size "$SIZE" --messages 2000 --concurrency 1 --requests "$N" --model oceancode-bench --out "$W/load.jsonl" >&2
 kill -INT "$VG"
 wait "$VG" || true
 callgrind_annotate --inclusive=yes "$OUTFILE" | grep -E 'PROGRAM TOTALS|prepare_request \[' | head -2
