@@ -173,6 +173,11 @@ pub(super) fn refresh(
         return 0;
     }
     let cut_upto = st.tideline.cut_upto();
+    // Before any cut the plan starts at the first row: nothing to choose
+    // again (and no need to read the line's rows on every request).
+    if !due && cut_upto == 0 {
+        return 0;
+    }
     let plan = tideline::plan_window(&st.row_infos(), cut_upto);
     // Between events the set stays (before any cut, what masking chose).
     if !due && (plan.effective_upto_seq == 0 || plan.effective_upto_seq == st.compress.at) {
