@@ -665,7 +665,9 @@ impl State {
     /// unanswered (parallel calls answered one by one), and the row before it
     /// does not bind to it (a reasoning item and its call).
     pub(super) fn row_infos(&self) -> Vec<RowInfo> {
-        let mut open: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        // The calls open at a row: a set of a few ids (the ids are hashes
+        // already), so a vector is cheaper than hashing each id again.
+        let mut open: Vec<u64> = Vec::new();
         let mut prev_binds = false;
         self.active
             .iter()
@@ -673,9 +675,15 @@ impl State {
                 let r = self.row(seq);
                 let starts_ok = r.starts_ok && open.is_empty() && !prev_binds;
                 for c in r.calls.closes.iter() {
-                    open.remove(c);
+                    if let Some(i) = open.iter().position(|o| o == c) {
+                        open.swap_remove(i);
+                    }
                 }
-                open.extend(r.calls.opens.iter().copied());
+                for &c in r.calls.opens.iter() {
+                    if !open.contains(&c) {
+                        open.push(c);
+                    }
+                }
                 prev_binds = r.calls.binds_next;
                 RowInfo {
                     seq,
