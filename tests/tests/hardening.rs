@@ -193,6 +193,34 @@ async fn only_error_answers_carry_the_proxy_error_header() {
 
 /// A browser pointed at the proxy's address asks for `/` and
 /// `/favicon.ico`: answered here, never sent to a provider.
+/// A client connection's read buffer is bounded at 32 KiB (100 agents
+/// sending their bodies at once each hold one): a request head must fit in
+/// it, and one that does not is refused, not buffered further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_must_fit_in_the_32_kib_read_buffer() {
+    let h = Harness::start(FakeConfig::default(), |_| {}).await;
+    let addr = addr_of(&h.url());
+    let head = |filler: usize| {
+        format!(
+            "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nx-filler: {}\r\n\r\n",
+            "a".repeat(filler)
+        )
+        .into_bytes()
+    };
+    let fits = raw_async(addr.clone(), head(28 << 10)).await;
+    assert!(
+        fits.starts_with("HTTP/1.1 200"),
+        "{}",
+        &fits[..fits.len().min(200)]
+    );
+    let too_long = raw_async(addr.clone(), head(40 << 10)).await;
+    assert!(
+        too_long.starts_with("HTTP/1.1 431"),
+        "{}",
+        &too_long[..too_long.len().min(200)]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_root_and_the_favicon_are_answered_here_not_forwarded() {
     let h = Harness::start(FakeConfig::default(), |_| {}).await;

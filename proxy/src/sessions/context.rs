@@ -356,7 +356,7 @@ impl SessionManager {
             layout
                 .iter()
                 .filter_map(|src| match src {
-                    Src::Row(s) if !st.row(*s).calls.closes.is_empty() => rows
+                    Src::Row(s) if !st.row(*s).closes().is_empty() => rows
                         .get(s)
                         .and_then(|r| crate::context::seq_tag::tag(st.dialect, r, *s))
                         .map(|t| (*s, t)),
@@ -430,7 +430,7 @@ impl SessionManager {
             st.active
                 .iter()
                 .copied()
-                .find(|&s| st.row(s).calls.opens.contains(&h))
+                .find(|&s| st.row(s).opens().contains(&h))
         };
         let spans = edits::drop_spans(drop, keep, &st.active, &ids, facts(&st))?;
         let mut changes: Vec<Change> = spans

@@ -182,8 +182,8 @@ impl State {
         for u in std::mem::take(&mut self.undo).into_iter().rev() {
             if let Some(r) = self.rows.get_mut((u.seq - 1) as usize) {
                 (r.raw_hash, r.norm_hash, r.echo) = (u.raw_hash, u.norm_hash, u.echo);
-                r.calls = u.calls;
-                r.starts_ok = u.starts_ok;
+                r.set_calls(u.calls);
+                r.set_starts_ok(u.starts_ok);
             }
         }
         let c = *h.before;

@@ -36,6 +36,7 @@ mod limits;
 mod meter;
 mod parse;
 mod prepare;
+mod rowmem;
 mod rows;
 mod sent;
 mod stages;

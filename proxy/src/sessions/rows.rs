@@ -4,7 +4,7 @@
 //! while it grows, and keeps up to 2× what it needs after), and a cold
 //! request of 2,001 rows allocates 2,001 rows' room, not 2,048 then 4,096.
 
-use super::state::RowMem;
+use super::rowmem::RowMem;
 
 /// Rows a chunk holds. The first chunk grows as a `Vec` up to this (a short
 /// session pays for its own rows only); every later chunk is made whole.

@@ -7,6 +7,8 @@
 
 use super::meter::Meter;
 use super::parse::{parse_msg, Parsed, DEFAULT_BYTES_PER_TOKEN};
+use super::rowmem::NewRow;
+pub(super) use super::rowmem::RowMem;
 use super::thread::{BlockCache, CommandCalls, RowThread};
 use crate::dialect;
 use bytes::Bytes;
@@ -14,7 +16,7 @@ use oceancode_config::LineSpec;
 use oceancode_ledger::store::LoadedSession;
 use oceancode_window::media::{self, Cost};
 use oceancode_window::tideline::{RowInfo, Tideline};
-use oceancode_window::{ByteString, Dialect, Event, Row, RowKind, SessionMeta, Standing, Usage};
+use oceancode_window::{ByteString, Dialect, Event, Row, RowKind, SessionMeta, Usage};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -77,30 +79,6 @@ impl Calls {
     }
 }
 
-/// One row as the manager keeps it in memory (no bytes).
-#[derive(Debug, Clone)]
-pub(super) struct RowMem {
-    pub(super) raw_hash: u64,
-    pub(super) norm_hash: u64,
-    pub(super) kind: RowKind,
-    pub(super) starts_ok: bool,
-    pub(super) calls: Calls,
-    pub(super) tokens: u32,
-    /// Binary parts (images, documents): bytes and estimated tokens.
-    pub(super) media: Cost,
-    pub(super) turn: u32,
-    /// [`Parsed::echo`](super::parse::Parsed::echo).
-    pub(super) echo: u64,
-    /// Standing parts (project instructions) kept when the row leaves.
-    pub(super) standing: Box<[Standing]>,
-    /// It holds a server-side compaction block (the API drops what precedes it).
-    pub(super) compaction: bool,
-    /// What it tells the state block (facts, ask, transcript lines).
-    pub(super) thread: RowThread,
-    /// A branch or a sibling hid it (it is in no transcript).
-    pub(super) hidden: bool,
-}
-
 /// A step's answer until the client echoes it: its rows, and the row of
 /// the line it answers (the request's last row; 0 = none). Several can hang
 /// off one row: a retried request, or concurrent agents' identical first
@@ -142,8 +120,8 @@ impl RowMem {
         p.norm == self.norm_hash
             || (self.kind == RowKind::ToolResult
                 && p.info.kind == RowKind::ToolResult
-                && !self.calls.closes.is_empty()
-                && self.calls.closes == Calls::of(&p.info).closes)
+                && !self.closes().is_empty()
+                && *self.closes() == *Calls::of(&p.info).closes)
     }
 }
 
@@ -329,7 +307,7 @@ impl State {
                 .checked_sub(1)
                 .and_then(|i| self.rows.get_mut(i))
             {
-                r.hidden = true;
+                r.set_hidden();
             }
         }
         self.hidden_gen = self.hidden_gen.wrapping_add(1);
@@ -482,7 +460,7 @@ impl State {
             &mut self.commands,
             &mut self.cwd,
         );
-        self.rows.push(RowMem {
+        self.rows.push(RowMem::new(NewRow {
             raw_hash: dialect::raw_hash(raw),
             norm_hash: p.norm,
             kind: p.info.kind,
@@ -496,7 +474,7 @@ impl State {
             compaction: p.info.compaction,
             thread,
             hidden: false,
-        });
+        }));
         events.push(Row {
             seq,
             role: p.info.role,
@@ -519,8 +497,8 @@ impl State {
             raw_hash: r.raw_hash,
             norm_hash: r.norm_hash,
             echo: r.echo,
-            calls: r.calls.clone(),
-            starts_ok: r.starts_ok,
+            calls: r.calls(),
+            starts_ok: r.starts_ok(),
         });
     }
 
@@ -606,10 +584,10 @@ impl State {
                 // edit set's closure and check read (a client may leave a
                 // call of the answer out: Claude Code drops a `tool_use`
                 // whose id it saw before, with the result it never ran).
-                self.rows[idx].calls = Calls::of(&parsed.info);
-                self.rows[idx].starts_ok = parsed.info.starts_ok;
+                self.rows[idx].set_calls(Calls::of(&parsed.info));
+                self.rows[idx].set_starts_ok(parsed.info.starts_ok);
                 // The ledger keeps the echo's bytes: its transcript lines too.
-                self.rows[idx].thread = RowThread::of(
+                let thread = RowThread::of(
                     self.dialect,
                     seq,
                     &parsed.info.role,
@@ -618,6 +596,7 @@ impl State {
                     &mut self.commands,
                     &mut self.cwd,
                 );
+                self.rows[idx].set_thread(thread);
                 self.active.push(seq);
                 p += 1;
             }
@@ -673,18 +652,18 @@ impl State {
             .iter()
             .map(|&seq| {
                 let r = self.row(seq);
-                let starts_ok = r.starts_ok && open.is_empty() && !prev_binds;
-                for c in r.calls.closes.iter() {
+                let starts_ok = r.starts_ok() && open.is_empty() && !prev_binds;
+                for c in r.closes() {
                     if let Some(i) = open.iter().position(|o| o == c) {
                         open.swap_remove(i);
                     }
                 }
-                for &c in r.calls.opens.iter() {
+                for &c in r.opens() {
                     if !open.contains(&c) {
                         open.push(c);
                     }
                 }
-                prev_binds = r.calls.binds_next;
+                prev_binds = r.binds_next();
                 RowInfo {
                     seq,
                     kind: r.kind,
@@ -702,7 +681,7 @@ impl State {
         self.active
             .iter()
             .rev()
-            .find(|&&s| self.row(s).compaction)
+            .find(|&&s| self.row(s).compaction())
             .map_or(0, |&s| s - 1)
     }
 
@@ -791,7 +770,7 @@ impl State {
     pub(super) fn sent_media(&self, messages: usize, left_out: Cost) -> Cost {
         self.active[self.active.len().saturating_sub(messages)..]
             .iter()
-            .fold(Cost::default(), |c, &s| c.plus(self.row(s).media))
+            .fold(Cost::default(), |c, &s| c.plus(self.row(s).media()))
             .minus(left_out)
     }
 
@@ -813,7 +792,7 @@ impl State {
                 }
             }
             st.turn = st.turn.max(r.turn);
-            st.rows.push(RowMem {
+            st.rows.push(RowMem::new(NewRow {
                 raw_hash: dialect::raw_hash(&r.raw),
                 norm_hash: p.norm,
                 kind: r.kind,
@@ -835,7 +814,7 @@ impl State {
                     &mut st.cwd,
                 ),
                 hidden: hidden.contains(&r.seq),
-            });
+            }));
             if !hidden.contains(&r.seq) {
                 if r.from_response {
                     pending.push(r.seq);

@@ -21,9 +21,9 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Default)]
 pub(super) struct RowThread {
     /// Its tool calls and results that can change the block.
-    facts: Facts,
+    pub(super) facts: Facts,
     /// Its ask (prompt rows).
-    ask: Option<Box<str>>,
+    pub(super) ask: Option<Box<str>>,
     /// Lines of its section in its turn file.
     pub(super) lines: u32,
 }
@@ -42,7 +42,7 @@ pub(super) type CommandCalls = HashSet<u64>;
 /// whole `RowFacts` per row, with its vectors' first growth (room for
 /// four), was ≈ 320 bytes a row.
 #[derive(Debug, Clone, Default)]
-enum Facts {
+pub(super) enum Facts {
     /// Nothing the block uses.
     #[default]
     None,
@@ -121,8 +121,35 @@ impl Facts {
         }
     }
 
+    /// One result of command call `id`, with no exit code.
+    pub(super) fn result(id: u64, is_error: bool) -> Facts {
+        Facts::Result {
+            id,
+            is_error,
+            exit: None,
+        }
+    }
+
+    /// The call and error mark of one result with no exit code (what
+    /// [`Facts::result`] makes), else None.
+    pub(super) fn result_of(&self) -> Option<(u64, bool)> {
+        match *self {
+            Facts::Result {
+                id,
+                is_error,
+                exit: None,
+            } => Some((id, is_error)),
+            _ => None,
+        }
+    }
+
+    /// The facts as [`StateFacts::add`] takes them (empty = nothing).
+    pub(super) fn into_row_facts(self) -> RowFacts {
+        self.row_facts().map(Cow::into_owned).unwrap_or_default()
+    }
+
     /// The facts as [`StateFacts::add`] takes them (None = nothing).
-    fn row_facts(&self) -> Option<Cow<'_, RowFacts>> {
+    pub(super) fn row_facts(&self) -> Option<Cow<'_, RowFacts>> {
         match self {
             Facts::None => None,
             Facts::Command { id, command } => Some(Cow::Owned(RowFacts {
@@ -232,10 +259,10 @@ fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<S
     let mut latest: Option<Ask> = None;
     for (i, &seq) in st.active.iter().enumerate().take(plan.start) {
         let r = st.row(seq);
-        if let Some(x) = r.thread.facts.row_facts() {
+        if let Some(x) = r.row_facts() {
             f.add(seq, r.turn, &x);
         }
-        if let Some(a) = &r.thread.ask {
+        if let Some(a) = r.ask() {
             let ask = Ask {
                 turn: r.turn,
                 seq,
@@ -252,7 +279,7 @@ fn render(st: &State, plan: &WindowPlan, dir: &str, max_tokens: u32) -> Option<S
         // The first ask is in the window: still the session's goal.
         goal = st.active.iter().find_map(|&seq| {
             let r = st.row(seq);
-            r.thread.ask.as_ref().map(|a| Ask {
+            r.ask().map(|a| Ask {
                 turn: r.turn,
                 seq,
                 text: a.to_string(),
@@ -281,7 +308,7 @@ pub(super) fn row_lines(st: &State, upto: u64) -> Vec<RowLines> {
     let mut at: HashMap<u32, u32> = HashMap::new();
     let mut out = Vec::new();
     for (i, r) in st.rows.iter().enumerate().take(upto as usize) {
-        if r.hidden {
+        if r.hidden() {
             continue;
         }
         let seq = i as u64 + 1;
@@ -292,9 +319,9 @@ pub(super) fn row_lines(st: &State, upto: u64) -> Vec<RowLines> {
             seq,
             turn: r.turn,
             first: before + 2,
-            last: before + r.thread.lines,
+            last: before + r.lines(),
         };
-        at.insert(r.turn, before + r.thread.lines);
+        at.insert(r.turn, before + r.lines());
         out.push(placed);
     }
     out

@@ -58,7 +58,7 @@ pub fn model_view(data_dir: &Path, l: LoadedSession) -> ModelView {
     if plan.start == 0 || plan.effective_upto_seq == 0 {
         return all_sent();
     }
-    let at_compaction = st.row(active[plan.start]).compaction;
+    let at_compaction = st.row(active[plan.start]).compaction();
     if at_compaction {
         plan.pinned_prompt = None;
     }
@@ -78,7 +78,7 @@ pub fn model_view(data_dir: &Path, l: LoadedSession) -> ModelView {
     let pinned_parts = if at_compaction {
         Vec::new()
     } else {
-        let standing = |i: usize| -> &[oceancode_window::Standing] { &st.row(active[i]).standing };
+        let standing = |i: usize| -> &[oceancode_window::Standing] { st.row(active[i]).standing() };
         tideline::plan_pins(&infos, &plan, standing)
             .into_iter()
             .map(|p| (active[p.row], p.part))

@@ -82,9 +82,9 @@ pub(super) fn facts<'s>(st: &'s State) -> impl Fn(u64) -> edits::Facts<'s> + Cop
         let r = st.row(seq);
         edits::Facts {
             kind: r.kind,
-            opens: &r.calls.opens,
-            closes: &r.calls.closes,
-            binds_next: r.calls.binds_next,
+            opens: r.opens(),
+            closes: r.closes(),
+            binds_next: r.binds_next(),
         }
     }
 }

@@ -47,7 +47,7 @@ fn pinned_parts<'a>(
     plan: &tideline::WindowPlan,
     parsed: &ParsedBody<'a>,
 ) -> Vec<&'a str> {
-    let standing = |i: usize| -> &[oceancode_window::Standing] { &st.row(st.active[i]).standing };
+    let standing = |i: usize| -> &[oceancode_window::Standing] { st.row(st.active[i]).standing() };
     let pins = tideline::plan_pins(infos, plan, standing);
     let mut out = Vec::with_capacity(pins.len());
     let mut parts_of: Option<(usize, Vec<&'a str>)> = None;

@@ -27,7 +27,7 @@ impl WindowStage for SeqTags {
             .iter()
             .map(|(src, raw)| {
                 let Src::Row(seq) = *src else { return None };
-                if st.row(seq).calls.closes.is_empty() {
+                if st.row(seq).closes().is_empty() {
                     return None;
                 }
                 used += 1;

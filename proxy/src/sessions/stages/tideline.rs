@@ -33,7 +33,7 @@ impl WindowStage for Tideline {
         }
         // Starting at a compaction block: what precedes it the provider drops
         // (a pinned ask, kept system rows or standing parts would be dropped too).
-        let at_compaction = st.row(st.active[plan.start]).compaction;
+        let at_compaction = st.row(st.active[plan.start]).compaction();
         if at_compaction {
             plan.pinned_prompt = None;
         }
@@ -65,7 +65,7 @@ impl WindowStage for Tideline {
                     Some((Src::Row(st.active[i]), parsed.messages[i]))
                 } else {
                     kept_out += u64::from(r.tokens);
-                    media_out = media_out.plus(r.media);
+                    media_out = media_out.plus(r.media());
                     None
                 }
             })
