@@ -362,6 +362,20 @@ fn responses(o: &Map<String, Value>, out: &mut Vec<Part>) {
     }
 }
 
+/// What precedes an exit code in a command's output.
+const EXIT_MARKS: [&str; 7] = [
+    "exited with code ",
+    "Exit code: ",
+    "Exit code ",
+    "exit code: ",
+    "exit code ",
+    "\"exit_code\":",
+    "\"exit_code\": ",
+];
+
+/// Where "xit" stands in each of [`EXIT_MARKS`].
+const XIT_AT: [usize; EXIT_MARKS.len()] = [1, 1, 1, 1, 1, 2, 2];
+
 /// The exit code a command's output reports (`Exit code 1`, `Process exited
 /// with code 0`, `"exit_code": 2`), if any: of each mark's first occurrence
 /// that is followed by a number, the earliest.
@@ -369,21 +383,11 @@ pub fn exit_code(text: &str) -> Option<i64> {
     // Every mark holds "xit" (at `XIT_AT` in it): one SIMD scan for that
     // finds each mark's occurrences in order, where a `find` per mark read
     // the whole output seven times (a cold request reads every result).
-    const MARKS: &[&str] = &[
-        "exited with code ",
-        "Exit code: ",
-        "Exit code ",
-        "exit code: ",
-        "exit code ",
-        "\"exit_code\":",
-        "\"exit_code\": ",
-    ];
-    const XIT_AT: [usize; 7] = [1, 1, 1, 1, 1, 2, 2];
     let bytes = text.as_bytes();
     // A mark whose first occurrence held no number is not looked at again.
-    let mut seen = [false; MARKS.len()];
+    let mut seen = [false; EXIT_MARKS.len()];
     for at in memchr::memmem::find_iter(bytes, b"xit") {
-        for (k, mark) in MARKS.iter().enumerate() {
+        for (k, mark) in EXIT_MARKS.iter().enumerate() {
             let Some(start) = at.checked_sub(XIT_AT[k]) else {
                 continue;
             };
@@ -426,6 +430,9 @@ mod tests {
         );
         assert_eq!(exit_code("{\"exit_code\": 2}"), Some(2));
         assert_eq!(exit_code("all good"), None);
+        for (mark, at) in EXIT_MARKS.iter().zip(XIT_AT) {
+            assert!(mark[at..].starts_with("xit"), "{mark:?}");
+        }
         // The earliest mark with a number wins; a mark whose first
         // occurrence has none is not looked at again.
         assert_eq!(exit_code("exit code 3, Exit code: 4"), Some(3));
@@ -439,17 +446,8 @@ mod tests {
     /// The exit code as it was read before the one-scan search: a `find`
     /// per mark, the earliest that parses.
     fn exit_code_by_find(text: &str) -> Option<i64> {
-        const MARKS: &[&str] = &[
-            "exited with code ",
-            "Exit code: ",
-            "Exit code ",
-            "exit code: ",
-            "exit code ",
-            "\"exit_code\":",
-            "\"exit_code\": ",
-        ];
         let mut best: Option<(usize, i64)> = None;
-        for mark in MARKS {
+        for mark in EXIT_MARKS {
             if let Some(i) = text.find(mark) {
                 if let Some(code) = leading_int(&text[i + mark.len()..]) {
                     if !matches!(best, Some((b, _)) if b <= i) {
