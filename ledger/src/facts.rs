@@ -635,7 +635,7 @@ pub fn shell_refs(cmd: &str) -> Vec<(String, String)> {
         }
         // Leading `VAR=value` assignments and wrappers.
         while let Some(a) = args.first() {
-            if a.contains('=') && !a.starts_with('-') || matches!(*a, "sudo" | "time" | "env") {
+            if is_command_prefix(a) {
                 args.remove(0);
             } else {
                 break;
@@ -689,16 +689,19 @@ fn runs_a_file_program(seg: &str) -> bool {
             words.next();
             continue;
         }
-        if w.starts_with('<')
-            || w.contains('=') && !w.starts_with('-')
-            || matches!(w.as_str(), "sudo" | "time" | "env")
-        {
+        if w.starts_with('<') || is_command_prefix(&w) {
             continue;
         }
         let prog = w.rsplit('/').next().unwrap_or(&w);
         return matches!(prog, "sed" | "touch" | "tee" | "rm" | "awk") || READERS.contains(&prog);
     }
     false
+}
+
+/// A word before a command's program: a `VAR=value` assignment or a
+/// wrapper (`sudo`, `time`, `env`).
+fn is_command_prefix(w: &str) -> bool {
+    w.contains('=') && !w.starts_with('-') || matches!(w, "sudo" | "time" | "env")
 }
 
 /// A command split at `&&`, `||`, `;`, `|` and newlines (outside quotes);
