@@ -238,20 +238,23 @@ pub fn block_of(o: &Map<String, Value>) -> Option<Media> {
 
 /// Whether `raw` may hold a binary part (a cheap test before parsing).
 pub fn might_have_media(raw: &str) -> bool {
-    const MARKS: [&[u8]; 7] = [
-        b"\"image",
-        b"\"document\"",
-        b"\"input_image\"",
-        b"\"input_file\"",
-        b"\"file\"",
-        b"\"inlineData\"",
-        b"\"fileData\"",
-    ];
     // Every mark starts with a quote: one memchr scan for quotes, where a
     // search per mark read every row seven times.
     let b = raw.as_bytes();
-    memchr::memchr_iter(b'"', b).any(|i| MARKS.iter().any(|m| b[i..].starts_with(m)))
+    memchr::memchr_iter(b'"', b)
+        .any(|i| MEDIA_MARKS.iter().any(|m| b[i..].starts_with(m.as_bytes())))
 }
+
+/// What a row holding a binary part contains ([`might_have_media`]).
+const MEDIA_MARKS: [&str; 7] = [
+    "\"image",
+    "\"document\"",
+    "\"input_image\"",
+    "\"input_file\"",
+    "\"file\"",
+    "\"inlineData\"",
+    "\"fileData\"",
+];
 
 // ---------------------------------------------------------------------------
 // Formulas
@@ -902,7 +905,7 @@ fn classify<'a, O: Obj<'a>>(o: &O, depth: u8, out: &mut Vec<Media>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::might_have_media;
+    use super::{might_have_media, MEDIA_MARKS};
 
     proptest::proptest! {
         /// The one-scan test says what a search per mark said.
@@ -914,12 +917,7 @@ mod tests {
             ]), 0..16)
         ) {
             let raw = pieces.concat();
-            let by_find = [
-                "\"image", "\"document\"", "\"input_image\"", "\"input_file\"", "\"file\"",
-                "\"inlineData\"", "\"fileData\"",
-            ]
-            .iter()
-            .any(|m| raw.contains(m));
+            let by_find = MEDIA_MARKS.iter().any(|m| raw.contains(m));
             proptest::prop_assert_eq!(might_have_media(&raw), by_find, "{:?}", raw);
         }
     }
