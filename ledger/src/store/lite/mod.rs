@@ -210,8 +210,11 @@ impl LedgerWrite for Store {
     /// that falls behind and heals by resync.
     fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError> {
         let s = &self.inner.shared;
+        // Asked before the read too: a session of the key committed between
+        // the read and the second question would be missed.
+        let key_queued = s.queued_for(key, &[]);
         let ids = self.sessions_for_client(key)?;
-        let ids = if s.queued_for(key, &ids) {
+        let ids = if key_queued || s.queued_for(key, &ids) {
             match self.settle_within(RESTORE_WAIT) {
                 Ok(_) | Err(StoreError::Closed) => {}
                 Err(e) => return Err(e),

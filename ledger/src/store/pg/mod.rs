@@ -386,8 +386,11 @@ impl LedgerWrite for PgStore {
     }
     fn restore_client(&self, key: &str) -> Result<Vec<LoadedSession>, StoreError> {
         let s = &self.inner.shared;
+        // Asked before the read too: a session of the key committed between
+        // the read and the second question would be missed.
+        let key_queued = s.queued_for(key, &[]);
         let mut ids = self.sessions_for_client(key)?;
-        if s.queued_for(key, &ids) {
+        if key_queued || s.queued_for(key, &ids) {
             match self.settle_within(RESTORE_WAIT) {
                 Ok(_) | Err(StoreError::Closed) => {}
                 Err(e) => return Err(e),
