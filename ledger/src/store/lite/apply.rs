@@ -12,13 +12,15 @@ use crate::store::common::{now_ms, to_i64};
 use crate::store::effects::{Known, Outcome};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Full-text indexing deferred to the end of a batch: FTS5 flushes its
 /// pending segment at every savepoint, so indexing inside the per-event
 /// savepoints made every event a flush (and merges). Indexed once per batch,
-/// in the same transaction, it flushes once.
+/// in the same transaction, it flushes once. The session id is shared by
+/// every row of an event (a cold open queues thousands).
 pub(super) struct FtsJob {
-    pub(super) session: String,
+    pub(super) session: Arc<str>,
     pub(super) seq: u64,
     pub(super) raw: ByteString,
 }
@@ -109,6 +111,8 @@ pub(super) fn apply_event(
                                    from_response)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?;
+            let sid: Arc<str> = Arc::from(session.as_str());
+            fts.reserve(rows.len());
             for r in rows {
                 stmt.execute(params![
                     session,
@@ -123,7 +127,7 @@ pub(super) fn apply_event(
                     r.from_response
                 ])?;
                 fts.push(FtsJob {
-                    session: session.clone(),
+                    session: sid.clone(),
                     seq: r.seq,
                     raw: r.raw.clone(),
                 });
@@ -142,7 +146,7 @@ pub(super) fn apply_event(
                 .optional()?;
             if hit.is_some() {
                 fts.push(FtsJob {
-                    session: session.clone(),
+                    session: Arc::from(session.as_str()),
                     seq: *seq,
                     raw: ByteString::from(&**raw),
                 });

@@ -169,14 +169,16 @@ impl Lite {
         let mut batch = TextBatch::default();
         let mut unknown: HashSet<&str> = HashSet::new();
         for job in jobs {
-            if unknown.contains(job.session.as_str()) {
+            if unknown.contains(&*job.session) {
                 continue;
             }
-            let known = self.known.entry(job.session.clone()).or_default();
-            let dialect = match known.dialect {
+            let dialect = match self.known.get(&*job.session).and_then(|k| k.dialect) {
                 Some(d) => d,
                 None => match session_dialect(&tx, &job.session) {
-                    Ok(d) => *known.dialect.insert(d),
+                    Ok(d) => {
+                        let known = self.known.entry(job.session.to_string()).or_default();
+                        *known.dialect.insert(d)
+                    }
                     Err(StoreError::Corrupt(why)) => {
                         warn!("search index: {why}; its rows are not indexed");
                         unknown.insert(&job.session);
