@@ -50,7 +50,9 @@ pub(super) fn session_written(meta: SessionMeta) -> Outcome {
 }
 
 /// `rows` were written: appended to the file caches, their turns' files
-/// written again.
+/// written again. Only the rows of the first and the last turn are copied
+/// for the caches ([`Effect::Append`]): a cold open's thousands of rows in
+/// between would be dropped by them anyway.
 pub(super) fn rows_written(rows: &[Row]) -> Outcome {
     let mut turns = Vec::new();
     for r in rows {
@@ -58,7 +60,24 @@ pub(super) fn rows_written(rows: &[Row]) -> Outcome {
             turns.push(r.turn);
         }
     }
-    Outcome::changed(Effect::Append(rows.to_vec()), turns)
+    let ends = [turns.first().copied(), turns.last().copied()];
+    let kept = rows
+        .iter()
+        .filter(|r| ends.contains(&Some(r.turn)))
+        .cloned()
+        .collect();
+    let skipped = turns
+        .iter()
+        .copied()
+        .filter(|t| !ends.contains(&Some(*t)))
+        .collect();
+    Outcome::changed(
+        Effect::Append {
+            rows: kept,
+            skipped,
+        },
+        turns,
+    )
 }
 
 /// A `Confirm` of `seq` with `raw`, given what its update returned: the
@@ -125,4 +144,65 @@ fn rows_gap(rows: &[Row], expected: u64) -> Option<String> {
     rows.windows(2)
         .find(|w| w[1].seq != w[0].seq + 1)
         .map(|w| format!("rows jump from seq {} to {}", w[0].seq, w[1].seq))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RowKind;
+
+    fn row(seq: u64, turn: u32) -> Row {
+        Row {
+            seq,
+            role: "user".into(),
+            kind: RowKind::Prompt,
+            raw: format!(r#"{{"role":"user","content":"{seq}"}}"#)
+                .as_str()
+                .into(),
+            tokens: 1,
+            turn,
+            step: 1,
+            branch: 0,
+            from_response: false,
+        }
+    }
+
+    #[test]
+    fn rows_written_copies_only_the_first_and_last_turns_rows_for_the_caches() {
+        let rows: Vec<Row> = [(1, 3), (2, 3), (3, 4), (4, 4), (5, 5), (6, 6), (7, 6)]
+            .iter()
+            .map(|&(seq, turn)| row(seq, turn))
+            .collect();
+        let Outcome::Applied(change) = rows_written(&rows) else {
+            panic!("not applied");
+        };
+        assert_eq!(change.turns, vec![3, 4, 5, 6]);
+        let Some(Effect::Append {
+            rows: kept,
+            skipped,
+        }) = change.effect
+        else {
+            panic!("not an append");
+        };
+        let seqs: Vec<u64> = kept.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 6, 7]);
+        assert_eq!(skipped, vec![4, 5]);
+    }
+
+    #[test]
+    fn rows_written_of_one_turn_copies_them_all() {
+        let rows = vec![row(8, 2), row(9, 2)];
+        let Outcome::Applied(change) = rows_written(&rows) else {
+            panic!("not applied");
+        };
+        let Some(Effect::Append {
+            rows: kept,
+            skipped,
+        }) = change.effect
+        else {
+            panic!("not an append");
+        };
+        assert_eq!(kept, rows);
+        assert!(skipped.is_empty());
+    }
 }

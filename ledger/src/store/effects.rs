@@ -14,8 +14,20 @@ use std::sync::Arc;
 /// What a committed event changes in the writer's caches.
 pub(super) enum Effect {
     Meta(SessionMeta),
-    Append(Vec<Row>),
-    Confirm { seq: u64, turn: u32, raw: Arc<str> },
+    /// Rows were written. The file caches hold the rows of one turn, the
+    /// newest one written, which an event can only continue (its first
+    /// turn) or be in (its last): `rows` are those two turns' rows, and
+    /// the turns between are in `skipped` (a cache on one of them is
+    /// dropped and the turn read back when rendered).
+    Append {
+        rows: Vec<Row>,
+        skipped: Vec<u32>,
+    },
+    Confirm {
+        seq: u64,
+        turn: u32,
+        raw: Arc<str>,
+    },
     Invalidate,
 }
 

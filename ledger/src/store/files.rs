@@ -492,7 +492,10 @@ fn owned(raw: &str) -> ByteString {
 fn apply_effect(cache: &mut SessionCache, effect: Effect) {
     match effect {
         Effect::Meta(meta) => cache.meta = meta,
-        Effect::Append(rows) => {
+        Effect::Append { rows, skipped } => {
+            if matches!(&cache.newest, Some(n) if skipped.contains(&n.turn)) {
+                cache.newest = None;
+            }
             for row in rows {
                 let Some(n) = cache.newest.as_mut() else {
                     continue;
@@ -660,4 +663,87 @@ pub(super) fn fill_missing(
         );
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RowKind;
+
+    fn row(seq: u64, turn: u32) -> Row {
+        Row {
+            seq,
+            role: "user".into(),
+            kind: RowKind::ToolResult,
+            raw: "{}".into(),
+            tokens: 1,
+            turn,
+            step: 1,
+            branch: 0,
+            from_response: false,
+        }
+    }
+
+    fn cached(turn: u32, seqs: &[u64]) -> SessionCache {
+        SessionCache {
+            newest_bytes: 0,
+            meta: SessionMeta {
+                id: "s".into(),
+                client: "unknown".into(),
+                client_session: None,
+                dialect: crate::model::Dialect::Anthropic,
+                model: "m".into(),
+                parent: None,
+                parent_seq: None,
+                created_ms: 0,
+                last_ms: 0,
+            },
+            summaries: None,
+            newest: Some(TurnCache {
+                turn,
+                rows: seqs.iter().map(|&s| row(s, turn)).collect(),
+                sections: HashMap::new(),
+            }),
+            dir_ready: false,
+            last_used: 0,
+            page: None,
+            page_hash: None,
+            index_dirty: false,
+        }
+    }
+
+    fn newest_seqs(cache: &SessionCache) -> Option<(u32, Vec<u64>)> {
+        cache
+            .newest
+            .as_ref()
+            .map(|n| (n.turn, n.rows.iter().map(|r| r.seq).collect()))
+    }
+
+    #[test]
+    fn an_append_grows_the_cached_turn_with_its_rows() {
+        let mut cache = cached(4, &[1, 2]);
+        let rows = vec![row(3, 4), row(4, 5)];
+        apply_effect(
+            &mut cache,
+            Effect::Append {
+                rows,
+                skipped: Vec::new(),
+            },
+        );
+        assert_eq!(newest_seqs(&cache), Some((4, vec![1, 2, 3])));
+    }
+
+    #[test]
+    fn an_append_that_skipped_the_cached_turn_drops_the_cache() {
+        // The event's rows of turn 4 were not copied: the turn is read back.
+        let mut cache = cached(4, &[1, 2]);
+        apply_effect(
+            &mut cache,
+            Effect::Append {
+                rows: vec![row(5, 6)],
+                skipped: vec![4, 5],
+            },
+        );
+        assert_eq!(newest_seqs(&cache), None);
+    }
 }
