@@ -111,6 +111,11 @@ pub fn block_tokens(spec: BlockSpec, line: u64) -> u64 {
     raw.clamp(MIN_BLOCK, line.max(MIN_BLOCK))
 }
 
+/// A cold request closes the open block early only when that frees at
+/// least `block / COLD_SPLIT_MIN` tokens: smaller cuts would change the
+/// window's stub for little ([`Tideline::cut_cold`]).
+pub const COLD_SPLIT_MIN: u64 = 4;
+
 /// The numbers in force for one observation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Params {
@@ -427,18 +432,71 @@ impl Tideline {
     }
 
     /// A request that finds the prompt cache cold
-    /// ([`crate::cache::cold`]) rewrites the whole prefix anyway: when a cut
-    /// is due within the next block of growth (`gauge + block >= line`),
-    /// cut the oldest closed blocks now, as the next due cut would, while
-    /// that holds. Only closed blocks ending by `boundary_seq` go (never the
-    /// open block: what the window keeps is what a due cut keeps). Call
-    /// after [`Tideline::observe`] or [`Tideline::seed`] of the same
-    /// request. `None` when nothing is due or nothing can go.
-    pub fn cut_cold(&mut self, boundary_seq: u64, params: Params) -> Option<CutInfo> {
+    /// ([`crate::cache::cold`]) rewrites the whole prefix anyway, so a cut
+    /// made there costs nothing:
+    ///
+    /// - when a cut is due within the next block of growth
+    ///   (`gauge + block >= line`), the oldest closed blocks go now, as the
+    ///   next due cut would take them, while that holds;
+    /// - else, when the window holds at least a quarter of a block
+    ///   ([`COLD_SPLIT_MIN`]) over what a due cut keeps (`line - block`),
+    ///   the open block closes early at the row that brings the gauge down
+    ///   to that level, and goes. The window after it keeps what a due cut
+    ///   keeps; the next due cut comes a block of growth later.
+    ///
+    /// `rows` are the active line's rows after the cut, in order, with
+    /// their token estimates (`(seq, tokens)`; only the open block's are
+    /// read). Only rows up to `boundary_seq` go. Call after
+    /// [`Tideline::observe`] or [`Tideline::seed`] of the same request.
+    /// `None` when nothing is due or nothing can go.
+    pub fn cut_cold(
+        &mut self,
+        boundary_seq: u64,
+        params: Params,
+        rows: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Option<CutInfo> {
         let block = params.block.max(1);
-        self.cut_closed_while(boundary_seq, |t| {
+        let cut = self.cut_closed_while(boundary_seq, |t| {
             t.gauge.saturating_add(block) >= params.line
-        })
+        });
+        if cut.is_some() {
+            return cut;
+        }
+        let keep = params.line.saturating_sub(block);
+        let min_free = (block / COLD_SPLIT_MIN).max(1);
+        if self.gauge < keep.saturating_add(min_free) || !self.closed.is_empty() {
+            return None;
+        }
+        // The open block's oldest rows, until what is left is a due cut's level.
+        let mut split = None;
+        let mut freed = 0u64;
+        for (seq, tokens) in rows {
+            if seq < self.open.first_seq {
+                continue;
+            }
+            if seq > boundary_seq {
+                break;
+            }
+            freed = freed.saturating_add(tokens);
+            split = Some(seq);
+            if self.gauge.saturating_sub(freed) <= keep {
+                break;
+            }
+        }
+        let split = split?;
+        if freed < min_free {
+            return None;
+        }
+        self.closed.push(ClosedBlock {
+            first_seq: self.open.first_seq,
+            last_seq: split,
+            tokens: freed,
+        });
+        self.open = OpenBlock {
+            first_seq: split + 1,
+            opened_at: self.open.opened_at.saturating_add(freed),
+        };
+        self.cut_closed_while(boundary_seq, |t| t.closed.len() == 1)
     }
 
     /// "Prompt is too long" retry: close the open block at `boundary_seq` and cut
@@ -1077,6 +1135,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cold_request_cuts_the_open_blocks_oldest_rows_to_a_due_cuts_level() {
+        // The default shape: a block of 70% of the line; a due cut keeps 30k.
+        let p = Params {
+            line: 100_000,
+            block: 70_000,
+        };
+        // Rows 1..=21 of 2k each; the window grew from 10k to 50k by row 20.
+        let rows: Vec<(u64, u64)> = (1..=21).map(|s| (s, 2_000)).collect();
+        let mut t = Tideline::new();
+        t.observe(obs(10_000, 10_000, 0, 1), p);
+        let d = t.observe(obs(30_000, 0, 10, 11), p);
+        assert_eq!(d.cut, None);
+        // 30k is not a quarter block (17.5k) over the 30k a due cut keeps.
+        assert_eq!(t.clone().cut_cold(10, p, rows.clone()), None);
+        let d = t.observe(obs(50_000, 0, 20, 21), p);
+        assert_eq!((d.cut, t.closed_blocks().len()), (None, 0));
+        // Cold at 50k: the oldest rows go until 30k is left.
+        let mut cold = t.clone();
+        let c = cold
+            .cut_cold(20, p, rows.clone())
+            .expect("the open block's oldest rows go");
+        assert_eq!((c.upto_seq, c.blocks_cut), (10, 1));
+        assert_eq!((c.gauge_before, c.gauge_after), (50_000, 30_000));
+        assert_eq!(cold.open_block().first_seq, 11);
+        assert!(cold.closed_blocks().is_empty());
+        // Never rows past the boundary: up to row 8 they free 16k, too
+        // little; up to row 9, 18k.
+        assert_eq!(t.clone().cut_cold(8, p, rows.clone()), None);
+        let c = t.clone().cut_cold(9, p, rows.clone()).expect("up to 9");
+        assert_eq!((c.upto_seq, c.gauge_after), (9, 32_000));
+        // Off the cold path the same window waits for the line.
+        let d = t.observe(obs(60_000, 0, 22, 23), p);
+        assert_eq!(d.cut, None);
+        // After the cold cut the next due cut is a block of growth away.
+        let d = cold.observe(obs(40_000, 0, 22, 23), p);
+        assert_eq!(d.cut, None);
+        let d = cold.observe(obs(99_000, 0, 50, 51), p);
+        assert_eq!(d.cut, None);
+    }
+
+    #[test]
     fn a_cold_request_takes_the_cut_due_within_the_next_block() {
         let p = Params {
             line: 100_000,
@@ -1090,18 +1189,18 @@ mod tests {
         assert_eq!(d.cut, None);
         assert_eq!(t.closed_blocks().len(), 1);
         // Warm, nothing due yet; 55k + 40k < 100k: a cold request cuts nothing either.
-        assert_eq!(t.clone().cut_cold(12, p), None);
+        assert_eq!(t.clone().cut_cold(12, p, []), None);
         let d = t.observe(obs(62_000, 0, 12, 13), p);
         assert_eq!(d.cut, None);
         // 62k + 40k >= 100k: the cut due within the next block happens now.
         let mut cold = t.clone();
-        let c = cold.cut_cold(13, p).expect("a cold cut");
+        let c = cold.cut_cold(13, p, []).expect("a cold cut");
         assert_eq!((c.upto_seq, c.blocks_cut), (10, 1));
         assert_eq!(cold.cut_upto(), 10);
         assert!(cold.gauge() < 62_000 - 40_000);
         // Never the open block, nor a block past the boundary.
-        assert_eq!(cold.cut_cold(13, p), None);
-        assert_eq!(t.clone().cut_cold(9, p), None);
+        assert_eq!(cold.cut_cold(13, p, []), None);
+        assert_eq!(t.clone().cut_cold(9, p, []), None);
         // Warm, the same request cut nothing: the cut waits for the line.
         let d = t.observe(obs(99_000, 0, 14, 15), p);
         assert_eq!(d.cut, None);

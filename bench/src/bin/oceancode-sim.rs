@@ -760,7 +760,10 @@ fn run_tideline(
         let cold = c.s.cold[step];
         let cut = decision.cut.or_else(|| {
             (cold && c.cold_cut)
-                .then(|| tl.cut_cold(boundary, params))
+                .then(|| {
+                    let ests = active.iter().map(|&s| (s, rows[(s - 1) as usize].est));
+                    tl.cut_cold(boundary, params, ests)
+                })
                 .flatten()
         });
         if cut.is_some() {

@@ -714,10 +714,14 @@ impl SessionManager {
             st.tideline = tl;
             st.compress.due = decision.masked;
             // The prompt cache is cold: the whole prefix is written anyway,
-            // so the cut due within the next block costs nothing now.
+            // so a cut now costs nothing (the due one, or the open block's
+            // oldest rows down to what a due cut keeps).
             let cut = decision.cut.or_else(|| {
                 (self.settings.cold_cut && cold.is_some() && req.windowed(true))
-                    .then(|| st.tideline.cut_cold(boundary, params))
+                    .then(|| {
+                        let ests = st.seed_rows();
+                        st.tideline.cut_cold(boundary, params, ests)
+                    })
                     .flatten()
             });
             st.meter.gauge = st.tideline.gauge();
