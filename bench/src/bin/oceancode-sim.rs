@@ -1334,7 +1334,7 @@ fn main() -> Result<()> {
         floor / none_cost
     );
     if c.s.cold.iter().any(|&x| x) {
-        cold_cuts(&c, &bpe, none_cost, main_c)?;
+        cold_cuts(&c, &bpe, none_cost, [before_c, main_c])?;
     }
     if let Some(spec) = &a.compress {
         sweep(&c, &bpe, spec, none_cost, &runs)?;
@@ -1345,10 +1345,15 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `ledger.tideline.cold_cut` off and on, at the main line, alone and with
-/// compress: how many cuts land on cold requests, and what the cache writes
-/// and the spend are.
-fn cold_cuts(c: &Ctx, bpe: &tiktoken_rs::CoreBPE, none_cost: f64, cp: Compress) -> Result<()> {
+/// `ledger.tideline.cold_cut` off and on, at the main line, alone, with
+/// compress at cuts (the default) and with masking first: how many cuts
+/// land on cold requests, and what the cache writes and the spend are.
+fn cold_cuts(
+    c: &Ctx,
+    bpe: &tiktoken_rs::CoreBPE,
+    none_cost: f64,
+    cps: [Compress; 2],
+) -> Result<()> {
     let a = c.a;
     let cold = c.s.cold.iter().filter(|&&x| x).count();
     println!(
@@ -1366,7 +1371,7 @@ fn cold_cuts(c: &Ctx, bpe: &tiktoken_rs::CoreBPE, none_cost: f64, cp: Compress) 
         "vs none",
         "mean window",
     ]);
-    for compress in [None, Some(cp)] {
+    for compress in [None, Some(cps[0]), Some(cps[1])] {
         for on in [false, true] {
             let cc = Ctx {
                 a: c.a,
@@ -1381,10 +1386,10 @@ fn cold_cuts(c: &Ctx, bpe: &tiktoken_rs::CoreBPE, none_cost: f64, cp: Compress) 
                 format!(
                     "tideline {}%{}",
                     a.tideline,
-                    if compress.is_some() {
-                        " + compress"
-                    } else {
-                        ""
+                    match compress.map(|cp| cp.free) {
+                        None => "",
+                        Some(None) => " + compress at cuts",
+                        Some(Some(_)) => " + mask first",
                     }
                 ),
                 if on { "on" } else { "off" }.to_string(),
