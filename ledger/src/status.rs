@@ -390,7 +390,8 @@ pub struct Unmanaged {
 /// (a cut's gauge before it minus the prompt its step sent), read from the
 /// cache as the client's own pattern reads it (the whole previous prompt
 /// when the step read anything and its miss was not the proxy's; only
-/// what it read when the client or the clock made it miss; no cache when
+/// what it read when the client or the clock made it miss, a free cut at
+/// a cold request included; no cache when
 /// the step used none), the rest written (or sent uncached where the
 /// provider reports no writes); output and what was billed beyond the
 /// window unchanged. None when a model has no price.
@@ -421,12 +422,14 @@ pub fn unmanaged(
             u
         } else {
             let full = prompt + kept_out;
-            let proxy_miss = s
-                .detail
-                .cache
-                .as_ref()
-                .and_then(|c| c.miss)
-                .is_none_or(|m| matches!(m, MissCause::Cut | MissCause::ContextEdit));
+            let note = s.detail.cache.as_ref();
+            // A request that found the cache cold (the TTL past, another
+            // model, a resumed session) misses unmanaged too, cut or not.
+            let cold = note.is_some_and(|c| c.cold.is_some());
+            let proxy_miss = !cold
+                && note
+                    .and_then(|c| c.miss)
+                    .is_none_or(|m| matches!(m, MissCause::Cut | MissCause::ContextEdit));
             let (read, input, write) = if u.cache_read + u.cache_write == 0 {
                 (0, full, 0)
             } else {
@@ -1062,8 +1065,9 @@ mod tests {
         );
         let last = c.last_miss.clone().expect("a last miss");
         assert_eq!((last.step, last.changed.as_deref()), (5, Some("tools")));
-        // Unmanaged: 55k more from step 3 on, the cut's rewrite not paid,
-        // the client's own miss paid on the larger prompt.
+        // Unmanaged: 55k more from step 3 on. Step 3 found the cache cold
+        // (the TTL past): unmanaged it writes its whole 80k prompt too. The
+        // client's own miss is paid on the larger prompt.
         let u = unmanaged(&steps, &cuts, &|_| Some(price)).expect("priced");
         let (real, _) = totals(&steps, &|_| Some(price));
         assert!(
@@ -1073,7 +1077,10 @@ mod tests {
             real.cost_usd
         );
         assert_eq!(u.usage.input_total(), real.input_total() + 3 * 55_000);
-        assert_eq!(u.usage.cache_write, 70_000 + 4_990 + 4_990 + 1_990 + 83_000);
+        assert_eq!(
+            u.usage.cache_write,
+            70_000 + 4_990 + 78_000 + 1_990 + 83_000
+        );
         assert_eq!(unmanaged(&steps, &cuts, &|_| None), None);
     }
 
