@@ -667,6 +667,7 @@ pub(super) fn fill_missing(
 
 #[cfg(test)]
 mod tests {
+    use super::super::effects::Outcome;
     use super::*;
     use crate::model::RowKind;
 
@@ -717,6 +718,37 @@ mod tests {
             .newest
             .as_ref()
             .map(|n| (n.turn, n.rows.iter().map(|r| r.seq).collect()))
+    }
+
+    #[test]
+    fn rows_written_copies_only_the_first_and_last_turns_rows_for_the_caches() {
+        let effect = |rows: &[Row]| {
+            let Outcome::Applied(change) = super::super::apply::rows_written(rows) else {
+                panic!("not applied");
+            };
+            let Some(Effect::Append {
+                rows: kept,
+                skipped,
+            }) = change.effect
+            else {
+                panic!("not an append");
+            };
+            let seqs: Vec<u64> = kept.iter().map(|r| r.seq).collect();
+            (change.turns, seqs, skipped)
+        };
+        let rows: Vec<Row> = [(1, 3), (2, 3), (3, 4), (4, 4), (5, 5), (6, 6), (7, 6)]
+            .iter()
+            .map(|&(seq, turn)| row(seq, turn))
+            .collect();
+        assert_eq!(
+            effect(&rows),
+            (vec![3, 4, 5, 6], vec![1, 2, 6, 7], vec![4, 5])
+        );
+        // One turn: every row.
+        assert_eq!(
+            effect(&[row(8, 2), row(9, 2)]),
+            (vec![2], vec![8, 9], vec![])
+        );
     }
 
     #[test]
