@@ -423,13 +423,16 @@ pub fn unmanaged(
         } else {
             let full = prompt + kept_out;
             let note = s.detail.cache.as_ref();
-            // A request that found the cache cold (the TTL past, another
-            // model, a resumed session) misses unmanaged too, cut or not.
+            // A miss the proxy caused is one the client would not have had,
+            // unless the request found the cache cold (the TTL past, another
+            // model, a resumed session): then it misses unmanaged too. A
+            // request flagged cold that missed nothing found it warm.
             let cold = note.is_some_and(|c| c.cold.is_some());
-            let proxy_miss = !cold
-                && note
-                    .and_then(|c| c.miss)
-                    .is_none_or(|m| matches!(m, MissCause::Cut | MissCause::ContextEdit));
+            let proxy_miss = match note.and_then(|c| c.miss) {
+                None => true,
+                Some(MissCause::Cut | MissCause::ContextEdit) => !cold,
+                Some(_) => false,
+            };
             let (read, input, write) = if u.cache_read + u.cache_write == 0 {
                 (0, full, 0)
             } else {
@@ -1082,6 +1085,15 @@ mod tests {
             70_000 + 4_990 + 78_000 + 1_990 + 83_000
         );
         assert_eq!(unmanaged(&steps, &cuts, &|_| None), None);
+        // Flagged cold but nothing missed (the cache was warm after all):
+        // unmanaged it reads the whole previous prompt, as before.
+        let mut warm = steps.clone();
+        warm[3].detail = note(None, 0, false);
+        if let Some(c) = warm[3].detail.cache.as_mut() {
+            c.cold = Some(crate::cache::Cold::Resumed);
+        }
+        let w = unmanaged(&warm, &cuts, &|_| Some(price)).expect("priced");
+        assert_eq!(w.usage.cache_write, u.usage.cache_write);
     }
 
     #[test]
