@@ -441,7 +441,8 @@ impl Tideline {
     /// - else, when the window holds at least a quarter of a block
     ///   ([`COLD_SPLIT_MIN`]) over what a due cut keeps (`line - block`),
     ///   the open block closes early at the row that brings the gauge down
-    ///   to that level, and goes. The window after it keeps what a due cut
+    ///   to that level, and goes (not when the rows up to the boundary
+    ///   cannot bring it there). The window after it keeps what a due cut
     ///   keeps; the next due cut comes a block of growth later.
     ///
     /// `rows` are the active line's rows after the cut, in order, with
@@ -484,7 +485,10 @@ impl Tideline {
             }
         }
         let split = split?;
-        if freed < min_free {
+        // Only a cut that lands where a due cut would: when this request's
+        // own rows and the fixed part are over that level already, cutting
+        // every earlier row would leave less than a due cut keeps.
+        if freed < min_free || self.gauge.saturating_sub(freed) > keep {
             return None;
         }
         self.closed.push(ClosedBlock {
@@ -1160,11 +1164,14 @@ mod tests {
         assert_eq!((c.gauge_before, c.gauge_after), (50_000, 30_000));
         assert_eq!(cold.open_block().first_seq, 11);
         assert!(cold.closed_blocks().is_empty());
-        // Never rows past the boundary: up to row 8 they free 16k, too
-        // little; up to row 9, 18k.
-        assert_eq!(t.clone().cut_cold(8, p, rows.clone()), None);
-        let c = t.clone().cut_cold(9, p, rows.clone()).expect("up to 9");
-        assert_eq!((c.upto_seq, c.gauge_after), (9, 32_000));
+        // Never rows past the boundary: up to row 9 they free 18k, which
+        // leaves 32k, over a due cut's level: nothing goes.
+        assert_eq!(t.clone().cut_cold(9, p, rows.clone()), None);
+        // A request whose own new rows keep the gauge over 30k even with
+        // every earlier row gone: no cut (it would keep less than a due cut).
+        let mut big = t.clone();
+        big.observe(obs(75_000, 40_000, 21, 22), p);
+        assert_eq!(big.cut_cold(21, p, rows.clone()), None);
         // Off the cold path the same window waits for the line.
         let d = t.observe(obs(60_000, 0, 22, 23), p);
         assert_eq!(d.cut, None);
