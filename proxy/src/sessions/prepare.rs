@@ -715,11 +715,17 @@ impl SessionManager {
             st.compress.due = decision.masked;
             // The prompt cache is cold: the whole prefix is written anyway,
             // so a cut now costs nothing (the due one, or the open block's
-            // oldest rows down to what a due cut keeps).
+            // oldest rows down to what a due cut keeps). A model switch is
+            // judged against the previous request's model only (a switch
+            // back within the TTL finds that model's cache warm): it takes
+            // the due cut, never the open block.
             let cut = decision.cut.or_else(|| {
                 (self.settings.cold_cut && cold.is_some() && req.windowed(true))
                     .then(|| {
-                        let ests = st.seed_rows();
+                        let ests = match cold {
+                            Some(cache::Cold::ModelSwitch) => Vec::new(),
+                            _ => st.seed_rows(),
+                        };
                         st.tideline.cut_cold(boundary, params, ests)
                     })
                     .flatten()

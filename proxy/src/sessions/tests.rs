@@ -1032,39 +1032,53 @@ fn a_cold_request_cuts_the_open_blocks_oldest_rows_down_to_a_due_cuts_level() {
     // Line 80k, block 56k: a due cut keeps 24k. The window grows by ~5k a
     // step and no block closes before the line, so before this a cold
     // request under the line cut nothing.
-    let (m, seen) = manager();
-    let id = ident("cold-split");
-    let big = |tag: &str| user(&format!("{tag} {}", "lorem ipsum ".repeat(1_700)));
-    let mut msgs = vec![big("t1")];
-    for i in 0..8u64 {
-        let mut t = send_model_id(&m, &id, &msgs);
+    let run = |switch_model: bool| {
+        let (m, seen) = manager();
+        let id = ident("cold-split");
+        let big = |tag: &str| user(&format!("{tag} {}", "lorem ipsum ".repeat(1_700)));
+        let mut msgs = vec![big("t1")];
+        for i in 0..8u64 {
+            let mut t = send_model_id(&m, &id, &msgs);
+            t.answered(200);
+            let answer = text_answer(&format!("a{i}")).with_usage(usage_in(10_000 + 5_000 * i));
+            t.complete(200, true, &answer);
+            msgs.push(echo(&format!("a{i}")));
+            msgs.push(big(&format!("t{}", i + 2)));
+        }
+        assert!(cuts(&take(&seen)).is_empty(), "nothing cut while warm");
+        let gauge = |m: &SessionManager| m.sessions()[0].state.lock().tideline.gauge();
+        let before = gauge(&m);
+        let model = if switch_model {
+            "claude-y"
+        } else {
+            // Six minutes later: past the 5-minute TTL.
+            for s in m.sessions() {
+                let mut st = s.state.lock();
+                if let Some((at, _)) = st.cache.previous.as_mut() {
+                    *at -= 6 * 60_000;
+                }
+            }
+            "claude-x"
+        };
+        let mut t = m
+            .prepare(
+                Dialect::Anthropic,
+                ReqKind::Main,
+                &id,
+                body_of(model, &msgs),
+            )
+            .ticket
+            .expect("ticket");
+        let after = gauge(&m);
         t.answered(200);
-        let answer = text_answer(&format!("a{i}")).with_usage(usage_in(10_000 + 5_000 * i));
-        t.complete(200, true, &answer);
-        msgs.push(echo(&format!("a{i}")));
-        msgs.push(big(&format!("t{}", i + 2)));
-    }
-    assert!(cuts(&take(&seen)).is_empty(), "nothing cut while warm");
-    let gauge = |m: &SessionManager| m.sessions()[0].state.lock().tideline.gauge();
-    let before = gauge(&m);
-    // A model switch: the cache is cold.
-    let mut t = m
-        .prepare(
-            Dialect::Anthropic,
-            ReqKind::Main,
-            &id,
-            body_of("claude-y", &msgs),
-        )
-        .ticket
-        .expect("ticket");
-    let after = gauge(&m);
-    t.answered(200);
-    t.complete(200, true, &text_answer("a9").with_usage(usage_in(26_000)));
-    let events = take(&seen);
+        t.complete(200, true, &text_answer("a9").with_usage(usage_in(26_000)));
+        (before, after, msgs.len() as u64, take(&seen))
+    };
+    let (before, after, n, events) = run(false);
     let upto = cuts(&events);
     assert_eq!(upto.len(), 1, "the cold request cuts: {events:?}");
     assert!(
-        upto[0] > 1 && upto[0] < msgs.len() as u64 - 1,
+        upto[0] > 1 && upto[0] < n - 1,
         "the oldest rows, not the newest round: {upto:?}"
     );
     assert!(before > 38_000, "over a quarter block past 24k: {before}");
@@ -1073,8 +1087,14 @@ fn a_cold_request_cuts_the_open_blocks_oldest_rows_down_to_a_due_cuts_level() {
         "down to about what a due cut keeps: {before} → {after}"
     );
     let note = cache_notes(&events).pop().expect("a cache note");
-    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::ModelSwitch));
+    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::TtlExpired));
     assert!(note.free_cut);
+    // A model switch (judged against one previous model) takes only a due
+    // cut: here none.
+    let (_, _, _, events) = run(true);
+    assert!(cuts(&events).is_empty(), "{events:?}");
+    let note = cache_notes(&events).pop().expect("a cache note");
+    assert_eq!(note.cold, Some(oceancode_window::cache::Cold::ModelSwitch));
 }
 
 fn send_model(m: &SessionManager, msgs: &[String]) -> Ticket {
