@@ -491,16 +491,9 @@ impl Tideline {
         if freed < min_free || self.gauge.saturating_sub(freed) > keep {
             return None;
         }
-        self.closed.push(ClosedBlock {
-            first_seq: self.open.first_seq,
-            last_seq: split,
-            tokens: freed,
-        });
-        self.open = OpenBlock {
-            first_seq: split + 1,
-            opened_at: self.open.opened_at.saturating_add(freed),
-        };
-        self.cut_closed_while(boundary_seq, |t| t.closed.len() == 1)
+        self.close_open_at(split, freed);
+        // It is the only closed block.
+        self.cut_closed_while(boundary_seq, |_| true)
     }
 
     /// "Prompt is too long" retry: close the open block at `boundary_seq` and cut
@@ -620,16 +613,22 @@ impl Tideline {
             return false;
         }
         let settled = self.gauge.saturating_sub(self.added);
+        self.close_open_at(boundary, settled.saturating_sub(self.open.opened_at));
+        true
+    }
+
+    /// Close the open block after `last_seq`, with `tokens` of growth: the
+    /// next open block starts that much higher.
+    fn close_open_at(&mut self, last_seq: u64, tokens: u64) {
         self.closed.push(ClosedBlock {
             first_seq: self.open.first_seq,
-            last_seq: boundary,
-            tokens: settled.saturating_sub(self.open.opened_at),
+            last_seq,
+            tokens,
         });
         self.open = OpenBlock {
-            first_seq: boundary + 1,
-            opened_at: settled.max(self.open.opened_at),
+            first_seq: last_seq + 1,
+            opened_at: self.open.opened_at.saturating_add(tokens),
         };
-        true
     }
 
     /// Cut the oldest closed block if it ends at or before `boundary`.
