@@ -391,10 +391,10 @@ pub struct Unmanaged {
 /// cache as the client's own pattern reads it (the whole previous prompt
 /// when the step read anything and its miss was not the proxy's; only
 /// what it read when the client or the clock made it miss, a free cut at
-/// a cold request included; no cache when
-/// the step used none), the rest written (or sent uncached where the
-/// provider reports no writes); output and what was billed beyond the
-/// window unchanged. None when a model has no price.
+/// a cold request included; no cache when the step used none), the rest
+/// written (or sent uncached where the provider reports no writes); output
+/// and what was billed beyond the window unchanged. None when a model has
+/// no price.
 pub fn unmanaged(
     steps: &[StepRecord],
     cuts: &[CutRecord],
