@@ -3,9 +3,10 @@
 //!
 //! * [`cold`] says whether a request finds the cache already cold (the gap
 //!   since the session's previous upstream request is past the TTL the
-//!   client asked for, the model changed, or the session was just resumed
-//!   from the ledger): such a request rewrites the whole prefix anyway, so a
-//!   cut due soon costs nothing there ([`crate::tideline::Tideline::cut_cold`]).
+//!   client asked for, the model changed to one the session has not used
+//!   within the TTL, or the session was just resumed from the ledger):
+//!   such a request rewrites the whole prefix anyway, so a cut due soon
+//!   costs nothing there ([`crate::tideline::Tideline::cut_cold`]).
 //! * [`miss_tokens`] finds a cache write beyond the newly appended part;
 //!   [`MissCause`] names why it happened.
 
@@ -41,6 +42,10 @@ pub struct Facts<'a> {
     /// one resumed from the ledger that recorded no activity time); for a
     /// resumed session, its recorded last activity and model.
     pub previous: Option<Previous<'a>>,
+    /// When this request's model was last sent in the session, if it was
+    /// (caches are per model: a switch back within the TTL finds that
+    /// model's cache warm).
+    pub model_last_ms: Option<i64>,
     /// The session was just read back from the ledger.
     pub resumed: bool,
 }
@@ -51,7 +56,8 @@ pub struct Facts<'a> {
 pub enum Cold {
     /// The gap since the previous request is past the TTL.
     TtlExpired,
-    /// The previous request used another model (caches are per model).
+    /// The previous request used another model, and this one was not
+    /// used within the TTL (caches are per model).
     ModelSwitch,
     /// The first request after the session was resumed from the ledger,
     /// its recorded last activity past the TTL (or unknown).
@@ -73,20 +79,23 @@ impl Cold {
 /// (no previous request, not resumed) has nothing cached to lose: `None`.
 /// A resumed session is cold when its recorded last activity is older than
 /// the TTL, or unknown (a proxy restarted within the TTL finds it warm).
+/// After a model switch the cache of this request's model is what counts:
+/// warm when the session sent that model within the TTL.
 pub fn cold(f: &Facts<'_>) -> Option<Cold> {
+    let within =
+        |at_ms: i64| u64::try_from(f.now_ms.saturating_sub(at_ms)).unwrap_or(0) <= f.ttl_ms;
     match &f.previous {
         None => f.resumed.then_some(Cold::Resumed),
         Some(p) if !p.model.is_empty() && !f.model.is_empty() && p.model != f.model => {
-            Some(Cold::ModelSwitch)
+            (!f.model_last_ms.is_some_and(within)).then_some(Cold::ModelSwitch)
         }
         Some(p) => {
-            let gap = u64::try_from(f.now_ms.saturating_sub(p.at_ms)).unwrap_or(0);
             let expired = if f.resumed {
                 Cold::Resumed
             } else {
                 Cold::TtlExpired
             };
-            (gap > f.ttl_ms).then_some(expired)
+            (!within(p.at_ms)).then_some(expired)
         }
     }
 }
@@ -321,6 +330,7 @@ mod tests {
             model,
             ttl_ms: DEFAULT_TTL_MS,
             previous: prev.map(|(at_ms, model)| Previous { at_ms, model }),
+            model_last_ms: None,
             resumed: false,
         }
     }
@@ -343,6 +353,14 @@ mod tests {
             cold(&facts(1_000, m, Some((0, "claude-haiku-4-5")))),
             Some(Cold::ModelSwitch)
         );
+        // Back to a model the session sent a minute ago: its cache is warm;
+        // six minutes ago: cold.
+        let back = |last: i64| Facts {
+            model_last_ms: Some(last),
+            ..facts(400_000, m, Some((390_000, "claude-haiku-4-5")))
+        };
+        assert_eq!(cold(&back(340_000)), None);
+        assert_eq!(cold(&back(40_000)), Some(Cold::ModelSwitch));
         let resumed = Facts {
             resumed: true,
             ..facts(1_000, m, None)

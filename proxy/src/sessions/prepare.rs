@@ -6,7 +6,7 @@
 use super::layouts::Layouts;
 use super::parse::root_hashes;
 use super::stages;
-use super::state::State;
+use super::state::{CacheState, State};
 use super::step::{Prepared, Refusal, Ticket};
 use super::window::{self, Window};
 use super::{Session, SessionManager};
@@ -162,6 +162,11 @@ fn requested_ttl(parsed: &ParsedBody<'_>) -> u64 {
 /// it becomes the previous request the next one compares with.
 fn cold_on_arrival(st: &mut State, req: &Request<'_>, now: i64) -> Option<cache::Cold> {
     let previous = st.cache.previous.take();
+    let models = &mut st.cache.models;
+    let model_last_ms = models
+        .iter()
+        .position(|(m, _)| *m == req.model)
+        .map(|i| models.remove(i).1);
     let cold = cache::cold(&cache::Facts {
         now_ms: now,
         model: &req.model,
@@ -170,8 +175,14 @@ fn cold_on_arrival(st: &mut State, req: &Request<'_>, now: i64) -> Option<cache:
             at_ms: *at_ms,
             model,
         }),
+        model_last_ms,
         resumed: st.cache.resumed,
     });
+    // The previous request's model joins the others when this one differs.
+    if let Some((at, model)) = previous.filter(|(_, m)| *m != req.model) {
+        models.insert(0, (model, at));
+        models.truncate(CacheState::MODELS);
+    }
     st.cache.previous = Some((now, req.model.clone()));
     st.cache.resumed = false;
     cold
@@ -715,17 +726,11 @@ impl SessionManager {
             st.compress.due = decision.masked;
             // The prompt cache is cold: the whole prefix is written anyway,
             // so a cut now costs nothing (the due one, or the open block's
-            // oldest rows down to what a due cut keeps). A model switch is
-            // judged against the previous request's model only (a switch
-            // back within the TTL finds that model's cache warm): it takes
-            // the due cut, never the open block.
+            // oldest rows down to what a due cut keeps).
             let cut = decision.cut.or_else(|| {
                 (self.settings.cold_cut && cold.is_some() && req.windowed(true))
                     .then(|| {
-                        let ests = match cold {
-                            Some(cache::Cold::ModelSwitch) => Vec::new(),
-                            _ => st.seed_rows(),
-                        };
+                        let ests = st.seed_rows();
                         st.tideline.cut_cold(boundary, params, ests)
                     })
                     .flatten()

@@ -231,6 +231,10 @@ pub struct State {
 pub(super) struct CacheState {
     /// Unix ms and model of the previous upstream request.
     pub(super) previous: Option<(i64, String)>,
+    /// The other models this session sent since it was opened or resumed,
+    /// with when each was last sent (newest first, at most
+    /// [`CacheState::MODELS`]): caches are per model.
+    pub(super) models: Vec<(String, i64)>,
     /// Read back from the ledger, no request since.
     pub(super) resumed: bool,
     /// The previous request's system and tools hashes.
@@ -248,6 +252,11 @@ pub(super) struct CacheState {
     /// The previous request's body as the client sent it and as it went
     /// upstream, bytes (what a spend reservation prices the next one by).
     pub(super) sizes: Option<(usize, usize)>,
+}
+
+impl CacheState {
+    /// Models remembered besides the previous request's.
+    pub(super) const MODELS: usize = 4;
 }
 
 /// [`State::recorded_line`]: the line, its label, the override.

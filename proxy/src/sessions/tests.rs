@@ -1089,12 +1089,56 @@ fn a_cold_request_cuts_the_open_blocks_oldest_rows_down_to_a_due_cuts_level() {
     let note = cache_notes(&events).pop().expect("a cache note");
     assert_eq!(note.cold, Some(oceancode_window::cache::Cold::TtlExpired));
     assert!(note.free_cut);
-    // A model switch (judged against one previous model) takes only a due
-    // cut: here none.
-    let (_, _, _, events) = run(true);
-    assert!(cuts(&events).is_empty(), "{events:?}");
+    // A switch to a model the session has not sent is as cold.
+    let (_, after, _, events) = run(true);
+    assert_eq!(cuts(&events).len(), 1, "the switch cuts: {events:?}");
+    assert!((20_000..=26_000).contains(&after), "{after}");
     let note = cache_notes(&events).pop().expect("a cache note");
     assert_eq!(note.cold, Some(oceancode_window::cache::Cold::ModelSwitch));
+    assert!(note.free_cut);
+}
+
+#[test]
+fn a_switch_back_within_the_ttl_finds_that_models_cache_warm() {
+    use oceancode_window::cache::Cold;
+    let (m, seen) = manager();
+    let id = ident("back");
+    let mut msgs = vec![user("t1")];
+    let mut step = |model: &str, age_ms: i64| {
+        for s in m.sessions() {
+            let mut st = s.state.lock();
+            if let Some((at, _)) = st.cache.previous.as_mut() {
+                *at -= age_ms;
+            }
+            for (_, at) in &mut st.cache.models {
+                *at -= age_ms;
+            }
+        }
+        let mut t = m
+            .prepare(
+                Dialect::Anthropic,
+                ReqKind::Main,
+                &id,
+                body_of(model, &msgs),
+            )
+            .ticket
+            .expect("ticket");
+        t.answered(200);
+        t.complete(200, true, &text_answer("a").with_usage(usage_in(10_000)));
+        let n = msgs.len();
+        msgs.push(echo(&format!("a{n}")));
+        msgs.push(user(&format!("t{n}")));
+        cache_notes(&take(&seen)).pop().and_then(|n| n.cold)
+    };
+    assert_eq!(step("claude-x", 0), None, "a new session");
+    assert_eq!(step("claude-y", 0), Some(Cold::ModelSwitch), "y never sent");
+    assert_eq!(step("claude-x", 0), None, "x sent a moment ago");
+    assert_eq!(step("claude-y", 0), None, "y too");
+    assert_eq!(
+        step("claude-x", 6 * 60_000),
+        Some(Cold::ModelSwitch),
+        "x last sent over 5 minutes ago"
+    );
 }
 
 fn send_model(m: &SessionManager, msgs: &[String]) -> Ticket {
