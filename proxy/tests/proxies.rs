@@ -606,7 +606,7 @@ async fn hostile_registry_entries_never_get_the_admin_token() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path();
     let data = home.join("data");
-    let mut served = serve(home, &data, &fake.url(), &[], &[CONTEXT]);
+    let served = serve(home, &data, &fake.url(), &[], &[CONTEXT]);
     let c = http();
     chat(
         &c,
@@ -670,7 +670,8 @@ async fn hostile_registry_entries_never_get_the_admin_token() {
         assert!(h.starts_with("GET /_oceancode/instance?challenge="), "{h}");
         assert!(!h.contains("FILESECRET") && !h.contains(real), "{h}");
     }
-    drop(served.guard.0.take());
+    // The guard kills and reaps it (a taken `Child` dropped would not).
+    drop(served);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
