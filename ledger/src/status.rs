@@ -331,6 +331,11 @@ pub struct LastMiss {
     pub cause: String,
     /// Tokens sent again.
     pub tokens: u64,
+    /// Why the cache was already cold when the request arrived
+    /// (`ttl_expired`, `model_switch`, `resumed`): a cut or edit there cost
+    /// nothing the client would not have paid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cold: Option<String>,
     /// Where the client's request changed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed: Option<String>,
@@ -367,6 +372,7 @@ impl CacheSummary {
                 step: s.step,
                 cause: label.to_string(),
                 tokens: c.miss_tokens,
+                cold: c.cold.map(|k| k.label().to_string()),
                 changed: c.changed.clone(),
                 provider: c.provider.clone(),
             });
@@ -897,6 +903,9 @@ impl Status {
             if let Some(w) = &m.changed {
                 let _ = write!(why, " ({w})");
             }
+            if let Some(k) = m.cold.as_ref().filter(|k| **k != m.cause) {
+                let _ = write!(why, " at a cold cache ({k})");
+            }
             if let Some(p) = &m.provider {
                 let _ = write!(why, ", provider: {p}");
             }
@@ -1068,6 +1077,40 @@ mod tests {
         );
         let last = c.last_miss.clone().expect("a last miss");
         assert_eq!((last.step, last.changed.as_deref()), (5, Some("tools")));
+        assert_eq!(last.cold, None);
+        // Up to step 3 the last miss is the free cut: it says the cache
+        // was cold already.
+        let meta = crate::SessionMeta {
+            id: "s".into(),
+            client: "anthropic-sdk".into(),
+            client_session: None,
+            dialect: crate::model::Dialect::Anthropic,
+            model: "m".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: 0,
+            last_ms: 0,
+        };
+        let st = Status::new(
+            &meta,
+            &steps[..3],
+            &cuts,
+            1,
+            3,
+            80_000,
+            "40%".into(),
+            Some(200_000),
+            &|_| Some(price),
+        );
+        assert_eq!(
+            st.cache.last_miss.as_ref().and_then(|l| l.cold.as_deref()),
+            Some("ttl_expired")
+        );
+        let text = st.render();
+        assert!(
+            text.contains("last miss: step 3 · cut at a cold cache (ttl_expired) · "),
+            "{text}"
+        );
         // Unmanaged: 55k more from step 3 on. Step 3 found the cache cold
         // (the TTL past): unmanaged it writes its whole 80k prompt too. The
         // client's own miss is paid on the larger prompt.

@@ -640,6 +640,9 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
         if let Some(w) = &l.changed {
             last.push_str(&format!(" ({w})"));
         }
+        if let Some(k) = l.cold.as_ref().filter(|k| **k != l.cause) {
+            last.push_str(&format!(" at a cold cache ({k})"));
+        }
         fact(
             h,
             "cache misses",
