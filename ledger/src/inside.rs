@@ -129,6 +129,49 @@ impl DataDir {
         Ok(renamed?)
     }
 
+    /// Replace the tail of file `path` below the data dir: when it is a
+    /// regular file of exactly `len` bytes (what the caller last wrote),
+    /// keep its first `keep` bytes and write `contents` after them;
+    /// otherwise write nothing and answer `Ok(false)`, so the caller
+    /// replaces the file whole. A link there is never followed, and a FIFO
+    /// never blocks the writer (opened non-blocking). Not atomic: a reader
+    /// may see the file cut short or its new tail half written.
+    pub fn replace_tail(
+        &self,
+        path: &Path,
+        len: u64,
+        keep: u64,
+        contents: &[u8],
+    ) -> io::Result<bool> {
+        if keep > len {
+            return Ok(false);
+        }
+        let (fd, name) = parent_of(self, path, false)?;
+        let flags =
+            OFlags::WRONLY | OFlags::APPEND | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let file = match rfs::openat(&fd, name, flags, Mode::empty()) {
+            Ok(f) => f,
+            Err(
+                rustix::io::Errno::NOENT
+                | rustix::io::Errno::LOOP
+                | rustix::io::Errno::NXIO
+                | rustix::io::Errno::ISDIR,
+            ) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let st = rfs::fstat(&file)?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || u64::try_from(st.st_size).ok() != Some(len)
+        {
+            return Ok(false);
+        }
+        if keep < len {
+            rfs::ftruncate(&file, keep)?;
+        }
+        File::from(file).write_all(contents)?;
+        Ok(true)
+    }
+
     /// Create file `path` below the data dir with `contents` unless
     /// something is there (then `Ok(false)`): a `0600` temp file linked into
     /// place, so a reader never sees a torn file and nothing is replaced.
@@ -336,6 +379,41 @@ mod tests {
         symlink("/dev/zero", &zero).expect("link");
         let e = dir.read_file(&zero, 1 << 20).expect_err("a link");
         assert!(e.to_string().contains("symlink"), "{e}");
+    }
+
+    #[test]
+    fn replaces_the_tail_only_of_the_file_it_wrote() {
+        let (_tmp, dir) = data();
+        let path = dir.turn_file("s", 1);
+        assert!(!dir.replace_tail(&path, 0, 0, b"x").expect("missing"));
+        dir.write_atomic(&path, b"head\nold\n").expect("write");
+        assert!(!dir.replace_tail(&path, 5, 5, b"x").expect("another length"));
+        assert!(dir.replace_tail(&path, 9, 9, b"more\n").expect("append"));
+        assert_eq!(
+            dir.read_file(&path, 1 << 20).expect("read"),
+            b"head\nold\nmore\n"
+        );
+        assert!(dir
+            .replace_tail(&path, 14, 5, b"new\n")
+            .expect("a new tail"));
+        assert_eq!(dir.read_file(&path, 1 << 20).expect("read"), b"head\nnew\n");
+        // A link or a FIFO in its place: nothing written, never followed.
+        let target = dir.root().join("elsewhere");
+        std::fs::write(&target, b"12345").expect("target");
+        let link = dir.turn_file("s", 2);
+        symlink(&target, &link).expect("link");
+        assert!(!dir.replace_tail(&link, 5, 5, b"x").expect("a link"));
+        assert_eq!(std::fs::read(&target).expect("target"), b"12345");
+        let fifo = dir.turn_file("s", 3);
+        rfs::mknodat(
+            rfs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+        assert!(!dir.replace_tail(&fifo, 0, 0, b"x").expect("a fifo"));
     }
 
     /// A session dir the agent nested thousands of levels deep: removing
