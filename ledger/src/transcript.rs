@@ -206,14 +206,28 @@ impl LineIndex {
             .map(|i| self.rows[i].0)
     }
 
-    /// The sidecar `transcript/NNNN.rows.md`: the line range of every row.
+    /// The sidecar `transcript/NNNN.rows.md`: the line range of every row
+    /// ([`LineIndex::render_head`], then [`LineIndex::render_row`] of each).
     pub fn render(&self) -> String {
+        let mut out = self.render_head();
+        for i in 0..self.rows.len() {
+            self.render_row(i, &mut out);
+        }
+        out
+    }
+
+    /// The sidecar's heading and table header.
+    pub fn render_head(&self) -> String {
         let file = turn_file_name(self.turn);
-        let mut out = format!(
+        format!(
             "# Turn {} · where each row of [{file}]({file}) is\n\nOpen a row with `sed -n FIRST,LASTp {file}` or Read with offset FIRST.\n\n| Seq | Lines | Row |\n|---:|:---|:---|\n",
             self.turn
-        );
-        for (r, what) in &self.rows {
+        )
+    }
+
+    /// The sidecar's line of the `i`th row placed, pushed to `out`.
+    pub fn render_row(&self, i: usize, out: &mut String) {
+        if let Some((r, what)) = self.rows.get(i) {
             let _ = writeln!(
                 out,
                 "| {} | {}–{} | {} |",
@@ -223,7 +237,6 @@ impl LineIndex {
                 cell(what)
             );
         }
-        out
     }
 }
 
