@@ -246,3 +246,72 @@ fn a_headless_turn_has_its_facts_on_the_page_after_the_first_cut() {
         "rebuilt files differ from the live ones"
     );
 }
+
+/// An agent's tool loop is one long turn: each settled step writes its
+/// rows, and the client's echo of the previous answer, into the turn file
+/// and its sidecar in place (the same files, not replaced ones); a file
+/// changed behind the writer's back is replaced whole at the next step;
+/// and the files stay what `ledger rebuild` writes, byte for byte.
+#[test]
+fn a_long_turn_grows_by_appends_and_equals_a_rebuild() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = open(tmp.path());
+    let mut s = Sim::new(&store, "sess-long", T0);
+    s.prompt("Make the test suite pass");
+    s.settle();
+    let dir = store.session_dir(&s.id);
+    let (text, side) = (
+        dir.join("transcript/0001.md"),
+        dir.join("transcript/0001.rows.md"),
+    );
+    let inodes = || {
+        (
+            std::fs::metadata(&text).expect("turn file").ino(),
+            std::fs::metadata(&side).expect("sidecar").ino(),
+        )
+    };
+    let mut replaced = Vec::new();
+    let mut before = inodes();
+    for k in 0..30u32 {
+        let id = format!("c{k}");
+        let call = s.call(&id, "Bash", json!({"command": format!("cargo test t{k}")}));
+        s.end_step(10, 10, 100, 10);
+        s.settle();
+        // The next request echoes the answer with the client's bytes.
+        let echo = json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("Running the tests, step {k}.")},
+            {"type": "tool_use", "id": id, "name": "Bash", "input": {"command": format!("cargo test t{k}")}}
+        ]});
+        s.store
+            .submit(oceancode_window::Event::Confirm {
+                session: s.id.clone(),
+                seq: call,
+                raw: echo.to_string().into(),
+            })
+            .expect("confirm");
+        s.result(&id, &format!("test t{k} ... ok\n").repeat(40), false);
+        s.settle();
+        let now = inodes();
+        if now != before {
+            replaced.push(k);
+        }
+        before = now;
+        if k == 19 {
+            // An editor saves the turn file in place behind the writer.
+            std::fs::write(&text, b"# Turn 1\nedited\n").expect("edit");
+        }
+    }
+    assert_eq!(replaced, vec![20], "appended but after the edit");
+    let live = snapshot(&dir);
+    let turn = String::from_utf8_lossy(&live["transcript/0001.md"]).into_owned();
+    assert!(turn.contains("Running the tests, step 29.") && !turn.contains("edited"));
+    assert!(!turn.contains("Running Bash."), "every echo kept: {turn}");
+    std::fs::remove_dir_all(&dir).expect("remove");
+    store.rebuild(&s.id, None).expect("rebuild");
+    assert_eq!(
+        snapshot(&dir),
+        live,
+        "rebuilt files differ from the live ones"
+    );
+}

@@ -1,7 +1,9 @@
 //! The files the writer keeps in step with the database after each commit,
 //! the same on both engines ([`Files`], reading through
 //! [`super::source::Source`]): per-turn transcripts and their line index
-//! (atomic replace, each row rendered once while its turn is the newest),
+//! (each row rendered once while its turn is the newest; a step appends
+//! its rows to the newest turn's files, anything else replaces them
+//! atomically),
 //! `index.md`, and `SESSION.md` once a turn came wholly past the tideline.
 //! The caches that make a step cheap live here too: a step that appends to
 //! the newest turn reads nothing back from the database.
@@ -42,9 +44,34 @@ struct TurnCache {
     turn: u32,
     rows: Vec<Row>,
     /// Rendered sections by seq, with the bytes they were rendered from,
-    /// the row's tools and its anchor label: a long turn is re-written each
-    /// step but each row is rendered once.
+    /// the row's tools and its anchor label: each row is rendered once.
     sections: HashMap<u64, Section>,
+    /// What the turn file and its sidecar on disk hold, as this writer
+    /// last wrote them (None: not known, the next write replaces both).
+    on_disk: Option<OnDisk>,
+}
+
+/// A turn file and its sidecar as the writer last wrote them. The next
+/// write keeps the part of both that holds the leading rows it renders
+/// the same, and writes only what follows: a step of an agent's tool loop
+/// (one long turn) costs what the step added and the row its request
+/// confirmed, not the whole turn.
+struct OnDisk {
+    /// The lengths of the turn file's heading and the sidecar's.
+    head: (u64, u64),
+    /// Each row written, in order: its seq and where its section ends in
+    /// the turn file and its line in the sidecar.
+    rows: Vec<(u64, u64, u64)>,
+}
+
+impl OnDisk {
+    /// The lengths of both files holding the first `n` rows.
+    fn ends(&self, n: usize) -> (u64, u64) {
+        match n.checked_sub(1).and_then(|i| self.rows.get(i)) {
+            Some(&(_, text, side)) => (text, side),
+            None => self.head,
+        }
+    }
 }
 
 /// One row's rendered section of a turn file.
@@ -382,11 +409,11 @@ impl Files {
             turns_changed = true;
         }
         for turn in touched_turns {
-            let (rows, mut sections) = match cache.newest.take() {
-                Some(n) if n.turn == turn => (n.rows, n.sections),
+            let (rows, mut sections, on_disk) = match cache.newest.take() {
+                Some(n) if n.turn == turn => (n.rows, n.sections, n.on_disk),
                 other => {
                     cache.newest = other;
-                    (src.turn_rows(session, turn)?, HashMap::new())
+                    (src.turn_rows(session, turn)?, HashMap::new(), None)
                 }
             };
             let path = self.dir.turn_file(session, turn);
@@ -403,9 +430,11 @@ impl Files {
                 let d = &self.dir;
                 d.remove_file(&path)
                     .and_then(|()| d.remove_file(&rows_path))
+                    .map(|()| None)
             } else {
-                let mut text = transcript::render_turn_head(turn);
                 let mut index = transcript::LineIndex::new(turn);
+                // Leading rows whose section is the one rendered before.
+                let (mut same, mut placed) = (0usize, 0usize);
                 for row in &rows {
                     let hit = sections.get(&row.seq).is_some_and(|c| c.raw == row.raw);
                     if !hit {
@@ -423,16 +452,36 @@ impl Files {
                         continue;
                     };
                     let label = index.label(&section.tools);
-                    if !hit || label != section.label {
+                    let fresh = !hit || label != section.label;
+                    if fresh {
                         section.text = transcript::render_row_labeled(dialect, row, &label);
                         section.label = label;
                     }
+                    if !fresh && same == placed {
+                        same += 1;
+                    }
+                    placed += 1;
                     index.place(row.seq, &row.role, &section.text, &section.label);
-                    text.push_str(&section.text);
                 }
-                let d = &self.dir;
-                d.write_atomic(&path, text.as_bytes())
-                    .and_then(|()| d.write_atomic(&rows_path, index.render().as_bytes()))
+                // Rows the files on disk hold and this write renders the same.
+                let kept = on_disk.as_ref().map(|d| {
+                    d.rows
+                        .iter()
+                        .zip(&rows)
+                        .take(same)
+                        .take_while(|((seq, _, _), row)| *seq == row.seq)
+                        .count()
+                });
+                let files = TurnFiles {
+                    text: &path,
+                    index: &rows_path,
+                };
+                let on_disk = on_disk.zip(kept);
+                write_turn(&self.dir, files, turn, &rows, &sections, &index, on_disk).map(Some)
+            };
+            let (on_disk, error) = match written {
+                Ok(d) => (d, None),
+                Err(e) => (None, Some(e)),
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
                 cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
@@ -441,9 +490,12 @@ impl Files {
                     turn,
                     rows,
                     sections,
+                    on_disk,
                 });
             }
-            written.map_err(io_err(&path))?;
+            if let Some(e) = error {
+                return Err(io_err(&path)(e));
+            }
         }
         if !(index || turns_changed) {
             return Ok(());
@@ -479,6 +531,74 @@ impl Files {
         cache.index_dirty = false;
         Ok(())
     }
+}
+
+/// A turn file and its sidecar.
+#[derive(Clone, Copy)]
+struct TurnFiles<'a> {
+    text: &'a std::path::Path,
+    index: &'a std::path::Path,
+}
+
+/// Write a turn's file and its sidecar from its rendered sections. With
+/// `on_disk` (what the files hold, and how many of its leading rows this
+/// write renders the same): when both files still have its lengths, keep
+/// their part that holds those rows and write what follows; else replace
+/// both whole (atomically). Returns what the files now hold. Keeping is
+/// not atomic: a reader may see a file cut short or its new tail half
+/// written, and a crash can leave it so until the turn is written again
+/// (the session's next step after a restart replaces the files, as
+/// `ledger rebuild` does).
+fn write_turn(
+    dir: &DataDir,
+    files: TurnFiles<'_>,
+    turn: u32,
+    rows: &[Row],
+    sections: &HashMap<u64, Section>,
+    index: &transcript::LineIndex,
+    on_disk: Option<(OnDisk, usize)>,
+) -> std::io::Result<OnDisk> {
+    // Both files' bytes of the rows from `from` on, to follow `base`
+    // bytes, and where each row ends.
+    let render = |from: usize, base: (u64, u64)| {
+        let (mut text, mut side) = (String::new(), String::new());
+        let mut ends = Vec::with_capacity(rows.len().saturating_sub(from));
+        for (i, row) in rows.iter().enumerate().skip(from) {
+            if let Some(s) = sections.get(&row.seq) {
+                text.push_str(&s.text);
+            }
+            index.render_row(i, &mut side);
+            ends.push((
+                row.seq,
+                base.0 + text.len() as u64,
+                base.1 + side.len() as u64,
+            ));
+        }
+        (text, side, ends)
+    };
+    if let Some((d, kept)) = on_disk {
+        let (now, keep) = (d.ends(d.rows.len()), d.ends(kept));
+        let (text, side, mut ends) = render(kept, keep);
+        if dir.replace_tail(files.text, now.0, keep.0, text.as_bytes())?
+            && dir.replace_tail(files.index, now.1, keep.1, side.as_bytes())?
+        {
+            let mut held = d.rows;
+            held.truncate(kept);
+            held.append(&mut ends);
+            return Ok(OnDisk {
+                head: d.head,
+                rows: held,
+            });
+        }
+    }
+    let (mut text, mut side) = (transcript::render_turn_head(turn), index.render_head());
+    let head = (text.len() as u64, side.len() as u64);
+    let (t, s, ends) = render(0, head);
+    text.push_str(&t);
+    side.push_str(&s);
+    dir.write_atomic(files.text, text.as_bytes())?;
+    dir.write_atomic(files.index, side.as_bytes())?;
+    Ok(OnDisk { head, rows: ends })
 }
 
 /// A row's bytes as a copy of their own: a committed row may share a
@@ -704,6 +824,7 @@ mod tests {
                 turn,
                 rows: seqs.iter().map(|&s| row(s, turn)).collect(),
                 sections: HashMap::new(),
+                on_disk: None,
             }),
             dir_ready: false,
             last_used: 0,
