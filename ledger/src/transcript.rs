@@ -129,6 +129,10 @@ pub struct LineIndex {
     lines: u32,
     rows: Vec<(RowLines, String)>,
     names: HashMap<String, String>,
+    /// The names each placed row's label added, with what they replaced
+    /// (what [`LineIndex::truncate`] undoes), and the next row's.
+    added: Vec<Vec<(String, Option<String>)>>,
+    adding: Vec<(String, Option<String>)>,
 }
 
 impl LineIndex {
@@ -139,7 +143,37 @@ impl LineIndex {
             lines: line_count(&render_turn_head(turn)),
             rows: Vec::new(),
             names: HashMap::new(),
+            added: Vec::new(),
+            adding: Vec::new(),
         }
+    }
+
+    /// Rows placed so far.
+    pub fn placed(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Forget every row after the first `n` (their lines and the call
+    /// names their labels added), as if only those were placed.
+    pub fn truncate(&mut self, n: usize) {
+        let names = &mut self.names;
+        let mut undo = |adds: Vec<(String, Option<String>)>| {
+            for (id, before) in adds.into_iter().rev() {
+                match before {
+                    Some(name) => names.insert(id, name),
+                    None => names.remove(&id),
+                };
+            }
+        };
+        undo(std::mem::take(&mut self.adding));
+        while self.rows.len() > n {
+            self.rows.pop();
+            undo(self.added.pop().unwrap_or_default());
+        }
+        self.lines = self
+            .rows
+            .last()
+            .map_or_else(|| line_count(&render_turn_head(self.turn)), |(r, _)| r.last);
     }
 
     /// The anchor label of the next row (` · call Bash`, ` · result Bash`),
@@ -172,7 +206,8 @@ impl LineIndex {
         }
         for (id, name) in &tools.calls {
             if let Some(id) = id {
-                self.names.insert(id.clone(), name.clone());
+                let before = self.names.insert(id.clone(), name.clone());
+                self.adding.push((id.clone(), before));
             }
         }
         label
@@ -180,7 +215,12 @@ impl LineIndex {
 
     /// Place the next row's rendered section (from [`render_row_labeled`]).
     pub fn place(&mut self, seq: u64, role: &str, section: &str, label: &str) -> RowLines {
-        let n = line_count(section);
+        self.place_lines(seq, role, line_count(section), label)
+    }
+
+    /// Place the next row's section of `n` lines ([`line_count`]).
+    pub fn place_lines(&mut self, seq: u64, role: &str, n: u32, label: &str) -> RowLines {
+        self.added.push(std::mem::take(&mut self.adding));
         let at = RowLines {
             seq,
             turn: self.turn,
@@ -841,3 +881,58 @@ pub fn cell(s: &str) -> String {
 
 /// `2026-12-01T00:58:07Z` for Unix milliseconds (the one date helper).
 pub use crate::time::utc_iso;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(calls: &[(&str, &str)], results: &[&str]) -> RowTools {
+        RowTools {
+            calls: calls
+                .iter()
+                .map(|(id, name)| (Some(id.to_string()), name.to_string()))
+                .collect(),
+            results: results.iter().map(|id| Some(id.to_string())).collect(),
+        }
+    }
+
+    /// Each row: its tools and its section's lines.
+    fn place_all(index: &mut LineIndex, rows: &[(RowTools, u32)], from: usize) {
+        for (i, (t, n)) in rows.iter().enumerate().skip(from) {
+            let label = index.label(t);
+            index.place_lines(i as u64 + 1, "user", *n, &label);
+        }
+    }
+
+    #[test]
+    fn a_truncated_index_places_again_as_a_fresh_one() {
+        let rows = vec![
+            (tools(&[("a", "Bash")], &[]), 5),
+            (tools(&[], &["a"]), 9),
+            (tools(&[("a", "Read"), ("b", "Grep")], &[]), 4),
+            (tools(&[], &["a", "b"]), 12),
+            (tools(&[], &[]), 3),
+        ];
+        let mut fresh = LineIndex::new(7);
+        place_all(&mut fresh, &rows, 0);
+        for k in 0..=rows.len() {
+            let mut index = LineIndex::new(7);
+            place_all(&mut index, &rows, 0);
+            // A label taken for a row never placed is undone too.
+            index.label(&tools(&[("b", "Edit")], &[]));
+            index.truncate(k);
+            assert_eq!(index.placed(), k);
+            place_all(&mut index, &rows, k);
+            assert_eq!(index.render(), fresh.render(), "truncated to {k}");
+            assert_eq!(index.lines, fresh.lines);
+        }
+        // The second row answers a Bash call; after the third row's call
+        // reuses its id, a result names Read.
+        let side = fresh.render();
+        assert!(side.contains("| 2 | 8–15 | user · result Bash |"), "{side}");
+        assert!(
+            side.contains("| 4 | 21–31 | user · result Read, Grep |"),
+            "{side}"
+        );
+    }
+}
