@@ -24,6 +24,7 @@ use crate::model::{ByteString, Row, SessionMeta};
 use crate::page::Page;
 use crate::paths::DataDir;
 use crate::transcript::{self, TurnSummary};
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -49,6 +50,11 @@ struct TurnCache {
     /// What the turn file and its sidecar on disk hold, as this writer
     /// last wrote them (None: not known, the next write replaces both).
     on_disk: Option<OnDisk>,
+    /// The line index of the rows placed at the last write (None: none).
+    index: Option<transcript::LineIndex>,
+    /// Leading rows whose section and place in `index` still hold (a
+    /// confirmed row and every row after it are placed again).
+    valid: usize,
 }
 
 /// A turn file and its sidecar as the writer last wrote them. The next
@@ -80,6 +86,8 @@ struct Section {
     tools: transcript::RowTools,
     label: String,
     text: String,
+    /// Lines of `text`.
+    lines: u32,
 }
 
 struct SessionCache {
@@ -409,11 +417,12 @@ impl Files {
             turns_changed = true;
         }
         for turn in touched_turns {
-            let (rows, mut sections, on_disk) = match cache.newest.take() {
-                Some(n) if n.turn == turn => (n.rows, n.sections, n.on_disk),
+            let (rows, mut sections, on_disk, index, valid) = match cache.newest.take() {
+                Some(n) if n.turn == turn => (n.rows, n.sections, n.on_disk, n.index, n.valid),
                 other => {
                     cache.newest = other;
-                    (src.turn_rows(session, turn)?, HashMap::new(), None)
+                    let rows = src.turn_rows(session, turn)?;
+                    (rows, HashMap::new(), None, None, 0)
                 }
             };
             let path = self.dir.turn_file(session, turn);
@@ -426,49 +435,48 @@ impl Files {
                 turns_changed |= before.is_none() != summary.is_none();
             }
             let rows_path = self.dir.rows_file(session, turn);
+            // The rows placed before and unchanged since stay placed; the
+            // rest are placed (and rendered, when their bytes or label
+            // changed) now.
+            let mut index = index.unwrap_or_else(|| transcript::LineIndex::new(turn));
+            let valid = valid.min(index.placed()).min(rows.len());
+            index.truncate(valid);
+            for row in rows.get(valid..).unwrap_or_default() {
+                let fresh = || Section {
+                    raw: owned(&row.raw),
+                    tools: transcript::row_tools(dialect, &row.raw),
+                    label: String::new(),
+                    text: String::new(),
+                    lines: 0,
+                };
+                let (section, hit) = match sections.entry(row.seq) {
+                    Entry::Occupied(e) if e.get().raw == row.raw => (e.into_mut(), true),
+                    Entry::Occupied(mut e) => {
+                        e.insert(fresh());
+                        (e.into_mut(), false)
+                    }
+                    Entry::Vacant(e) => (e.insert(fresh()), false),
+                };
+                let label = index.label(&section.tools);
+                if !hit || label != section.label {
+                    section.text = transcript::render_row_labeled(dialect, row, &label);
+                    section.lines = transcript::line_count(&section.text);
+                    section.label = label;
+                }
+                index.place_lines(row.seq, &row.role, section.lines, &section.label);
+            }
             let written = if rows.is_empty() {
                 let d = &self.dir;
                 d.remove_file(&path)
                     .and_then(|()| d.remove_file(&rows_path))
                     .map(|()| None)
             } else {
-                let mut index = transcript::LineIndex::new(turn);
-                // Leading rows whose section is the one rendered before.
-                let (mut same, mut placed) = (0usize, 0usize);
-                for row in &rows {
-                    let hit = sections.get(&row.seq).is_some_and(|c| c.raw == row.raw);
-                    if !hit {
-                        sections.insert(
-                            row.seq,
-                            Section {
-                                raw: owned(&row.raw),
-                                tools: transcript::row_tools(dialect, &row.raw),
-                                label: String::new(),
-                                text: String::new(),
-                            },
-                        );
-                    }
-                    let Some(section) = sections.get_mut(&row.seq) else {
-                        continue;
-                    };
-                    let label = index.label(&section.tools);
-                    let fresh = !hit || label != section.label;
-                    if fresh {
-                        section.text = transcript::render_row_labeled(dialect, row, &label);
-                        section.label = label;
-                    }
-                    if !fresh && same == placed {
-                        same += 1;
-                    }
-                    placed += 1;
-                    index.place(row.seq, &row.role, &section.text, &section.label);
-                }
-                // Rows the files on disk hold and this write renders the same.
+                // Rows the files on disk hold and this write keeps.
                 let kept = on_disk.as_ref().map(|d| {
                     d.rows
                         .iter()
                         .zip(&rows)
-                        .take(same)
+                        .take(valid)
                         .take_while(|((seq, _, _), row)| *seq == row.seq)
                         .count()
                 });
@@ -486,11 +494,14 @@ impl Files {
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
                 cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
                     + sections.values().map(|s| s.text.len()).sum::<usize>();
+                let valid = rows.len();
                 cache.newest = Some(TurnCache {
                     turn,
                     rows,
                     sections,
                     on_disk,
+                    index: Some(index),
+                    valid,
                 });
             }
             if let Some(e) = error {
@@ -642,6 +653,7 @@ fn apply_effect(cache: &mut SessionCache, effect: Effect) {
                     Ok(i) => {
                         n.rows[i].raw = ByteString::from(&*raw);
                         n.rows[i].from_response = false;
+                        n.valid = n.valid.min(i);
                     }
                     Err(_) => cache.newest = None,
                 }
@@ -825,6 +837,8 @@ mod tests {
                 rows: seqs.iter().map(|&s| row(s, turn)).collect(),
                 sections: HashMap::new(),
                 on_disk: None,
+                index: None,
+                valid: 0,
             }),
             dir_ready: false,
             last_used: 0,
