@@ -354,7 +354,16 @@ impl Files {
             return Ok(());
         };
         cache.last_used = self.tick;
-        let meta_changed = touch.effects.iter().any(|e| matches!(e, Effect::Meta(_)));
+        // `index.md` shows the session's facts but not its last activity.
+        let meta_changed = touch.effects.iter().any(|e| match e {
+            Effect::Meta(m) => {
+                SessionMeta {
+                    last_ms: cache.meta.last_ms,
+                    ..m.clone()
+                } != cache.meta
+            }
+            _ => false,
+        });
         for effect in touch.effects {
             apply_effect(cache, effect);
         }
