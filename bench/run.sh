@@ -13,6 +13,9 @@
 # `fleet` (issue 17: one vs two proxies on one PostgreSQL ledger behind
 # nginx) needs Debian's postgresql and nginx; it starts its own cluster.
 #
+# SCENARIOS="200k-c1 200k-c64" runs only the overhead scenarios named
+# (default: all four: 200k-c1 200k-c64 8m-c1 8m-c64).
+#
 # With no section named, all but `criterion` and `fleet` run. `quick` shrinks every
 # request count (a smoke run, a few minutes); `full` is what
 # docs/benchmarks.md reports. The report (Markdown) is written to
@@ -27,7 +30,7 @@ for a in "$@"; do
     case "$a" in
         full | quick) MODE=$a ;;
         overhead | scale | ledger | sim | criterion | fleet) SECTIONS+=("$a") ;;
-        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -203,6 +206,9 @@ export OCEANCODE_ADMIN_TOKEN
 # takes the median of the rounds' paired differences).
 overhead_scenario() {
     local name=$1 size=$2 conc=$3 reqs=$4 rounds=$5
+    if [ -n "${SCENARIOS:-}" ] && [[ " $SCENARIOS " != *" $name "* ]]; then
+        return 0
+    fi
     shift 5
     local targets=(direct)
     [ -n "$NGINX" ] && targets+=(nginx)
