@@ -354,6 +354,17 @@ mod tests {
         (tmp, dir)
     }
 
+    fn mkfifo(path: &Path) {
+        rfs::mknodat(
+            rfs::CWD,
+            path,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+    }
+
     #[test]
     fn reads_only_a_regular_file_within_the_bound() {
         let (_tmp, dir) = data();
@@ -364,14 +375,7 @@ mod tests {
         assert_eq!(long.kind(), io::ErrorKind::InvalidData, "{long}");
         // A FIFO is refused at once (opened non-blocking), never read.
         let fifo = dir.turn_file("s", 2);
-        rfs::mknodat(
-            rfs::CWD,
-            &fifo,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
+        mkfifo(&fifo);
         let e = dir.read_file(&fifo, 1 << 20).expect_err("a fifo");
         assert!(e.to_string().contains("not a regular file"), "{e}");
         // A link to /dev/zero is not followed.
@@ -405,14 +409,7 @@ mod tests {
         assert!(!dir.replace_tail(&link, 5, 5, b"x").expect("a link"));
         assert_eq!(std::fs::read(&target).expect("target"), b"12345");
         let fifo = dir.turn_file("s", 3);
-        rfs::mknodat(
-            rfs::CWD,
-            &fifo,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
+        mkfifo(&fifo);
         assert!(!dir.replace_tail(&fifo, 0, 0, b"x").expect("a fifo"));
     }
 

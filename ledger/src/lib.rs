@@ -28,3 +28,22 @@ pub mod status;
 pub mod store;
 pub mod time;
 pub mod transcript;
+
+/// What the crate's unit tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Session `id` of `client`: Anthropic, model `m`, no parent, time 0.
+    pub(crate) fn meta(id: &str, client: &str) -> crate::SessionMeta {
+        crate::SessionMeta {
+            id: id.into(),
+            client: client.into(),
+            client_session: None,
+            dialect: crate::model::Dialect::Anthropic,
+            model: "m".into(),
+            parent: None,
+            parent_seq: None,
+            created_ms: 0,
+            last_ms: 0,
+        }
+    }
+}

@@ -1080,17 +1080,7 @@ mod tests {
         assert_eq!(last.cold, None);
         // Up to step 3 the last miss is the free cut: it says the cache
         // was cold already.
-        let meta = crate::SessionMeta {
-            id: "s".into(),
-            client: "anthropic-sdk".into(),
-            client_session: None,
-            dialect: crate::model::Dialect::Anthropic,
-            model: "m".into(),
-            parent: None,
-            parent_seq: None,
-            created_ms: 0,
-            last_ms: 0,
-        };
+        let meta = crate::test_support::meta("s", "anthropic-sdk");
         let st = Status::new(
             &meta,
             &steps[..3],
@@ -1173,17 +1163,7 @@ mod tests {
         assert_eq!(t.beyond_window, 183_500);
         let want = price.cost_usd(203_000, 4_500, 0, 0);
         assert!((t.cost_usd - want).abs() < 1e-9, "{} vs {want}", t.cost_usd);
-        let meta = crate::SessionMeta {
-            id: "s".into(),
-            client: "anthropic-sdk".into(),
-            client_session: None,
-            dialect: crate::model::Dialect::Anthropic,
-            model: "m".into(),
-            parent: None,
-            parent_seq: None,
-            created_ms: 0,
-            last_ms: 0,
-        };
+        let meta = crate::test_support::meta("s", "anthropic-sdk");
         let st = Status::new(
             &meta,
             &steps,
@@ -1225,17 +1205,7 @@ mod tests {
         assert_eq!((t.steps, t.failed_steps), (3, 2));
         let latest = FailedStep::latest(&steps).expect("failed");
         assert_eq!(latest.label(), "step 3: 504 upstream_timeout");
-        let meta = crate::SessionMeta {
-            id: "s".into(),
-            client: "c".into(),
-            client_session: None,
-            dialect: crate::model::Dialect::Anthropic,
-            model: "m".into(),
-            parent: None,
-            parent_seq: None,
-            created_ms: 0,
-            last_ms: 0,
-        };
+        let meta = crate::test_support::meta("s", "c");
         let text = Status::new(
             &meta,
             &steps,
@@ -1274,17 +1244,7 @@ mod tests {
             cache_read: 0.3,
             cache_write: 3.75,
         };
-        let meta = crate::SessionMeta {
-            id: "s".into(),
-            client: "claude-code".into(),
-            client_session: None,
-            dialect: crate::model::Dialect::Anthropic,
-            model: "m".into(),
-            parent: None,
-            parent_seq: None,
-            created_ms: 0,
-            last_ms: 0,
-        };
+        let meta = crate::test_support::meta("s", "claude-code");
         let mut st = Status::new(
             &meta,
             &steps,

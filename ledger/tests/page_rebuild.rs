@@ -231,17 +231,27 @@ fn a_headless_turn_has_its_facts_on_the_page_after_the_first_cut() {
         assert!(last.contains(line), "edited, never rewritten: {line}");
     }
     // A rebuild gives the same bytes (the same blocks, from the cuts table).
-    let dir = store.session_dir(&s.id);
-    let live = snapshot(&dir);
+    let live = snapshot(&store.session_dir(&s.id));
     assert!(
         live.contains_key("transcript/0001.rows.md"),
         "{:?}",
         live.keys()
     );
+    assert_rebuilds_to(&store, &s.id, &live);
+}
+
+/// Remove the session's files, rebuild them from the ledger, and check
+/// they are `live` byte for byte.
+fn assert_rebuilds_to(
+    store: &oceancode_ledger::store::Store,
+    id: &str,
+    live: &std::collections::BTreeMap<String, Vec<u8>>,
+) {
+    let dir = store.session_dir(id);
     std::fs::remove_dir_all(&dir).expect("remove");
-    store.rebuild(&s.id, None).expect("rebuild");
+    store.rebuild(id, None).expect("rebuild");
     assert_eq!(
-        snapshot(&dir),
+        &snapshot(&dir),
         live,
         "rebuilt files differ from the live ones"
     );
@@ -307,11 +317,5 @@ fn a_long_turn_grows_by_appends_and_equals_a_rebuild() {
     let turn = String::from_utf8_lossy(&live["transcript/0001.md"]).into_owned();
     assert!(turn.contains("Running the tests, step 29.") && !turn.contains("edited"));
     assert!(!turn.contains("Running Bash."), "every echo kept: {turn}");
-    std::fs::remove_dir_all(&dir).expect("remove");
-    store.rebuild(&s.id, None).expect("rebuild");
-    assert_eq!(
-        snapshot(&dir),
-        live,
-        "rebuilt files differ from the live ones"
-    );
+    assert_rebuilds_to(&store, &s.id, &live);
 }

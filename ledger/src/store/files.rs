@@ -829,17 +829,7 @@ mod tests {
     fn cached(turn: u32, seqs: &[u64]) -> SessionCache {
         SessionCache {
             newest_bytes: 0,
-            meta: SessionMeta {
-                id: "s".into(),
-                client: "unknown".into(),
-                client_session: None,
-                dialect: crate::model::Dialect::Anthropic,
-                model: "m".into(),
-                parent: None,
-                parent_seq: None,
-                created_ms: 0,
-                last_ms: 0,
-            },
+            meta: crate::test_support::meta("s", "unknown"),
             summaries: None,
             newest: Some(TurnCache {
                 turn,

@@ -1052,23 +1052,10 @@ fn a_cold_request_cuts_the_open_blocks_oldest_rows_down_to_a_due_cuts_level() {
             "claude-y"
         } else {
             // Six minutes later: past the 5-minute TTL.
-            for s in m.sessions() {
-                let mut st = s.state.lock();
-                if let Some((at, _)) = st.cache.previous.as_mut() {
-                    *at -= 6 * 60_000;
-                }
-            }
+            age(&m, 6 * 60_000);
             "claude-x"
         };
-        let mut t = m
-            .prepare(
-                Dialect::Anthropic,
-                ReqKind::Main,
-                &id,
-                body_of(model, &msgs),
-            )
-            .ticket
-            .expect("ticket");
+        let mut t = send_as(&m, &id, model, &msgs);
         let after = gauge(&m);
         t.answered(200);
         t.complete(200, true, &text_answer("a9").with_usage(usage_in(26_000)));
@@ -1105,24 +1092,8 @@ fn a_switch_back_within_the_ttl_finds_that_models_cache_warm() {
     let id = ident("back");
     let mut msgs = vec![user("t1")];
     let mut step = |model: &str, age_ms: i64| {
-        for s in m.sessions() {
-            let mut st = s.state.lock();
-            if let Some((at, _)) = st.cache.previous.as_mut() {
-                *at -= age_ms;
-            }
-            for (_, at) in &mut st.cache.models {
-                *at -= age_ms;
-            }
-        }
-        let mut t = m
-            .prepare(
-                Dialect::Anthropic,
-                ReqKind::Main,
-                &id,
-                body_of(model, &msgs),
-            )
-            .ticket
-            .expect("ticket");
+        age(&m, age_ms);
+        let mut t = send_as(&m, &id, model, &msgs);
         t.answered(200);
         t.complete(200, true, &text_answer("a").with_usage(usage_in(10_000)));
         let n = msgs.len();
@@ -1141,19 +1112,32 @@ fn a_switch_back_within_the_ttl_finds_that_models_cache_warm() {
     );
 }
 
+/// Move every session's prompt cache times `ms` into the past.
+fn age(m: &SessionManager, ms: i64) {
+    for s in m.sessions() {
+        let mut st = s.state.lock();
+        if let Some((at, _)) = st.cache.previous.as_mut() {
+            *at -= ms;
+        }
+        for (_, at) in &mut st.cache.models {
+            *at -= ms;
+        }
+    }
+}
+
 fn send_model(m: &SessionManager, msgs: &[String]) -> Ticket {
     send_model_id(m, &ident("cold"), msgs)
 }
 
 fn send_model_id(m: &SessionManager, id: &Identity, msgs: &[String]) -> Ticket {
-    m.prepare(
-        Dialect::Anthropic,
-        ReqKind::Main,
-        id,
-        body_of("claude-x", msgs),
-    )
-    .ticket
-    .expect("ticket")
+    send_as(m, id, "claude-x", msgs)
+}
+
+/// Prepare `msgs` on `id` with `model`.
+fn send_as(m: &SessionManager, id: &Identity, model: &str, msgs: &[String]) -> Ticket {
+    m.prepare(Dialect::Anthropic, ReqKind::Main, id, body_of(model, msgs))
+        .ticket
+        .expect("ticket")
 }
 
 #[test]
