@@ -133,9 +133,11 @@ impl DataDir {
     /// regular file of exactly `len` bytes (what the caller last wrote),
     /// keep its first `keep` bytes and write `contents` after them;
     /// otherwise write nothing and answer `Ok(false)`, so the caller
-    /// replaces the file whole. A link there is never followed, and a FIFO
-    /// never blocks the writer (opened non-blocking). Not atomic: a reader
-    /// may see the file cut short or its new tail half written.
+    /// replaces the file whole. A link there is never followed, a FIFO
+    /// never blocks the writer (opened non-blocking), and a file with other
+    /// hard links or that cannot be opened for writing (read-only, on a
+    /// read-only mount) is left to the caller's replace too. Not atomic: a
+    /// reader may see the file cut short or its new tail half written.
     pub fn replace_tail(
         &self,
         path: &Path,
@@ -147,20 +149,29 @@ impl DataDir {
             return Ok(false);
         }
         let (fd, name) = parent_of(self, path, false)?;
-        let flags =
-            OFlags::WRONLY | OFlags::APPEND | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let flags = OFlags::WRONLY
+            | OFlags::APPEND
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::NOCTTY
+            | OFlags::CLOEXEC;
         let file = match rfs::openat(&fd, name, flags, Mode::empty()) {
             Ok(f) => f,
             Err(
                 rustix::io::Errno::NOENT
                 | rustix::io::Errno::LOOP
                 | rustix::io::Errno::NXIO
-                | rustix::io::Errno::ISDIR,
+                | rustix::io::Errno::ISDIR
+                | rustix::io::Errno::ACCESS
+                | rustix::io::Errno::PERM
+                | rustix::io::Errno::ROFS
+                | rustix::io::Errno::TXTBSY,
             ) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
         let st = rfs::fstat(&file)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || st.st_nlink != 1
             || u64::try_from(st.st_size).ok() != Some(len)
         {
             return Ok(false);
@@ -407,6 +418,11 @@ mod tests {
         let link = dir.turn_file("s", 2);
         symlink(&target, &link).expect("link");
         assert!(!dir.replace_tail(&link, 5, 5, b"x").expect("a link"));
+        assert_eq!(std::fs::read(&target).expect("target"), b"12345");
+        // A hard link (a backup made with `cp -al`) is not written through.
+        let hard = dir.turn_file("s", 4);
+        std::fs::hard_link(&target, &hard).expect("hard link");
+        assert!(!dir.replace_tail(&hard, 5, 5, b"x").expect("a hard link"));
         assert_eq!(std::fs::read(&target).expect("target"), b"12345");
         let fifo = dir.turn_file("s", 3);
         mkfifo(&fifo);
