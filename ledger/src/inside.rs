@@ -119,18 +119,25 @@ impl DataDir {
     /// (a `0600` temp file renamed over it: a link there is replaced, never
     /// followed). Its directory must exist and be no link.
     pub fn write_atomic(&self, path: &Path, contents: &[u8]) -> io::Result<()> {
+        self.write_atomic_ino(path, contents).map(drop)
+    }
+
+    /// [`DataDir::write_atomic`], answering the inode number of the file
+    /// now at `path` (what [`DataDir::replace_tail`] checks).
+    pub fn write_atomic_ino(&self, path: &Path, contents: &[u8]) -> io::Result<u64> {
         let (fd, name) = parent_of(self, path, false)?;
         let tmp = temp_name(name, "tmp");
-        write_temp(&fd, &tmp, contents)?;
+        let ino = write_temp(&fd, &tmp, contents)?;
         let renamed = rfs::renameat(&fd, &tmp, &fd, name);
         if renamed.is_err() {
             let _ = rfs::unlinkat(&fd, &tmp, AtFlags::empty());
         }
-        Ok(renamed?)
+        renamed?;
+        Ok(ino)
     }
 
-    /// Replace the tail of file `path` below the data dir: when it is a
-    /// regular file of exactly `len` bytes (what the caller last wrote),
+    /// Replace the tail of file `path` below the data dir: when it is the
+    /// regular file `ino` of exactly `len` bytes (what the caller last wrote),
     /// keep its first `keep` bytes and write `contents` after them;
     /// otherwise write nothing and answer `Ok(false)`, so the caller
     /// replaces the file whole. A link there is never followed, a FIFO
@@ -141,7 +148,7 @@ impl DataDir {
     pub fn replace_tail(
         &self,
         path: &Path,
-        len: u64,
+        (ino, len): (u64, u64),
         keep: u64,
         contents: &[u8],
     ) -> io::Result<bool> {
@@ -172,6 +179,7 @@ impl DataDir {
         let st = rfs::fstat(&file)?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
             || st.st_nlink != 1
+            || st.st_ino != ino
             || u64::try_from(st.st_size).ok() != Some(len)
         {
             return Ok(false);
@@ -339,14 +347,17 @@ fn temp_name(name: &Path, kind: &str) -> std::path::PathBuf {
 }
 
 /// Create `tmp` in `dir` (`0600`, new, no link followed) with `contents`.
-fn write_temp(dir: &OwnedFd, tmp: &Path, contents: &[u8]) -> io::Result<()> {
+/// Its inode number.
+fn write_temp(dir: &OwnedFd, tmp: &Path, contents: &[u8]) -> io::Result<u64> {
     let fd = rfs::openat(
         dir,
         tmp,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(FILE_MODE),
     )?;
-    let written = File::from(fd).write_all(contents);
+    let written = rfs::fstat(&fd)
+        .map_err(io::Error::from)
+        .and_then(|st| File::from(fd).write_all(contents).map(|()| st.st_ino));
     if written.is_err() {
         let _ = rfs::unlinkat(dir, tmp, AtFlags::empty());
     }
@@ -398,35 +409,42 @@ mod tests {
 
     #[test]
     fn replaces_the_tail_only_of_the_file_it_wrote() {
+        use std::os::unix::fs::MetadataExt;
         let (_tmp, dir) = data();
         let path = dir.turn_file("s", 1);
-        assert!(!dir.replace_tail(&path, 0, 0, b"x").expect("missing"));
-        dir.write_atomic(&path, b"head\nold\n").expect("write");
-        assert!(!dir.replace_tail(&path, 5, 5, b"x").expect("another length"));
-        assert!(dir.replace_tail(&path, 9, 9, b"more\n").expect("append"));
-        assert_eq!(
-            dir.read_file(&path, 1 << 20).expect("read"),
-            b"head\nold\nmore\n"
-        );
-        assert!(dir
-            .replace_tail(&path, 14, 5, b"new\n")
-            .expect("a new tail"));
-        assert_eq!(dir.read_file(&path, 1 << 20).expect("read"), b"head\nnew\n");
-        // A link or a FIFO in its place: nothing written, never followed.
+        assert!(!dir.replace_tail(&path, (0, 0), 0, b"x").expect("missing"));
+        let ino = dir.write_atomic_ino(&path, b"head\nold\n").expect("write");
+        assert_eq!(ino, std::fs::metadata(&path).expect("stat").ino());
+        let replace = |id, keep, bytes: &[u8]| dir.replace_tail(&path, id, keep, bytes);
+        assert!(!replace((ino, 5), 5, b"x").expect("another length"));
+        assert!(!replace((ino + 1, 9), 9, b"x").expect("another file"));
+        assert!(replace((ino, 9), 9, b"more\n").expect("append"));
+        let read = || dir.read_file(&path, 1 << 20).expect("read");
+        assert_eq!(read(), b"head\nold\nmore\n");
+        assert!(replace((ino, 14), 5, b"new\n").expect("a new tail"));
+        assert_eq!(read(), b"head\nnew\n");
+        // The same length in another file (renamed into place): not it.
+        let other = dir.root().join("other");
+        std::fs::write(&other, b"head\nNEW\n").expect("other");
+        std::fs::rename(&other, &path).expect("rename");
+        assert!(!replace((ino, 9), 9, b"x").expect("replaced"));
+        assert_eq!(read(), b"head\nNEW\n");
+        // A link, a hard link (a backup made with `cp -al`) or a FIFO in
+        // its place: nothing written, never followed.
         let target = dir.root().join("elsewhere");
         std::fs::write(&target, b"12345").expect("target");
+        let t = (std::fs::metadata(&target).expect("stat").ino(), 5);
         let link = dir.turn_file("s", 2);
         symlink(&target, &link).expect("link");
-        assert!(!dir.replace_tail(&link, 5, 5, b"x").expect("a link"));
-        assert_eq!(std::fs::read(&target).expect("target"), b"12345");
-        // A hard link (a backup made with `cp -al`) is not written through.
+        assert!(!dir.replace_tail(&link, t, 5, b"x").expect("a link"));
         let hard = dir.turn_file("s", 4);
         std::fs::hard_link(&target, &hard).expect("hard link");
-        assert!(!dir.replace_tail(&hard, 5, 5, b"x").expect("a hard link"));
+        assert!(!dir.replace_tail(&hard, t, 5, b"x").expect("a hard link"));
         assert_eq!(std::fs::read(&target).expect("target"), b"12345");
         let fifo = dir.turn_file("s", 3);
         mkfifo(&fifo);
-        assert!(!dir.replace_tail(&fifo, 0, 0, b"x").expect("a fifo"));
+        let f = (std::fs::metadata(&fifo).expect("stat").ino(), 0);
+        assert!(!dir.replace_tail(&fifo, f, 0, b"x").expect("a fifo"));
     }
 
     /// A session dir the agent nested thousands of levels deep: removing

@@ -311,11 +311,21 @@ fn a_long_turn_grows_by_appends_and_equals_a_rebuild() {
             // An editor saves the turn file in place behind the writer.
             std::fs::write(&text, b"# Turn 1\nedited\n").expect("edit");
         }
+        if k == 24 {
+            // Another saves a copy of the same length, renamed into place.
+            let mut copy = std::fs::read(&text).expect("read");
+            copy[0] = b'%';
+            let tmp = dir.join("transcript/.edit");
+            std::fs::write(&tmp, &copy).expect("copy");
+            std::fs::rename(&tmp, &text).expect("rename");
+            before = inodes();
+        }
     }
-    assert_eq!(replaced, vec![20], "appended but after the edit");
+    assert_eq!(replaced, vec![20, 25], "in place but after the edits");
     let live = snapshot(&dir);
     let turn = String::from_utf8_lossy(&live["transcript/0001.md"]).into_owned();
-    assert!(turn.contains("Running the tests, step 29.") && !turn.contains("edited"));
+    assert!(turn.starts_with("# Turn 1\n") && turn.contains("Running the tests, step 29."));
+    assert!(!turn.contains("edited"));
     assert!(!turn.contains("Running Bash."), "every echo kept: {turn}");
     assert_rebuilds_to(&store, &s.id, &live);
 }

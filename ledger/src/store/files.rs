@@ -63,6 +63,8 @@ struct TurnCache {
 /// (one long turn) costs what the step added and the row its request
 /// confirmed, not the whole turn.
 struct OnDisk {
+    /// The inode numbers of the turn file and the sidecar.
+    ino: (u64, u64),
     /// The lengths of the turn file's heading and the sidecar's.
     head: (u64, u64),
     /// Each row written, in order: its seq and where its section ends in
@@ -599,13 +601,14 @@ fn write_turn(
     if let Some((d, kept)) = on_disk {
         let (now, keep) = (d.ends(d.rows.len()), d.ends(kept));
         let (text, side, mut ends) = render(kept, keep);
-        if dir.replace_tail(files.text, now.0, keep.0, text.as_bytes())?
-            && dir.replace_tail(files.index, now.1, keep.1, side.as_bytes())?
+        if dir.replace_tail(files.text, (d.ino.0, now.0), keep.0, text.as_bytes())?
+            && dir.replace_tail(files.index, (d.ino.1, now.1), keep.1, side.as_bytes())?
         {
             let mut held = d.rows;
             held.truncate(kept);
             held.append(&mut ends);
             return Ok(OnDisk {
+                ino: d.ino,
                 head: d.head,
                 rows: held,
             });
@@ -616,9 +619,15 @@ fn write_turn(
     let (t, s, ends) = render(0, head);
     text.push_str(&t);
     side.push_str(&s);
-    dir.write_atomic(files.text, text.as_bytes())?;
-    dir.write_atomic(files.index, side.as_bytes())?;
-    Ok(OnDisk { head, rows: ends })
+    let ino = (
+        dir.write_atomic_ino(files.text, text.as_bytes())?,
+        dir.write_atomic_ino(files.index, side.as_bytes())?,
+    );
+    Ok(OnDisk {
+        ino,
+        head,
+        rows: ends,
+    })
 }
 
 /// A row's bytes as a copy of their own: a committed row may share a
