@@ -564,8 +564,9 @@ struct TurnFiles<'a> {
 
 /// Write a turn's file and its sidecar from its rendered sections. With
 /// `on_disk` (what the files hold, and how many of its leading rows this
-/// write renders the same): when both files still have its lengths, keep
-/// their part that holds those rows and write what follows; else replace
+/// write renders the same): when both are still the files it wrote (their
+/// inodes), of its lengths, keep their part that holds those rows and
+/// write what follows; else replace
 /// both whole (atomically). Returns what the files now hold. Keeping is
 /// not atomic: a reader may see a file cut short or its new tail half
 /// written, and a crash can leave it so until the turn is written again
