@@ -566,12 +566,11 @@ struct TurnFiles<'a> {
 /// `on_disk` (what the files hold, and how many of its leading rows this
 /// write renders the same): when both are still the files it wrote (their
 /// inodes), of its lengths, keep their part that holds those rows and
-/// write what follows; else replace
-/// both whole (atomically). Returns what the files now hold. Keeping is
-/// not atomic: a reader may see a file cut short or its new tail half
-/// written, and a crash can leave it so until the turn is written again
-/// (the session's next step after a restart replaces the files, as
-/// `ledger rebuild` does).
+/// write what follows; else replace both whole (atomically). Returns what
+/// the files now hold. Keeping is not atomic: a reader may see a file cut
+/// short or its new tail half written, and a crash can leave it so until
+/// the turn is written again (the session's next step after a restart
+/// replaces the files, as `ledger rebuild` does).
 fn write_turn(
     dir: &DataDir,
     files: TurnFiles<'_>,
@@ -581,27 +580,24 @@ fn write_turn(
     index: &transcript::LineIndex,
     on_disk: Option<(OnDisk, usize)>,
 ) -> std::io::Result<OnDisk> {
-    // Both files' bytes of the rows from `from` on, to follow `base`
-    // bytes, and where each row ends.
-    let render = |from: usize, base: (u64, u64)| {
-        let (mut text, mut side) = (String::new(), String::new());
+    // Push both files' bytes of the rows from `from` on to `text` and
+    // `side`, whose first bytes are at `at` in their files; where each row
+    // ends.
+    let push = |from: usize, at: (u64, u64), text: &mut String, side: &mut String| {
         let mut ends = Vec::with_capacity(rows.len().saturating_sub(from));
         for (i, row) in rows.iter().enumerate().skip(from) {
             if let Some(s) = sections.get(&row.seq) {
                 text.push_str(&s.text);
             }
-            index.render_row(i, &mut side);
-            ends.push((
-                row.seq,
-                base.0 + text.len() as u64,
-                base.1 + side.len() as u64,
-            ));
+            index.render_row(i, side);
+            ends.push((row.seq, at.0 + text.len() as u64, at.1 + side.len() as u64));
         }
-        (text, side, ends)
+        ends
     };
     if let Some((d, kept)) = on_disk {
         let (now, keep) = (d.ends(d.rows.len()), d.ends(kept));
-        let (text, side, mut ends) = render(kept, keep);
+        let (mut text, mut side) = (String::new(), String::new());
+        let mut ends = push(kept, keep, &mut text, &mut side);
         if dir.replace_tail(files.text, (d.ino.0, now.0), keep.0, text.as_bytes())?
             && dir.replace_tail(files.index, (d.ino.1, now.1), keep.1, side.as_bytes())?
         {
@@ -617,9 +613,7 @@ fn write_turn(
     }
     let (mut text, mut side) = (transcript::render_turn_head(turn), index.render_head());
     let head = (text.len() as u64, side.len() as u64);
-    let (t, s, ends) = render(0, head);
-    text.push_str(&t);
-    side.push_str(&s);
+    let ends = push(0, (0, 0), &mut text, &mut side);
     let ino = (
         dir.write_atomic_ino(files.text, text.as_bytes())?,
         dir.write_atomic_ino(files.index, side.as_bytes())?,
