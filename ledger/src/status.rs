@@ -344,6 +344,21 @@ pub struct LastMiss {
     pub provider: Option<String>,
 }
 
+impl LastMiss {
+    /// Its cause with where the client changed and why the cache was cold
+    /// already, when those apply: `cut (tools) at a cold cache (ttl_expired)`.
+    pub fn why(&self) -> String {
+        let mut why = self.cause.clone();
+        if let Some(w) = &self.changed {
+            let _ = write!(why, " ({w})");
+        }
+        if let Some(k) = self.cold.as_ref().filter(|k| **k != self.cause) {
+            let _ = write!(why, " at a cold cache ({k})");
+        }
+        why
+    }
+}
+
 impl CacheSummary {
     /// From the steps' records, in step order.
     pub fn of(
@@ -899,13 +914,7 @@ impl Status {
             );
         }
         if let Some(m) = &c.last_miss {
-            let mut why = m.cause.clone();
-            if let Some(w) = &m.changed {
-                let _ = write!(why, " ({w})");
-            }
-            if let Some(k) = m.cold.as_ref().filter(|k| **k != m.cause) {
-                let _ = write!(why, " at a cold cache ({k})");
-            }
+            let mut why = m.why();
             if let Some(p) = &m.provider {
                 let _ = write!(why, ", provider: {p}");
             }

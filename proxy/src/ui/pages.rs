@@ -636,13 +636,7 @@ fn summary(h: &mut Html, d: &SessionData, price: &dyn Fn(&str) -> Option<oceanco
             .iter()
             .map(|m| format!("{} {}", m.cause, m.steps))
             .collect();
-        let mut last = format!("step {} · {}", l.step, l.cause);
-        if let Some(w) = &l.changed {
-            last.push_str(&format!(" ({w})"));
-        }
-        if let Some(k) = l.cold.as_ref().filter(|k| **k != l.cause) {
-            last.push_str(&format!(" at a cold cache ({k})"));
-        }
+        let last = format!("step {} · {}", l.step, l.why());
         fact(
             h,
             "cache misses",
