@@ -117,9 +117,8 @@ pub fn requested_ttl_ms(body: &[u8]) -> u64 {
 
 /// `key` `:` `value` somewhere in `body` (JSON whitespace allowed around `:`).
 fn has_pair(body: &[u8], key: &[u8], value: &[u8]) -> bool {
-    let mut from = 0;
-    while let Some(at) = find(&body[from..], key) {
-        let mut i = from + at + key.len();
+    for at in memchr::memmem::find_iter(body, key) {
+        let mut i = at + key.len();
         let skip = |i: &mut usize| {
             while body.get(*i).is_some_and(|b| b.is_ascii_whitespace()) {
                 *i += 1;
@@ -133,16 +132,8 @@ fn has_pair(body: &[u8], key: &[u8], value: &[u8]) -> bool {
                 return true;
             }
         }
-        from += at + 1;
     }
     false
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
-    }
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Why a step wrote (or sent uncached) more of the prompt than it appended.
@@ -394,6 +385,13 @@ mod tests {
             requested_ttl_ms(br#"{"prompt_cache_retention":"24h"}"#),
             DAY_TTL_MS
         );
+        // The first "ttl" is text, the second a 1 h breakpoint: every
+        // occurrence is looked at.
+        assert_eq!(
+            requested_ttl_ms(br#"[{"text":""ttl" is short"},{"ttl":"5m"},{"ttl":"1h"}]"#),
+            HOUR_TTL_MS
+        );
+        assert_eq!(requested_ttl_ms(br#"{"ttl""#), DEFAULT_TTL_MS);
     }
 
     #[test]
