@@ -11,8 +11,10 @@ const MIN_BODY_GROWTH: usize = 64 << 10;
 
 /// Read a request body whole, within `limits.body_read_timeout_ms`. The
 /// buffer grows with the bytes that arrive (doubling, never past the
-/// declared `Content-Length` nor `limits.max_body_bytes`): a header alone
-/// reserves nothing. Each growth is taken from the budget all connections
+/// declared `Content-Length` nor `limits.max_body_bytes`; to the declared
+/// length at once when a quarter of it has arrived, so a 200 KB body is
+/// copied on growth once, not twice): a header alone reserves nothing, and
+/// a buffer is never more than four times what arrived. Each growth is taken from the budget all connections
 /// share (waiting while it is spent, see [`crate::app::BodyBudget`]), and given back when
 /// the permit drops. Each frame is copied as it
 /// arrives and dropped, so the connection's read buffer is reused.
@@ -53,16 +55,64 @@ async fn collect_body(
             return Err(ProxyError::BodyTooLarge { limit });
         }
         if need > buf.capacity() {
-            let grown = buf
-                .capacity()
-                .saturating_mul(2)
-                .max(MIN_BODY_GROWTH)
-                .min(ceiling)
-                .max(need);
+            let grown = grown_capacity(buf.capacity(), need, ceiling);
             permit.grow((grown - buf.capacity()) as u64).await;
             buf.reserve_exact(grown - buf.len());
         }
         buf.extend_from_slice(&data);
     }
     Ok((Bytes::from(buf), permit))
+}
+
+/// The capacity a body buffer of `capacity` grows to for `need` bytes, with
+/// `ceiling` the most it may hold (the declared length, else the limit).
+fn grown_capacity(capacity: usize, need: usize, ceiling: usize) -> usize {
+    if ceiling / 4 <= need {
+        return ceiling.max(need);
+    }
+    capacity
+        .saturating_mul(2)
+        .max(MIN_BODY_GROWTH)
+        .min(ceiling)
+        .max(need)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{grown_capacity, MIN_BODY_GROWTH};
+
+    /// Every capacity a body of `total` bytes passes through, frames of `frame`.
+    fn growths(total: usize, frame: usize, ceiling: usize) -> Vec<usize> {
+        let (mut cap, mut len, mut seen) = (0, 0, vec![]);
+        while len < total {
+            let need = (len + frame).min(total);
+            if need > cap {
+                cap = grown_capacity(cap, need, ceiling);
+                assert!(cap >= need && cap <= ceiling.max(need));
+                assert!(cap <= (4 * need).max(MIN_BODY_GROWTH), "{cap} for {need}");
+                seen.push(cap);
+            }
+            len = need;
+        }
+        seen
+    }
+
+    #[test]
+    fn a_declared_body_grows_to_its_length_once_a_quarter_arrived() {
+        // 200 KB declared, 16 KiB frames: 64 KiB, then the whole length.
+        assert_eq!(growths(200_000, 16 << 10, 200_000), vec![64 << 10, 200_000]);
+        // 8 MB declared: doubling until 2 MB arrived, then 8 MB.
+        let g = growths(8_000_000, 64 << 10, 8_000_000);
+        assert_eq!(g.last(), Some(&8_000_000));
+        assert_eq!(g.len(), 7, "{g:?}");
+    }
+
+    #[test]
+    fn a_header_alone_reserves_nothing_and_an_undeclared_body_doubles() {
+        // A 64 MiB Content-Length and one byte: the first 64 KiB only.
+        assert_eq!(growths(1, 1, 64 << 20), vec![64 << 10]);
+        // No length: the limit is the ceiling; doubling as before.
+        let g = growths(1 << 20, 16 << 10, 64 << 20);
+        assert_eq!(g, vec![64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]);
+    }
 }
