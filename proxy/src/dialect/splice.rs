@@ -43,11 +43,7 @@ impl Layout {
         if parsed.messages.is_empty() || hashes.len() != parsed.messages.len() {
             return None;
         }
-        let range_of = |s: &str| -> Option<Range<usize>> {
-            let start = (s.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
-            let end = start + s.len();
-            (end <= bytes.len()).then_some(start..end)
-        };
+        let range_of = |s: &str| range_in(bytes, s);
         let elems = parsed
             .messages
             .iter()
@@ -66,6 +62,42 @@ impl Layout {
             head_hash: xxh3_64(&bytes[..head_end]),
             head_fields,
             conv_key: parsed.fields[conv].0.to_string(),
+            elems,
+            hashes: hashes.to_vec(),
+        })
+    }
+
+    /// The layout of `bytes`, which [`parse`] split against `self` with its
+    /// first `reused` elements verified: those ranges and hashes, the head
+    /// and its hash are this layout's; only the elements after them are
+    /// located. What [`Layout::of`] returns, without a pass over the
+    /// elements a step shares with the previous body.
+    pub fn extend(
+        &self,
+        bytes: &[u8],
+        parsed: &ParsedBody<'_>,
+        hashes: &[u64],
+        reused: usize,
+    ) -> Option<Layout> {
+        let conv = parsed.conv_field?;
+        if reused == 0
+            || reused > self.elems.len()
+            || hashes.len() != parsed.messages.len()
+            || parsed.messages.len() < reused
+            || parsed.fields.get(..conv)?.len() != self.head_fields.len()
+        {
+            return Layout::of(bytes, parsed, hashes);
+        }
+        let mut elems = Vec::with_capacity(parsed.messages.len());
+        elems.extend_from_slice(&self.elems[..reused]);
+        for m in &parsed.messages[reused..] {
+            elems.push(range_in(bytes, m)?);
+        }
+        Some(Layout {
+            head_end: self.head_end,
+            head_hash: self.head_hash,
+            head_fields: self.head_fields.clone(),
+            conv_key: self.conv_key.clone(),
             elems,
             hashes: hashes.to_vec(),
         })
@@ -91,6 +123,13 @@ impl Layout {
     pub fn hash(&self, i: usize) -> u64 {
         self.hashes[i]
     }
+}
+
+/// Where `s`, a slice of `bytes`, lies in it.
+fn range_in(bytes: &[u8], s: &str) -> Option<Range<usize>> {
+    let start = (s.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
+    let end = start + s.len();
+    (end <= bytes.len()).then_some(start..end)
 }
 
 /// Split `bytes` using the previous body's layout. Returns the body and how
@@ -382,6 +421,11 @@ mod tests {
                 for i in 0..n {
                     prop_assert_eq!(l.hash(i), raw_hash(p.messages[i]));
                 }
+                // The next layout, extended from this one, is the one a
+                // full pass makes.
+                let h: Vec<u64> = p.messages.iter().map(|m| raw_hash(m)).collect();
+                let (ext, of) = (l.extend(&b, &p, &h, n), Layout::of(&b, &p, &h));
+                prop_assert_eq!(format!("{ext:?}"), format!("{of:?}"));
             }
         }
     }

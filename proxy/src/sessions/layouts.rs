@@ -66,9 +66,20 @@ impl Layouts {
     }
 
     /// Remember the layout of `body` for `key`, most recent first (the
-    /// candidate it was split against is replaced by it).
-    pub(super) fn remember(&self, key: &str, body: &[u8], split: &Split<'_>, hashes: &[u64]) {
-        let Some(l) = Layout::of(body, &split.parsed, hashes) else {
+    /// candidate it was split against is replaced by it, and extended).
+    pub(super) fn remember(
+        &self,
+        key: &str,
+        body: &[u8],
+        split: &Split<'_>,
+        candidates: &[Arc<Layout>],
+        hashes: &[u64],
+    ) {
+        let made = match split.used.and_then(|u| candidates.get(u)) {
+            Some(used) => used.extend(body, &split.parsed, hashes, split.reused),
+            None => Layout::of(body, &split.parsed, hashes),
+        };
+        let Some(l) = made else {
             return;
         };
         let mut layouts = self.map.lock();

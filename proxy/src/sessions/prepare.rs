@@ -393,7 +393,8 @@ impl SessionManager {
         }
         let hashes = split.hashes(&candidates);
         if let Some(k) = &layout_key {
-            self.layouts.remember(k, &body, &split, &hashes);
+            self.layouts
+                .remember(k, &body, &split, &candidates, &hashes);
         }
         let parsed = &split.parsed;
         // The in-band recall tool: every request of the session carries it,
