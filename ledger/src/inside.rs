@@ -119,76 +119,14 @@ impl DataDir {
     /// (a `0600` temp file renamed over it: a link there is replaced, never
     /// followed). Its directory must exist and be no link.
     pub fn write_atomic(&self, path: &Path, contents: &[u8]) -> io::Result<()> {
-        self.write_atomic_ino(path, contents).map(drop)
-    }
-
-    /// [`DataDir::write_atomic`], answering the inode number of the file
-    /// now at `path` (what [`DataDir::replace_tail`] checks).
-    pub fn write_atomic_ino(&self, path: &Path, contents: &[u8]) -> io::Result<u64> {
         let (fd, name) = parent_of(self, path, false)?;
         let tmp = temp_name(name, "tmp");
-        let ino = write_temp(&fd, &tmp, contents)?;
+        write_temp(&fd, &tmp, contents)?;
         let renamed = rfs::renameat(&fd, &tmp, &fd, name);
         if renamed.is_err() {
             let _ = rfs::unlinkat(&fd, &tmp, AtFlags::empty());
         }
-        renamed?;
-        Ok(ino)
-    }
-
-    /// Replace the tail of file `path` below the data dir: when it is the
-    /// regular file `ino` of exactly `len` bytes (what the caller last wrote),
-    /// keep its first `keep` bytes and write `contents` after them;
-    /// otherwise write nothing and answer `Ok(false)`, so the caller
-    /// replaces the file whole. A link there is never followed, a FIFO
-    /// never blocks the writer (opened non-blocking), and a file with other
-    /// hard links or that cannot be opened for writing (read-only, on a
-    /// read-only mount) is left to the caller's replace too. Not atomic: a
-    /// reader may see the file cut short or its new tail half written.
-    pub fn replace_tail(
-        &self,
-        path: &Path,
-        (ino, len): (u64, u64),
-        keep: u64,
-        contents: &[u8],
-    ) -> io::Result<bool> {
-        if keep > len {
-            return Ok(false);
-        }
-        let (fd, name) = parent_of(self, path, false)?;
-        let flags = OFlags::WRONLY
-            | OFlags::APPEND
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::NOCTTY
-            | OFlags::CLOEXEC;
-        let file = match rfs::openat(&fd, name, flags, Mode::empty()) {
-            Ok(f) => f,
-            Err(
-                rustix::io::Errno::NOENT
-                | rustix::io::Errno::LOOP
-                | rustix::io::Errno::NXIO
-                | rustix::io::Errno::ISDIR
-                | rustix::io::Errno::ACCESS
-                | rustix::io::Errno::PERM
-                | rustix::io::Errno::ROFS
-                | rustix::io::Errno::TXTBSY,
-            ) => return Ok(false),
-            Err(e) => return Err(e.into()),
-        };
-        let st = rfs::fstat(&file)?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-            || st.st_nlink != 1
-            || st.st_ino != ino
-            || u64::try_from(st.st_size).ok() != Some(len)
-        {
-            return Ok(false);
-        }
-        if keep < len {
-            rfs::ftruncate(&file, keep)?;
-        }
-        File::from(file).write_all(contents)?;
-        Ok(true)
+        Ok(renamed?)
     }
 
     /// Create file `path` below the data dir with `contents` unless
@@ -347,17 +285,14 @@ fn temp_name(name: &Path, kind: &str) -> std::path::PathBuf {
 }
 
 /// Create `tmp` in `dir` (`0600`, new, no link followed) with `contents`.
-/// Its inode number.
-fn write_temp(dir: &OwnedFd, tmp: &Path, contents: &[u8]) -> io::Result<u64> {
+fn write_temp(dir: &OwnedFd, tmp: &Path, contents: &[u8]) -> io::Result<()> {
     let fd = rfs::openat(
         dir,
         tmp,
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(FILE_MODE),
     )?;
-    let written = rfs::fstat(&fd)
-        .map_err(io::Error::from)
-        .and_then(|st| File::from(fd).write_all(contents).map(|()| st.st_ino));
+    let written = File::from(fd).write_all(contents);
     if written.is_err() {
         let _ = rfs::unlinkat(dir, tmp, AtFlags::empty());
     }
@@ -376,17 +311,6 @@ mod tests {
         (tmp, dir)
     }
 
-    fn mkfifo(path: &Path) {
-        rfs::mknodat(
-            rfs::CWD,
-            path,
-            FileType::Fifo,
-            Mode::from_raw_mode(0o600),
-            0,
-        )
-        .expect("mkfifo");
-    }
-
     #[test]
     fn reads_only_a_regular_file_within_the_bound() {
         let (_tmp, dir) = data();
@@ -397,7 +321,14 @@ mod tests {
         assert_eq!(long.kind(), io::ErrorKind::InvalidData, "{long}");
         // A FIFO is refused at once (opened non-blocking), never read.
         let fifo = dir.turn_file("s", 2);
-        mkfifo(&fifo);
+        rfs::mknodat(
+            rfs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
         let e = dir.read_file(&fifo, 1 << 20).expect_err("a fifo");
         assert!(e.to_string().contains("not a regular file"), "{e}");
         // A link to /dev/zero is not followed.
@@ -405,46 +336,6 @@ mod tests {
         symlink("/dev/zero", &zero).expect("link");
         let e = dir.read_file(&zero, 1 << 20).expect_err("a link");
         assert!(e.to_string().contains("symlink"), "{e}");
-    }
-
-    #[test]
-    fn replaces_the_tail_only_of_the_file_it_wrote() {
-        use std::os::unix::fs::MetadataExt;
-        let (_tmp, dir) = data();
-        let path = dir.turn_file("s", 1);
-        assert!(!dir.replace_tail(&path, (0, 0), 0, b"x").expect("missing"));
-        let ino = dir.write_atomic_ino(&path, b"head\nold\n").expect("write");
-        assert_eq!(ino, std::fs::metadata(&path).expect("stat").ino());
-        let replace = |id, keep, bytes: &[u8]| dir.replace_tail(&path, id, keep, bytes);
-        assert!(!replace((ino, 5), 5, b"x").expect("another length"));
-        assert!(!replace((ino + 1, 9), 9, b"x").expect("another file"));
-        assert!(replace((ino, 9), 9, b"more\n").expect("append"));
-        let read = || dir.read_file(&path, 1 << 20).expect("read");
-        assert_eq!(read(), b"head\nold\nmore\n");
-        assert!(replace((ino, 14), 5, b"new\n").expect("a new tail"));
-        assert_eq!(read(), b"head\nnew\n");
-        // The same length in another file (renamed into place): not it.
-        let other = dir.root().join("other");
-        std::fs::write(&other, b"head\nNEW\n").expect("other");
-        std::fs::rename(&other, &path).expect("rename");
-        assert!(!replace((ino, 9), 9, b"x").expect("replaced"));
-        assert_eq!(read(), b"head\nNEW\n");
-        // A link, a hard link (a backup made with `cp -al`) or a FIFO in
-        // its place: nothing written, never followed.
-        let target = dir.root().join("elsewhere");
-        std::fs::write(&target, b"12345").expect("target");
-        let t = (std::fs::metadata(&target).expect("stat").ino(), 5);
-        let link = dir.turn_file("s", 2);
-        symlink(&target, &link).expect("link");
-        assert!(!dir.replace_tail(&link, t, 5, b"x").expect("a link"));
-        let hard = dir.turn_file("s", 4);
-        std::fs::hard_link(&target, &hard).expect("hard link");
-        assert!(!dir.replace_tail(&hard, t, 5, b"x").expect("a hard link"));
-        assert_eq!(std::fs::read(&target).expect("target"), b"12345");
-        let fifo = dir.turn_file("s", 3);
-        mkfifo(&fifo);
-        let f = (std::fs::metadata(&fifo).expect("stat").ino(), 0);
-        assert!(!dir.replace_tail(&fifo, f, 0, b"x").expect("a fifo"));
     }
 
     /// A session dir the agent nested thousands of levels deep: removing

@@ -47,39 +47,11 @@ struct TurnCache {
     /// Rendered sections by seq, with the bytes they were rendered from,
     /// the row's tools and its anchor label: each row is rendered once.
     sections: HashMap<u64, Section>,
-    /// What the turn file and its sidecar on disk hold, as this writer
-    /// last wrote them (None: not known, the next write replaces both).
-    on_disk: Option<OnDisk>,
     /// The line index of the rows placed at the last write (None: none).
     index: Option<transcript::LineIndex>,
     /// Leading rows whose section and place in `index` still hold (a
     /// confirmed row and every row after it are placed again).
     valid: usize,
-}
-
-/// A turn file and its sidecar as the writer last wrote them. The next
-/// write keeps the part of both that holds the leading rows it renders
-/// the same, and writes only what follows: a step of an agent's tool loop
-/// (one long turn) costs what the step added and the row its request
-/// confirmed, not the whole turn.
-struct OnDisk {
-    /// The inode numbers of the turn file and the sidecar.
-    ino: (u64, u64),
-    /// The lengths of the turn file's heading and the sidecar's.
-    head: (u64, u64),
-    /// Each row written, in order: its seq and where its section ends in
-    /// the turn file and its line in the sidecar.
-    rows: Vec<(u64, u64, u64)>,
-}
-
-impl OnDisk {
-    /// The lengths of both files holding the first `n` rows.
-    fn ends(&self, n: usize) -> (u64, u64) {
-        match n.checked_sub(1).and_then(|i| self.rows.get(i)) {
-            Some(&(_, text, side)) => (text, side),
-            None => self.head,
-        }
-    }
 }
 
 /// One row's rendered section of a turn file.
@@ -428,12 +400,12 @@ impl Files {
             turns_changed = true;
         }
         for turn in touched_turns {
-            let (rows, mut sections, on_disk, index, valid) = match cache.newest.take() {
-                Some(n) if n.turn == turn => (n.rows, n.sections, n.on_disk, n.index, n.valid),
+            let (rows, mut sections, index, valid) = match cache.newest.take() {
+                Some(n) if n.turn == turn => (n.rows, n.sections, n.index, n.valid),
                 other => {
                     cache.newest = other;
                     let rows = src.turn_rows(session, turn)?;
-                    (rows, HashMap::new(), None, None, 0)
+                    (rows, HashMap::new(), None, 0)
                 }
             };
             let path = self.dir.turn_file(session, turn);
@@ -480,27 +452,12 @@ impl Files {
                 let d = &self.dir;
                 d.remove_file(&path)
                     .and_then(|()| d.remove_file(&rows_path))
-                    .map(|()| None)
             } else {
-                // Rows the files on disk hold and this write keeps.
-                let kept = on_disk.as_ref().map(|d| {
-                    d.rows
-                        .iter()
-                        .zip(&rows)
-                        .take(valid)
-                        .take_while(|((seq, _, _), row)| *seq == row.seq)
-                        .count()
-                });
                 let files = TurnFiles {
                     text: &path,
                     index: &rows_path,
                 };
-                let on_disk = on_disk.zip(kept);
-                write_turn(&self.dir, files, turn, &rows, &sections, &index, on_disk).map(Some)
-            };
-            let (on_disk, error) = match written {
-                Ok(d) => (d, None),
-                Err(e) => (None, Some(e)),
+                write_turn(&self.dir, files, turn, &rows, &sections, &index)
             };
             if !matches!(&cache.newest, Some(n) if turn < n.turn) {
                 cache.newest_bytes = rows.iter().map(|r| r.raw.len()).sum::<usize>()
@@ -510,14 +467,11 @@ impl Files {
                     turn,
                     rows,
                     sections,
-                    on_disk,
                     index: Some(index),
                     valid,
                 });
             }
-            if let Some(e) = error {
-                return Err(io_err(&path)(e));
-            }
+            written.map_err(io_err(&path))?;
         }
         if !(index || turns_changed) {
             return Ok(());
@@ -562,15 +516,11 @@ struct TurnFiles<'a> {
     index: &'a std::path::Path,
 }
 
-/// Write a turn's file and its sidecar from its rendered sections. With
-/// `on_disk` (what the files hold, and how many of its leading rows this
-/// write renders the same): when both are still the files it wrote (their
-/// inodes), of its lengths, keep their part that holds those rows and
-/// write what follows; else replace both whole (atomically). Returns what
-/// the files now hold. Keeping is not atomic: a reader may see a file cut
-/// short or its new tail half written, and a crash can leave it so until
-/// the turn is written again (the session's next step after a restart
-/// replaces the files, as `ledger rebuild` does).
+/// Write a turn's file and its sidecar from its rendered sections, each
+/// replaced whole and atomically (a temp file renamed over it), so a reader
+/// never sees a torn file (SPEC: the transcript). The rows' sections and
+/// places are cached; what a step costs here is the copy of the turn's
+/// bytes into the page cache.
 fn write_turn(
     dir: &DataDir,
     files: TurnFiles<'_>,
@@ -578,51 +528,16 @@ fn write_turn(
     rows: &[Row],
     sections: &HashMap<u64, Section>,
     index: &transcript::LineIndex,
-    on_disk: Option<(OnDisk, usize)>,
-) -> std::io::Result<OnDisk> {
-    // Push both files' bytes of the rows from `from` on to `text` and
-    // `side`, whose first bytes are at `at` in their files; where each row
-    // ends.
-    let push = |from: usize, at: (u64, u64), text: &mut String, side: &mut String| {
-        let mut ends = Vec::with_capacity(rows.len().saturating_sub(from));
-        for (i, row) in rows.iter().enumerate().skip(from) {
-            if let Some(s) = sections.get(&row.seq) {
-                text.push_str(&s.text);
-            }
-            index.render_row(i, side);
-            ends.push((row.seq, at.0 + text.len() as u64, at.1 + side.len() as u64));
-        }
-        ends
-    };
-    if let Some((d, kept)) = on_disk {
-        let (now, keep) = (d.ends(d.rows.len()), d.ends(kept));
-        let (mut text, mut side) = (String::new(), String::new());
-        let mut ends = push(kept, keep, &mut text, &mut side);
-        if dir.replace_tail(files.text, (d.ino.0, now.0), keep.0, text.as_bytes())?
-            && dir.replace_tail(files.index, (d.ino.1, now.1), keep.1, side.as_bytes())?
-        {
-            let mut held = d.rows;
-            held.truncate(kept);
-            held.append(&mut ends);
-            return Ok(OnDisk {
-                ino: d.ino,
-                head: d.head,
-                rows: held,
-            });
-        }
-    }
+) -> std::io::Result<()> {
     let (mut text, mut side) = (transcript::render_turn_head(turn), index.render_head());
-    let head = (text.len() as u64, side.len() as u64);
-    let ends = push(0, (0, 0), &mut text, &mut side);
-    let ino = (
-        dir.write_atomic_ino(files.text, text.as_bytes())?,
-        dir.write_atomic_ino(files.index, side.as_bytes())?,
-    );
-    Ok(OnDisk {
-        ino,
-        head,
-        rows: ends,
-    })
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(s) = sections.get(&row.seq) {
+            text.push_str(&s.text);
+        }
+        index.render_row(i, &mut side);
+    }
+    dir.write_atomic(files.text, text.as_bytes())?;
+    dir.write_atomic(files.index, side.as_bytes())
 }
 
 /// A row's bytes as a copy of their own: a committed row may share a
@@ -839,7 +754,6 @@ mod tests {
                 turn,
                 rows: seqs.iter().map(|&s| row(s, turn)).collect(),
                 sections: HashMap::new(),
-                on_disk: None,
                 index: None,
                 valid: 0,
             }),
