@@ -76,7 +76,7 @@ fn backends_record_render_and_rebuild_the_same_session() {
             .submit(Event::Step {
                 session: s.id.clone(),
                 step: 90,
-                model: "m".into(),
+                model: "m2".into(),
                 status: 200,
                 usage: Default::default(),
                 window_rows: 2,
@@ -135,6 +135,11 @@ fn backends_record_render_and_rebuild_the_same_session() {
             b.name()
         );
         assert!(!got.loaded.hidden.is_empty(), "{}", b.name());
+        // Each model its steps sent with its latest step, newest first.
+        let models = &got.loaded.models;
+        assert!(models.contains(&("m".to_string(), T0 + 8)), "{models:?}");
+        assert!(models.contains(&("m2".to_string(), T0 + 7)), "{models:?}");
+        assert!(models.windows(2).all(|w| w[0].1 >= w[1].1), "{models:?}");
         assert_eq!(
             got.loaded.exchanges,
             vec![(2, vec!["call".to_string(), "result".to_string()])],

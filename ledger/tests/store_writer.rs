@@ -554,6 +554,8 @@ fn store_reopen_loads_same_session() {
             rows: vec![(2, vec![(0, "[pruned tool output: seq 2]".into())])],
         }),
         line_override: None,
+        // Both steps sent the same model; the latest one's time.
+        models: vec![("claude-opus-5-5".into(), m.last_ms + 20)],
     };
     assert_eq!(got, want);
     assert_eq!(

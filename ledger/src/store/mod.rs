@@ -37,6 +37,7 @@ pub use lite::Store;
 pub use records::{
     Behind, BehindReason, ContextEditRecord, CutRecord, Health, HealthStatus, LineRecord,
     LoadedSession, SentPointers, SessionSummary, StepRecord, StoreMetrics, LAG_WINDOW,
+    RECENT_MODELS,
 };
 
 use queue::Shared;

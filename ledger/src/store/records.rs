@@ -71,7 +71,14 @@ pub struct LoadedSession {
     /// The session's own tideline override as last recorded (LineSpec JSON,
     /// as the proxy wrote it in [`crate::model::Event::Line`]); None = none.
     pub line_override: Option<String>,
+    /// The models its steps sent, each with its latest step's time (unix
+    /// ms), newest first, at most [`RECENT_MODELS`]: prompt caches are per
+    /// model, so a proxy that resumes the session knows which are warm.
+    pub models: Vec<(String, i64)>,
 }
+
+/// Models [`LoadedSession::models`] holds at most.
+pub const RECENT_MODELS: usize = 5;
 
 /// [`LoadedSession::pointers`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -225,14 +225,14 @@ pub struct State {
     pub(super) cache: CacheState,
 }
 
-/// What the next request's prompt cache facts compare against (memory
-/// only: a session read back from the ledger starts `resumed`).
+/// What the next request's prompt cache facts compare against (a session
+/// read back from the ledger starts `resumed`, with its models' last
+/// times from its steps and nothing else).
 #[derive(Debug, Default, Clone)]
 pub(super) struct CacheState {
     /// Unix ms and model of the previous upstream request.
     pub(super) previous: Option<(i64, String)>,
-    /// The other models this session sent since it was opened or resumed,
-    /// with when each was last sent (newest first, at most
+    /// The other models this session sent, with when each was last sent (newest first, at most
     /// [`CacheState::MODELS`]): caches are per model.
     pub(super) models: Vec<(String, i64)>,
     /// Read back from the ledger, no request since.
@@ -852,6 +852,15 @@ impl State {
         // The recorded last activity and model: a proxy restarted within the
         // TTL finds the provider's cache warm.
         st.cache.previous = (st.meta.last_ms > 0).then(|| (st.meta.last_ms, st.meta.model.clone()));
+        // And the other models its steps sent, so that switching back to
+        // one within its TTL finds it warm after a restart too (each
+        // `oceancode-proxy run` is a new proxy).
+        st.cache.models = l
+            .models
+            .into_iter()
+            .filter(|(m, _)| *m != st.meta.model)
+            .take(CacheState::MODELS)
+            .collect();
         st.cache.prompt = st
             .last_usage
             .map(|u| u.input + u.cache_read + u.cache_write);

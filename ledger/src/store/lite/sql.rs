@@ -7,7 +7,8 @@ use crate::parts;
 use crate::store::common::stored_dialect;
 use crate::store::error::StoreError;
 use crate::store::records::{
-    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE, SENT_LIKE,
+    pointers_at, pointers_of_step, LoadedSession, PointersAt, SentPointers, RECALLS_LIKE,
+    RECENT_MODELS, SENT_LIKE,
 };
 use crate::transcript::{self, TurnSummary};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -151,6 +152,15 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
         .optional()?;
     let exchanges = kept_exchanges(c, id)?;
     let pointers = sent_pointers(c, id)?;
+    let models = c
+        .prepare(
+            "SELECT model, MAX(ts_ms) AS last_ts FROM steps WHERE session = ?1 AND model <> ''
+             GROUP BY model ORDER BY last_ts DESC LIMIT ?2",
+        )?
+        .query_map(params![id, RECENT_MODELS as i64], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(LoadedSession {
         meta,
         rows,
@@ -163,6 +173,7 @@ pub(crate) fn load_session(c: &Connection, id: &str) -> Result<Option<LoadedSess
         exchanges,
         pointers,
         line_override,
+        models,
     }))
 }
 

@@ -7,7 +7,7 @@ use super::super::common::stored_dialect;
 use super::super::error::StoreError;
 use super::super::records::{
     kept_exchanges, pointers_at, pointers_of_step, LoadedSession, PointersAt, RECALLS_LIKE,
-    SENT_LIKE,
+    RECENT_MODELS, SENT_LIKE,
 };
 use crate::model::{Row, RowKind, SessionMeta, Usage};
 use std::sync::LazyLock;
@@ -171,7 +171,18 @@ pub(super) async fn load_session<C: GenericClient>(
             pointers_of_step(upto, detail.as_deref())
         }
     };
+    let models = c
+        .query(
+            "SELECT model, MAX(ts_ms) AS last_ts FROM steps WHERE session = $1 AND model <> ''
+             GROUP BY model ORDER BY last_ts DESC LIMIT $2",
+            &[&id, &(RECENT_MODELS as i64)],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect();
     Ok(Some(LoadedSession {
+        models,
         context,
         exchanges,
         pointers,
