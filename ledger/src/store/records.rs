@@ -77,7 +77,8 @@ pub struct LoadedSession {
     pub models: Vec<(String, i64)>,
 }
 
-/// Models [`LoadedSession::models`] holds at most.
+/// Models [`LoadedSession::models`] holds at most: the session's last
+/// model and the others a resumed session remembers.
 pub const RECENT_MODELS: usize = 5;
 
 /// [`LoadedSession::pointers`].

@@ -232,8 +232,8 @@ pub struct State {
 pub(super) struct CacheState {
     /// Unix ms and model of the previous upstream request.
     pub(super) previous: Option<(i64, String)>,
-    /// The other models this session sent, with when each was last sent (newest first, at most
-    /// [`CacheState::MODELS`]): caches are per model.
+    /// The other models this session sent, with when each was last sent
+    /// (newest first, at most [`CacheState::MODELS`]): caches are per model.
     pub(super) models: Vec<(String, i64)>,
     /// Read back from the ledger, no request since.
     pub(super) resumed: bool,
@@ -255,8 +255,9 @@ pub(super) struct CacheState {
 }
 
 impl CacheState {
-    /// Models remembered besides the previous request's.
-    pub(super) const MODELS: usize = 4;
+    /// Models remembered besides the previous request's: as many as the
+    /// ledger reads back for a resumed session, less its last model.
+    pub(super) const MODELS: usize = oceancode_ledger::store::RECENT_MODELS - 1;
 }
 
 /// [`State::recorded_line`]: the line, its label, the override.
