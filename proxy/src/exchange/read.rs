@@ -14,10 +14,11 @@ const MIN_BODY_GROWTH: usize = 64 << 10;
 /// declared `Content-Length` nor `limits.max_body_bytes`; to the declared
 /// length at once when a quarter of it has arrived, so a 200 KB body is
 /// copied on growth once, not twice): a header alone reserves nothing, and
-/// a buffer is never more than four times what arrived. Each growth is taken from the budget all connections
-/// share (waiting while it is spent, see [`crate::app::BodyBudget`]), and given back when
-/// the permit drops. Each frame is copied as it
-/// arrives and dropped, so the connection's read buffer is reused.
+/// a buffer is never more than four times what arrived (or 64 KiB). Each
+/// growth is taken from the budget all connections share (waiting while it
+/// is spent, see [`crate::app::BodyBudget`]), and given back when the
+/// permit drops. Each frame is copied as it arrives and dropped, so the
+/// connection's read buffer is reused.
 pub(super) async fn read_body(
     app: &App,
     body: Incoming,
