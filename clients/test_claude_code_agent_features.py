@@ -30,7 +30,7 @@ def big_step(i: int) -> dict:
 
 
 def run_cc(work: Path, up: Upstream, prompt: str, *extra: str, env_extra: dict | None = None,
-           line: str = "20k") -> tuple[h.Run, list[dict]]:
+           line: str = "20k", log: str = "client.log") -> tuple[h.Run, list[dict]]:
     home, proj, data = work / "home", work / "proj", work / "data"
     home.mkdir(exist_ok=True)
     proj.mkdir(exist_ok=True)
@@ -39,7 +39,7 @@ def run_cc(work: Path, up: Upstream, prompt: str, *extra: str, env_extra: dict |
     cmd = [str(h.PROXY_BIN), "--data-dir", str(data), "run", "--tideline", line,
            "--anthropic-upstream", up.tap.url, "--openai-upstream", up.tap.url, "--",
            str(claude_bin()), "-p", prompt, "--output-format", "stream-json", "--verbose", *extra]
-    r = h.run(cmd, env, proj, TIMEOUT, log=work / "client.log")
+    r = h.run(cmd, env, proj, TIMEOUT, log=work / log)
     return r, up.tap.model_requests()
 
 

@@ -18,9 +18,9 @@ import sqlite3
 from pathlib import Path
 
 import harness as h
-from test_claude_code import Upstream, cc_env, cc_cmd, claude_bin, events
+from test_claude_code import Upstream, cc_env, events
+from test_claude_code_agent_features import run_cc
 
-TIMEOUT = 240
 A, B = "claude-sonnet-4-5", "claude-haiku-4-5"
 
 
@@ -30,14 +30,9 @@ def step(i: int) -> dict:
 
 
 def run(work: Path, up: Upstream, name: str, prompt: str, *extra: str) -> h.Run:
-    home, proj, data = work / "home", work / "proj", work / "data"
-    home.mkdir(exist_ok=True)
-    proj.mkdir(exist_ok=True)
-    claude_bin()
-    cmd = [str(h.PROXY_BIN), "--data-dir", str(data), "run", "--tideline", "100k",
-           "--anthropic-upstream", up.tap.url, "--openai-upstream", up.tap.url, "--",
-           *cc_cmd(prompt, *extra)]
-    r = h.run(cmd, cc_env(home), proj, TIMEOUT, log=work / f"{name}-client.log")
+    """One `oceancode-proxy run` of Claude Code at a 100k line (no cut)."""
+    r, _ = run_cc(work, up, prompt, "--allowedTools", "Bash,Read", *extra, line="100k",
+                  log=f"{name}-client.log")
     assert not r.timed_out and r.code == 0, r.tail()
     result = [e for e in events(r.stdout) if e.get("type") == "result"]
     assert result and not result[-1].get("is_error"), r.tail()
